@@ -1,0 +1,127 @@
+# C-level view of a loaded model and of a per-thread scoring session.
+#
+# Everything here is plain C data: the decoder-facing C ABI (``libnlmfeature``) and the
+# Python API both drive the same ``nogil`` functions declared at the bottom.
+from libc.stdint cimport int8_t, int32_t, int64_t, uint32_t, uint64_t
+
+cdef enum:
+    NLM_MAX_ORDER = 16
+    NLM_MAX_BRANCHES = 8
+    NLM_MAX_LAYERS = 8
+
+# activation functions
+cdef enum:
+    ACT_IDENTITY = 0
+    ACT_SIGMOID = 1
+    ACT_RELU = 2
+    ACT_TANH = 3
+    ACT_HARDTANH = 4
+
+# how lateral branches are combined
+cdef enum:
+    COMBINE_NONE = 0
+    COMBINE_MAX = 1
+    COMBINE_ADD = 2
+    COMBINE_MUL = 3
+
+# output layers
+cdef enum:
+    OUT_UNNORMALISED = 0
+    OUT_SOFTMAX = 1
+    OUT_CLASS = 2
+    OUT_TREE = 3
+
+ctypedef struct BranchC:
+    int hidden               # H
+    int diagonal             # 1: weights are (n-1, E) and H == E
+    int activation
+    const float* weights     # (n-1, H, E) or (n-1, E)
+    const float* bias        # (H,) or NULL
+    const float* tables      # (n-1, V, H) precomputed position contributions, or NULL
+
+ctypedef struct LayerC:
+    int n_in
+    int n_out
+    int activation
+    const float* weight      # (n_out, n_in)
+    const float* weight_t    # (n_in, n_out): lets a sparse (ReLU) input skip its zeros; or NULL
+    const float* bias        # (n_out,)
+
+ctypedef struct ModelC:
+    int order
+    int ctx_len              # order - 1
+    int vocab_size
+    int embed_dim
+    int unk
+    int bos
+    int eos
+    int null
+    const float* embeddings  # (V, E)
+    int n_branches
+    int combine
+    BranchC branches[NLM_MAX_BRANCHES]
+    int n_layers
+    LayerC layers[NLM_MAX_LAYERS]
+    int out_dim
+    int max_width            # widest vector on the way (for work buffers)
+    int output_type
+    const float* out_weight  # (V, D)
+    const float* out_bias    # (V,)
+    int n_classes
+    const float* class_weight     # (C, D)
+    const float* class_bias       # (C,)
+    const int32_t* word_class     # (V,)
+    const int32_t* class_start    # (C+1,) offsets into class_members
+    const int32_t* class_members  # (V,) word ids grouped by class
+    int n_nodes
+    const float* tree_weight      # (N, D)
+    const float* tree_bias        # (N,)
+    const int64_t* path_start     # (V+1,)
+    const int32_t* path_node      # (P,)
+    const int8_t* path_sign       # (P,) +1 / -1
+    int direct_order              # number of direct n-gram orders (0 = none)
+    int64_t hash_space
+    const float* direct_weights   # (hash_space,)
+    int use_tables                # 1: use branch tables when present
+
+# Exact-key hash table with O(1) clearing (generation counter); bounded capacity.
+ctypedef struct TableC:
+    int key_len
+    int fval_len
+    int dval_len
+    int64_t capacity          # power of two
+    int64_t limit             # entries allowed before the table is cleared
+    int64_t count
+    uint32_t generation
+    uint32_t* gen             # (capacity,) slot is live iff gen[slot] == generation
+    int32_t* keys             # (capacity, key_len)
+    float* fvals              # (capacity, fval_len)
+    double* dvals             # (capacity, dval_len)
+    int64_t hits
+    int64_t misses
+    int64_t clears
+
+ctypedef struct SessionC:
+    const ModelC* model
+    float* buf0
+    float* buf1
+    float* buf2
+    float* hidden             # out_dim, used when the context cache is off
+    double* scratch           # max(V, N) doubles for normalisers
+    int cache_enabled
+    TableC ctx_cache          # key: padded context; fvals: hidden vector; dvals: [logZ softmax, logZ class]
+    TableC class_cache        # key: padded context + class; dvals: [logZ within class]
+    int64_t lookups
+    int64_t sentence_id
+
+cdef uint64_t splitmix64(uint64_t x) noexcept nogil
+cdef int64_t nlm_vocab_find(const int64_t* offsets, const unsigned char* data, const int32_t* table,
+                            int64_t table_size, const char* word, int64_t length) noexcept nogil
+cdef int nlm_pad_context(const ModelC* m, const int32_t* ids, int n, int32_t* out) noexcept nogil
+cdef void nlm_compute_hidden(const ModelC* m, const int32_t* ctx, float* out,
+                             float* b0, float* b1, float* b2) noexcept nogil
+cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries) noexcept nogil
+cdef void nlm_session_free(SessionC* s) noexcept nogil
+cdef void nlm_session_begin(SessionC* s, int64_t sentence_id) noexcept nogil
+cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t word) noexcept nogil
+cdef double nlm_score(SessionC* s, const int32_t* ctx, int n, int32_t word) noexcept nogil

@@ -1,0 +1,787 @@
+# cython: language_level=3
+"""Native scorer: computes n-gram log-probabilities of a loaded model.
+
+The model is a read-only :c:type:`ModelC` of pointers into the memory-mapped model file;
+each thread owns a :c:type:`SessionC` holding its work buffers and per-sentence caches.
+All scoring functions are ``nogil`` and touch no Python object.  Scores are natural logs.
+"""
+cimport cython
+from libc.math cimport exp, expf, log, log1p, tanhf, INFINITY, NAN, isnan
+from libc.stdint cimport int8_t, int32_t, int64_t, uint32_t, uint64_t
+from libc.stdlib cimport calloc, free, malloc
+from libc.string cimport memcpy, memset
+from cpython.pycapsule cimport PyCapsule_New
+
+import numpy as np
+cimport numpy as cnp
+
+cnp.import_array()
+
+ACTIVATIONS = {"identity": ACT_IDENTITY, "sigmoid": ACT_SIGMOID, "relu": ACT_RELU,
+               "rectifier": ACT_RELU, "tanh": ACT_TANH, "hardtanh": ACT_HARDTANH}
+COMBINERS = {"none": COMBINE_NONE, "max": COMBINE_MAX, "add": COMBINE_ADD, "mul": COMBINE_MUL}
+OUTPUTS = {"unnormalised": OUT_UNNORMALISED, "softmax": OUT_SOFTMAX, "class": OUT_CLASS,
+           "tree": OUT_TREE}
+
+# ---------------------------------------------------------------------------------------
+# small kernels (written so that gcc vectorises them)
+# ---------------------------------------------------------------------------------------
+
+cdef inline float dotf(const float* a, const float* b, int n) noexcept nogil:
+    cdef float s = 0
+    cdef int i
+    for i in range(n):
+        s += a[i] * b[i]
+    return s
+
+
+cdef inline void addf(float* acc, const float* x, int n) noexcept nogil:
+    cdef int i
+    for i in range(n):
+        acc[i] += x[i]
+
+
+cdef inline void axpyf(float* acc, const float* x, float a, int n) noexcept nogil:
+    cdef int i
+    for i in range(n):
+        acc[i] += a * x[i]
+
+
+cdef inline void mulaccf(float* acc, const float* x, const float* y, int n) noexcept nogil:
+    cdef int i
+    for i in range(n):
+        acc[i] += x[i] * y[i]
+
+
+cdef inline void init_bias(float* v, const float* bias, int n) noexcept nogil:
+    if bias != NULL:
+        memcpy(v, bias, n * sizeof(float))
+    else:
+        memset(v, 0, n * sizeof(float))
+
+
+cdef void activate(float* v, int n, int act) noexcept nogil:
+    cdef int i
+    if act == ACT_RELU:
+        for i in range(n):
+            v[i] = v[i] if v[i] > 0 else 0
+    elif act == ACT_SIGMOID:
+        for i in range(n):
+            v[i] = 1.0 / (1.0 + expf(-v[i]))
+    elif act == ACT_TANH:
+        for i in range(n):
+            v[i] = tanhf(v[i])
+    elif act == ACT_HARDTANH:
+        for i in range(n):
+            v[i] = -1 if v[i] < -1 else (1 if v[i] > 1 else v[i])
+
+
+cdef inline double log_sigmoid(double x) noexcept nogil:
+    if x >= 0:
+        return -log1p(exp(-x))
+    return x - log1p(exp(x))
+
+
+cdef double logsumexp(const double* x, int64_t n) noexcept nogil:
+    cdef double m = -INFINITY, s = 0
+    cdef int64_t i
+    for i in range(n):
+        if x[i] > m:
+            m = x[i]
+    if m == -INFINITY:
+        return m
+    for i in range(n):
+        s += exp(x[i] - m)
+    return m + log(s)
+
+# ---------------------------------------------------------------------------------------
+# hashing: vocabulary lookup, direct n-gram features, cache keys
+# ---------------------------------------------------------------------------------------
+
+cdef uint64_t splitmix64(uint64_t x) noexcept nogil:
+    x += 0x9E3779B97F4A7C15ULL
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL
+    return x ^ (x >> 31)
+
+
+cdef inline uint64_t fnv1a(const char* s, int64_t n) noexcept nogil:
+    cdef uint64_t h = 0xcbf29ce484222325ULL
+    cdef int64_t i
+    for i in range(n):
+        h = (h ^ <unsigned char>s[i]) * 0x100000001b3ULL
+    return h
+
+
+cdef int64_t nlm_vocab_find(const int64_t* offsets, const unsigned char* data, const int32_t* table,
+                            int64_t table_size, const char* word, int64_t length) noexcept nogil:
+    """Id of ``word`` (``length`` bytes) in the vocabulary hash table, or -1."""
+    cdef uint64_t mask = <uint64_t>table_size - 1
+    cdef uint64_t slot = fnv1a(word, length) & mask
+    cdef int32_t wid
+    cdef int64_t start, i
+    while True:
+        wid = table[slot]
+        if wid < 0:
+            return -1
+        start = offsets[wid]
+        if offsets[wid + 1] - start == length:
+            i = 0
+            while i < length and data[start + i] == <unsigned char>word[i]:
+                i += 1
+            if i == length:
+                return wid
+        slot = (slot + 1) & mask
+
+
+def vocab_hash_table(const int64_t[::1] offsets, const unsigned char[::1] data):
+    """Open-addressing table (FNV-1a 64, linear probing, -1 = empty) over the vocabulary."""
+    cdef int64_t n = offsets.shape[0] - 1
+    cdef int64_t size = 1
+    while size < 2 * n + 2:
+        size *= 2
+    table = np.full(size, -1, dtype=np.int32)
+    cdef int32_t[::1] t = table
+    cdef uint64_t mask = size - 1, slot
+    cdef int64_t w
+    for w in range(n):
+        slot = fnv1a(<const char*>&data[offsets[w]] if offsets[w + 1] > offsets[w] else <const char*>"",
+                     offsets[w + 1] - offsets[w]) & mask
+        while t[slot] >= 0:
+            slot = (slot + 1) & mask
+        t[slot] = <int32_t>w
+    return table
+
+
+def vocab_find(const int64_t[::1] offsets, const unsigned char[::1] data, const int32_t[::1] table,
+               bytes word):
+    """Look ``word`` (UTF-8 bytes) up in a table made by :func:`vocab_hash_table`; -1 if absent."""
+    cdef const char* w = word
+    cdef const unsigned char* d = <const unsigned char*>b""
+    if data.shape[0]:
+        d = &data[0]
+    return nlm_vocab_find(&offsets[0], d, &table[0], table.shape[0], w, len(word))
+
+
+cdef inline uint64_t direct_state0(int kind) noexcept nogil:
+    return splitmix64(<uint64_t>kind)
+
+
+cdef inline void direct_states(const ModelC* m, const int32_t* ctx, int kind, uint64_t* states) noexcept nogil:
+    """states[k] is the hash of the last k context words (k = 0 .. direct_order-1)."""
+    cdef int k
+    states[0] = direct_state0(kind)
+    for k in range(1, m.direct_order):
+        states[k] = splitmix64(states[k - 1] ^ <uint64_t>ctx[m.ctx_len - k])
+
+
+cdef inline double direct_value(const ModelC* m, const uint64_t* states, int32_t target) noexcept nogil:
+    cdef double s = 0
+    cdef int k
+    cdef uint64_t t = (<uint64_t>target) << 32
+    for k in range(m.direct_order):
+        s += m.direct_weights[splitmix64(states[k] ^ t) % <uint64_t>m.hash_space]
+    return s
+
+
+def direct_feature_indices(const int32_t[:, ::1] contexts, const int32_t[::1] targets, int kind,
+                           int direct_order, int64_t hash_space):
+    """Indices into the direct-feature store for each (context, target): shape (N, direct_order).
+
+    ``contexts`` are padded contexts of n-1 ids; ``kind`` is 0 for word and 1 for class features.
+    Used by the batched scorer and by training, so both index exactly as the native scorer does.
+    """
+    cdef int64_t n = contexts.shape[0], i
+    cdef int ctx_len = contexts.shape[1], k
+    out = np.empty((n, direct_order), dtype=np.int64)
+    cdef int64_t[:, ::1] o = out
+    cdef uint64_t state, t
+    with nogil:
+        for i in range(n):
+            state = direct_state0(kind)
+            t = (<uint64_t>targets[i]) << 32
+            for k in range(direct_order):
+                if k > 0:
+                    state = splitmix64(state ^ <uint64_t>contexts[i, ctx_len - k])
+                o[i, k] = <int64_t>(splitmix64(state ^ t) % <uint64_t>hash_space)
+    return out
+
+
+cdef inline uint64_t key_hash(const int32_t* key, int n) noexcept nogil:
+    cdef uint64_t h = 0x243F6A8885A308D3ULL
+    cdef int i
+    for i in range(n):
+        h = splitmix64(h ^ <uint32_t>key[i])
+    return h
+
+# ---------------------------------------------------------------------------------------
+# exact-key caches
+# ---------------------------------------------------------------------------------------
+
+cdef int table_init(TableC* t, int key_len, int fval_len, int dval_len, int64_t entries) noexcept nogil:
+    cdef int64_t cap = 16
+    if entries < 1:
+        entries = 1
+    while cap < 2 * entries:
+        cap *= 2
+    t.key_len = key_len
+    t.fval_len = fval_len
+    t.dval_len = dval_len
+    t.capacity = cap
+    t.limit = entries
+    t.count = 0
+    t.generation = 1
+    t.hits = 0
+    t.misses = 0
+    t.clears = 0
+    t.gen = <uint32_t*>calloc(cap, sizeof(uint32_t))
+    t.keys = <int32_t*>malloc(cap * key_len * sizeof(int32_t))
+    t.fvals = <float*>malloc(cap * fval_len * sizeof(float)) if fval_len else NULL
+    t.dvals = <double*>malloc(cap * dval_len * sizeof(double)) if dval_len else NULL
+    if t.gen == NULL or t.keys == NULL or (fval_len and t.fvals == NULL) or (dval_len and t.dvals == NULL):
+        return -1
+    return 0
+
+
+cdef void table_free(TableC* t) noexcept nogil:
+    free(t.gen)
+    free(t.keys)
+    free(t.fvals)
+    free(t.dvals)
+    t.gen = NULL
+    t.keys = NULL
+    t.fvals = NULL
+    t.dvals = NULL
+
+
+cdef void table_clear(TableC* t) noexcept nogil:
+    t.count = 0
+    t.generation += 1
+    if t.generation == 0:  # wrapped: really wipe
+        memset(t.gen, 0, t.capacity * sizeof(uint32_t))
+        t.generation = 1
+
+
+cdef int64_t table_slot(TableC* t, const int32_t* key, int* found) noexcept nogil:
+    """Slot of ``key``; inserts it (values undefined, found=0) when absent."""
+    cdef uint64_t mask = <uint64_t>t.capacity - 1
+    cdef uint64_t slot = key_hash(key, t.key_len) & mask
+    cdef int32_t* k
+    cdef int i
+    while t.gen[slot] == t.generation:
+        k = t.keys + slot * t.key_len
+        i = 0
+        while i < t.key_len and k[i] == key[i]:
+            i += 1
+        if i == t.key_len:
+            found[0] = 1
+            t.hits += 1
+            return <int64_t>slot
+        slot = (slot + 1) & mask
+    if t.count >= t.limit:
+        table_clear(t)
+        t.clears += 1
+        slot = key_hash(key, t.key_len) & mask
+    t.gen[slot] = t.generation
+    memcpy(t.keys + slot * t.key_len, key, t.key_len * sizeof(int32_t))
+    t.count += 1
+    t.misses += 1
+    found[0] = 0
+    return <int64_t>slot
+
+# ---------------------------------------------------------------------------------------
+# the network
+# ---------------------------------------------------------------------------------------
+
+cdef int nlm_pad_context(const ModelC* m, const int32_t* ids, int n, int32_t* out) noexcept nogil:
+    """Write the n-1 context ids for a history of ``n`` ids (oldest first).
+
+    Longer histories keep their last n-1 ids.  Shorter ones are padded on the left with
+    ``<s>`` when they start with ``<s>`` and with ``<null>`` otherwise (also when empty).
+    Ids outside the vocabulary become ``<unk>``.  Returns the number of padding ids.
+    """
+    cdef int c = m.ctx_len, i, pad
+    cdef int32_t fill, w
+    if n >= c:
+        ids += n - c
+        n = c
+    pad = c - n
+    fill = m.bos if (n > 0 and ids[0] == m.bos) else m.null
+    for i in range(pad):
+        out[i] = fill
+    for i in range(n):
+        w = ids[i]
+        out[pad + i] = w if (0 <= w < m.vocab_size) else m.unk
+    return pad
+
+
+cdef void branch_forward(const ModelC* m, const BranchC* br, const int32_t* ctx, float* v) noexcept nogil:
+    cdef int j, o, H = br.hidden, E = m.embed_dim
+    cdef int64_t V = m.vocab_size
+    cdef const float* e
+    init_bias(v, br.bias, H)
+    if br.tables != NULL and m.use_tables:
+        for j in range(m.ctx_len):
+            addf(v, br.tables + (j * V + ctx[j]) * H, H)
+    elif br.diagonal:
+        for j in range(m.ctx_len):
+            mulaccf(v, br.weights + j * E, m.embeddings + <int64_t>ctx[j] * E, E)
+    else:
+        for j in range(m.ctx_len):
+            e = m.embeddings + <int64_t>ctx[j] * E
+            for o in range(H):
+                v[o] += dotf(br.weights + (<int64_t>j * H + o) * E, e, E)
+    activate(v, H, br.activation)
+
+
+cdef void layer_forward(const LayerC* L, const float* x, float* y) noexcept nogil:
+    cdef int i, o
+    if L.weight_t != NULL:
+        # column form: skips the zero inputs a ReLU leaves behind (exact)
+        init_bias(y, L.bias, L.n_out)
+        for i in range(L.n_in):
+            if x[i] != 0:
+                axpyf(y, L.weight_t + <int64_t>i * L.n_out, x[i], L.n_out)
+    else:
+        for o in range(L.n_out):
+            y[o] = dotf(L.weight + <int64_t>o * L.n_in, x, L.n_in) + (L.bias[o] if L.bias != NULL else 0)
+    activate(y, L.n_out, L.activation)
+
+
+cdef void nlm_compute_hidden(const ModelC* m, const int32_t* ctx, float* out,
+                             float* b0, float* b1, float* b2) noexcept nogil:
+    """Final hidden vector (out_dim floats) for a padded context; b0..b2 are work buffers."""
+    cdef int k, i, H = m.branches[0].hidden
+    cdef float* cur = b0
+    cdef float* tmp
+    cdef const LayerC* L
+    branch_forward(m, &m.branches[0], ctx, cur)
+    for k in range(1, m.n_branches):
+        branch_forward(m, &m.branches[k], ctx, b1)
+        if m.combine == COMBINE_MAX:
+            for i in range(H):
+                cur[i] = cur[i] if cur[i] >= b1[i] else b1[i]
+        elif m.combine == COMBINE_MUL:
+            for i in range(H):
+                cur[i] = cur[i] * (b1[i] + 1)
+        else:
+            addf(cur, b1, H)
+    if m.n_layers == 0:
+        memcpy(out, cur, m.out_dim * sizeof(float))
+        return
+    for k in range(m.n_layers):
+        L = &m.layers[k]
+        if k == m.n_layers - 1:
+            layer_forward(L, cur, out)
+        else:
+            tmp = b2 if cur == b0 else b0
+            layer_forward(L, cur, tmp)
+            cur = tmp
+
+
+cdef inline double word_logit(const ModelC* m, const float* h, int32_t w, const uint64_t* states) noexcept nogil:
+    cdef double s = dotf(m.out_weight + <int64_t>w * m.out_dim, h, m.out_dim) + m.out_bias[w]
+    if m.direct_order:
+        s += direct_value(m, states, w)
+    return s
+
+
+cdef inline double class_logit(const ModelC* m, const float* h, int32_t c, const uint64_t* states) noexcept nogil:
+    cdef double s = dotf(m.class_weight + <int64_t>c * m.out_dim, h, m.out_dim) + m.class_bias[c]
+    if m.direct_order:
+        s += direct_value(m, states, c)
+    return s
+
+
+cdef double softmax_lognorm(const ModelC* m, const float* h, const uint64_t* states, double* scratch) noexcept nogil:
+    cdef int32_t w
+    for w in range(m.vocab_size):
+        scratch[w] = word_logit(m, h, w, states)
+    return logsumexp(scratch, m.vocab_size)
+
+
+cdef double class_lognorm(const ModelC* m, const float* h, const uint64_t* cstates, double* scratch) noexcept nogil:
+    cdef int32_t c
+    for c in range(m.n_classes):
+        scratch[c] = class_logit(m, h, c, cstates)
+    return logsumexp(scratch, m.n_classes)
+
+
+cdef double within_class_lognorm(const ModelC* m, const float* h, int32_t c, const uint64_t* states,
+                                 double* scratch) noexcept nogil:
+    cdef int32_t i, a = m.class_start[c], b = m.class_start[c + 1]
+    for i in range(a, b):
+        scratch[i - a] = word_logit(m, h, m.class_members[i], states)
+    return logsumexp(scratch, b - a)
+
+
+cdef double tree_logprob(const ModelC* m, const float* h, int32_t w) noexcept nogil:
+    cdef double s = 0, x
+    cdef int64_t p
+    cdef int32_t node
+    for p in range(m.path_start[w], m.path_start[w + 1]):
+        node = m.path_node[p]
+        x = dotf(m.tree_weight + <int64_t>node * m.out_dim, h, m.out_dim) + m.tree_bias[node]
+        s += log_sigmoid(m.path_sign[p] * x)
+    return s
+
+# ---------------------------------------------------------------------------------------
+# sessions
+# ---------------------------------------------------------------------------------------
+
+cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries) noexcept nogil:
+    """A new per-thread session; ``cache_entries`` <= 0 disables the caches.  NULL on OOM."""
+    cdef SessionC* s = <SessionC*>calloc(1, sizeof(SessionC))
+    cdef int64_t nscratch = m.vocab_size
+    cdef int32_t c, ckey
+    if s == NULL:
+        return NULL
+    s.model = m
+    s.buf0 = <float*>malloc(m.max_width * sizeof(float))
+    s.buf1 = <float*>malloc(m.max_width * sizeof(float))
+    s.buf2 = <float*>malloc(m.max_width * sizeof(float))
+    s.hidden = <float*>malloc(m.max_width * sizeof(float))
+    if m.n_classes > nscratch:
+        nscratch = m.n_classes
+    s.scratch = <double*>malloc(nscratch * sizeof(double))
+    if s.buf0 == NULL or s.buf1 == NULL or s.buf2 == NULL or s.hidden == NULL or s.scratch == NULL:
+        nlm_session_free(s)
+        return NULL
+    s.cache_enabled = cache_entries > 0
+    s.sentence_id = -1
+    if s.cache_enabled:
+        ckey = m.ctx_len if m.ctx_len > 0 else 1
+        if (table_init(&s.ctx_cache, ckey, m.out_dim, 2, cache_entries) != 0 or
+                table_init(&s.class_cache, m.ctx_len + 1, 0, 1, cache_entries) != 0):
+            nlm_session_free(s)
+            return NULL
+    return s
+
+
+cdef void nlm_session_free(SessionC* s) noexcept nogil:
+    if s == NULL:
+        return
+    free(s.buf0)
+    free(s.buf1)
+    free(s.buf2)
+    free(s.hidden)
+    free(s.scratch)
+    table_free(&s.ctx_cache)
+    table_free(&s.class_cache)
+    free(s)
+
+
+cdef void nlm_session_begin(SessionC* s, int64_t sentence_id) noexcept nogil:
+    """Start a sentence: the per-sentence caches are emptied."""
+    s.sentence_id = sentence_id
+    if s.cache_enabled:
+        table_clear(&s.ctx_cache)
+        table_clear(&s.class_cache)
+
+
+cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t w) noexcept nogil:
+    """Natural-log score of word ``w`` after the padded context ``ctx`` (n-1 valid ids)."""
+    cdef const ModelC* m = s.model
+    cdef float* h
+    cdef double* norms
+    cdef int found = 0, i
+    cdef int64_t slot
+    cdef int32_t c
+    cdef int32_t key[NLM_MAX_ORDER + 1]
+    cdef uint64_t states[NLM_MAX_ORDER]
+    cdef uint64_t cstates[NLM_MAX_ORDER]
+    cdef double lz, score
+    s.lookups += 1
+    if s.cache_enabled:
+        if m.ctx_len > 0:
+            slot = table_slot(&s.ctx_cache, ctx, &found)
+        else:
+            key[0] = 0
+            slot = table_slot(&s.ctx_cache, key, &found)
+        h = s.ctx_cache.fvals + slot * m.out_dim
+        norms = s.ctx_cache.dvals + slot * 2
+        if not found:
+            nlm_compute_hidden(m, ctx, h, s.buf0, s.buf1, s.buf2)
+            norms[0] = NAN
+            norms[1] = NAN
+    else:
+        h = s.hidden
+        norms = NULL
+        nlm_compute_hidden(m, ctx, h, s.buf0, s.buf1, s.buf2)
+    if m.direct_order:
+        direct_states(m, ctx, 0, states)
+    if m.output_type == OUT_UNNORMALISED:
+        return word_logit(m, h, w, states)
+    if m.output_type == OUT_TREE:
+        return tree_logprob(m, h, w)
+    if m.output_type == OUT_SOFTMAX:
+        if norms != NULL and not isnan(norms[0]):
+            lz = norms[0]
+        else:
+            lz = softmax_lognorm(m, h, states, s.scratch)
+            if norms != NULL:
+                norms[0] = lz
+        return word_logit(m, h, w, states) - lz
+    # class-factored
+    c = m.word_class[w]
+    if m.direct_order:
+        direct_states(m, ctx, 1, cstates)
+    if norms != NULL and not isnan(norms[1]):
+        lz = norms[1]
+    else:
+        lz = class_lognorm(m, h, cstates, s.scratch)
+        if norms != NULL:
+            norms[1] = lz
+    score = class_logit(m, h, c, cstates) - lz
+    if s.cache_enabled:
+        for i in range(m.ctx_len):
+            key[i] = ctx[i]
+        key[m.ctx_len] = c
+        slot = table_slot(&s.class_cache, key, &found)
+        if found:
+            lz = s.class_cache.dvals[slot]
+        else:
+            lz = within_class_lognorm(m, h, c, states, s.scratch)
+            s.class_cache.dvals[slot] = lz
+    else:
+        lz = within_class_lognorm(m, h, c, states, s.scratch)
+    return score + word_logit(m, h, w, states) - lz
+
+
+cdef double nlm_score(SessionC* s, const int32_t* ids, int n, int32_t w) noexcept nogil:
+    """Score ``w`` after an unpadded history of ``n`` ids (see :c:func:`nlm_pad_context`)."""
+    cdef int32_t ctx[NLM_MAX_ORDER]
+    nlm_pad_context(s.model, ids, n, ctx)
+    if w < 0 or w >= s.model.vocab_size:
+        w = s.model.unk
+    return nlm_score_padded(s, ctx, w)
+
+# ---------------------------------------------------------------------------------------
+# Python wrappers
+# ---------------------------------------------------------------------------------------
+
+cdef const float* fptr(arrays, name, required=True) except? NULL:
+    a = arrays.get(name)
+    if a is None:
+        if required:
+            raise ValueError(f"model has no array {name!r}")
+        return NULL
+    _check(a, name, np.float32)
+    return <const float*>cnp.PyArray_DATA(a)
+
+
+cdef _check(a, name, dtype):
+    if not isinstance(a, np.ndarray) or a.dtype != dtype or not a.flags.c_contiguous:
+        raise ValueError(f"array {name!r} must be a C-contiguous {np.dtype(dtype).name} array")
+
+
+cdef const void* rawptr(arrays, name, dtype) except? NULL:
+    a = arrays.get(name)
+    if a is None:
+        raise ValueError(f"model has no array {name!r}")
+    _check(a, name, dtype)
+    return <const void*>cnp.PyArray_DATA(a)
+
+
+cdef class NativeModel:
+    """The C view of a model's arrays.  Keeps the arrays (and so the mmap) alive.
+
+    ``header`` is the parsed model-file header; ``arrays`` maps array names to numpy arrays
+    whose shapes :mod:`nlmfeature.modelfile` has already validated.
+    """
+    cdef ModelC m
+    cdef object _arrays
+    cdef object _extra
+
+    def __init__(self, dict header, dict arrays, bint use_tables=True):
+        cdef int k
+        cdef ModelC* m = &self.m
+        self._arrays = arrays
+        self._extra = []
+        memset(m, 0, sizeof(ModelC))
+        m.order = header["order"]
+        if not 1 <= m.order <= NLM_MAX_ORDER:
+            raise ValueError(f"order {m.order} is outside 1..{NLM_MAX_ORDER}")
+        m.ctx_len = m.order - 1
+        m.vocab_size = header["vocab_size"]
+        m.embed_dim = header["embed_dim"]
+        sp = header["special"]
+        m.unk, m.bos, m.eos, m.null = sp["<unk>"], sp["<s>"], sp["</s>"], sp["<null>"]
+        m.embeddings = fptr(arrays, "embeddings")
+        branches = header["branches"]
+        if not 1 <= len(branches) <= NLM_MAX_BRANCHES:
+            raise ValueError(f"between 1 and {NLM_MAX_BRANCHES} first-layer branches are supported")
+        m.n_branches = len(branches)
+        m.combine = COMBINERS[header.get("combine", "none")]
+        m.max_width = m.embed_dim
+        for k, br in enumerate(branches):
+            m.branches[k].hidden = br["hidden"]
+            m.branches[k].diagonal = br["diagonal"]
+            m.branches[k].activation = ACTIVATIONS[br["activation"]]
+            m.branches[k].weights = fptr(arrays, f"branch{k}.weights")
+            m.branches[k].bias = fptr(arrays, f"branch{k}.bias", False)
+            m.branches[k].tables = fptr(arrays, f"branch{k}.tables", False)
+            m.max_width = max(m.max_width, br["hidden"])
+        layers = header["layers"]
+        if len(layers) > NLM_MAX_LAYERS:
+            raise ValueError(f"at most {NLM_MAX_LAYERS} extra hidden layers are supported")
+        m.n_layers = len(layers)
+        for k, ly in enumerate(layers):
+            m.layers[k].n_in = ly["n_in"]
+            m.layers[k].n_out = ly["n_out"]
+            m.layers[k].activation = ACTIVATIONS[ly["activation"]]
+            m.layers[k].weight = fptr(arrays, f"layer{k}.weight")
+            m.layers[k].bias = fptr(arrays, f"layer{k}.bias", False)
+            # inputs that a ReLU produced are sparse: keep a transposed copy to skip zeros
+            prev_act = branches[0]["activation"] if k == 0 else layers[k - 1]["activation"]
+            if ACTIVATIONS[prev_act] == ACT_RELU and header.get("combine", "none") != "mul":
+                wt = np.ascontiguousarray(arrays[f"layer{k}.weight"].T)
+                self._extra.append(wt)
+                m.layers[k].weight_t = <const float*>cnp.PyArray_DATA(wt)
+            m.max_width = max(m.max_width, ly["n_out"], ly["n_in"])
+        out = header["output"]
+        m.out_dim = out["dim"]
+        m.max_width = max(m.max_width, m.out_dim)
+        m.output_type = OUTPUTS[out["type"]]
+        m.out_weight = fptr(arrays, "output.weight")
+        m.out_bias = fptr(arrays, "output.bias")
+        if m.output_type == OUT_CLASS:
+            m.n_classes = out["classes"]
+            m.class_weight = fptr(arrays, "class.weight")
+            m.class_bias = fptr(arrays, "class.bias")
+            m.word_class = <const int32_t*>rawptr(arrays, "class.of_word", np.int32)
+            m.class_start = <const int32_t*>rawptr(arrays, "class.start", np.int32)
+            m.class_members = <const int32_t*>rawptr(arrays, "class.members", np.int32)
+        elif m.output_type == OUT_TREE:
+            m.n_nodes = out["nodes"]
+            m.tree_weight = fptr(arrays, "tree.weight")
+            m.tree_bias = fptr(arrays, "tree.bias")
+            m.path_start = <const int64_t*>rawptr(arrays, "tree.path_start", np.int64)
+            m.path_node = <const int32_t*>rawptr(arrays, "tree.path_node", np.int32)
+            m.path_sign = <const int8_t*>rawptr(arrays, "tree.path_sign", np.int8)
+        direct = header.get("direct")
+        if direct:
+            m.direct_order = direct["order"]
+            m.hash_space = direct["hash_space"]
+            m.direct_weights = fptr(arrays, "direct.weights")
+            if not 1 <= m.direct_order <= m.order:
+                raise ValueError("direct feature order must be between 1 and the model order")
+        m.use_tables = use_tables
+
+    @property
+    def order(self) -> int:
+        return self.m.order
+
+    @property
+    def vocab_size(self) -> int:
+        return self.m.vocab_size
+
+    @property
+    def uses_tables(self) -> bool:
+        return bool(self.m.use_tables and self.m.branches[0].tables != NULL)
+
+    def capsule(self):
+        """A PyCapsule holding the ``ModelC*`` (for the C ABI library)."""
+        return PyCapsule_New(<void*>&self.m, b"nlmfeature.ModelC", NULL)
+
+    def pad_context(self, const int32_t[::1] ids):
+        """Padded n-1 context ids for a history (see the C function ``nlm_pad_context``)."""
+        out = np.empty(max(self.m.ctx_len, 0), dtype=np.int32)
+        cdef int32_t[::1] o = out
+        cdef int32_t dummy = 0
+        nlm_pad_context(&self.m, &ids[0] if ids.shape[0] else &dummy, ids.shape[0],
+                        &o[0] if o.shape[0] else &dummy)
+        return out
+
+    def hidden(self, const int32_t[::1] padded):
+        """Final hidden vector for a padded context (testing and the batched path)."""
+        if padded.shape[0] != self.m.ctx_len:
+            raise ValueError(f"a padded context has {self.m.ctx_len} ids")
+        out = np.empty(self.m.out_dim, dtype=np.float32)
+        b = np.empty(3 * self.m.max_width, dtype=np.float32)
+        cdef float[::1] o = out, bb = b
+        cdef int32_t dummy = 0
+        cdef int W = self.m.max_width
+        nlm_compute_hidden(&self.m, &padded[0] if padded.shape[0] else &dummy, &o[0], &bb[0], &bb[W], &bb[2 * W])
+        return out
+
+    def session(self, int64_t cache_entries=1 << 16):
+        """A new scoring session (one per thread); ``cache_entries=0`` disables caching."""
+        return Session(self, cache_entries)
+
+
+cdef class Session:
+    """Per-thread scorer state: work buffers and the bounded per-sentence caches.
+
+    One session must not be used by two threads at once; the model may be shared freely.
+    """
+    cdef SessionC* s
+    cdef readonly NativeModel model
+
+    def __cinit__(self, NativeModel model, int64_t cache_entries=1 << 16):
+        self.model = model
+        self.s = nlm_session_new(&model.m, cache_entries)
+        if self.s == NULL:
+            raise MemoryError("could not allocate a scoring session")
+
+    def __dealloc__(self):
+        nlm_session_free(self.s)
+
+    def begin_sentence(self, int64_t sentence_id=-1) -> None:
+        """Start a new sentence: empties the per-sentence caches."""
+        nlm_session_begin(self.s, sentence_id)
+
+    def score(self, const int32_t[::1] history, int32_t word) -> float:
+        """Natural-log score of ``word`` after ``history`` (ids, oldest first, padded as needed)."""
+        cdef int32_t dummy = 0
+        return nlm_score(self.s, &history[0] if history.shape[0] else &dummy, history.shape[0], word)
+
+    def score_padded(self, const int32_t[:, ::1] contexts, const int32_t[::1] words):
+        """Score N n-grams one lookup at a time (through the caches); contexts are padded, (N, n-1)."""
+        cdef int64_t n = words.shape[0], i
+        cdef int c = self.model.m.ctx_len
+        if contexts.shape[0] != n or (n and contexts.shape[1] != c):
+            raise ValueError(f"contexts must have shape ({n}, {c})")
+        out = np.empty(n, dtype=np.float64)
+        cdef double[::1] o = out
+        cdef int32_t V = self.model.m.vocab_size, unk = self.model.m.unk, w
+        cdef int32_t dummy = 0
+        cdef const int32_t* base = &contexts[0, 0] if (n and c) else &dummy
+        with nogil:
+            for i in range(n):
+                w = words[i]
+                if w < 0 or w >= V:
+                    w = unk
+                o[i] = nlm_score_padded(self.s, base + i * c, w)
+        return out
+
+    def score_stream(self, const int32_t[:, ::1] contexts, const int32_t[::1] words,
+                     const int64_t[::1] sentence_starts):
+        """Like :meth:`score_padded`, but begins a new sentence at each index in ``sentence_starts``.
+
+        Returns the sum of the scores (the benchmark's hot loop; runs without the GIL).
+        """
+        cdef int64_t n = words.shape[0], i, k = 0, ns = sentence_starts.shape[0]
+        cdef int c = self.model.m.ctx_len
+        cdef double total = 0
+        cdef int32_t dummy = 0
+        cdef const int32_t* base = &contexts[0, 0] if (n and c) else &dummy
+        with nogil:
+            for i in range(n):
+                while k < ns and sentence_starts[k] == i:
+                    nlm_session_begin(self.s, k)
+                    k += 1
+                total += nlm_score_padded(self.s, base + i * c, words[i])
+        return total
+
+    def stats(self) -> dict:
+        """Counters: lookups, and hits/misses/clears of the context and class caches."""
+        return {
+            "lookups": self.s.lookups,
+            "context_hits": self.s.ctx_cache.hits,
+            "context_misses": self.s.ctx_cache.misses,
+            "class_hits": self.s.class_cache.hits,
+            "class_misses": self.s.class_cache.misses,
+            "cache_clears": self.s.ctx_cache.clears + self.s.class_cache.clears,
+            "cache_enabled": bool(self.s.cache_enabled),
+        }

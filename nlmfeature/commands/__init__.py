@@ -1,0 +1,1 @@
+"""Subcommands of the ``nlmfeature`` command line (see :mod:`nlmfeature.cli`)."""

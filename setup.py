@@ -1,0 +1,71 @@
+"""Build script for nlmfeature.
+
+Every ``cython/nlmfeature/NAME.pyx`` becomes the extension module ``nlmfeature.NAME``; adding a
+Cython source needs no change here.  Set ``NLMFEATURE_PORTABLE=1`` to build without
+``-march=native`` (for binaries that must run on other CPUs).
+"""
+import glob
+import os
+
+import numpy
+from Cython.Build import cythonize
+from setuptools import Extension, find_packages, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _compile_args() -> list:
+    args = ["-O3", "-fno-math-errno", "-fopenmp", "-Wno-unused-function"]
+    if not os.environ.get("NLMFEATURE_PORTABLE"):
+        args.append("-march=native")
+    return args
+
+
+def _extensions() -> list:
+    exts = []
+    for pyx in sorted(glob.glob(os.path.join("cython", "nlmfeature", "*.pyx"))):
+        name = os.path.splitext(os.path.basename(pyx))[0]
+        exts.append(
+            Extension(
+                "nlmfeature." + name,
+                [pyx],
+                include_dirs=[numpy.get_include(), "cython"],
+                extra_compile_args=_compile_args(),
+                extra_link_args=["-fopenmp"],
+                define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+            )
+        )
+    return cythonize(
+        exts,
+        include_path=["cython"],
+        compiler_directives={
+            "language_level": 3,
+            "boundscheck": False,
+            "wraparound": False,
+            "cdivision": True,
+            "initializedcheck": False,
+        },
+    )
+
+
+setup(
+    name="nlmfeature",
+    version="0.1.0",
+    description="Feed-forward neural language models as features for Moses and cdec",
+    long_description=open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
+    if os.path.exists(os.path.join(HERE, "README.md"))
+    else "",
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["nlmfeature", "nlmfeature.*"]),
+    package_data={"nlmfeature": ["data/*", "data/**/*"]},
+    ext_modules=_extensions(),
+    python_requires=">=3.9",
+    install_requires=["numpy>=1.24", "sacrebleu>=2.0", "sacremoses>=0.1", "tqdm>=4.0"],
+    extras_require={"test": ["pytest>=7"], "kenlm": ["kenlm"]},
+    entry_points={
+        "console_scripts": [
+            "nlmfeature=nlmfeature.cli:main",
+        ]
+    },
+    zip_safe=False,
+)
