@@ -1,0 +1,46 @@
+"""Small real-data models for the tests (random weights, Brown-corpus vocabulary)."""
+from __future__ import annotations
+
+import os
+from typing import List, Optional
+
+import numpy as np
+
+import nlmfeature
+from nlmfeature.architecture import ModelSpec, precompute_tables, random_model
+from nlmfeature.vocab import Vocabulary, count_words
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+BROWN_TRAIN = os.path.join(DATA, "brown", "train.2k.txt")
+BROWN_VALID = os.path.join(DATA, "brown", "valid.300.txt")
+
+
+def read_lines(path: str, limit: Optional[int] = None) -> List[str]:
+    with open(path, encoding="utf-8") as f:
+        lines = [l.strip() for l in f]
+    return lines[:limit] if limit else lines
+
+
+def brown_vocab(min_count: int = 2, lines: int = 2000):
+    """(Vocabulary, counts per id) of the first ``lines`` Brown training sentences."""
+    counts = count_words(read_lines(BROWN_TRAIN, lines))
+    vocab = Vocabulary.from_counts(counts, min_count=min_count)
+    return vocab, np.array([counts.get(w, 1) for w in vocab], dtype=np.float64)
+
+
+def make_model(directory: str, name: str = "model.nlm", tables: bool = True, seed: int = 0,
+               min_count: int = 2, **spec_fields) -> str:
+    """Write a random model with the Brown vocabulary; returns its path.
+
+    ``spec_fields`` are :class:`ModelSpec` fields (arch, order, word_width, output, ...);
+    defaults are a small order-4 diagonal log-bilinear model with unnormalised output.
+    """
+    fields = dict(arch="lbl", order=4, word_width=16, diagonal_contexts=True, output="unnormalised")
+    fields.update(spec_fields)
+    vocab, counts = brown_vocab(min_count)
+    header, arrays = random_model(ModelSpec(**fields), vocab, counts, seed=seed)
+    if tables:
+        precompute_tables(header, arrays)
+    path = os.path.join(str(directory), name)
+    nlmfeature.save(path, header, arrays)
+    return path
