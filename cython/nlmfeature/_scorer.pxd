@@ -125,3 +125,9 @@ cdef void nlm_session_free(SessionC* s) noexcept nogil
 cdef void nlm_session_begin(SessionC* s, int64_t sentence_id) noexcept nogil
 cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t word) noexcept nogil
 cdef double nlm_score(SessionC* s, const int32_t* ctx, int n, int32_t word) noexcept nogil
+
+# exact-key tables (also used by the persistent cache)
+cdef int table_init(TableC* t, int key_len, int fval_len, int dval_len, int64_t entries) noexcept nogil
+cdef void table_free(TableC* t) noexcept nogil
+cdef void table_clear(TableC* t) noexcept nogil
+cdef int64_t table_slot(TableC* t, const int32_t* key, int* found) noexcept nogil
