@@ -15,7 +15,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _compile_args() -> list:
-    args = ["-O3", "-fno-math-errno", "-fopenmp", "-Wno-unused-function"]
+    args = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros",
+            "-fopenmp", "-Wno-unused-function"]
     if not os.environ.get("NLMFEATURE_PORTABLE"):
         args.append("-march=native")
     return args

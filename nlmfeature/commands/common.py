@@ -1,0 +1,33 @@
+"""Helpers shared by the subcommands: opening text files (plain, .gz or '-')."""
+from __future__ import annotations
+
+import gzip
+import io
+import sys
+from typing import Iterator, TextIO
+
+from ..errors import InputError
+
+
+def open_input(path: str) -> TextIO:
+    """Open a UTF-8 text file for reading: ``-`` is standard input, ``.gz`` is decompressed."""
+    try:
+        if path == "-":
+            return io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="strict")
+        if path.endswith(".gz"):
+            return gzip.open(path, "rt", encoding="utf-8", errors="strict")
+        return open(path, encoding="utf-8", errors="strict")
+    except OSError as exc:
+        raise InputError(path, 0, f"cannot open: {exc.strerror or exc}") from None
+
+
+def read_lines(path: str) -> Iterator[str]:
+    """Lines of a text file without their newline; a non-UTF-8 line is an error naming it."""
+    with open_input(path) as f:
+        lineno = 0
+        try:
+            for lineno, line in enumerate(f, 1):
+                yield line.rstrip("\r\n")
+        except UnicodeDecodeError as exc:
+            raise InputError(path, lineno + 1, f"not valid UTF-8 ({exc.reason}); "
+                             "convert the file to UTF-8 (e.g. with iconv)") from None
