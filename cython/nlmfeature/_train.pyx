@@ -1,0 +1,369 @@
+# cython: language_level=3
+"""Native loops of the trainer: alias sampling, sparse gathers and scatters, AdaGrad.
+
+Everything here works on float32 or float64 arrays (fused type ``real``): training runs in
+float32, the gradient checks in float64.  Loops run without the GIL; ``threads`` sets the
+OpenMP team of the parallel ones.  Parallel scatters split the *rows* between threads
+(row % threads), so each row is summed in the same order whatever the thread count and
+results are reproducible.
+"""
+import numpy as np
+cimport numpy as cnp
+from cython.parallel cimport prange, parallel
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, uint32_t
+from libc.math cimport sqrt
+from libc.stdlib cimport malloc, free
+
+from nlmfeature._scorer cimport splitmix64
+
+cnp.import_array()
+
+ctypedef fused real:
+    float
+    double
+
+
+# ---------------------------------------------------------------------------------------
+# alias method (Walker 1977; Vose 1991)
+# ---------------------------------------------------------------------------------------
+
+def alias_blocks(const double[::1] probs, const int64_t[::1] starts):
+    """Alias tables of several distributions stored back to back.
+
+    Block b covers ``probs[starts[b]:starts[b+1]]`` (non-negative weights, normalised per
+    block here).  Returns (accept float64 (M,), alias int32 (M,)), ``alias`` holding
+    positions *within* the block.  An all-zero block becomes uniform.
+    """
+    cdef int64_t M = probs.shape[0], B = starts.shape[0] - 1, b, a, z, n, i, s, l, ns, nl
+    accept = np.zeros(M, dtype=np.float64)
+    alias = np.zeros(M, dtype=np.int32)
+    cdef double[::1] acc = accept
+    cdef int32_t[::1] al = alias
+    cdef double tot
+    small_arr = np.empty(M, dtype=np.int64)
+    large_arr = np.empty(M, dtype=np.int64)
+    scaled_arr = np.empty(M, dtype=np.float64)
+    cdef int64_t[::1] small = small_arr, large = large_arr
+    cdef double[::1] sc = scaled_arr
+    with nogil:
+        for b in range(B):
+            a = starts[b]
+            z = starts[b + 1]
+            n = z - a
+            if n <= 0:
+                continue
+            tot = 0
+            for i in range(a, z):
+                tot += probs[i]
+            ns = 0
+            nl = 0
+            for i in range(a, z):
+                sc[i] = probs[i] * n / tot if tot > 0 else 1.0
+                if sc[i] < 1.0:
+                    small[a + ns] = i
+                    ns += 1
+                else:
+                    large[a + nl] = i
+                    nl += 1
+            while ns > 0 and nl > 0:
+                ns -= 1
+                s = small[a + ns]
+                l = large[a + nl - 1]
+                acc[s] = sc[s]
+                al[s] = <int32_t>(l - a)
+                sc[l] = (sc[l] + sc[s]) - 1.0
+                if sc[l] < 1.0:
+                    nl -= 1
+                    small[a + ns] = l
+                    ns += 1
+            while nl > 0:
+                nl -= 1
+                acc[large[a + nl]] = 1.0
+                al[large[a + nl]] = <int32_t>(large[a + nl] - a)
+            while ns > 0:  # rounding leftovers
+                ns -= 1
+                acc[small[a + ns]] = 1.0
+                al[small[a + ns]] = <int32_t>(small[a + ns] - a)
+    return accept, alias
+
+
+cdef inline uint64_t stream_base(uint64_t seed, uint64_t step) noexcept nogil:
+    return splitmix64(splitmix64(seed ^ 0x5851F42D4C957F2DULL) ^ step)
+
+
+def sample_blocks(const double[::1] accept, const int32_t[::1] alias, const int32_t[::1] values,
+                  const int64_t[::1] starts, const int32_t[::1] block_of_row, int k,
+                  uint64_t seed, uint64_t step, int threads=1):
+    """Draw ``k`` samples per row: row n samples from block ``block_of_row[n]`` of the alias
+    tables (see :func:`alias_blocks`) and gets ``values`` of the chosen positions.
+
+    Counter-based random numbers (seed, step, row, sample): the draw does not depend on the
+    thread count, and a resumed run draws what an uninterrupted one would.
+    Returns (N, k) int32.
+    """
+    cdef int64_t N = block_of_row.shape[0], n, a, size, pos
+    cdef int j
+    cdef uint64_t base = stream_base(seed, step), r
+    cdef double u
+    out = np.empty((N, k), dtype=np.int32)
+    cdef int32_t[:, ::1] o = out
+    for n in prange(N, nogil=True, num_threads=threads, schedule="static"):
+        a = starts[block_of_row[n]]
+        size = starts[block_of_row[n] + 1] - a
+        for j in range(k):
+            r = splitmix64(base + <uint64_t>(n * k + j))
+            pos = <int64_t>(((r >> 32) * <uint64_t>size) >> 32)
+            u = <double>(r & 0xFFFFFFFFULL) * (1.0 / 4294967296.0)
+            if u >= accept[a + pos]:
+                pos = alias[a + pos]
+            o[n, j] = values[a + pos]
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# sparse output rows: gather logits, back-propagate, scatter gradients
+# ---------------------------------------------------------------------------------------
+
+def gather_logits(const real[:, ::1] W, const real[::1] b, const real[:, ::1] H,
+                  const int32_t[:, :] cand, double[:, ::1] out, int threads=1):
+    """out[n, j] = W[cand[n, j]] . H[n] + b[cand[n, j]]."""
+    cdef int64_t N = cand.shape[0], n, r
+    cdef int K = cand.shape[1], j, d, D = H.shape[1]
+    cdef double s
+    for n in prange(N, nogil=True, num_threads=threads, schedule="static"):
+        for j in range(K):
+            r = cand[n, j]
+            s = 0
+            for d in range(D):
+                s = s + W[r, d] * H[n, d]
+            out[n, j] = s + b[r]
+
+
+def backprop_rows(const real[:, ::1] W, const int32_t[:, :] cand, const double[:, ::1] G,
+                  real[:, ::1] dH, int threads=1):
+    """dH[n] += sum_j G[n, j] * W[cand[n, j]]."""
+    cdef int64_t N = cand.shape[0], n, r
+    cdef int K = cand.shape[1], j, d, D = dH.shape[1]
+    cdef real g
+    for n in prange(N, nogil=True, num_threads=threads, schedule="static"):
+        for j in range(K):
+            g = <real>G[n, j]
+            if g == 0:
+                continue
+            r = cand[n, j]
+            for d in range(D):
+                dH[n, d] += g * W[r, d]
+
+
+cdef int64_t mark_rows(uint8_t[::1] mark, int32_t[::1] touched, int64_t n_touched,
+                       const int32_t* idx, int64_t M, int64_t stride) noexcept nogil:
+    cdef int64_t i, r
+    for i in range(M):
+        r = idx[i * stride]
+        if not mark[r]:
+            mark[r] = 1
+            touched[n_touched] = <int32_t>r
+            n_touched += 1
+    return n_touched
+
+
+def scatter_outer(real[:, ::1] grad, uint8_t[::1] mark, int32_t[::1] touched, int64_t n_touched,
+                  const int32_t[:, ::1] cand, const double[:, ::1] G, const real[:, ::1] H,
+                  int threads=1):
+    """grad[cand[n, j]] += G[n, j] * H[n] (rows marked and listed in ``touched``).
+    Returns the new number of touched rows."""
+    cdef int64_t N = cand.shape[0], n, r
+    cdef int K = cand.shape[1], j, d, D = H.shape[1], t, T = max(1, threads)
+    cdef real g
+    if N == 0 or K == 0:
+        return n_touched
+    with nogil:
+        n_touched = mark_rows(mark, touched, n_touched, &cand[0, 0], N * K, 1)
+    for t in prange(T, nogil=True, num_threads=T, schedule="static"):
+        for n in range(N):
+            for j in range(K):
+                r = cand[n, j]
+                if r % T != t:
+                    continue
+                g = <real>G[n, j]
+                if g == 0:
+                    continue
+                for d in range(D):
+                    grad[r, d] += g * H[n, d]
+    return n_touched
+
+
+def scatter_rows(real[:, ::1] grad, uint8_t[::1] mark, int32_t[::1] touched, int64_t n_touched,
+                 const int32_t[::1] idx, const real[:, ::1] rows, int threads=1):
+    """grad[idx[i]] += rows[i] (rows marked and listed).  Returns the new touched count."""
+    cdef int64_t M = idx.shape[0], i, r
+    cdef int d, D = rows.shape[1], t, T = max(1, threads)
+    if M == 0:
+        return n_touched
+    with nogil:
+        n_touched = mark_rows(mark, touched, n_touched, &idx[0], M, 1)
+    for t in prange(T, nogil=True, num_threads=T, schedule="static"):
+        for i in range(M):
+            r = idx[i]
+            if r % T != t:
+                continue
+            for d in range(D):
+                grad[r, d] += rows[i, d]
+    return n_touched
+
+
+def scatter_values(real[::1] grad, uint8_t[::1] mark, int32_t[::1] touched, int64_t n_touched,
+                   const int32_t[::1] idx, const double[::1] vals):
+    """grad[idx[i]] += vals[i] for a vector parameter (biases).  Returns the touched count."""
+    cdef int64_t M = idx.shape[0], i, r
+    with nogil:
+        for i in range(M):
+            r = idx[i]
+            if vals[i] == 0:
+                continue
+            grad[r] += <real>vals[i]
+            if not mark[r]:
+                mark[r] = 1
+                touched[n_touched] = <int32_t>r
+                n_touched += 1
+    return n_touched
+
+
+# ---------------------------------------------------------------------------------------
+# direct n-gram features (hashed exactly as the scorer's direct_feature_indices)
+# ---------------------------------------------------------------------------------------
+
+cdef inline void context_states(const int32_t[:, ::1] ctx, int64_t n, int kind, int order,
+                                uint64_t* states) noexcept nogil:
+    cdef int k, c = ctx.shape[1]
+    states[0] = splitmix64(<uint64_t>kind)
+    for k in range(1, order):
+        states[k] = splitmix64(states[k - 1] ^ <uint64_t>ctx[n, c - k])
+
+
+def direct_add(const real[::1] w, const int32_t[:, ::1] ctx, const int32_t[:, :] cand, int kind,
+               int order, int64_t hash_space, double[:, ::1] out, int threads=1):
+    """out[n, j] += sum_k w[index_k(ctx[n], cand[n, j])] (the direct-feature part of a logit)."""
+    cdef int64_t N = cand.shape[0], n
+    cdef int K = cand.shape[1], j, k
+    cdef uint64_t* states
+    cdef uint64_t t
+    cdef double s
+    if order > 16:
+        raise ValueError("direct order above 16")
+    with nogil, parallel(num_threads=threads):
+        states = <uint64_t*>malloc(16 * sizeof(uint64_t))
+        for n in prange(N, schedule="static"):
+            context_states(ctx, n, kind, order, states)
+            for j in range(K):
+                t = (<uint64_t>cand[n, j]) << 32
+                s = 0
+                for k in range(order):
+                    s = s + w[splitmix64(states[k] ^ t) % <uint64_t>hash_space]
+                out[n, j] += s
+        free(states)
+
+
+def direct_scatter(real[::1] grad, uint8_t[::1] mark, int32_t[::1] touched, int64_t n_touched,
+                   const int32_t[:, ::1] ctx, const int32_t[:, :] cand, const double[:, ::1] G,
+                   int kind, int order, int64_t hash_space, const uint8_t[::1] allowed):
+    """grad[index_k(ctx[n], cand[n, j])] += G[n, j] for every order k, skipping buckets with
+    ``allowed[b] == 0`` (the --min-ngram-freq filter; pass an empty array to allow all).
+    Returns the new touched count."""
+    cdef int64_t N = cand.shape[0], n, b
+    cdef int K = cand.shape[1], j, k
+    cdef uint64_t states[16]
+    cdef uint64_t t
+    cdef double g
+    cdef bint filt = allowed.shape[0] > 0
+    if order > 16:
+        raise ValueError("direct order above 16")
+    with nogil:
+        for n in range(N):
+            context_states(ctx, n, kind, order, states)
+            for j in range(K):
+                g = G[n, j]
+                if g == 0:
+                    continue
+                t = (<uint64_t>cand[n, j]) << 32
+                for k in range(order):
+                    b = <int64_t>(splitmix64(states[k] ^ t) % <uint64_t>hash_space)
+                    if filt and not allowed[b]:
+                        continue
+                    grad[b] += <real>g
+                    if not mark[b]:
+                        mark[b] = 1
+                        touched[n_touched] = <int32_t>b
+                        n_touched += 1
+    return n_touched
+
+
+def direct_keys(const int32_t[:, ::1] ctx, const int32_t[::1] targets, int kind, int order):
+    """64-bit n-gram keys (before the modulo) of each (context, target) for every order:
+    (N, order) uint64.  Distinct n-grams have distinct keys up to 64-bit collisions; used
+    to count n-gram frequencies for --min-ngram-freq."""
+    cdef int64_t N = ctx.shape[0], n
+    cdef int k
+    cdef uint64_t states[16]
+    cdef uint64_t t
+    out = np.empty((N, order), dtype=np.uint64)
+    cdef uint64_t[:, ::1] o = out
+    with nogil:
+        for n in range(N):
+            context_states(ctx, n, kind, order, states)
+            t = (<uint64_t>targets[n]) << 32
+            for k in range(order):
+                o[n, k] = splitmix64(states[k] ^ t)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# AdaGrad (Duchi et al. 2011)
+# ---------------------------------------------------------------------------------------
+
+def adagrad_rows(real[:, ::1] p, real[:, ::1] acc, real[:, ::1] g, uint8_t[::1] mark,
+                 const int32_t[::1] touched, int64_t n_touched, double lr, double l2, double eps,
+                 int threads=1):
+    """AdaGrad on the touched rows of a matrix (gradient + l2 * row), then zero those
+    gradient rows and their marks."""
+    cdef int64_t i, r
+    cdef int d, D = p.shape[1]
+    cdef double gd, a
+    for i in prange(n_touched, nogil=True, num_threads=threads, schedule="static"):
+        r = touched[i]
+        for d in range(D):
+            gd = g[r, d] + l2 * p[r, d]
+            a = acc[r, d] + gd * gd
+            acc[r, d] = <real>a
+            p[r, d] -= <real>(lr * gd / (sqrt(a) + eps))
+            g[r, d] = 0
+        mark[r] = 0
+
+
+def adagrad_values(real[::1] p, real[::1] acc, real[::1] g, uint8_t[::1] mark,
+                   const int32_t[::1] touched, int64_t n_touched, double lr, double l2, double eps):
+    """AdaGrad on the touched entries of a vector; zeroes their gradients and marks."""
+    cdef int64_t i, r
+    cdef double gd, a
+    with nogil:
+        for i in range(n_touched):
+            r = touched[i]
+            gd = g[r] + l2 * p[r]
+            a = acc[r] + gd * gd
+            acc[r] = <real>a
+            p[r] -= <real>(lr * gd / (sqrt(a) + eps))
+            g[r] = 0
+            mark[r] = 0
+
+
+def adagrad_dense(real[::1] p, real[::1] acc, real[::1] g, double lr, double l2, double eps,
+                  int threads=1):
+    """AdaGrad on a whole (flattened) parameter; zeroes the gradient."""
+    cdef int64_t i, n = p.shape[0]
+    cdef double gd, a
+    for i in prange(n, nogil=True, num_threads=threads, schedule="static"):
+        gd = g[i] + l2 * p[i]
+        a = acc[i] + gd * gd
+        acc[i] = <real>a
+        p[i] -= <real>(lr * gd / (sqrt(a) + eps))
+        g[i] = 0

@@ -1,0 +1,45 @@
+"""The whole training objective of a minibatch: hidden layers + output estimator."""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from .estimators import Noise, OutputLayer, OutputSpec
+from .network import Network
+from .optim import Gradients
+
+Params = Dict[str, np.ndarray]
+
+#: arrays of a model file that training never changes
+FIXED = ("unigram", "vocab.offsets", "vocab.hash", "vocab.bytes", "class.of_word", "class.start",
+         "class.members", "tree.path_start", "tree.path_node", "tree.path_sign")
+
+
+def trainable_names(header: Dict[str, Any], arrays: Params) -> List[str]:
+    """Names of the learned arrays of a model (float arrays that are not fixed structure)."""
+    return sorted(n for n, a in arrays.items()
+                  if n not in FIXED and not n.endswith(".tables") and a.dtype.kind == "f")
+
+
+class Objective:
+    """Loss and gradients of a minibatch for a model (header + parameter arrays)."""
+
+    def __init__(self, header: Dict[str, Any], params: Params, spec: OutputSpec, threads: int = 1) -> None:
+        self.header = header
+        self.params = params
+        self.net = Network(header, params, threads)
+        self.out = OutputLayer(params, spec)
+
+    def loss_and_grads(self, ctx: np.ndarray, targets: np.ndarray, noise: Optional[Noise],
+                       grads: Gradients) -> float:
+        """Summed loss of the minibatch; gradients are added to ``grads``."""
+        fw = self.net.forward(ctx)
+        loss, dH = self.out.loss_and_grad(fw.H, ctx, targets, noise, grads)
+        self.net.backward(fw, dH, grads)
+        return loss
+
+    def loss(self, ctx: np.ndarray, targets: np.ndarray, noise: Optional[Noise]) -> float:
+        """Loss only (gradient checks): runs the gradient code into a throw-away buffer."""
+        scratch = Gradients(self.params, trainable_names(self.header, self.params))
+        return self.loss_and_grads(ctx, targets, noise, scratch)
