@@ -114,7 +114,7 @@ def _measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
     res["lookups_per_s_1thread"], _ = _timed(sess, ctx, words, starts, cfg["seconds"])
     st = sess.stats()
     res["cache_hit_rate"] = (st["context_hits"] / max(1, st["context_hits"] + st["context_misses"])
-                             if st["cache_enabled"] else None)
+                             if st["context_cache_enabled"] else None)
     res["rss_after_load_mb"] = round(_rss_mb() - rss0, 1)
     # two threads, one session each, sharing the model
     rates = [0.0, 0.0]

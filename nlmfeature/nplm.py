@@ -58,7 +58,11 @@ class _Reader:
         i = 0
         while True:
             line = self.next()
-            if line is None or line.strip() == "":
+            if line is None:
+                if i != rows:
+                    raise self.error(f"file ends inside {what} ({i} of {rows} rows): the model is truncated")
+                break
+            if line.strip() == "":
                 break
             if i >= rows:
                 raise self.error(f"{what}: more than the {rows} rows the config announces")

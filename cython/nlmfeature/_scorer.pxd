@@ -84,19 +84,22 @@ ctypedef struct ModelC:
     const float* direct_weights   # (hash_space,)
     int use_tables                # 1: use branch tables when present
 
-# Exact-key hash table with O(1) clearing (generation counter); bounded capacity.
+# Exact-key hash table with O(1) clearing (generation counter) and bounded size.
+# Each hash slot is ``stride = key_len + 2`` int32: [generation, entry, key...]; values live
+# in dense arrays indexed by entry, handed out in insertion order, so the values of one
+# sentence stay together in memory (a cleared table starts again at entry 0).
 ctypedef struct TableC:
     int key_len
+    int stride
     int fval_len
     int dval_len
-    int64_t capacity          # power of two
+    int64_t capacity          # hash slots, a power of two >= 2 * limit
     int64_t limit             # entries allowed before the table is cleared
     int64_t count
     uint32_t generation
-    uint32_t* gen             # (capacity,) slot is live iff gen[slot] == generation
-    int32_t* keys             # (capacity, key_len)
-    float* fvals              # (capacity, fval_len)
-    double* dvals             # (capacity, dval_len)
+    int32_t* slots            # (capacity, stride)
+    float* fvals              # (limit, fval_len)
+    double* dvals             # (limit, dval_len)
     int64_t hits
     int64_t misses
     int64_t clears
@@ -109,6 +112,7 @@ ctypedef struct SessionC:
     float* hidden             # out_dim, used when the context cache is off
     double* scratch           # max(V, N) doubles for normalisers
     int cache_enabled
+    int ctx_cache_enabled     # the context cache pays off (normalised output or a costly network)
     TableC ctx_cache          # key: padded context; fvals: hidden vector; dvals: [logZ softmax, logZ class]
     TableC class_cache        # key: padded context + class; dvals: [logZ within class]
     int64_t lookups
@@ -130,4 +134,4 @@ cdef double nlm_score(SessionC* s, const int32_t* ctx, int n, int32_t word) noex
 cdef int table_init(TableC* t, int key_len, int fval_len, int dval_len, int64_t entries) noexcept nogil
 cdef void table_free(TableC* t) noexcept nogil
 cdef void table_clear(TableC* t) noexcept nogil
-cdef int64_t table_slot(TableC* t, const int32_t* key, int* found) noexcept nogil
+cdef int64_t table_slot(TableC* t, const int32_t* key, int* found) noexcept nogil  # returns the entry index

@@ -219,12 +219,14 @@ cdef inline uint64_t key_hash(const int32_t* key, int n) noexcept nogil:
 # ---------------------------------------------------------------------------------------
 
 cdef int table_init(TableC* t, int key_len, int fval_len, int dval_len, int64_t entries) noexcept nogil:
+    """Allocate a table for at most ``entries`` keys of ``key_len`` ids; -1 when out of memory."""
     cdef int64_t cap = 16
     if entries < 1:
         entries = 1
     while cap < 2 * entries:
         cap *= 2
     t.key_len = key_len
+    t.stride = key_len + 2
     t.fval_len = fval_len
     t.dval_len = dval_len
     t.capacity = cap
@@ -234,60 +236,63 @@ cdef int table_init(TableC* t, int key_len, int fval_len, int dval_len, int64_t 
     t.hits = 0
     t.misses = 0
     t.clears = 0
-    t.gen = <uint32_t*>calloc(cap, sizeof(uint32_t))
-    t.keys = <int32_t*>malloc(cap * key_len * sizeof(int32_t))
-    t.fvals = <float*>malloc(cap * fval_len * sizeof(float)) if fval_len else NULL
-    t.dvals = <double*>malloc(cap * dval_len * sizeof(double)) if dval_len else NULL
-    if t.gen == NULL or t.keys == NULL or (fval_len and t.fvals == NULL) or (dval_len and t.dvals == NULL):
+    t.slots = <int32_t*>calloc(cap * t.stride, sizeof(int32_t))
+    t.fvals = <float*>malloc(entries * fval_len * sizeof(float)) if fval_len else NULL
+    t.dvals = <double*>malloc(entries * dval_len * sizeof(double)) if dval_len else NULL
+    if t.slots == NULL or (fval_len and t.fvals == NULL) or (dval_len and t.dvals == NULL):
         return -1
     return 0
 
 
 cdef void table_free(TableC* t) noexcept nogil:
-    free(t.gen)
-    free(t.keys)
+    free(t.slots)
     free(t.fvals)
     free(t.dvals)
-    t.gen = NULL
-    t.keys = NULL
+    t.slots = NULL
     t.fvals = NULL
     t.dvals = NULL
 
 
 cdef void table_clear(TableC* t) noexcept nogil:
+    """Forget every entry in O(1)."""
     t.count = 0
     t.generation += 1
-    if t.generation == 0:  # wrapped: really wipe
-        memset(t.gen, 0, t.capacity * sizeof(uint32_t))
+    if t.generation == 0:  # wrapped after 2^32 clears: really wipe
+        memset(t.slots, 0, t.capacity * t.stride * sizeof(int32_t))
         t.generation = 1
 
 
 cdef int64_t table_slot(TableC* t, const int32_t* key, int* found) noexcept nogil:
-    """Slot of ``key``; inserts it (values undefined, found=0) when absent."""
+    """Entry index of ``key``; inserts it (values undefined, ``found`` = 0) when absent.
+    A full table is cleared first, so memory stays bounded."""
     cdef uint64_t mask = <uint64_t>t.capacity - 1
-    cdef uint64_t slot = key_hash(key, t.key_len) & mask
-    cdef int32_t* k
+    cdef uint64_t h = key_hash(key, t.key_len) & mask
+    cdef int32_t* slot
     cdef int i
-    while t.gen[slot] == t.generation:
-        k = t.keys + slot * t.key_len
+    while True:
+        slot = t.slots + h * t.stride
+        if <uint32_t>slot[0] != t.generation:
+            break
         i = 0
-        while i < t.key_len and k[i] == key[i]:
+        while i < t.key_len and slot[2 + i] == key[i]:
             i += 1
         if i == t.key_len:
             found[0] = 1
             t.hits += 1
-            return <int64_t>slot
-        slot = (slot + 1) & mask
+            return slot[1]
+        h = (h + 1) & mask
     if t.count >= t.limit:
         table_clear(t)
         t.clears += 1
-        slot = key_hash(key, t.key_len) & mask
-    t.gen[slot] = t.generation
-    memcpy(t.keys + slot * t.key_len, key, t.key_len * sizeof(int32_t))
+        h = key_hash(key, t.key_len) & mask
+        slot = t.slots + h * t.stride
+    slot[0] = <int32_t>t.generation
+    slot[1] = <int32_t>t.count
+    memcpy(slot + 2, key, t.key_len * sizeof(int32_t))
     t.count += 1
     t.misses += 1
     found[0] = 0
-    return <int64_t>slot
+    return slot[1]
 
 # ---------------------------------------------------------------------------------------
 # the network
@@ -429,6 +434,19 @@ cdef double tree_logprob(const ModelC* m, const float* h, int32_t w) noexcept no
 # sessions
 # ---------------------------------------------------------------------------------------
 
+cdef int context_cache_pays(const ModelC* m) noexcept nogil:
+    """Whether caching a context's hidden vector is cheaper than recomputing it: for
+    normalised outputs (it also holds the normalisers) and for networks with dense layers
+    or full context matrices without tables.  A few vector additions are not worth a probe."""
+    cdef int k
+    if m.output_type == OUT_SOFTMAX or m.output_type == OUT_CLASS or m.n_layers > 0:
+        return 1
+    for k in range(m.n_branches):
+        if not m.branches[k].diagonal and not (m.use_tables and m.branches[k].tables != NULL):
+            return 1
+    return 0
+
+
 cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries) noexcept nogil:
     """A new per-thread session; ``cache_entries`` <= 0 disables the caches.  NULL on OOM."""
     cdef SessionC* s = <SessionC*>calloc(1, sizeof(SessionC))
@@ -448,6 +466,7 @@ cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries) noexcept 
         nlm_session_free(s)
         return NULL
     s.cache_enabled = cache_entries > 0
+    s.ctx_cache_enabled = s.cache_enabled and context_cache_pays(m)
     s.sentence_id = -1
     if s.cache_enabled:
         ckey = m.ctx_len if m.ctx_len > 0 else 1
@@ -492,7 +511,7 @@ cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t w) noexcep
     cdef uint64_t cstates[NLM_MAX_ORDER]
     cdef double lz, score
     s.lookups += 1
-    if s.cache_enabled:
+    if s.ctx_cache_enabled:
         if m.ctx_len > 0:
             slot = table_slot(&s.ctx_cache, ctx, &found)
         else:
@@ -784,4 +803,5 @@ cdef class Session:
             "class_misses": self.s.class_cache.misses,
             "cache_clears": self.s.ctx_cache.clears + self.s.class_cache.clears,
             "cache_enabled": bool(self.s.cache_enabled),
+            "context_cache_enabled": bool(self.s.ctx_cache_enabled),
         }

@@ -1,0 +1,174 @@
+# cython: language_level=3
+"""Glue between the C library ``libnlmfeature`` and the Cython scorer.
+
+``libnlmfeature`` (``nlmfeature/capi/nlmfeature.c``) embeds or joins a Python interpreter
+only to *load* a model: it calls :func:`load_model` and :func:`free_model` under the GIL.
+Everything a decoder does per sentence and per n-gram goes through :data:`VTABLE`, a
+PyCapsule holding a C struct of pointers to ``nogil`` functions (see
+``nlmfeature/capi/nlm_vtable.h``), so decoder threads never take the GIL.
+"""
+from libc.stdint cimport int32_t, int64_t, uintptr_t
+from libc.stdlib cimport calloc, free
+from libc.string cimport memcpy, strncpy
+from cpython.pycapsule cimport PyCapsule_New, PyCapsule_GetPointer
+
+cimport numpy as cnp
+import numpy as np
+
+from nlmfeature._scorer cimport ModelC, nlm_vocab_find
+from nlmfeature._pcache cimport (CSession, cs_new, cs_free, cs_begin, cs_end, cs_score,
+                                 cs_score_padded, cs_stats)
+
+cnp.import_array()
+
+cdef extern from "../../nlmfeature/capi/nlm_vtable.h":
+    enum:
+        NLM_VTABLE_VERSION
+        NLM_VT_STAT_COUNT
+    ctypedef struct nlm_vt_model:
+        const void* model_c
+        int32_t order
+        int32_t vocab_size
+        int32_t unk, bos, eos, null_id
+        int32_t output_type
+        const int64_t* vocab_offsets
+        const unsigned char* vocab_bytes
+        const int32_t* vocab_hash
+        int64_t vocab_hash_size
+        unsigned char checksum[8]
+        char checksum_hex[17]
+        char path[4096]
+    ctypedef struct nlm_vt_session_opts:
+        int64_t cache_entries
+        int64_t ngram_cache_entries
+        const char* persistent_dir
+        int64_t persistent_max_bytes
+        int quiet
+    ctypedef struct nlm_vtable:
+        int32_t version
+        int32_t stat_count
+        void* (*session_new)(const nlm_vt_model*, const nlm_vt_session_opts*, char*, size_t) noexcept nogil
+        void (*session_free)(void*) noexcept nogil
+        int (*begin)(void*, int64_t) noexcept nogil
+        int (*end)(void*) noexcept nogil
+        double (*score)(void*, const int32_t*, int, int32_t) noexcept nogil
+        double (*score_padded)(void*, const int32_t*, int32_t) noexcept nogil
+        void (*stats)(void*, int64_t*, int) noexcept nogil
+        int32_t (*vocab_find)(const nlm_vt_model*, const char*, size_t) noexcept nogil
+
+OUTPUT_CODES = {"unnormalised": 0, "softmax": 1, "class": 2, "tree": 3}
+
+# ---------------------------------------------------------------------------------------
+# nogil entry points
+# ---------------------------------------------------------------------------------------
+
+cdef void* vt_session_new(const nlm_vt_model* m, const nlm_vt_session_opts* o, char* err,
+                          size_t errlen) noexcept nogil:
+    return <void*>cs_new(<const ModelC*>m.model_c, m.checksum, m.checksum_hex, o.cache_entries,
+                         o.ngram_cache_entries, o.persistent_dir, o.persistent_max_bytes, o.quiet,
+                         err, errlen)
+
+
+cdef void vt_session_free(void* s) noexcept nogil:
+    cs_free(<CSession*>s)
+
+
+cdef int vt_begin(void* s, int64_t sid) noexcept nogil:
+    return cs_begin(<CSession*>s, sid)
+
+
+cdef int vt_end(void* s) noexcept nogil:
+    return cs_end(<CSession*>s)
+
+
+cdef double vt_score(void* s, const int32_t* ctx, int n, int32_t w) noexcept nogil:
+    return cs_score(<CSession*>s, ctx, n, w)
+
+
+cdef double vt_score_padded(void* s, const int32_t* ctx, int32_t w) noexcept nogil:
+    return cs_score_padded(<CSession*>s, ctx, w)
+
+
+cdef void vt_stats(void* s, int64_t* out, int n) noexcept nogil:
+    cs_stats(<CSession*>s, out, n)
+
+
+cdef int32_t vt_vocab_find(const nlm_vt_model* m, const char* word, size_t n) noexcept nogil:
+    cdef int64_t w = nlm_vocab_find(m.vocab_offsets, m.vocab_bytes, m.vocab_hash, m.vocab_hash_size,
+                                    word, n)
+    return <int32_t>w if w >= 0 else -1
+
+
+cdef nlm_vtable _vtable
+_vtable.version = NLM_VTABLE_VERSION
+_vtable.stat_count = NLM_VT_STAT_COUNT
+_vtable.session_new = vt_session_new
+_vtable.session_free = vt_session_free
+_vtable.begin = vt_begin
+_vtable.end = vt_end
+_vtable.score = vt_score
+_vtable.score_padded = vt_score_padded
+_vtable.stats = vt_stats
+_vtable.vocab_find = vt_vocab_find
+
+#: PyCapsule "nlmfeature._capi.vtable" holding the ``nlm_vtable*``
+VTABLE = PyCapsule_New(<void*>&_vtable, b"nlmfeature._capi.vtable", NULL)
+
+# ---------------------------------------------------------------------------------------
+# loading (called by libnlmfeature under the GIL)
+# ---------------------------------------------------------------------------------------
+
+#: address of each nlm_vt_model handed out -> the Model (and capsule) keeping it alive
+_registry = {}
+
+
+cdef const void* _data(a):
+    return <const void*>cnp.PyArray_DATA(a)
+
+
+def load_model(str path, bint verify=True, bint use_tables=True) -> int:
+    """Load ``path`` and return the address of an ``nlm_vt_model`` describing it.
+
+    Raises the loader's exception (e.g. :class:`nlmfeature.ModelFileError`) on failure; the
+    C library turns it into an error code and message.
+    """
+    from .model import load
+    model = load(path, verify=verify, use_tables=use_tables)
+    cap = model.native.capsule()
+    offsets = np.ascontiguousarray(model.arrays["vocab.offsets"], dtype=np.int64)
+    data = np.ascontiguousarray(model.arrays["vocab.bytes"], dtype=np.uint8)
+    if data.size == 0:
+        data = np.zeros(1, dtype=np.uint8)
+    table = np.ascontiguousarray(model.arrays["vocab.hash"], dtype=np.int32)
+    cdef nlm_vt_model* vm = <nlm_vt_model*>calloc(1, sizeof(nlm_vt_model))
+    if vm == NULL:
+        raise MemoryError("out of memory loading a model")
+    cdef bytes cs = bytes.fromhex(model.checksum)
+    cdef bytes cs_hex = model.checksum.encode()
+    cdef bytes bpath = path.encode("utf-8", "replace")
+    sp = model.header["special"]
+    vm.model_c = PyCapsule_GetPointer(cap, b"nlmfeature.ModelC")
+    vm.order = model.order
+    vm.vocab_size = int(model.header["vocab_size"])
+    vm.unk, vm.bos, vm.eos, vm.null_id = sp["<unk>"], sp["<s>"], sp["</s>"], sp["<null>"]
+    vm.output_type = OUTPUT_CODES.get(model.output_type, -1)
+    vm.vocab_offsets = <const int64_t*>_data(offsets)
+    vm.vocab_bytes = <const unsigned char*>_data(data)
+    vm.vocab_hash = <const int32_t*>_data(table)
+    vm.vocab_hash_size = table.shape[0]
+    memcpy(vm.checksum, <const char*>cs, 8)
+    strncpy(vm.checksum_hex, cs_hex, 16)
+    strncpy(vm.path, bpath, 4095)
+    _registry[<uintptr_t>vm] = (model, cap, offsets, data, table)
+    return <uintptr_t>vm
+
+
+def free_model(uintptr_t address) -> None:
+    """Release a model returned by :func:`load_model` (its sessions must be freed first)."""
+    if _registry.pop(address, None) is not None:
+        free(<void*>address)
+
+
+def loaded_models() -> int:
+    """Number of models currently loaded through the C library."""
+    return len(_registry)

@@ -1,0 +1,189 @@
+# cython: language_level=3
+"""Native inner loops of the tuners (:mod:`nlmfeature.tuning`).
+
+- :func:`segment_argmax`: the model-best hypothesis of every sentence;
+- :func:`envelope`: Och's upper envelope of each sentence's lines ``a + b*gamma`` (one per
+  hypothesis) and its breakpoints, for MERT's exact line search;
+- :func:`mira_epoch`: one epoch of batch k-best MIRA (Cherry & Foster 2012) as Moses' kbmira.
+
+Rows of a k-best pool are grouped by sentence: sentence ``s`` owns rows
+``offsets[s]:offsets[s+1]``.  All loops run without the GIL.
+"""
+cimport cython
+from libc.math cimport exp, log, INFINITY
+from libc.stdint cimport int32_t, int64_t
+from libc.stdlib cimport free, malloc
+
+import numpy as np
+cimport numpy as cnp
+
+cnp.import_array()
+
+cdef enum:
+    ORDER = 4
+    NSTATS = 10
+
+
+def segment_argmax(const double[::1] scores, const int64_t[::1] offsets):
+    """Row index (int64) of the first maximum of ``scores`` within each sentence."""
+    cdef Py_ssize_t S = offsets.shape[0] - 1, s, j, best
+    cdef double top
+    out = np.empty(S, dtype=np.int64)
+    cdef int64_t[::1] o = out
+    with nogil:
+        for s in range(S):
+            best = offsets[s]
+            top = scores[best]
+            for j in range(offsets[s] + 1, offsets[s + 1]):
+                if scores[j] > top:
+                    top = scores[j]
+                    best = j
+            o[s] = best
+    return out
+
+
+def envelope(const double[::1] slope, const double[::1] icpt, const int64_t[::1] offsets,
+             const int64_t[::1] order):
+    """Upper envelope of the lines ``icpt[j] + slope[j] * x`` of every sentence.
+
+    ``order`` lists the rows sentence by sentence, each sentence's rows sorted by increasing
+    slope (ties by increasing row index).  Of lines with equal slope only the highest (first
+    row among equal ones) can be on the envelope.
+
+    Returns ``(first, x, old, new)``: ``first`` (S,) the best row as x -> -inf, and for every
+    breakpoint (sentence by sentence, x increasing within a sentence) its position ``x`` and
+    the rows that are best just left (``old``) and right (``new``) of it.
+    """
+    cdef Py_ssize_t S = offsets.shape[0] - 1, N = slope.shape[0]
+    first_a = np.empty(S, dtype=np.int64)
+    x_a = np.empty(N, dtype=np.float64)
+    old_a = np.empty(N, dtype=np.int64)
+    new_a = np.empty(N, dtype=np.int64)
+    cdef int64_t[::1] first = first_a, old = old_a, new = new_a
+    cdef double[::1] xs = x_a
+    cdef int64_t* stack = <int64_t*> malloc(max(N, 1) * sizeof(int64_t))
+    cdef double* start = <double*> malloc(max(N, 1) * sizeof(double))
+    if stack == NULL or start == NULL:
+        free(stack)
+        free(start)
+        raise MemoryError()
+    cdef Py_ssize_t s, p, top, k, nb = 0
+    cdef int64_t j, t
+    cdef double x, mj, bj
+    with nogil:
+        for s in range(S):
+            top = -1
+            for p in range(offsets[s], offsets[s + 1]):
+                j = order[p]
+                mj = slope[j]
+                bj = icpt[j]
+                if top >= 0 and slope[stack[top]] == mj:
+                    # parallel to the last line: keep the higher one (earlier row on ties)
+                    if bj <= icpt[stack[top]]:
+                        continue
+                    top -= 1
+                x = -INFINITY
+                while top >= 0:
+                    t = stack[top]
+                    x = (icpt[t] - bj) / (mj - slope[t])
+                    if top >= 1 and x <= start[top]:
+                        top -= 1          # line t is nowhere on top
+                        x = -INFINITY
+                    else:
+                        break
+                top += 1
+                stack[top] = j
+                start[top] = x if top > 0 else -INFINITY
+            first[s] = stack[0]
+            for k in range(1, top + 1):
+                xs[nb] = start[k]
+                old[nb] = stack[k - 1]
+                new[nb] = stack[k]
+                nb += 1
+    free(stack)
+    free(start)
+    return first_a, x_a[:nb].copy(), old_a[:nb].copy(), new_a[:nb].copy()
+
+
+cdef inline double bg_bleu(const int32_t* st, const double* bg) noexcept nogil:
+    """kbmira's sentence BLEU of ``st`` + background ``bg``, scaled by the reference length."""
+    cdef double logbleu = 0.0, ref, t1, brevity
+    cdef int n
+    for n in range(ORDER):
+        logbleu += log(st[2 + n] + bg[2 + n]) - log(st[2 + ORDER + n] + bg[2 + ORDER + n])
+    logbleu /= ORDER
+    ref = st[1] + bg[1]
+    t1 = st[2 + ORDER] + bg[2 + ORDER]
+    brevity = 1.0 - ref / t1
+    if brevity < 0.0:
+        logbleu += brevity
+    return exp(logbleu) * ref
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def mira_epoch(const double[:, ::1] F, const int32_t[:, ::1] stats, const int64_t[::1] offsets,
+               const int64_t[::1] sentence_order, double[::1] w, double[::1] total,
+               double[::1] bg, double C, double decay, bint model_bg, int64_t num_updates):
+    """One epoch of batch MIRA over the sentences in ``sentence_order`` (Moses kbmira).
+
+    Per sentence: hope = argmax(model + BLEU), fear = argmax(model - BLEU), with BLEU the
+    background sentence BLEU of :func:`bg_bleu`; when they differ and hope's BLEU is higher,
+    ``w += min(C, loss / |df|^2) * df`` for a positive hinge loss, then the background decays
+    and absorbs the hope's (or with ``model_bg`` the model-best's) statistics.
+
+    ``w`` (current weights), ``total`` (running sum for averaging: initial weights plus the
+    weights after every update) and ``bg`` are updated in place.  Returns
+    ``(num_updates, updates_this_epoch, summed_loss)``; the averaged weights are
+    ``total / num_updates`` (or ``w`` while no update happened), as kbmira's AvgWeightVector.
+    """
+    cdef Py_ssize_t D = F.shape[1], ii, j, d, k
+    cdef Py_ssize_t nsent = sentence_order.shape[0]
+    cdef int64_t s, hope, fear, model, updates = 0
+    cdef double score, bleu, hope_s = 0, fear_s = 0, model_s = 0
+    cdef double hope_bleu, fear_bleu, loss, norm, eta, sum_loss = 0.0, diff
+    cdef const int32_t* upd
+    with nogil:
+        for ii in range(nsent):
+            s = sentence_order[ii]
+            hope = fear = model = offsets[s]
+            for j in range(offsets[s], offsets[s + 1]):
+                score = 0.0
+                for d in range(D):
+                    score += F[j, d] * w[d]
+                bleu = bg_bleu(&stats[j, 0], &bg[0])
+                if j == offsets[s] or score + bleu > hope_s:
+                    hope_s = score + bleu
+                    hope = j
+                if j == offsets[s] or score - bleu > fear_s:
+                    fear_s = score - bleu
+                    fear = j
+                if j == offsets[s] or score > model_s:
+                    model_s = score
+                    model = j
+            if hope == fear:
+                continue
+            hope_bleu = bg_bleu(&stats[hope, 0], &bg[0])
+            fear_bleu = bg_bleu(&stats[fear, 0], &bg[0])
+            if not hope_bleu > fear_bleu:
+                continue
+            loss = hope_bleu - fear_bleu
+            norm = 0.0
+            for d in range(D):
+                diff = F[hope, d] - F[fear, d]
+                loss -= w[d] * diff
+                norm += diff * diff
+            if loss > 0:
+                eta = loss / norm if norm > 0 else INFINITY
+                if eta > C:
+                    eta = C
+                num_updates += 1
+                updates += 1
+                for d in range(D):
+                    w[d] += eta * (F[hope, d] - F[fear, d])
+                    total[d] += w[d]
+                sum_loss += loss
+            upd = &stats[model, 0] if model_bg else &stats[hope, 0]
+            for k in range(NSTATS):
+                bg[k] = bg[k] * decay + upd[k]
+    return num_updates, updates, sum_loss

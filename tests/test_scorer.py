@@ -1,0 +1,217 @@
+"""The native scorer against the numpy reference, for every model x output x context type."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import nlmfeature
+from helpers import BROWN_VALID, make_model, read_lines
+from reference import logprob, pad
+
+ARCHS = {
+    "lbl-full": dict(arch="lbl", word_width=12, diagonal_contexts=False),
+    "lbl-diag-sigmoid": dict(arch="lbl", word_width=12, diagonal_contexts=True, activation="sigmoid"),
+    "lbl-layers": dict(arch="lbl", word_width=12, activation="tanh", hidden_layers=[10, 8],
+                       layer_activation="relu"),
+    "nplm": dict(arch="nplm", word_width=10, hidden=24, hidden_layers=[12]),
+    "nplm-1layer-hardtanh": dict(arch="nplm", word_width=10, hidden=16, activation="hardtanh"),
+    "lateral-max": dict(arch="lateral", word_width=10, hidden=16, branches=2, combine="max"),
+    "lateral-add": dict(arch="lateral", word_width=10, hidden=16, branches=3, combine="add"),
+    "lateral-mul": dict(arch="lateral", word_width=10, hidden=16, branches=2, combine="mul",
+                        hidden_layers=[8]),
+}
+OUTPUTS = {
+    "unnormalised": dict(output="unnormalised"),
+    "softmax": dict(output="softmax"),
+    "class": dict(output="class", classes=17),
+    "tree": dict(output="tree"),
+}
+DIRECT = dict(direct_order=3, hash_space=997)
+
+SENTENCE = read_lines(BROWN_VALID, 5)[3].split()[:12] + ["qqqzzz-unknown"]
+
+
+def histories(vocab, order):
+    """(kind, history ids) covering every context type the scorer must handle."""
+    ids = [int(i) for i in vocab.ids(SENTENCE)]
+    bos = vocab.bos
+    return [
+        ("full", ids[:order - 1]),
+        ("longer-than-n-1", ids[:order + 3]),
+        ("sentence-start-short", [bos] + ids[:1]),
+        ("sentence-start-only", [bos]),
+        ("partial-null-padded", ids[4:5]),
+        ("empty", []),
+        ("with-unknown", ids[-3:]),
+    ]
+
+
+def _check_against_reference(path, **load_kw):
+    model = nlmfeature.load(path, **load_kw)
+    h, a = model.header, model.arrays
+    sess = model.session()
+    sess.begin_sentence(0)
+    words = [int(w) for w in model.ids(SENTENCE[:5])] + [model.vocab.eos, model.vocab.unk]
+    for kind, hist in histories(model.vocab, model.order):
+        for w in words:
+            got = sess.score(np.asarray(hist, dtype=np.int32), w)
+            want = logprob(h, a, hist, w)
+            assert got == pytest.approx(want, abs=1e-5, rel=1e-5), (kind, hist, w)
+    return model
+
+
+@pytest.mark.parametrize("out", list(OUTPUTS))
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_scorer_equals_reference(tmp_path, arch, out):
+    path = make_model(tmp_path, min_count=6, order=4, **ARCHS[arch], **OUTPUTS[out])
+    model = _check_against_reference(path)
+    # and without the precomputed tables (direct first layer)
+    _check_against_reference(path, use_tables=False)
+    # the batched matrix path agrees too
+    ctx, words = model.sentence_ngrams(SENTENCE)
+    one = model.session().score_padded(ctx, words)
+    assert np.allclose(model.score_batch(ctx, words), one, atol=1e-5)
+
+
+@pytest.mark.parametrize("out", ["unnormalised", "softmax", "class"])
+@pytest.mark.parametrize("arch", ["lbl-full", "nplm"])
+def test_direct_features_equal_reference(tmp_path, arch, out):
+    path = make_model(tmp_path, min_count=6, order=4, **ARCHS[arch], **OUTPUTS[out], **DIRECT)
+    model = _check_against_reference(path)
+    ctx, words = model.sentence_ngrams(SENTENCE)
+    assert np.allclose(model.score_batch(ctx, words), model.score_sentence(SENTENCE), atol=1e-5)
+
+
+@pytest.mark.parametrize("out", ["softmax", "class", "tree"])
+@pytest.mark.parametrize("arch", ["lbl-diag-sigmoid", "nplm", "lateral-mul"])
+def test_normalised_outputs_sum_to_one(tmp_path, arch, out):
+    extra = DIRECT if out != "tree" else {}
+    path = make_model(tmp_path, min_count=4, order=5, **ARCHS[arch], **OUTPUTS[out], **extra)
+    model = nlmfeature.load(path)
+    V = len(model.vocab)
+    sess = model.session()
+    lines = read_lines(BROWN_VALID, 40)
+    for line in lines[::4]:
+        ctx, _ = model.sentence_ngrams(line.split())
+        for c in ctx[:: max(1, len(ctx) // 3)]:
+            cc = np.ascontiguousarray(np.repeat(c[None], V, axis=0))
+            total = np.exp(sess.score_padded(cc, np.arange(V, dtype=np.int32))).sum()
+            assert total == pytest.approx(1.0, abs=1e-6)
+
+
+def test_tables_equal_direct_computation(tmp_path):
+    for arch in ARCHS:
+        path = make_model(tmp_path, name=f"{arch}.nlm", min_count=3, order=5, **ARCHS[arch])
+        with_tables = nlmfeature.load(path)
+        direct = nlmfeature.load(path, use_tables=False)
+        assert with_tables.native.uses_tables and not direct.native.uses_tables
+        for line in read_lines(BROWN_VALID, 30):
+            ctx, _ = with_tables.sentence_ngrams(line.split())
+            for c in ctx:
+                assert np.allclose(with_tables.native.hidden(c), direct.native.hidden(c), atol=1e-5)
+
+
+def test_null_and_bos_padding_as_specified(tmp_path):
+    model = nlmfeature.load(make_model(tmp_path, order=5))
+    v = model.vocab
+    the, cat = v.id("the"), v.id("man")
+    assert list(model.pad([the, cat])) == [v.null, v.null, the, cat]
+    assert list(model.pad([v.bos, the])) == [v.bos, v.bos, v.bos, the]
+    assert list(model.pad([])) == [v.null] * 4
+    assert list(model.pad([the, cat, the, cat, the, cat])) == [the, cat, the, cat][-4:]
+    assert list(model.pad([cat, 10 ** 8, -5])) == [v.null, cat, v.unk, v.unk]
+    # a sentence is scored with <s>-padded contexts
+    ctx, words = model.sentence_ngrams(["the", "man"])
+    assert ctx.tolist() == [[v.bos] * 4, [v.bos] * 3 + [the], [v.bos] * 2 + [the, cat]]
+    assert words.tolist() == [the, cat, v.eos]
+    # pad() of the reference agrees
+    for hist in ([the], [v.bos, cat], [], [the] * 7):
+        assert list(model.pad(hist)) == pad(model.header, hist)
+
+
+def test_null_embedding_is_unigram_weighted_average(tmp_path):
+    model = nlmfeature.load(make_model(tmp_path))
+    a, v = model.arrays, model.vocab
+    p = a["unigram"].astype(np.float64).copy()
+    p[[v.null, v.bos]] = 0
+    want = (p / p.sum()) @ a["embeddings"].astype(np.float64)
+    assert np.allclose(a["embeddings"][v.null], want, atol=1e-6)
+
+
+@pytest.mark.parametrize("out", ["unnormalised", "class", "softmax"])
+def test_cache_hits_equal_misses(tmp_path, out):
+    path = make_model(tmp_path, arch="nplm", word_width=10, hidden=24, hidden_layers=[12], min_count=4,
+                      **OUTPUTS[out])
+    model = nlmfeature.load(path)
+    lines = [l.split() for l in read_lines(BROWN_VALID, 60)]
+    ctxs, words = zip(*(model.sentence_ngrams(l) for l in lines))
+    ctx, w = np.concatenate(ctxs), np.concatenate(words)
+    cached, uncached = model.session(1 << 12), model.session(0)
+    first = cached.score_padded(ctx, w)
+    again = cached.score_padded(ctx, w)  # now served from the cache
+    st = cached.stats()
+    assert st["context_hits"] >= len(w)
+    if out == "class":
+        assert st["class_hits"] >= len(w)
+    assert np.array_equal(first, again)
+    assert np.allclose(first, uncached.score_padded(ctx, w), atol=1e-9)
+    # a tiny cache is cleared when full and still returns the same scores
+    tiny = model.session(3)
+    assert np.allclose(tiny.score_padded(ctx, w), first, atol=1e-9)
+    assert tiny.stats()["cache_clears"] > 0
+    # a new sentence empties the caches
+    cached.begin_sentence(1)
+    before = cached.stats()["context_misses"]
+    cached.score_padded(ctx[:5], w[:5])
+    assert cached.stats()["context_misses"] > before
+
+
+@pytest.mark.parametrize("out", ["unnormalised", "class"])
+def test_threads_give_the_same_scores(tmp_path, out):
+    path = make_model(tmp_path, arch="lbl", word_width=16, min_count=4, **OUTPUTS[out])
+    model = nlmfeature.load(path)
+    lines = [l.split() for l in read_lines(BROWN_VALID, 300)]
+    ctxs, words = zip(*(model.sentence_ngrams(l) for l in lines))
+    ctx, w = np.concatenate(ctxs), np.concatenate(words)
+    want = model.session(0).score_padded(ctx, w)
+    results = [None] * 4
+
+    def work(k):
+        s = model.session(1 << 10)
+        for _ in range(3):
+            results[k] = s.score_padded(ctx, w)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in results:
+        assert np.allclose(r, want, atol=1e-9)
+
+
+def test_python_api(tmp_path):
+    model = nlmfeature.load(make_model(tmp_path, output="class", classes=20))
+    assert model.order == 4 and model.normalised
+    toks = "the jury said it did find that".split()
+    per_word = model.score_sentence(toks)
+    assert per_word.shape == (len(toks) + 1,)
+    assert model.sentence_logprob(toks) == pytest.approx(per_word.sum())
+    assert model.score(["<s>", "the"], "jury") == pytest.approx(per_word[1], abs=1e-9)
+    assert model.score_sentences([toks, " ".join(toks)]) == pytest.approx([per_word.sum()] * 2, abs=1e-5)
+    ppl = model.perplexity([" ".join(toks)])
+    assert ppl.tokens == len(toks) + 1
+    assert ppl.perplexity == pytest.approx(np.exp(-per_word.sum() / (len(toks) + 1)), rel=1e-6)
+    ex = model.perplexity([" ".join(toks) + " zzqqunknown"], exclude_oov=True)
+    assert ex.oovs == 1 and ex.tokens == len(toks) + 1
+    # vocabulary enumeration and lookups
+    words = list(model.vocab)
+    assert words[:4] == ["<unk>", "<s>", "</s>", "<null>"]
+    assert model.vocab.id("zzqqunknown") == model.vocab.unk
+    from nlmfeature._scorer import vocab_find
+    a = model.arrays
+    for w in words[:200] + ["zzqq", "é"]:
+        want = model.vocab._index.get(w, -1)
+        assert vocab_find(a["vocab.offsets"], a["vocab.bytes"], a["vocab.hash"], w.encode()) == want
