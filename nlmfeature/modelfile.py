@@ -136,8 +136,9 @@ def _check_array(name: str, arr: np.ndarray, dtype: str, shape: Tuple[int, ...])
         raise ValueError(f"array {name!r} has type {arr.dtype}, expected {np.dtype(dtype)}")
 
 
-def validate_structure(h: Header, arrays: Mapping[str, np.ndarray]) -> None:
-    """Check that arrays match the header (shapes, types) and that index arrays are in range."""
+def validate_structure(h: Header, arrays: Mapping[str, np.ndarray], strict: bool = True) -> None:
+    """Check that arrays match the header (shapes, types) and that index arrays are in range.
+    ``strict`` also refuses arrays the header does not imply (readers ignore them instead)."""
     spec = expected_arrays(h)
     for name, (dtype, shape, required) in spec.items():
         if name not in arrays:
@@ -146,7 +147,7 @@ def validate_structure(h: Header, arrays: Mapping[str, np.ndarray]) -> None:
             continue
         _check_array(name, arrays[name], dtype, shape)
     extra = set(arrays) - set(spec)
-    if extra:
+    if extra and strict:
         raise ValueError(f"unexpected arrays {sorted(extra)}")
     V = int(h["vocab_size"])
     offs = arrays["vocab.offsets"]
@@ -329,7 +330,7 @@ def read_model(path: str, verify: bool = True) -> Tuple[Header, Arrays, str]:
             arr = arr.astype(np.float32)
         arrays[name] = arr
     try:
-        validate_structure(header, arrays)
+        validate_structure(header, arrays, strict=False)
     except (ValueError, KeyError, TypeError) as exc:
         raise ModelFileError(f"{path}: wrong architecture description: {exc}") from None
     return header, arrays, checksum.hex()
