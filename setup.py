@@ -49,6 +49,15 @@ def _extensions() -> list:
     )
 
 
+def _build_ext():
+    """build_ext that also builds libnlmfeature.so, the C ABI (see nlmfeature/capi/build.py)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_nlm_capi_build", os.path.join(HERE, "nlmfeature", "capi", "build.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.make_build_ext()
+
+
 setup(
     name="nlmfeature",
     version="0.1.0",
@@ -58,7 +67,8 @@ setup(
     else "",
     long_description_content_type="text/markdown",
     packages=find_packages(include=["nlmfeature", "nlmfeature.*"]),
-    package_data={"nlmfeature": ["data/*", "data/**/*"]},
+    package_data={"nlmfeature": ["data/*", "data/**/*", "capi/*.c", "capi/*.h", "capi/*.py", "lib/*.so", "include/*.h"]},
+    cmdclass={"build_ext": _build_ext()},
     ext_modules=_extensions(),
     python_requires=">=3.9",
     install_requires=["numpy>=1.24", "sacrebleu>=2.0", "sacremoses>=0.1", "tqdm>=4.0"],

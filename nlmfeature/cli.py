@@ -19,6 +19,8 @@ COMMAND_MODULES: List[str] = [
     ".commands.info",
     ".commands.convert",
     ".commands.bench",
+    ".commands.config",
+    ".commands.cache",
 ]
 
 

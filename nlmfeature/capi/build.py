@@ -1,0 +1,95 @@
+"""Build step for ``libnlmfeature.so`` (the C ABI), used by ``setup.py``.
+
+``make_build_ext()`` returns a ``build_ext`` command that, after the Cython extensions,
+compiles ``nlmfeature/capi/nlmfeature.c`` into ``nlmfeature/lib/libnlmfeature.so`` (hidden
+visibility, only ``nlm_*`` exported, linked against the building Python's shared libpython
+with an rpath) and copies ``nlmfeature.h`` to ``nlmfeature/include/``.  With ``--inplace``
+(editable installs) both land in the source tree; otherwise in the build directory, from
+where they are installed with the package.  ``nlmfeature config`` prints where they are.
+
+This file is loaded by path (the package itself is not importable before it is built).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+
+CAPI_DIR = os.path.dirname(os.path.abspath(__file__))
+LIB_NAME = "libnlmfeature.so"
+SOURCES = ["nlmfeature.c"]
+HEADERS = ["nlmfeature.h", "nlm_vtable.h"]
+
+
+def _python_link_args() -> list:
+    """Linker arguments for the shared libpython of this interpreter."""
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    ver = sysconfig.get_config_var("LDVERSION") or sysconfig.get_config_var("VERSION")
+    args = []
+    if libdir:
+        args += [f"-L{libdir}", f"-Wl,-rpath,{libdir}"]
+    args += [f"-lpython{ver}", "-ldl", "-lpthread", "-lm"]
+    return args
+
+
+def _newer(target: str, sources: list) -> bool:
+    if not os.path.exists(target):
+        return True
+    t = os.path.getmtime(target)
+    return any(os.path.getmtime(s) > t for s in sources)
+
+
+def build_library(package_dir: str, temp_dir: str, force: bool = False, verbose: bool = False) -> str:
+    """Compile and link ``libnlmfeature.so`` into ``package_dir/lib``; returns its path."""
+    lib_dir = os.path.join(package_dir, "lib")
+    inc_dir = os.path.join(package_dir, "include")
+    os.makedirs(lib_dir, exist_ok=True)
+    os.makedirs(inc_dir, exist_ok=True)
+    shutil.copy2(os.path.join(CAPI_DIR, "nlmfeature.h"), os.path.join(inc_dir, "nlmfeature.h"))
+    target = os.path.join(lib_dir, LIB_NAME)
+    sources = [os.path.join(CAPI_DIR, s) for s in SOURCES + HEADERS]
+    if not force and not _newer(target, sources + [__file__]):
+        return target
+    if not sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        print("warning: this Python has no shared libpython; libnlmfeature.so (the C library for "
+              "decoders) is not built", file=sys.stderr)
+        return ""
+    cc = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
+    os.makedirs(temp_dir, exist_ok=True)
+    version_script = os.path.join(temp_dir, "libnlmfeature.map")
+    with open(version_script, "w") as f:
+        f.write("{ global: nlm_*; local: *; };\n")
+    tmp = os.path.join(temp_dir, LIB_NAME + ".tmp")
+    cmd = cc + [
+        "-shared", "-fPIC", "-O2", "-g", "-std=gnu99", "-Wall", "-fvisibility=hidden",
+        f"-I{sysconfig.get_paths()['include']}", f"-I{CAPI_DIR}",
+        f"-DNLM_BUILD_PYTHON={json.dumps(os.path.realpath(sys.executable))}",
+        os.path.join(CAPI_DIR, "nlmfeature.c"), "-o", tmp,
+        f"-Wl,--version-script={version_script}", "-Wl,-soname," + LIB_NAME,
+    ] + _python_link_args()
+    if verbose:
+        print(" ".join(shlex.quote(c) for c in cmd))
+    subprocess.check_call(cmd)
+    os.replace(tmp, target)
+    return target
+
+
+def make_build_ext():
+    """The ``build_ext`` command class of ``setup.py`` (Cython extensions + the C library)."""
+    from setuptools.command.build_ext import build_ext
+
+    class BuildExtWithCAPI(build_ext):
+        def run(self) -> None:
+            super().run()
+            if self.inplace:
+                package_dir = os.path.join(os.path.dirname(CAPI_DIR))
+            else:
+                package_dir = os.path.join(self.build_lib, "nlmfeature")
+            build_library(package_dir, self.build_temp, force=bool(self.force),
+                          verbose=bool(self.verbose))
+
+    return BuildExtWithCAPI

@@ -1,0 +1,80 @@
+/*
+ * Internal interface between libnlmfeature (nlmfeature.c) and the Cython module
+ * nlmfeature._capi.  NOT part of the public API: decoders include nlmfeature.h only.
+ *
+ * The Cython module exposes a PyCapsule named "nlmfeature._capi.vtable" holding a pointer
+ * to one static nlm_vtable.  Every function in it runs without the GIL and touches no
+ * Python object; the library calls them directly from decoder threads.
+ */
+#ifndef NLM_VTABLE_H
+#define NLM_VTABLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define NLM_VTABLE_VERSION 1
+#define NLM_VT_ERRLEN 1024
+#define NLM_VT_MAX_ORDER 16 /* NLM_MAX_ORDER of the scorer */
+
+/* What the loader (nlmfeature._capi.load_model) hands back: plain C data describing a
+ * loaded model.  Owned by the Cython module; stays valid until free_model is called. */
+typedef struct nlm_vt_model {
+    const void* model_c;          /* ModelC* of nlmfeature._scorer */
+    int32_t order;
+    int32_t vocab_size;
+    int32_t unk, bos, eos, null_id;
+    int32_t output_type;          /* 0 unnormalised, 1 softmax, 2 class, 3 tree */
+    const int64_t* vocab_offsets; /* (V+1,) byte offsets into vocab_bytes */
+    const unsigned char* vocab_bytes;
+    const int32_t* vocab_hash;    /* open-addressing table of word ids, -1 = empty */
+    int64_t vocab_hash_size;
+    unsigned char checksum[8];    /* model checksum (raw) */
+    char checksum_hex[17];
+    char path[4096];
+} nlm_vt_model;
+
+/* Options of a session (see nlm_session_options in nlmfeature.h). */
+typedef struct nlm_vt_session_opts {
+    int64_t cache_entries;        /* per-sentence context/normaliser cache bound; 0 = off */
+    int64_t ngram_cache_entries;  /* per-sentence exact n-gram score cache bound; 0 = off */
+    const char* persistent_dir;   /* NULL or "" = no persistent cache */
+    int64_t persistent_max_bytes; /* disk bound of persistent_dir; <= 0 = default */
+    int quiet;                    /* 1: no warnings on stderr */
+} nlm_vt_session_opts;
+
+/* Counters, in this order (see nlm_stats in nlmfeature.h). */
+enum {
+    NLM_VT_STAT_LOOKUPS = 0,
+    NLM_VT_STAT_NGRAM_HITS,
+    NLM_VT_STAT_CONTEXT_HITS,
+    NLM_VT_STAT_CONTEXT_MISSES,
+    NLM_VT_STAT_CLASS_HITS,
+    NLM_VT_STAT_CLASS_MISSES,
+    NLM_VT_STAT_PERSISTENT_HITS,
+    NLM_VT_STAT_PERSISTENT_LOADED,
+    NLM_VT_STAT_PERSISTENT_WRITTEN,
+    NLM_VT_STAT_FILES_READ,
+    NLM_VT_STAT_FILES_WRITTEN,
+    NLM_VT_STAT_FILES_IGNORED,
+    NLM_VT_STAT_FILES_PRUNED,
+    NLM_VT_STAT_SENTENCES,
+    NLM_VT_STAT_COUNT
+};
+
+typedef struct nlm_vtable {
+    int32_t version;              /* NLM_VTABLE_VERSION */
+    int32_t stat_count;           /* NLM_VT_STAT_COUNT */
+    /* sessions: NULL on failure, with a message in err */
+    void* (*session_new)(const nlm_vt_model* m, const nlm_vt_session_opts* o, char* err, size_t errlen);
+    void (*session_free)(void* s);
+    /* 0 on success; warnings (ignored cache files) are not failures */
+    int (*begin)(void* s, int64_t sentence_id);
+    int (*end)(void* s);
+    /* natural-log scores */
+    double (*score)(void* s, const int32_t* ctx, int n, int32_t word);
+    double (*score_padded)(void* s, const int32_t* ctx, int32_t word);
+    void (*stats)(void* s, int64_t* out, int n);
+    int32_t (*vocab_find)(const nlm_vt_model* m, const char* word, size_t len);
+} nlm_vtable;
+
+#endif

@@ -1,0 +1,472 @@
+/*
+ * libnlmfeature: the C ABI of nlmfeature (see nlmfeature.h for the contract).
+ *
+ * Loading goes through Python (nlmfeature._capi.load_model): the library starts an
+ * interpreter itself when the process has none, imports the package, fetches a table of
+ * nogil C functions (nlm_vtable.h) and releases the GIL.  Scoring calls those functions
+ * directly, without the GIL.  Compiled with -fvisibility=hidden: only NLM_API functions
+ * are exported.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dlfcn.h>
+#include <errno.h>
+#include <math.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "nlmfeature.h"
+#include "nlm_vtable.h"
+
+#define NLM_API __attribute__((visibility("default")))
+
+#ifndef NLM_BUILD_PYTHON
+#define NLM_BUILD_PYTHON ""
+#endif
+
+struct nlm_model {
+    nlm_vt_model* vm;
+    uintptr_t address; /* key in nlmfeature._capi._registry */
+};
+
+struct nlm_session {
+    void* cs;
+    const struct nlm_model* model;
+    int active;
+};
+
+static __thread char g_error[2048];
+static pthread_mutex_t g_init_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_init_state = 0;        /* 0 not tried, 1 ready, -1 failed for good */
+static char g_init_error[2048];
+static const nlm_vtable* g_vt = NULL;
+static PyObject* g_capi = NULL;     /* the nlmfeature._capi module */
+
+static int fail(int status, const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_error, sizeof g_error, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+NLM_API int nlm_abi_version(void) { return NLM_ABI_VERSION; }
+
+NLM_API const char* nlm_last_error(void) { return g_error; }
+
+NLM_API const char* nlm_status_string(int status) {
+    switch (status) {
+    case NLM_OK: return "ok";
+    case NLM_ERR_ARGUMENT: return "invalid argument";
+    case NLM_ERR_MODEL: return "bad model file";
+    case NLM_ERR_PYTHON: return "Python or the nlmfeature package could not start";
+    case NLM_ERR_MEMORY: return "out of memory";
+    case NLM_ERR_IO: return "input/output error";
+    case NLM_ERR_STATE: return "call out of order";
+    case NLM_ERR_ABI: return "library and package versions do not match";
+    default: return "unknown status";
+    }
+}
+
+/* ---- Python --------------------------------------------------------------------------- */
+
+/* The current Python exception as "Type: message" in buf; clears it.  Needs the GIL. */
+static void py_error_text(char* buf, size_t n, int* is_memory) {
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    buf[0] = 0;
+    if (is_memory) *is_memory = type && PyErr_GivenExceptionMatches(type, PyExc_MemoryError);
+    if (value) {
+        PyObject* s = PyObject_Str(value);
+        const char* msg = s ? PyUnicode_AsUTF8(s) : NULL;
+        const char* tname = type ? ((PyTypeObject*)type)->tp_name : "error";
+        if (msg && *msg)
+            snprintf(buf, n, "%s", msg);
+        else
+            snprintf(buf, n, "%s", tname);
+        /* name the type when it is not one of nlmfeature's own (which name file and line) */
+        if (msg && type && strstr(tname, "Error") && !strstr(tname, "ModelFileError")
+            && !strstr(tname, "NLMFeatureError") && !strstr(tname, "InputError")) {
+            char tmp[2048];
+            snprintf(tmp, sizeof tmp, "%s: %s", tname, buf);
+            snprintf(buf, n, "%s", tmp);
+        }
+        Py_XDECREF(s);
+        PyErr_Clear();
+    } else {
+        snprintf(buf, n, "unknown Python error");
+    }
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+}
+
+/* Directory holding the nlmfeature package this library belongs to:
+ * <parent>/nlmfeature/lib/libnlmfeature.so -> <parent>. */
+static int package_parent(char* out, size_t n) {
+    Dl_info info;
+    char real[PATH_MAX];
+    char* slash;
+    int i;
+    if (!dladdr((void*)&nlm_abi_version, &info) || !info.dli_fname) return -1;
+    if (!realpath(info.dli_fname, real)) return -1;
+    for (i = 0; i < 3; i++) {
+        slash = strrchr(real, '/');
+        if (!slash) return -1;
+        *slash = 0;
+    }
+    if (!real[0]) return -1;
+    snprintf(out, n, "%s", real);
+    return 0;
+}
+
+/* Import nlmfeature._capi and fetch its vtable.  Needs the GIL. */
+static int import_capi(char* err, size_t n) {
+    char parent[PATH_MAX];
+    PyObject* cap;
+    const nlm_vtable* vt;
+    if (package_parent(parent, sizeof parent) == 0) {
+        /* make sure this library's own package is the one imported */
+        PyObject* path = PySys_GetObject("path"); /* borrowed */
+        PyObject* dir = PyUnicode_DecodeFSDefault(parent);
+        if (path && dir && PyList_Check(path)) {
+            int present = PySequence_Contains(path, dir);
+            if (present == 0) PyList_Insert(path, 0, dir);
+        }
+        Py_XDECREF(dir);
+        PyErr_Clear();
+    }
+    g_capi = PyImport_ImportModule("nlmfeature._capi");
+    if (!g_capi) {
+        char msg[1800];
+        py_error_text(msg, sizeof msg, NULL);
+        snprintf(err, n, "cannot import the Python package nlmfeature (%s); install it in the Python "
+                         "that built libnlmfeature (%s) or set PYTHONPATH", msg, NLM_BUILD_PYTHON);
+        return NLM_ERR_PYTHON;
+    }
+    cap = PyObject_GetAttrString(g_capi, "VTABLE");
+    vt = cap ? (const nlm_vtable*)PyCapsule_GetPointer(cap, "nlmfeature._capi.vtable") : NULL;
+    Py_XDECREF(cap);
+    if (!vt) {
+        PyErr_Clear();
+        snprintf(err, n, "the installed nlmfeature package has no C interface table; reinstall it");
+        return NLM_ERR_ABI;
+    }
+    if (vt->version != NLM_VTABLE_VERSION || vt->stat_count != NLM_VT_STAT_COUNT) {
+        snprintf(err, n, "libnlmfeature (interface %d) does not match the installed nlmfeature package "
+                         "(interface %d); reinstall nlmfeature", NLM_VTABLE_VERSION, (int)vt->version);
+        return NLM_ERR_ABI;
+    }
+    g_vt = vt;
+    return NLM_OK;
+}
+
+static int start_python(char* err, size_t n) {
+    PyStatus status;
+    PyConfig config;
+    const char* home = getenv("NLMFEATURE_PYTHONHOME");
+    const char* exe = getenv("NLMFEATURE_PYTHON");
+    char* argv[1] = {"nlmfeature"};
+    int rc;
+    PyThreadState* ts;
+    if (!exe || !*exe) exe = NLM_BUILD_PYTHON;
+    PyConfig_InitPythonConfig(&config);
+    config.install_signal_handlers = 0; /* the decoder owns its signals */
+    config.parse_argv = 0;
+    status = PyConfig_SetBytesArgv(&config, 1, argv);
+    if (!PyStatus_Exception(status) && exe && *exe && access(exe, X_OK) == 0)
+        /* locate the standard library and site-packages as that interpreter does (venvs too) */
+        status = PyConfig_SetBytesString(&config, &config.program_name, exe);
+    if (!PyStatus_Exception(status) && home && *home)
+        status = PyConfig_SetBytesString(&config, &config.home, home);
+    if (!PyStatus_Exception(status))
+        status = Py_InitializeFromConfig(&config);
+    PyConfig_Clear(&config);
+    if (PyStatus_Exception(status)) {
+        snprintf(err, n, "cannot start the embedded Python interpreter: %s%s%s",
+                 status.func ? status.func : "", status.func ? ": " : "",
+                 status.err_msg ? status.err_msg : "unknown error");
+        return NLM_ERR_PYTHON;
+    }
+    rc = import_capi(err, n);
+    ts = PyEval_SaveThread(); /* release the GIL for good: decoder threads never need it */
+    (void)ts;
+    return rc;
+}
+
+/* Make sure Python runs and the vtable is known.  Thread-safe. */
+static int ensure_python(void) {
+    int rc = NLM_OK;
+    pthread_mutex_lock(&g_init_lock);
+    if (g_init_state == 0) {
+        if (!Py_IsInitialized()) {
+            rc = start_python(g_init_error, sizeof g_init_error);
+            /* an interpreter that failed to start cannot be restarted */
+            g_init_state = rc == NLM_OK ? 1 : -1;
+        } else {
+            PyGILState_STATE st = PyGILState_Ensure();
+            rc = import_capi(g_init_error, sizeof g_init_error);
+            PyGILState_Release(st);
+            g_init_state = rc == NLM_OK ? 1 : 0; /* a host interpreter may be fixed; retry later */
+        }
+        if (rc != NLM_OK) {
+            pthread_mutex_unlock(&g_init_lock);
+            return fail(rc, "%s", g_init_error);
+        }
+    } else if (g_init_state < 0) {
+        pthread_mutex_unlock(&g_init_lock);
+        return fail(NLM_ERR_PYTHON, "%s", g_init_error);
+    }
+    pthread_mutex_unlock(&g_init_lock);
+    return NLM_OK;
+}
+
+/* ---- models --------------------------------------------------------------------------- */
+
+NLM_API void nlm_load_options_init(nlm_load_options* o) {
+    if (!o) return;
+    memset(o, 0, sizeof *o);
+    o->struct_size = sizeof *o;
+    o->verify = 1;
+    o->use_tables = 1;
+}
+
+NLM_API int nlm_model_load_ex(const char* path, const nlm_load_options* options, nlm_model** out) {
+    nlm_load_options o;
+    PyGILState_STATE st;
+    PyObject* r;
+    struct nlm_model* m;
+    int rc;
+    if (out) *out = NULL;
+    if (!path || !out) return fail(NLM_ERR_ARGUMENT, "nlm_model_load: NULL path or output pointer");
+    nlm_load_options_init(&o);
+    if (options) {
+        if (options->struct_size < sizeof o)
+            return fail(NLM_ERR_ARGUMENT, "nlm_model_load: options.struct_size is too small");
+        o.verify = options->verify;
+        o.use_tables = options->use_tables;
+    }
+    if (access(path, R_OK) != 0) {
+        /* the common mistake, reported without starting Python */
+        return fail(NLM_ERR_MODEL, "%s: cannot open model file: %s", path, strerror(errno));
+    }
+    rc = ensure_python();
+    if (rc != NLM_OK) return rc;
+    m = (struct nlm_model*)calloc(1, sizeof *m);
+    if (!m) return fail(NLM_ERR_MEMORY, "out of memory");
+    st = PyGILState_Ensure();
+    r = PyObject_CallMethod(g_capi, "load_model", "sii", path, o.verify ? 1 : 0, o.use_tables ? 1 : 0);
+    if (!r) {
+        int is_memory = 0;
+        py_error_text(g_error, sizeof g_error, &is_memory);
+        PyGILState_Release(st);
+        free(m);
+        return is_memory ? NLM_ERR_MEMORY : NLM_ERR_MODEL;
+    }
+    m->address = (uintptr_t)PyLong_AsUnsignedLongLong(r);
+    Py_DECREF(r);
+    if (PyErr_Occurred()) {
+        py_error_text(g_error, sizeof g_error, NULL);
+        PyGILState_Release(st);
+        free(m);
+        return NLM_ERR_PYTHON;
+    }
+    PyGILState_Release(st);
+    m->vm = (nlm_vt_model*)m->address;
+    *out = m;
+    return NLM_OK;
+}
+
+NLM_API int nlm_model_load(const char* path, nlm_model** out) {
+    return nlm_model_load_ex(path, NULL, out);
+}
+
+NLM_API void nlm_model_free(nlm_model* model) {
+    PyGILState_STATE st;
+    PyObject* r;
+    if (!model) return;
+    st = PyGILState_Ensure();
+    r = PyObject_CallMethod(g_capi, "free_model", "K", (unsigned long long)model->address);
+    if (!r) PyErr_Clear();
+    Py_XDECREF(r);
+    PyGILState_Release(st);
+    free(model);
+}
+
+NLM_API int nlm_model_order(const nlm_model* model) { return model ? model->vm->order : 0; }
+
+NLM_API int nlm_model_state_size(const nlm_model* model) { return model ? model->vm->order - 1 : 0; }
+
+NLM_API int32_t nlm_model_vocab_size(const nlm_model* model) { return model ? model->vm->vocab_size : 0; }
+
+NLM_API int nlm_model_output_type(const nlm_model* model) { return model ? model->vm->output_type : -1; }
+
+NLM_API const char* nlm_model_checksum(const nlm_model* model) { return model ? model->vm->checksum_hex : ""; }
+
+NLM_API const char* nlm_model_path(const nlm_model* model) { return model ? model->vm->path : ""; }
+
+NLM_API int32_t nlm_word_find(const nlm_model* model, const char* word, size_t len) {
+    if (!model || (!word && len)) return -1;
+    return g_vt->vocab_find(model->vm, word ? word : "", len);
+}
+
+NLM_API int32_t nlm_word_id(const nlm_model* model, const char* word, size_t len) {
+    int32_t id = nlm_word_find(model, word, len);
+    return id < 0 ? (model ? model->vm->unk : NLM_UNK) : id;
+}
+
+NLM_API const char* nlm_vocab_word(const nlm_model* model, int32_t id, size_t* len) {
+    const nlm_vt_model* vm;
+    if (!model || id < 0 || id >= model->vm->vocab_size) {
+        if (len) *len = 0;
+        return NULL;
+    }
+    vm = model->vm;
+    if (len) *len = (size_t)(vm->vocab_offsets[id + 1] - vm->vocab_offsets[id]);
+    return (const char*)vm->vocab_bytes + vm->vocab_offsets[id];
+}
+
+/* ---- sessions ------------------------------------------------------------------------- */
+
+NLM_API void nlm_session_options_init(nlm_session_options* o) {
+    if (!o) return;
+    memset(o, 0, sizeof *o);
+    o->struct_size = sizeof *o;
+    o->cache_entries = 1 << 16;
+    o->ngram_cache_entries = 1 << 20;
+    o->persistent_cache = NULL;
+    o->persistent_max_bytes = 0;
+    o->quiet = 0;
+}
+
+NLM_API int nlm_session_new(const nlm_model* model, const nlm_session_options* options, nlm_session** out) {
+    nlm_session_options o;
+    nlm_vt_session_opts vo;
+    struct nlm_session* s;
+    char err[NLM_VT_ERRLEN];
+    if (out) *out = NULL;
+    if (!model || !out) return fail(NLM_ERR_ARGUMENT, "nlm_session_new: NULL model or output pointer");
+    nlm_session_options_init(&o);
+    if (options) {
+        if (options->struct_size < sizeof o)
+            return fail(NLM_ERR_ARGUMENT, "nlm_session_new: options.struct_size is too small");
+        o = *options;
+    }
+    if (o.cache_entries < 0 || o.ngram_cache_entries < 0)
+        return fail(NLM_ERR_ARGUMENT, "nlm_session_new: negative cache size");
+    s = (struct nlm_session*)calloc(1, sizeof *s);
+    if (!s) return fail(NLM_ERR_MEMORY, "out of memory");
+    vo.cache_entries = o.cache_entries;
+    vo.ngram_cache_entries = o.ngram_cache_entries;
+    vo.persistent_dir = o.persistent_cache;
+    vo.persistent_max_bytes = o.persistent_max_bytes;
+    vo.quiet = o.quiet;
+    err[0] = 0;
+    s->cs = g_vt->session_new(model->vm, &vo, err, sizeof err);
+    if (!s->cs) {
+        free(s);
+        if (strstr(err, "memory")) return fail(NLM_ERR_MEMORY, "%s", err);
+        return fail(NLM_ERR_IO, "%s", err);
+    }
+    s->model = model;
+    *out = s;
+    return NLM_OK;
+}
+
+NLM_API void nlm_session_free(nlm_session* session) {
+    if (!session) return;
+    g_vt->session_free(session->cs);
+    free(session);
+}
+
+NLM_API int nlm_session_begin(nlm_session* session, int64_t sentence_id) {
+    if (!session) return fail(NLM_ERR_ARGUMENT, "nlm_session_begin: NULL session");
+    g_vt->begin(session->cs, sentence_id);
+    session->active = 1;
+    return NLM_OK;
+}
+
+NLM_API int nlm_session_end(nlm_session* session) {
+    if (!session) return fail(NLM_ERR_ARGUMENT, "nlm_session_end: NULL session");
+    if (!session->active) return fail(NLM_ERR_STATE, "nlm_session_end: no sentence was begun");
+    session->active = 0;
+    if (g_vt->end(session->cs) != 0)
+        return fail(NLM_ERR_IO, "could not write the persistent cache file of this sentence "
+                                "(see the warning on stderr)");
+    return NLM_OK;
+}
+
+NLM_API double nlm_score(nlm_session* session, const int32_t* context, int n, int32_t word) {
+    static const int32_t none[1] = {0};
+    if (n < 0) n = 0;
+    return g_vt->score(session->cs, n ? context : none, n, word);
+}
+
+NLM_API double nlm_score_partial(nlm_session* session, const int32_t* context, int n, int32_t word,
+                                 int sentence_start) {
+    int32_t buf[NLM_VT_MAX_ORDER + 1];
+    const nlm_vt_model* vm = session->model->vm;
+    int i;
+    if (n < 0) n = 0;
+    if (!sentence_start || n >= vm->order - 1 || (n > 0 && context[0] == vm->bos))
+        return nlm_score(session, context, n, word);
+    /* the context starts the sentence: put <s> before it (n < order-1 <= 15: it fits) */
+    buf[0] = vm->bos;
+    for (i = 0; i < n; i++) buf[i + 1] = context[i];
+    return g_vt->score(session->cs, buf, n + 1, word);
+}
+
+NLM_API double nlm_score_padded(nlm_session* session, const int32_t* context, int32_t word) {
+    static const int32_t none[1] = {0};
+    return g_vt->score_padded(session->cs, context ? context : none, word);
+}
+
+NLM_API double nlm_score_sequence(nlm_session* session, const int32_t* context, int nctx,
+                                  const int32_t* words, int n, double* scores) {
+    int32_t stack[256];
+    int32_t* hist = stack;
+    int i, total_len;
+    double sum = 0, v;
+    if (nctx < 0) nctx = 0;
+    if (n <= 0) return 0;
+    total_len = nctx + n;
+    if (total_len > 256) {
+        hist = (int32_t*)malloc(sizeof(int32_t) * (size_t)total_len);
+        if (!hist) { fail(NLM_ERR_MEMORY, "out of memory"); return NAN; }
+    }
+    if (nctx) memcpy(hist, context, sizeof(int32_t) * (size_t)nctx);
+    memcpy(hist + nctx, words, sizeof(int32_t) * (size_t)n);
+    for (i = 0; i < n; i++) {
+        v = g_vt->score(session->cs, hist, nctx + i, words[i]);
+        if (scores) scores[i] = v;
+        sum += v;
+    }
+    if (hist != stack) free(hist);
+    return sum;
+}
+
+NLM_API int nlm_session_stats(nlm_session* session, nlm_stats* stats) {
+    int64_t v[NLM_VT_STAT_COUNT];
+    size_t avail;
+    int n, i;
+    int64_t* dst;
+    if (!session || !stats) return fail(NLM_ERR_ARGUMENT, "nlm_session_stats: NULL argument");
+    if (stats->struct_size < sizeof(size_t) + sizeof(int64_t))
+        return fail(NLM_ERR_ARGUMENT, "nlm_session_stats: set stats->struct_size = sizeof(nlm_stats)");
+    g_vt->stats(session->cs, v, NLM_VT_STAT_COUNT);
+    avail = (stats->struct_size - offsetof(nlm_stats, lookups)) / sizeof(int64_t);
+    n = avail < NLM_VT_STAT_COUNT ? (int)avail : NLM_VT_STAT_COUNT;
+    dst = &stats->lookups;
+    for (i = 0; i < n; i++) dst[i] = v[i];
+    return NLM_OK;
+}

@@ -1,0 +1,257 @@
+/*
+ * Test driver for libnlmfeature, compiled by tests/test_capi.py with
+ *     cc $(nlmfeature config --cflags) test_capi.c $(nlmfeature config --libs) -lpthread
+ *
+ *   test_capi score MODEL TEXT [--threads N] [--pcache DIR] [--subset K/M] [--quiet]
+ *       Scores every n-gram of every sentence of TEXT (each word and </s>, after <s> and the
+ *       words before it) from N threads at once; every thread scores every sentence (in a
+ *       different order) with its own session.  Checks that all threads got bit-identical
+ *       scores, then prints one line per sentence: the scores (%.17g).  With --subset K/M only
+ *       tokens whose index % M == K are scored (others print "nan").  Session counters go to
+ *       stderr as "stats key=value ...".
+ *   test_capi load MODEL        prints "status=<code> name=<...> message=<...>" and exits 0
+ *                               whatever the outcome (a bad file must not abort).
+ *   test_capi vocab MODEL       enumerates the vocabulary, checks word -> id -> word for every
+ *                               entry, prints "vocab=<V> order=<n> state=<n-1> checksum=<hex>".
+ *   test_capi partial MODEL     prints future-cost and sequence scores for a few cases (one
+ *                               "name value" per line) for the Python test to check.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nlmfeature.h"
+
+typedef struct {
+    int n;         /* tokens */
+    int32_t* ids;  /* n ids */
+} sentence;
+
+typedef struct {
+    const nlm_model* model;
+    const sentence* sents;
+    int nsent;
+    int thread;
+    int nthreads;
+    const char* pcache;
+    int subset_k, subset_m;
+    int quiet;
+    double** out; /* out[s][i] */
+    int status;
+    nlm_stats stats;
+} job;
+
+static void die(const char* what, int status) {
+    fprintf(stderr, "%s: status %d (%s): %s\n", what, status, nlm_status_string(status), nlm_last_error());
+    exit(1);
+}
+
+static char* read_text(const char* path) {
+    FILE* f = fopen(path, "rb");
+    long size;
+    char* buf;
+    if (!f) { perror(path); exit(1); }
+    fseek(f, 0, SEEK_END);
+    size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    buf = (char*)malloc((size_t)size + 1);
+    if (fread(buf, 1, (size_t)size, f) != (size_t)size) { perror(path); exit(1); }
+    buf[size] = 0;
+    fclose(f);
+    return buf;
+}
+
+static sentence* split_sentences(const nlm_model* m, char* text, int* nsent) {
+    int cap = 64, n = 0;
+    sentence* s = (sentence*)malloc(sizeof(sentence) * (size_t)cap);
+    char* line = text;
+    while (*line) {
+        char* end = strchr(line, '\n');
+        char* p;
+        int tcap = 16;
+        if (end) *end = 0;
+        if (n == cap) { cap *= 2; s = (sentence*)realloc(s, sizeof(sentence) * (size_t)cap); }
+        s[n].n = 0;
+        s[n].ids = (int32_t*)malloc(sizeof(int32_t) * (size_t)tcap);
+        p = line;
+        for (;;) {
+            char* w;
+            while (*p == ' ' || *p == '\t' || *p == '\r') p++;
+            if (!*p) break;
+            w = p;
+            while (*p && *p != ' ' && *p != '\t' && *p != '\r') p++;
+            if (s[n].n == tcap) { tcap *= 2; s[n].ids = (int32_t*)realloc(s[n].ids, sizeof(int32_t) * (size_t)tcap); }
+            s[n].ids[s[n].n++] = nlm_word_id(m, w, (size_t)(p - w));
+        }
+        n++;
+        if (!end) break;
+        line = end + 1;
+    }
+    *nsent = n;
+    return s;
+}
+
+static void* run_job(void* arg) {
+    job* j = (job*)arg;
+    nlm_session* sess;
+    nlm_session_options o;
+    int32_t hist[4096];
+    int k, rc;
+    nlm_session_options_init(&o);
+    o.persistent_cache = j->pcache;
+    o.quiet = j->quiet;
+    rc = nlm_session_new(j->model, &o, &sess);
+    if (rc != NLM_OK) { j->status = rc; fprintf(stderr, "session: %s\n", nlm_last_error()); return NULL; }
+    for (k = 0; k < j->nsent; k++) {
+        /* each thread walks the sentences in a different rotation */
+        int si = (k + j->thread * (j->nsent / (j->nthreads ? j->nthreads : 1) + 1)) % j->nsent;
+        const sentence* s = &j->sents[si];
+        int i;
+        if (s->n + 2 > 4096) continue;
+        nlm_session_begin(sess, si);
+        hist[0] = NLM_BOS;
+        for (i = 0; i < s->n; i++) hist[i + 1] = s->ids[i];
+        hist[s->n + 1] = NLM_EOS;
+        for (i = 0; i <= s->n; i++) {
+            if (j->subset_m > 1 && i % j->subset_m != j->subset_k) { j->out[si][i] = NAN; continue; }
+            j->out[si][i] = nlm_score(sess, hist, i + 1, hist[i + 1]);
+        }
+        rc = nlm_session_end(sess);
+        if (rc != NLM_OK) { j->status = rc; fprintf(stderr, "end: %s\n", nlm_last_error()); }
+    }
+    j->stats.struct_size = sizeof j->stats;
+    nlm_session_stats(sess, &j->stats);
+    nlm_session_free(sess);
+    return NULL;
+}
+
+static int cmd_score(int argc, char** argv) {
+    const char *model_path = argv[2], *text_path = argv[3], *pcache = NULL;
+    int nthreads = 4, subset_k = 0, subset_m = 1, quiet = 0, a, t, s, i, nsent, rc, bad = 0;
+    nlm_model* m;
+    sentence* sents;
+    job* jobs;
+    pthread_t* tids;
+    for (a = 4; a < argc; a++) {
+        if (!strcmp(argv[a], "--threads") && a + 1 < argc) nthreads = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--pcache") && a + 1 < argc) pcache = argv[++a];
+        else if (!strcmp(argv[a], "--subset") && a + 1 < argc) sscanf(argv[++a], "%d/%d", &subset_k, &subset_m);
+        else if (!strcmp(argv[a], "--quiet")) quiet = 1;
+        else { fprintf(stderr, "unknown option %s\n", argv[a]); return 2; }
+    }
+    if (nthreads < 1) nthreads = 1;
+    rc = nlm_model_load(model_path, &m);
+    if (rc != NLM_OK) die("load", rc);
+    sents = split_sentences(m, read_text(text_path), &nsent);
+    jobs = (job*)calloc((size_t)nthreads, sizeof(job));
+    tids = (pthread_t*)calloc((size_t)nthreads, sizeof(pthread_t));
+    for (t = 0; t < nthreads; t++) {
+        jobs[t].model = m;
+        jobs[t].sents = sents;
+        jobs[t].nsent = nsent;
+        jobs[t].thread = t;
+        jobs[t].nthreads = nthreads;
+        jobs[t].pcache = pcache;
+        jobs[t].subset_k = subset_k;
+        jobs[t].subset_m = subset_m;
+        jobs[t].quiet = quiet;
+        jobs[t].out = (double**)malloc(sizeof(double*) * (size_t)nsent);
+        for (s = 0; s < nsent; s++) jobs[t].out[s] = (double*)malloc(sizeof(double) * (size_t)(sents[s].n + 1));
+    }
+    for (t = 0; t < nthreads; t++) pthread_create(&tids[t], NULL, run_job, &jobs[t]);
+    for (t = 0; t < nthreads; t++) pthread_join(tids[t], NULL);
+    for (t = 0; t < nthreads; t++)
+        if (jobs[t].status != NLM_OK) { fprintf(stderr, "thread %d failed\n", t); return 1; }
+    for (t = 1; t < nthreads; t++)
+        for (s = 0; s < nsent; s++)
+            for (i = 0; i <= sents[s].n; i++) {
+                double x = jobs[0].out[s][i], y = jobs[t].out[s][i];
+                if (!(x == y || (isnan(x) && isnan(y)))) {
+                    if (bad++ < 5) fprintf(stderr, "thread %d differs at sentence %d token %d: %.17g vs %.17g\n", t, s, i, y, x);
+                }
+            }
+    if (bad) { fprintf(stderr, "%d scores differ between threads\n", bad); return 1; }
+    for (s = 0; s < nsent; s++) {
+        for (i = 0; i <= sents[s].n; i++) printf(i ? " %.17g" : "%.17g", jobs[0].out[s][i]);
+        printf("\n");
+    }
+    for (t = 0; t < nthreads; t++) {
+        nlm_stats* st = &jobs[t].stats;
+        fprintf(stderr, "stats thread=%d lookups=%lld ngram_hits=%lld context_hits=%lld persistent_hits=%lld "
+                        "persistent_loaded=%lld persistent_written=%lld files_read=%lld files_written=%lld "
+                        "files_ignored=%lld sentences=%lld\n", t,
+                (long long)st->lookups, (long long)st->ngram_hits, (long long)st->context_hits,
+                (long long)st->persistent_hits, (long long)st->persistent_loaded,
+                (long long)st->persistent_written, (long long)st->files_read, (long long)st->files_written,
+                (long long)st->files_ignored, (long long)st->sentences);
+    }
+    nlm_model_free(m);
+    return 0;
+}
+
+static int cmd_load(const char* path) {
+    nlm_model* m = (nlm_model*)1;
+    int rc = nlm_model_load(path, &m);
+    printf("status=%d name=%s model_null=%d message=%s\n", rc, nlm_status_string(rc), m == NULL, nlm_last_error());
+    if (rc == NLM_OK) nlm_model_free(m);
+    return 0;
+}
+
+static int cmd_vocab(const char* path) {
+    nlm_model* m;
+    int32_t v, id;
+    size_t len;
+    const char* w;
+    int rc = nlm_model_load(path, &m), bad = 0;
+    if (rc != NLM_OK) die("load", rc);
+    for (v = 0; v < nlm_model_vocab_size(m); v++) {
+        w = nlm_vocab_word(m, v, &len);
+        id = nlm_word_find(m, w, len);
+        if (!w || id != v) { if (bad++ < 5) fprintf(stderr, "word %d maps back to %d\n", v, id); }
+    }
+    if (nlm_vocab_word(m, -1, &len) != NULL || nlm_vocab_word(m, nlm_model_vocab_size(m), &len) != NULL) bad++;
+    if (nlm_word_find(m, "no-such-word-xyzzy", 18) != -1 || nlm_word_id(m, "no-such-word-xyzzy", 18) != NLM_UNK) bad++;
+    w = nlm_vocab_word(m, NLM_BOS, &len);
+    if (len != 3 || strncmp(w, "<s>", 3)) bad++;
+    printf("vocab=%d order=%d state=%d checksum=%s abi=%d output=%d bad=%d\n", (int)nlm_model_vocab_size(m),
+           nlm_model_order(m), nlm_model_state_size(m), nlm_model_checksum(m), nlm_abi_version(),
+           nlm_model_output_type(m), bad);
+    nlm_model_free(m);
+    return bad ? 1 : 0;
+}
+
+static int cmd_partial(const char* path, int argc, char** argv) {
+    nlm_model* m;
+    nlm_session* s;
+    int32_t ids[8];
+    double per[8];
+    int rc = nlm_model_load(path, &m), i, n = argc;
+    if (rc != NLM_OK) die("load", rc);
+    rc = nlm_session_new(m, NULL, &s);
+    if (rc != NLM_OK) die("session", rc);
+    if (n > 8) n = 8;
+    for (i = 0; i < n; i++) ids[i] = nlm_word_id(m, argv[i], strlen(argv[i]));
+    nlm_session_begin(s, -1);
+    /* the last word after 0..n-1 known words, unknown before them (<null>) or sentence start (<s>) */
+    for (i = 0; i < n; i++) {
+        printf("null%d %.17g\n", i, nlm_score_partial(s, ids + (n - 1 - i), i, ids[n - 1], 0));
+        printf("bos%d %.17g\n", i, nlm_score_partial(s, ids, i, ids[i], 1));
+    }
+    printf("sequence %.17g\n", nlm_score_sequence(s, NULL, 0, ids, n, per));
+    for (i = 0; i < n; i++) printf("seq%d %.17g\n", i, per[i]);
+    nlm_session_end(s);
+    nlm_session_free(s);
+    nlm_model_free(m);
+    return 0;
+}
+
+int main(int argc, char** argv) {
+    if (argc >= 4 && !strcmp(argv[1], "score")) return cmd_score(argc, argv);
+    if (argc == 3 && !strcmp(argv[1], "load")) return cmd_load(argv[2]);
+    if (argc == 3 && !strcmp(argv[1], "vocab")) return cmd_vocab(argv[2]);
+    if (argc >= 4 && !strcmp(argv[1], "partial")) return cmd_partial(argv[2], argc - 3, argv + 3);
+    fprintf(stderr, "usage: test_capi score|load|vocab|partial MODEL ...\n");
+    return 2;
+}
