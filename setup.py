@@ -76,6 +76,9 @@ setup(
     entry_points={
         "console_scripts": [
             "nlmfeature=nlmfeature.cli:main",
+            "nlmfeature-tune=nlmfeature.tuning.cli:main",
+            "nlmfeature-rescore=nlmfeature.rescore:main",
+            "nlmfeature-eval=nlmfeature.evaluate:main",
         ]
     },
     zip_safe=False,
