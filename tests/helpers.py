@@ -40,7 +40,7 @@ def make_model(directory: str, name: str = "model.nlm", tables: bool = True, see
     vocab, counts = brown_vocab(min_count)
     header, arrays = random_model(ModelSpec(**fields), vocab, counts, seed=seed)
     if tables:
-        precompute_tables(header, arrays)
+        precompute_tables(header, arrays, diagonal=True)  # exercise the table path everywhere
     path = os.path.join(str(directory), name)
     nlmfeature.save(path, header, arrays)
     return path

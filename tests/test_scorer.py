@@ -215,3 +215,21 @@ def test_python_api(tmp_path):
     for w in words[:200] + ["zzqq", "é"]:
         want = model.vocab._index.get(w, -1)
         assert vocab_find(a["vocab.offsets"], a["vocab.bytes"], a["vocab.hash"], w.encode()) == want
+
+
+def test_default_tables_policy(tmp_path):
+    """Full context matrices get tables; diagonal ones keep the direct form (same arithmetic,
+    a quarter of the memory)."""
+    from nlmfeature.architecture import ModelSpec, precompute_tables, random_model
+    from helpers import brown_vocab
+
+    vocab, counts = brown_vocab(6)
+    for diagonal in (False, True):
+        header, arrays = random_model(ModelSpec(arch="lbl", word_width=8, diagonal_contexts=diagonal),
+                                      vocab, counts)
+        precompute_tables(header, arrays)
+        assert header["precomputed"] == (not diagonal)
+        assert ("branch0.tables" in arrays) == (not diagonal)
+        path = str(tmp_path / f"m{diagonal}.nlm")
+        nlmfeature.save(path, header, arrays)
+        assert nlmfeature.load(path).native.uses_tables == (not diagonal)
