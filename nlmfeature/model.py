@@ -152,6 +152,11 @@ class Model:
         """Scores of many n-grams at once through matrix products (k-best lists, perplexity).
         ``contexts`` are padded (N, n-1) int32 ids; equals the one-at-a-time scorer to float
         rounding."""
+        contexts = np.asarray(contexts)
+        if contexts.ndim != 2 or contexts.shape[1] != self.order - 1 or len(contexts) != len(words):
+            raise ValueError(f"contexts must have shape (N, {self.order - 1}) with N = len(words)")
+        if contexts.size and (contexts.min() < 0 or contexts.max() >= len(self.vocab)):
+            raise ValueError("contexts hold ids outside the vocabulary")
         if self._batch is None:
             from .batch import BatchScorer
             self._batch = BatchScorer(self)

@@ -233,3 +233,24 @@ def test_default_tables_policy(tmp_path):
         path = str(tmp_path / f"m{diagonal}.nlm")
         nlmfeature.save(path, header, arrays)
         assert nlmfeature.load(path).native.uses_tables == (not diagonal)
+
+
+def test_out_of_range_ids_are_rejected_not_read(tmp_path):
+    model = nlmfeature.load(make_model(tmp_path))
+    V = len(model.vocab)
+    sess = model.session()
+    bad = np.array([[0, 1, V]], dtype=np.int32)
+    with pytest.raises(ValueError, match="outside"):
+        sess.score_padded(bad, np.array([5], dtype=np.int32))
+    with pytest.raises(ValueError, match="outside"):
+        sess.score_stream(bad, np.array([5], dtype=np.int32), np.array([0], dtype=np.int64))
+    with pytest.raises(ValueError, match="outside"):
+        model.score_batch(bad, np.array([5], dtype=np.int32))
+    with pytest.raises(ValueError, match="outside"):
+        model.native.hidden(np.array([-1, 0, 0], dtype=np.int32))
+    # an out-of-range *word* in score_padded/score is read as <unk>, as are unpadded histories
+    ok = np.array([[0, 1, 2]], dtype=np.int32)
+    assert sess.score_padded(ok, np.array([V + 3], dtype=np.int32))[0] == pytest.approx(
+        sess.score_padded(ok, np.array([model.vocab.unk], dtype=np.int32))[0])
+    assert sess.score(np.array([V + 9], dtype=np.int32), 5) == pytest.approx(
+        sess.score(np.array([model.vocab.unk], dtype=np.int32), 5))

@@ -716,6 +716,7 @@ cdef class NativeModel:
         """Final hidden vector for a padded context (testing and the batched path)."""
         if padded.shape[0] != self.m.ctx_len:
             raise ValueError(f"a padded context has {self.m.ctx_len} ids")
+        _check_ids(padded, self.m.vocab_size, "the context")
         out = np.empty(self.m.out_dim, dtype=np.float32)
         b = np.empty(3 * self.m.max_width, dtype=np.float32)
         cdef float[::1] o = out, bb = b
@@ -727,6 +728,14 @@ cdef class NativeModel:
     def session(self, int64_t cache_entries=1 << 16):
         """A new scoring session (one per thread); ``cache_entries=0`` disables caching."""
         return Session(self, cache_entries)
+
+
+cdef _check_ids(a, int64_t vocab_size, what):
+    """Reject ids outside the vocabulary before they reach nogil code (no out-of-bounds reads)."""
+    arr = np.asarray(a)
+    if arr.size and (arr.min() < 0 or arr.max() >= vocab_size):
+        raise ValueError(f"{what} hold ids outside 0..{vocab_size - 1}; map words with the "
+                         "model's vocabulary (unknown words -> <unk>)")
 
 
 cdef class Session:
@@ -761,6 +770,7 @@ cdef class Session:
         cdef int c = self.model.m.ctx_len
         if contexts.shape[0] != n or (n and contexts.shape[1] != c):
             raise ValueError(f"contexts must have shape ({n}, {c})")
+        _check_ids(contexts, self.model.m.vocab_size, "contexts")
         out = np.empty(n, dtype=np.float64)
         cdef double[::1] o = out
         cdef int32_t V = self.model.m.vocab_size, unk = self.model.m.unk, w
@@ -783,6 +793,10 @@ cdef class Session:
         cdef int64_t n = words.shape[0], i, k = 0, ns = sentence_starts.shape[0]
         cdef int c = self.model.m.ctx_len
         cdef double total = 0
+        if contexts.shape[0] != n or (n and contexts.shape[1] != c):
+            raise ValueError(f"contexts must have shape ({n}, {c})")
+        _check_ids(contexts, self.model.m.vocab_size, "contexts")
+        _check_ids(words, self.model.m.vocab_size, "words")
         cdef int32_t dummy = 0
         cdef const int32_t* base = &contexts[0, 0] if (n and c) else &dummy
         with nogil:
