@@ -292,10 +292,10 @@ cdef const char* check_file(const unsigned char* buf, int64_t size, int key_len,
     cdef uint32_t version, klen
     cdef int64_t sid
     cdef uint64_t n, stored
+    if size < 8 or memcmp_(buf, <const unsigned char*>MAGIC, 8) != 0:
+        return "not an nlmfeature cache file (bad magic number)"
     if size < HEADER_BYTES + 8:
         return "truncated (shorter than a header)"
-    if memcmp_(buf, <const unsigned char*>MAGIC, 8) != 0:
-        return "not an nlmfeature cache file (bad magic number)"
     memcpy(&version, buf + 8, 4)
     memcpy(&klen, buf + 12, 4)
     memcpy(&sid, buf + 24, 8)

@@ -1,0 +1,272 @@
+"""The C library: a C program built against the installed header and library scores a real
+text from several threads; its scores equal the Python scorer's.  Persistent cache through
+the C API (round trip, concurrent writer processes, corrupt and foreign files, a changed
+model) and bad model files (error code + message, no abort)."""
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import nlmfeature
+from helpers import BROWN_VALID, make_model, read_lines
+from nlmfeature.commands import config as nlmconfig
+from nlmfeature.pcache import read_cache_file
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.join(HERE, "c", "test_capi.c")
+TEXT_LINES = 120  # sentences of the real Brown validation text used by most tests
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+
+
+def _config(*flags: str) -> list:
+    out = subprocess.run(["nlmfeature", "config", *flags], check=True, capture_output=True, text=True)
+    return shlex.split(out.stdout)
+
+
+@pytest.fixture(scope="module")
+def binary(tmp_path_factory) -> str:
+    """tests/c/test_capi.c compiled with `nlmfeature config --cflags/--libs`."""
+    if not os.path.exists(nlmconfig.paths()["library"]):
+        pytest.fail("libnlmfeature.so is not built: run python setup.py build_ext --inplace")
+    exe = str(tmp_path_factory.mktemp("capi") / "test_capi")
+    cmd = ["cc", "-O1", "-Wall", "-Werror", *_config("--cflags"), SOURCE, "-o", exe,
+           *_config("--libs"), "-lpthread", "-lm"]
+    subprocess.run(cmd, check=True)
+    return exe
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("capi_models")
+    return {
+        "unnormalised": make_model(d, "unnorm.nlm", order=5),
+        "class": make_model(d, "class.nlm", order=4, output="class", classes=30, seed=3),
+        "other": make_model(d, "other.nlm", order=5, seed=7),
+    }
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("capi_text") / "text.txt"
+    path.write_text("\n".join(read_lines(BROWN_VALID, TEXT_LINES)) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def run_score(binary, model, text, *extra, env=None, check=True):
+    p = subprocess.run([binary, "score", model, text, *extra], capture_output=True, text=True, env=env)
+    if check and p.returncode != 0:
+        raise AssertionError(f"test_capi failed ({p.returncode}):\n{p.stderr}")
+    scores = [[float(x) for x in line.split()] for line in p.stdout.splitlines()]
+    stats = []
+    for line in p.stderr.splitlines():
+        if line.startswith("stats "):
+            stats.append({k: int(v) for k, v in (f.split("=") for f in line.split()[1:])})
+    return scores, stats, p.stderr
+
+
+def python_scores(model_path, text):
+    m = nlmfeature.load(model_path)
+    return [m.score_sentence(line) for line in read_lines(text)]
+
+
+def assert_same(c_scores, py_scores, tol=1e-6):
+    assert len(c_scores) == len(py_scores)
+    for i, (a, b) in enumerate(zip(c_scores, py_scores)):
+        assert len(a) == len(b), f"sentence {i}: {len(a)} vs {len(b)} tokens"
+        np.testing.assert_allclose(a, b, rtol=0, atol=tol, err_msg=f"sentence {i}")
+
+
+@pytest.mark.parametrize("kind", ["unnormalised", "class"])
+def test_four_threads_match_python(binary, models, text, kind):
+    c_scores, stats, _ = run_score(binary, models[kind], text, "--threads", "4")
+    assert_same(c_scores, python_scores(models[kind], text))
+    assert len(stats) == 4
+    n_tokens = sum(len(s) for s in c_scores)
+    for st in stats:
+        assert st["lookups"] == n_tokens and st["sentences"] == TEXT_LINES
+
+
+def test_plain_c_program_needs_no_setup(binary, models, text):
+    """No PYTHONPATH, PYTHONHOME or virtualenv variables: the library finds its own Python."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "NLMFEATURE"))}
+    env["PATH"] = "/usr/bin:/bin"
+    env["HOME"] = "/nonexistent"
+    c_scores, _, _ = run_score(binary, models["unnormalised"], text, "--threads", "2", env=env)
+    assert_same(c_scores, python_scores(models["unnormalised"], text))
+
+
+def test_vocabulary_enumeration(binary, models):
+    out = subprocess.run([binary, "vocab", models["unnormalised"]], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    m = nlmfeature.load(models["unnormalised"])
+    fields = dict(f.split("=") for f in out.stdout.split())
+    assert int(fields["vocab"]) == len(m.vocab)
+    assert int(fields["order"]) == 5 and int(fields["state"]) == 4
+    assert fields["checksum"] == m.checksum
+    assert fields["bad"] == "0" and fields["output"] == "0"
+
+
+def test_partial_contexts_use_null_and_bos_padding(binary, models):
+    words = "the jury said it did".split()
+    out = subprocess.run([binary, "partial", models["unnormalised"], *words], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    got = {k: float(v) for k, v in (line.split() for line in out.stdout.splitlines())}
+    m = nlmfeature.load(models["unnormalised"])
+    null = m.vocab.null
+    for i in range(len(words)):
+        ctx = words[len(words) - 1 - i:len(words) - 1]
+        # i known words, <null> before them
+        expect = m.score(["<null>"] * (m.order - 1 - len(ctx)) + ctx, words[-1]) if len(ctx) < m.order - 1 \
+            else m.score(ctx, words[-1])
+        assert got[f"null{i}"] == pytest.approx(expect, abs=1e-6)
+        assert got[f"bos{i}"] == pytest.approx(m.score(["<s>"] + words[:i], words[i]), abs=1e-6)
+        assert null == 3
+    # a sequence without <s> is scored with <null> padding throughout
+    seq = [m.score(["<null>"] * (m.order - 1 - min(i, m.order - 1)) + words[max(0, i - m.order + 1):i], w)
+           for i, w in enumerate(words)]
+    for i, v in enumerate(seq):
+        assert got[f"seq{i}"] == pytest.approx(v, abs=1e-6)
+    assert got["sequence"] == pytest.approx(sum(seq), abs=1e-5)
+
+
+def test_persistent_cache_round_trip(binary, models, text, tmp_path):
+    d = str(tmp_path / "pc")
+    first, st1, _ = run_score(binary, models["unnormalised"], text, "--threads", "2", "--pcache", d)
+    second, st2, _ = run_score(binary, models["unnormalised"], text, "--threads", "2", "--pcache", d)
+    assert first == second  # bit-identical through the files
+    assert_same(second, python_scores(models["unnormalised"], text))
+    assert sum(s["files_written"] for s in st1) >= TEXT_LINES
+    n_tokens = sum(len(s) for s in first)
+    for st in st2:
+        # every lookup of the second run is answered from disk; nothing new to write
+        assert st["persistent_hits"] == st["lookups"] == n_tokens
+        assert st["files_written"] == 0 and st["files_read"] == TEXT_LINES
+    m = nlmfeature.load(models["unnormalised"])
+    files = sorted(os.listdir(os.path.join(d, m.checksum)))
+    assert len([f for f in files if f.endswith(".nlmc")]) == TEXT_LINES
+    assert not [f for f in files if f.endswith(".tmp")]
+
+
+def _check_files_hold(model_path, d, text):
+    """Every sentence's file holds exactly the sentence's n-grams with the model's scores."""
+    m = nlmfeature.load(model_path)
+    for i, line in enumerate(read_lines(text)):
+        cf = read_cache_file(os.path.join(d, m.checksum, f"{i}.nlmc"))
+        ctx, words = m.sentence_ngrams(line)
+        want = {tuple(c) + (w,) for c, w in zip(ctx.tolist(), words.tolist())}
+        got = {tuple(k): v for k, v in zip(cf.keys.tolist(), cf.scores.tolist())}
+        assert set(got) == want, f"sentence {i}"
+        exact = dict(zip((tuple(c) + (w,) for c, w in zip(ctx.tolist(), words.tolist())),
+                         m.score_sentence(line).tolist()))
+        for k, v in got.items():
+            assert v == pytest.approx(exact[k], abs=1e-6)
+
+
+def test_concurrent_writer_processes_merge(binary, models, text, tmp_path):
+    """Two processes (2 threads each) write the same directory at once, each scoring half of
+    every sentence's n-grams: afterwards every file holds the union, and is valid."""
+    d = str(tmp_path / "pc")
+    procs = [subprocess.Popen([binary, "score", models["unnormalised"], text, "--threads", "2",
+                               "--pcache", d, "--subset", f"{k}/2"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in (0, 1)]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        assert "warning" not in err
+    _check_files_hold(models["unnormalised"], d, text)
+
+
+def test_corrupt_cache_file_is_ignored_and_rewritten(binary, models, text, tmp_path):
+    d = str(tmp_path / "pc")
+    run_score(binary, models["unnormalised"], text, "--threads", "1", "--pcache", d)
+    m = nlmfeature.load(models["unnormalised"])
+    sub = os.path.join(d, m.checksum)
+    # flip a byte inside a score, truncate another file, replace a third with garbage
+    p3 = os.path.join(sub, "3.nlmc")
+    data = bytearray(open(p3, "rb").read())
+    data[-12] ^= 0x40
+    open(p3, "wb").write(bytes(data))
+    p5 = os.path.join(sub, "5.nlmc")
+    open(p5, "r+b").truncate(os.path.getsize(p5) - 9)
+    open(os.path.join(sub, "7.nlmc"), "wb").write(b"not a cache file at all")
+    scores, stats, err = run_score(binary, models["unnormalised"], text, "--threads", "1", "--pcache", d)
+    assert_same(scores, python_scores(models["unnormalised"], text))
+    assert "3.nlmc: corrupted (checksum mismatch)" in err
+    assert "5.nlmc: truncated" in err
+    assert "7.nlmc" in err and "not an nlmfeature cache file" in err
+    assert stats[0]["files_ignored"] == 3 and stats[0]["files_written"] == 3
+    _check_files_hold(models["unnormalised"], d, text)  # rewritten, valid
+
+
+def test_changed_model_never_reuses_entries(binary, models, text, tmp_path):
+    d = str(tmp_path / "pc")
+    run_score(binary, models["unnormalised"], text, "--threads", "1", "--pcache", d)
+    a = nlmfeature.load(models["unnormalised"])
+    b = nlmfeature.load(models["other"])
+    assert a.checksum != b.checksum
+    # plant model A's files where model B's would be: they must be recognised as foreign
+    os.makedirs(os.path.join(d, b.checksum))
+    for i in range(3):
+        shutil.copy(os.path.join(d, a.checksum, f"{i}.nlmc"), os.path.join(d, b.checksum, f"{i}.nlmc"))
+    scores, stats, err = run_score(binary, models["other"], text, "--threads", "1", "--pcache", d)
+    assert_same(scores, python_scores(models["other"], text))
+    assert stats[0]["persistent_hits"] == 0
+    assert stats[0]["files_ignored"] == 3 and "another model" in err
+    _check_files_hold(models["other"], d, text)
+
+
+def _write(path, data: bytes) -> str:
+    with open(path, "wb") as f:
+        f.write(data)
+    return str(path)
+
+
+def test_bad_model_files_return_errors(binary, models, tmp_path):
+    good = open(models["unnormalised"], "rb").read()
+    flipped = bytearray(good)
+    flipped[len(good) // 2] ^= 1
+    cases = {
+        "missing": (str(tmp_path / "nope.nlm"), "cannot open"),
+        "directory": (str(tmp_path), ""),
+        "empty": (_write(tmp_path / "empty.nlm", b""), "empty"),
+        "garbage": (_write(tmp_path / "garbage.nlm", b"hello world, not a model" * 10), "bad magic"),
+        "nplm": (_write(tmp_path / "nplm.txt", b"\\config\nversion 1\nngram_size 3\ninput_vocab_size 10\noutput_vocab_size 10\n"), "NPLM"),
+        "truncated": (_write(tmp_path / "trunc.nlm", good[: len(good) - 100]), "truncated"),
+        "corrupted": (_write(tmp_path / "flip.nlm", bytes(flipped)), "checksum mismatch"),
+    }
+    for name, (path, needle) in cases.items():
+        p = subprocess.run([binary, "load", path], capture_output=True, text=True)
+        assert p.returncode == 0, f"{name}: the process died: {p.stderr}"
+        fields = p.stdout.split(" message=", 1)
+        assert "status=-2" in fields[0] and "model_null=1" in fields[0], f"{name}: {p.stdout}"
+        assert needle in fields[1], f"{name}: {fields[1]}"
+        if name != "directory":
+            assert path in fields[1], f"{name}: the message does not name the file"
+
+
+def test_library_exports_only_the_api():
+    lib = nlmconfig.paths()["library"]
+    if shutil.which("nm") is None:
+        pytest.skip("nm not available")
+    out = subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True, text=True, check=True)
+    names = [line.split()[-1] for line in out.stdout.splitlines() if line.split()[1] in "TtDdBbRr"]
+    assert names and all(n.startswith("nlm_") for n in names), names
+    assert "nlm_model_load" in names and "nlm_score" in names
+
+
+def test_config_command():
+    inc = _config("--includedir")[0]
+    assert os.path.exists(os.path.join(inc, "nlmfeature.h"))
+    libs = _config("--libs")
+    assert "-lnlmfeature" in libs
+    libdir = _config("--libdir")[0]
+    assert os.path.exists(os.path.join(libdir, "libnlmfeature.so"))
+    # several flags print in the order asked
+    assert _config("--libdir", "--includedir") == [libdir, inc]
