@@ -7,7 +7,9 @@ p-value of the score difference.  It works on the per-sentence sufficient statis
 (BLEU: lengths and n-gram matches/totals; chrF: character/word n-gram counts): each resample
 is a row of sentence counts, the resampled corpus statistics of all resamples are one matrix
 product, and the scores are computed for all resamples at once with numpy.  With the same
-seed it draws the same resamples as ``sacrebleu --paired-bs`` and gives its p-value.
+seed it draws the same resamples as ``sacrebleu --paired-bs`` and gives its p-value, except
+that a difference equal to the observed one counts as "as large" (``>=``): a system compared
+with itself gets p = 1, where sacrebleu reports 1/(samples+1).
 """
 from __future__ import annotations
 
@@ -183,7 +185,8 @@ def paired_bootstrap(name: str, metric: Any, stats_a: np.ndarray, stats_b: np.nd
                      samples: int = 1000, seed: Optional[int] = 12345) -> Comparison:
     """Paired bootstrap resampling between baseline A and system B from per-sentence
     statistics (N, k) each.  p-value as sacrebleu / multeval: the share (with +1 smoothing)
-    of resamples whose centred absolute difference exceeds the observed one."""
+    of resamples whose centred absolute difference reaches the observed one.  (Koehn's
+    one-sided view is ``system_better_fraction``: the share of resamples where B wins.)"""
     idx = resample_indices(len(stats_a), samples, seed)
     sa = scores_from_stats(name, metric, resampled_sums(stats_a, idx))
     sb = scores_from_stats(name, metric, resampled_sums(stats_b, idx))
@@ -191,7 +194,9 @@ def paired_bootstrap(name: str, metric: Any, stats_a: np.ndarray, stats_b: np.nd
     b = float(scores_from_stats(name, metric, stats_b.sum(axis=0))[0])
     diffs = np.abs(sb - sa)
     centred = diffs - diffs.mean()
-    p = (int(np.sum(centred > abs(b - a))) + 1) / (samples + 1)
+    # sacrebleu counts `centred > observed`; with `>=` the two agree except on exact ties,
+    # and a system compared with itself gets p = 1 (sacrebleu: 1 / (samples + 1))
+    p = (int(np.sum(centred >= abs(b - a))) + 1) / (samples + 1)
     am, ac = confidence(sa)
     bm, bc = confidence(sb)
     return Comparison(name, a, b, b - a, p, samples, seed, am, ac, bm, bc,
