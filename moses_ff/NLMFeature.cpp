@@ -1,0 +1,289 @@
+// NLMFeature: an nlmfeature neural language model as a stateful Moses feature (see NLMFeature.h).
+#include "NLMFeature.h"
+
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <sstream>
+
+#include <boost/functional/hash.hpp>
+
+#include "moses/FactorCollection.h"
+#include "moses/Hypothesis.h"
+#include "moses/InputType.h"
+#include "moses/Phrase.h"
+#include "moses/ScoreComponentCollection.h"
+#include "moses/TargetPhrase.h"
+#include "moses/TranslationTask.h"
+#include "moses/Util.h"
+#include "util/exception.hh"
+
+namespace Moses
+{
+
+size_t NLMFeatureState::hash() const
+{
+  size_t seed = static_cast<size_t>(size);
+  boost::hash_range(seed, ids, ids + size);
+  return seed;
+}
+
+bool NLMFeatureState::operator==(const FFState& o) const
+{
+  const NLMFeatureState &other = static_cast<const NLMFeatureState&>(o);
+  return size == other.size && std::memcmp(ids, other.ids, sizeof(int32_t) * size) == 0;
+}
+
+NLMFeature::NLMFeature(const std::string &line)
+  : LanguageModel(line)
+  , m_persistentMaxBytes(0)
+  , m_cacheEntries(-1)
+  , m_ngramCacheEntries(-1)
+  , m_order(0)
+  , m_factorType(0)
+  , m_verify(true)
+  , m_stats(false)
+  , m_model(NULL)
+  , m_context(0)
+  , m_bosFactor(FactorCollection::Instance().AddFactor(BOS_))
+{
+  ReadParameters();
+  UTIL_THROW_IF2(m_path.empty(), "NLMFeature: the feature line needs path=/abs/model.nlm");
+}
+
+NLMFeature::~NLMFeature()
+{
+  // sessions of other threads are freed with their threads; this thread's now
+  m_sessions.reset();
+  nlm_model_free(m_model);
+}
+
+static int64_t ParseBytes(const std::string &value)
+{
+  char *end = NULL;
+  double v = std::strtod(value.c_str(), &end);
+  std::string unit = end ? std::string(end) : std::string();
+  int64_t mult = 1;
+  if (!unit.empty()) {
+    char u = unit[0];
+    if (u == 'k' || u == 'K') mult = 1LL << 10;
+    else if (u == 'm' || u == 'M') mult = 1LL << 20;
+    else if (u == 'g' || u == 'G') mult = 1LL << 30;
+    else if (u == 't' || u == 'T') mult = 1LL << 40;
+    else UTIL_THROW2("NLMFeature: bad size '" << value << "' (use e.g. 500M or 2G)");
+  }
+  return static_cast<int64_t>(v * mult);
+}
+
+void NLMFeature::SetParameter(const std::string& key, const std::string& value)
+{
+  if (key == "path") {
+    m_path = value;
+  } else if (key == "order") {
+    m_order = Scan<size_t>(value);
+  } else if (key == "factor") {
+    m_factorType = Scan<FactorType>(value);
+  } else if (key == "persistent-cache") {
+    m_persistentCache = value;
+  } else if (key == "persistent-cache-max") {
+    m_persistentMaxBytes = ParseBytes(value);
+  } else if (key == "cache-entries") {
+    m_cacheEntries = Scan<int64_t>(value);
+  } else if (key == "ngram-cache-entries") {
+    m_ngramCacheEntries = Scan<int64_t>(value);
+  } else if (key == "verify") {
+    m_verify = Scan<bool>(value);
+  } else if (key == "stats") {
+    m_stats = Scan<bool>(value);
+  } else {
+    LanguageModel::SetParameter(key, value);
+  }
+}
+
+void NLMFeature::Load(AllOptions::ptr const& opts)
+{
+  LanguageModel::Load(opts);
+  UTIL_THROW_IF2(nlm_abi_version() != NLM_ABI_VERSION,
+                 "NLMFeature: libnlmfeature has ABI " << nlm_abi_version() << " but Moses was built with "
+                 << NLM_ABI_VERSION << "; rebuild Moses against the installed nlmfeature");
+  nlm_load_options lo;
+  nlm_load_options_init(&lo);
+  lo.verify = m_verify ? 1 : 0;
+  int rc = nlm_model_load_ex(m_path.c_str(), &lo, &m_model);
+  UTIL_THROW_IF2(rc != NLM_OK, "NLMFeature " << GetScoreProducerDescription() << ": cannot load "
+                 << m_path << ": " << nlm_last_error());
+  m_context = nlm_model_state_size(m_model);
+  UTIL_THROW_IF2(m_order && m_order != static_cast<size_t>(nlm_model_order(m_model)),
+                 "NLMFeature: order=" << m_order << " on the feature line but " << m_path << " is an order-"
+                 << nlm_model_order(m_model) << " model");
+  UTIL_THROW_IF2(m_context > NLMFeatureState::MAX_CONTEXT, "NLMFeature: model order above 16");
+
+  // map every model word to its Moses factor once (words Moses creates later are <unk>)
+  FactorCollection &collection = FactorCollection::Instance();
+  const int32_t V = nlm_model_vocab_size(m_model);
+  for (int32_t v = 0; v < V; ++v) {
+    size_t len = 0;
+    const char *w = nlm_vocab_word(m_model, v, &len);
+    if (v == NLM_NULL) continue;  // <null> is padding, never a real word
+    size_t id = collection.AddFactor(StringPiece(w, len))->GetId();
+    if (id >= m_lookup.size()) m_lookup.resize(id + 1, NLM_UNK);
+    m_lookup[id] = v;
+  }
+  // check the session options now (e.g. an unwritable persistent cache directory)
+  Session();
+}
+
+bool NLMFeature::IsUseable(const FactorMask &mask) const
+{
+  return mask[m_factorType];
+}
+
+nlm_session *NLMFeature::Session() const
+{
+  ThreadSession *ts = m_sessions.get();
+  if (!ts) {
+    nlm_session_options o;
+    nlm_session_options_init(&o);
+    if (m_cacheEntries >= 0) o.cache_entries = m_cacheEntries;
+    if (m_ngramCacheEntries >= 0) o.ngram_cache_entries = m_ngramCacheEntries;
+    if (!m_persistentCache.empty()) o.persistent_cache = m_persistentCache.c_str();
+    o.persistent_max_bytes = m_persistentMaxBytes;
+    nlm_session *s = NULL;
+    int rc = nlm_session_new(m_model, &o, &s);
+    UTIL_THROW_IF2(rc != NLM_OK, "NLMFeature " << GetScoreProducerDescription() << ": " << nlm_last_error());
+    ts = new ThreadSession();
+    ts->session = s;
+    m_sessions.reset(ts);
+  }
+  return ts->session;
+}
+
+const FFState* NLMFeature::EmptyHypothesisState(const InputType &/*input*/) const
+{
+  NLMFeatureState *s = new NLMFeatureState();
+  if (m_context > 0) {
+    s->ids[0] = NLM_BOS;
+    s->size = 1;
+  }
+  return s;
+}
+
+void NLMFeature::CalcScore(const Phrase &phrase, float &fullScore, float &ngramScore, size_t &oovCount) const
+{
+  fullScore = 0;
+  ngramScore = 0;
+  oovCount = 0;
+  const size_t n = phrase.GetSize();
+  if (!n) return;
+  nlm_session *s = Session();
+  std::vector<int32_t> ids;
+  ids.reserve(n + 1);
+  size_t start = 0;
+  if (phrase.GetWord(0).GetFactor(m_factorType) == m_bosFactor) {
+    ids.push_back(NLM_BOS);  // a sentence start: context known to be <s>
+    start = 1;
+  }
+  double full = 0, ngram = 0;
+  for (size_t i = start; i < n; ++i) {
+    const Word &word = phrase.GetWord(i);
+    UTIL_THROW_IF2(word.IsNonTerminal(), "NLMFeature supports phrase-based decoding only");
+    int32_t id = Id(word);
+    if (id == NLM_UNK) ++oovCount;
+    // the context is the phrase so far: complete once it has n-1 words (or starts with
+    // <s>); otherwise <null>-padded, a future-cost estimate rescored when applied
+    double v = nlm_score(s, ids.empty() ? NULL : &ids[0], static_cast<int>(ids.size()), id);
+    full += v;
+    if (i >= static_cast<size_t>(m_context)) ngram += v;  // full context inside the phrase
+    ids.push_back(id);
+  }
+  fullScore = static_cast<float>(full);
+  ngramScore = static_cast<float>(ngram);
+}
+
+FFState* NLMFeature::EvaluateWhenApplied(const Hypothesis &hypo, const FFState *ps,
+                                         ScoreComponentCollection *out) const
+{
+  const NLMFeatureState &in = static_cast<const NLMFeatureState&>(*ps);
+  NLMFeatureState *ret = new NLMFeatureState(in);
+  const size_t len = hypo.GetCurrTargetLength();
+  const bool complete = hypo.IsSourceCompleted();
+  if (!len && !complete) return ret;
+
+  nlm_session *s = Session();
+  const TargetPhrase &phrase = hypo.GetCurrTargetPhrase();
+  // history = the state's ids, then the phrase's words
+  int32_t stack[64];
+  std::vector<int32_t> heap;
+  int32_t *hist = stack;
+  const size_t total = in.size + len;
+  if (total > 64) {
+    heap.resize(total);
+    hist = &heap[0];
+  }
+  std::memcpy(hist, in.ids, sizeof(int32_t) * in.size);
+  for (size_t j = 0; j < len; ++j) hist[in.size + j] = Id(phrase.GetWord(j));
+
+  // words whose in-phrase context was incomplete: EvaluateInIsolation gave them only an
+  // estimate; score them with the real context now (the others are already in the score)
+  double score = 0;
+  const size_t rescored = std::min(len, static_cast<size_t>(m_context));
+  for (size_t j = 0; j < rescored; ++j)
+    score += nlm_score(s, hist, static_cast<int>(in.size + j), hist[in.size + j]);
+  if (complete)
+    score += nlm_score(s, hist, static_cast<int>(total), NLM_EOS);
+
+  const size_t keep = std::min(total, static_cast<size_t>(m_context));
+  std::memcpy(ret->ids, hist + (total - keep), sizeof(int32_t) * keep);
+  ret->size = static_cast<int32_t>(keep);
+
+  if (OOVFeatureEnabled()) {
+    std::vector<float> scores(2);
+    scores[0] = static_cast<float>(score);
+    scores[1] = 0.0f;
+    out->PlusEquals(this, scores);
+  } else {
+    out->PlusEquals(this, static_cast<float>(score));
+  }
+  return ret;
+}
+
+FFState* NLMFeature::EvaluateWhenApplied(const ChartHypothesis &/*hypo*/, int /*featureID*/,
+                                         ScoreComponentCollection * /*accumulator*/) const
+{
+  UTIL_THROW2("NLMFeature supports phrase-based decoding only (not moses_chart)");
+}
+
+void NLMFeature::InitializeForInput(ttasksptr const& ttask)
+{
+  long id = ttask->GetSource()->GetTranslationId();
+  nlm_session_begin(Session(), id);
+}
+
+void NLMFeature::CleanUpAfterSentenceProcessing(ttasksptr const& ttask)
+{
+  nlm_session *s = Session();
+  if (nlm_session_end(s) != NLM_OK)
+    std::cerr << "NLMFeature " << GetScoreProducerDescription() << ": warning: " << nlm_last_error() << "\n";
+  if (m_stats) {
+    ThreadSession *ts = m_sessions.get();
+    nlm_stats now;
+    now.struct_size = sizeof now;
+    nlm_session_stats(s, &now);
+    std::ostringstream msg;
+    msg << "NLMFeature " << GetScoreProducerDescription() << " sentence " << ttask->GetSource()->GetTranslationId()
+        << " lookups=" << now.lookups - ts->last.lookups
+        << " ngram_hits=" << now.ngram_hits - ts->last.ngram_hits
+        << " context_hits=" << now.context_hits - ts->last.context_hits
+        << " context_misses=" << now.context_misses - ts->last.context_misses
+        << " class_hits=" << now.class_hits - ts->last.class_hits
+        << " class_misses=" << now.class_misses - ts->last.class_misses
+        << " persistent_hits=" << now.persistent_hits - ts->last.persistent_hits
+        << " persistent_loaded=" << now.persistent_loaded - ts->last.persistent_loaded
+        << " persistent_written=" << now.persistent_written - ts->last.persistent_written
+        << " files_ignored=" << now.files_ignored - ts->last.files_ignored << "\n";
+    std::cerr << msg.str();
+    ts->last = now;
+  }
+}
+
+}  // namespace Moses

@@ -1,0 +1,97 @@
+// NLMFeature: an nlmfeature neural language model as a stateful Moses feature.
+//
+//   [feature]
+//   NLMFeature name=NLM0 path=/abs/model.nlm order=5 factor=0 [persistent-cache=DIR] [oov-feature=true]
+//   [weight]
+//   NLM0= 0.1
+//
+// Phrase-based decoding (moses-cmd).  Scores are natural logs.  The state of a hypothesis is
+// the exact last n-1 model word ids (no hashes); phrase-internal words whose left context is
+// not known yet get future-cost estimates with <null> padding; they are rescored with the
+// real context when the phrase is applied.  One scoring session per decoder thread;
+// InitializeForInput / CleanUpAfterSentenceProcessing start and end the sentence's caches
+// (and the persistent tuning cache).  See moses_ff/README.md.
+#pragma once
+
+#include <stdint.h>
+
+#include <string>
+#include <vector>
+
+#include <boost/thread/tss.hpp>
+
+#include "moses/LM/Base.h"
+#include "moses/FF/FFState.h"
+#include "moses/TypeDef.h"
+#include "moses/Word.h"
+#include "moses/Factor.h"
+
+#include <nlmfeature.h>
+
+namespace Moses
+{
+
+//! Exact LM state: the last n-1 ids (fewer only right after <s>), oldest first.
+class NLMFeatureState : public FFState
+{
+public:
+  enum { MAX_CONTEXT = 15 };
+  int32_t ids[MAX_CONTEXT];
+  int32_t size;
+
+  NLMFeatureState() : size(0) {}
+  virtual size_t hash() const;
+  virtual bool operator==(const FFState& other) const;
+};
+
+class NLMFeature : public LanguageModel
+{
+public:
+  NLMFeature(const std::string &line);
+  ~NLMFeature();
+
+  void SetParameter(const std::string& key, const std::string& value);
+  void Load(AllOptions::ptr const& opts);
+  bool IsUseable(const FactorMask &mask) const;
+
+  const FFState* EmptyHypothesisState(const InputType &input) const;
+  void CalcScore(const Phrase &phrase, float &fullScore, float &ngramScore, size_t &oovCount) const;
+  FFState* EvaluateWhenApplied(const Hypothesis &hypo, const FFState *ps,
+                               ScoreComponentCollection *out) const;
+  FFState* EvaluateWhenApplied(const ChartHypothesis &hypo, int featureID,
+                               ScoreComponentCollection *accumulator) const;
+
+  void InitializeForInput(ttasksptr const& ttask);
+  void CleanUpAfterSentenceProcessing(ttasksptr const& ttask);
+
+private:
+  struct ThreadSession {
+    nlm_session *session;
+    nlm_stats last;   // counters at the previous sentence end (for per-sentence stats)
+    ThreadSession() : session(NULL) { last.struct_size = sizeof(nlm_stats); }
+    ~ThreadSession() { nlm_session_free(session); }
+  };
+
+  nlm_session *Session() const;
+  int32_t Id(const Word &word) const {
+    size_t f = word.GetFactor(m_factorType)->GetId();
+    return f < m_lookup.size() ? m_lookup[f] : NLM_UNK;
+  }
+
+  std::string m_path;
+  std::string m_persistentCache;
+  int64_t m_persistentMaxBytes;
+  int64_t m_cacheEntries;
+  int64_t m_ngramCacheEntries;
+  size_t m_order;            // 0: take the model's
+  FactorType m_factorType;
+  bool m_verify;
+  bool m_stats;
+  nlm_model *m_model;
+  int m_context;             // n-1
+  const Factor *m_bosFactor;
+  std::vector<int32_t> m_lookup;  // Moses factor id -> model word id
+  mutable boost::thread_specific_ptr<ThreadSession> m_sessions;
+};
+
+}  // namespace Moses
