@@ -38,6 +38,8 @@ from typing import IO, Any, Iterable, Iterator, List, Optional, Tuple
 
 from .errors import InputError
 
+#: zlib level of the .gz files written (4: about 3x faster than gzip's 9, ~10% larger)
+GZIP_LEVEL = 4
 #: k-best formats :func:`read_kbest` and :func:`format_hypothesis` understand
 FORMATS = ("moses", "moses-old", "cdec")
 SEP = "|||"
@@ -240,22 +242,23 @@ def format_hypothesis(hyp: Hypothesis, fmt: str) -> str:
 
 
 # -- files ----------------------------------------------------------------------------------
-class _AtomicWriter(io.TextIOWrapper):
-    """Text file written to a temporary name next to the target and renamed over it on a
-    clean close; on an exception inside ``with`` the temporary file is removed."""
+class _AtomicBytes(io.BufferedWriter):
+    """Binary file written to a temporary name next to the target and renamed over it by a
+    clean :meth:`close`; after :meth:`discard` (or an exception inside ``with``) the
+    temporary file is removed instead."""
 
-    def __init__(self, path: str, compress: bool) -> None:
+    def __init__(self, path: str) -> None:
         directory = os.path.dirname(os.path.abspath(path))
         fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
                                    dir=directory)
-        raw = os.fdopen(fd, "wb")
-        self._raw_file = raw
-        binary: IO[bytes] = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0,
-                                          compresslevel=4) if compress else raw
-        super().__init__(binary, encoding="utf-8", newline="\n")
+        super().__init__(io.FileIO(fd, "wb"), buffer_size=1 << 16)
         self._target = path
         self._tmp = tmp
         self._failed = False
+
+    def discard(self) -> None:
+        """Do not create the target: closing removes the temporary file."""
+        self._failed = True
 
     def __exit__(self, exc_type, exc, tb):  # type: ignore[override]
         if exc_type is not None:
@@ -267,14 +270,41 @@ class _AtomicWriter(io.TextIOWrapper):
             return
         try:
             super().close()
-            self._raw_file.close()
         finally:
             if self._failed:
                 if os.path.exists(self._tmp):
                     os.unlink(self._tmp)
             else:
-                os.chmod(self._tmp, 0o644 & ~_umask())
+                os.chmod(self._tmp, 0o666 & ~_umask())
                 os.replace(self._tmp, self._target)
+
+
+class _AtomicWriter(io.TextIOWrapper):
+    """UTF-8 text (gzip-compressed for ``compress``) written atomically via :class:`_AtomicBytes`."""
+
+    def __init__(self, path: str, compress: bool) -> None:
+        raw = _AtomicBytes(path)
+        self._raw_file = raw
+        binary: IO[bytes] = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0,
+                                          compresslevel=GZIP_LEVEL) if compress else raw
+        super().__init__(binary, encoding="utf-8", newline="\n")
+
+    def discard(self) -> None:
+        """Do not create the target file (see :meth:`_AtomicBytes.discard`)."""
+        self._raw_file.discard()
+
+    def __exit__(self, exc_type, exc, tb):  # type: ignore[override]
+        if exc_type is not None:
+            self._raw_file.discard()
+        return super().__exit__(exc_type, exc, tb)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            super().close()       # flushes (and ends the gzip stream)
+        finally:
+            self._raw_file.close()
 
 
 class _StdStream(io.TextIOWrapper):
@@ -324,6 +354,31 @@ def open_text(path: str, mode: str = "rt") -> IO[str]:
     except OSError as exc:
         raise InputError(path, 0, f"cannot open for {'writing' if writing else 'reading'}: "
                          f"{exc.strerror or exc}") from None
+
+
+def open_bytes(path: str) -> IO[bytes]:
+    """A binary file written atomically (``-``: standard output, not closed).  Call its
+    ``discard()`` (when present) to drop a half-written file.  For writers that produce
+    their own gzip members (concatenated members form one valid ``.gz`` file)."""
+    if path == "-":
+        return _StdBytes(sys.stdout.buffer)
+    try:
+        return _AtomicBytes(path)
+    except OSError as exc:
+        raise InputError(path, 0, f"cannot open for writing: {exc.strerror or exc}") from None
+
+
+class _StdBytes:
+    """Standard output's binary buffer behind a close() that only flushes."""
+
+    def __init__(self, buf: IO[bytes]) -> None:
+        self._buf = buf
+
+    def write(self, data: bytes) -> int:
+        return self._buf.write(data)
+
+    def close(self) -> None:
+        self._buf.flush()
 
 
 def iter_lines(path: str) -> Iterator[Tuple[int, str]]:

@@ -10,13 +10,15 @@ in the file's own style (``NLM0= v`` in Moses lists, ``NLM0: v`` in old-style on
 
 The input is streamed (constant memory): whole sentences are cut into chunks, scored in
 batches through matrix products, by ``--jobs`` worker processes if asked, and written in
-input order.  ``--weights`` reranks each sentence by the dot product of the weights with
+input order.  A ``.gz`` output is written as one gzip member per chunk, compressed by the
+workers (concatenated members are one valid gzip file for gzip, zlib and Python).  ``--weights`` reranks each sentence by the dot product of the weights with
 the features (new ones included) and writes the 1-best text to ``--one-best``; a sentence
 id missing from the list gets an empty 1-best line and a warning (as Moses does).
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import math
 import os
 import re
@@ -26,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from .errors import InputError, NLMFeatureError
-from .kbest import (FORMATS, Hypothesis, SEP, detect_format, format_number, iter_lines,
-                    open_text, parse_line, sentence_id)
+from .kbest import (FORMATS, GZIP_LEVEL, SEP, Hypothesis, detect_format, format_number,
+                    iter_lines, open_bytes, open_text, parse_line, sentence_id)
 from .weights import Weights, read_weights
 
 #: characters a feature name may not contain (``_`` makes Moses' mert treat it as sparse)
@@ -51,6 +53,7 @@ class RescoreConfig:
     update_total: bool = False
     batch_size: int = 8192
     verify: bool = True
+    compress: bool = False              #: return each chunk as a gzip member
 
 
 def check_name(name: str) -> str:
@@ -98,7 +101,7 @@ def feature_names(n_models: int, names: Optional[Sequence[str]], oov: bool,
 class ChunkResult:
     """What rescoring one chunk gives back to the writer."""
 
-    text: str                                    #: output lines (with newlines)
+    data: bytes                                  #: output lines (UTF-8, gzip member if compress)
     hypotheses: int                              #: hypotheses written
     skipped: int = 0                             #: malformed lines skipped (--skip-bad)
     messages: List[str] = field(default_factory=list)   #: first skipped-line messages
@@ -141,7 +144,7 @@ class Rescorer:
     def run(self, lines: Sequence[Tuple[int, str]]) -> ChunkResult:
         """Rescore whole sentences: ``lines`` are (line number, text) pairs."""
         cfg = self.cfg
-        res = ChunkResult("", 0)
+        res = ChunkResult(b"", 0)
         kept: List[Tuple[int, str, Hypothesis]] = []
         for lineno, line in lines:
             try:
@@ -187,7 +190,8 @@ class Rescorer:
             out.append(self._append(line, values, total))
         if best_sid >= 0:
             res.best.append((best_sid, best_text))
-        res.text = "".join(l + "\n" for l in out)
+        data = "".join(l + "\n" for l in out).encode("utf-8")
+        res.data = gzip.compress(data, compresslevel=GZIP_LEVEL, mtime=0) if cfg.compress else data
         res.hypotheses = len(kept)
         return res
 
@@ -261,7 +265,7 @@ def _work(lines: Sequence[Tuple[int, str]]) -> ChunkResult:
     try:
         return _WORKER.run(lines)
     except InputError as exc:
-        r = ChunkResult("", 0)
+        r = ChunkResult(b"", 0)
         r.error = _error_parts(exc)
         return r
 
@@ -432,7 +436,8 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
         raise InputError(input_path, 0, what)
     stats.format = detect_format(first[0][1]) if fmt == "auto" else fmt
     cfg = RescoreConfig(list(cfg_models), lp_names, ov_names, input_path, stats.format,
-                        skip_bad, weights, update_total, batch_size, verify=False)
+                        skip_bad, weights, update_total, batch_size, verify=False,
+                        compress=bool(output_path and output_path.endswith(".gz")))
 
     def all_chunks() -> Iterator[List[Tuple[int, str]]]:
         yield first
@@ -443,7 +448,7 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
         from tqdm import tqdm
         bar = tqdm(unit=" hyp", unit_scale=True, desc="rescoring", file=sys.stderr,
                    mininterval=0.5, disable=None)
-    out = open_text(output_path, "wt") if output_path else None
+    out = open_bytes(output_path) if output_path else None
     best_out = open_text(one_best, "wt") if one_best else None
     next_sid = 0
     skipped_messages: List[str] = list(chunker.messages)
@@ -452,7 +457,7 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
             if res.error:
                 raise InputError(*res.error)
             if out is not None:
-                out.write(res.text)
+                out.write(res.data)
             if best_out is not None:
                 for sid, text in res.best:
                     while next_sid < sid:
@@ -477,8 +482,8 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
                              " skipped as malformed)")
     except BaseException:
         for f in (out, best_out):
-            if f is not None and hasattr(f, "_failed"):
-                f._failed = True     # discard the partial output files
+            if f is not None and hasattr(f, "discard"):
+                f.discard()          # no partial output files
         raise
     finally:
         if bar is not None:
