@@ -19,7 +19,7 @@ All logarithms are natural; the AMI returned is in nats.
 """
 cimport cython
 from cython.parallel cimport prange
-from libc.math cimport log, INFINITY
+from libc.math cimport log, fabs, INFINITY
 from libc.stdint cimport int32_t, int64_t
 
 import numpy as np
@@ -33,6 +33,18 @@ cdef inline double qterm(double pxy, double px, double py) noexcept nogil:
     if pxy <= 0.0:
         return 0.0
     return pxy * log(pxy / (px * py))
+
+
+cdef inline double safe_log(double x) noexcept nogil:
+    return log(x) if x > 0.0 else -INFINITY
+
+
+cdef inline double correction(double x, double y, double lmarg) noexcept nogil:
+    """(x+y)(log(x+y) - lmarg) - x(log(x) - lmarg), 0 log 0 = 0: replaces a bigram mass x by
+    x + y in a term p (log p - lmarg)."""
+    if x > 0.0:
+        return (x + y) * (log(x + y) - lmarg) - x * (log(x) - lmarg)
+    return y * (log(y) - lmarg)
 
 
 cdef inline double split_gain(double x, double y, double lx, double ly, double lxy) noexcept nogil:
@@ -67,9 +79,11 @@ cdef class BrownKernel:
     cdef int32_t[::1] word_slot, next_word
     # slot data
     cdef double[:, ::1] p2, q2, L
-    cdef double[::1] pl, pr, lpl, lpr, S, qa, qb, qm, pm_l, pm_r, row_min
+    cdef double[::1] pl, pr, lpl, lpr, S, qa, qb, qm, pm_l, pm_r, row_min, rowL, colR, newL
     cdef int32_t[::1] active, pos, slot_id, head, tail, size, free_slots, row_arg, nz, in_nz
     cdef int n_free
+    cdef public double max_check_error   # largest |incremental - full| loss seen (check mode)
+    cdef public bint check               # compare every incremental loss with a full computation
     # keep the inputs alive
     cdef object _keep
 
@@ -94,6 +108,9 @@ cdef class BrownKernel:
         self.pl = np.zeros(K); self.pr = np.zeros(K); self.lpl = np.zeros(K); self.lpr = np.zeros(K)
         self.S = np.zeros(K); self.qa = np.zeros(K); self.qb = np.zeros(K); self.qm = np.zeros(K)
         self.pm_l = np.zeros(K); self.pm_r = np.zeros(K); self.row_min = np.zeros(K)
+        self.rowL = np.zeros(K); self.colR = np.zeros(K); self.newL = np.zeros(K)
+        self.check = False
+        self.max_check_error = 0.0
         self.active = np.zeros(K, dtype=np.int32)
         self.pos = np.full(K, -1, dtype=np.int32)
         self.slot_id = np.full(K, -1, dtype=np.int32)
@@ -177,10 +194,15 @@ cdef class BrownKernel:
     # ----------------------------------------------------------------------------------
     # adding a word
     # ----------------------------------------------------------------------------------
+    cdef inline int nt(self, long work) noexcept nogil:
+        """Threads for a parallel loop of ``work`` inner steps (1 for small loops: an OpenMP
+        barrier costs more than it saves there, and much more on a loaded machine)."""
+        return self.nthreads if work >= 40000 else 1
+
     cdef void add_word(self, int w) noexcept nogil:
-        cdef int s, i, j, t, u, n_nz = 0
+        cdef int s, i, t, n_nz = 0
         cdef int64_t k
-        cdef double d, rowsum = 0.0, lpl_tu, lpr_tu, pts, pst
+        cdef double d, rowsum = 0.0, rl, cr, v
         self.n_free -= 1
         s = self.free_slots[self.n_free]
         # clear the slot's row and column over the active slots (and itself)
@@ -206,12 +228,16 @@ cdef class BrownKernel:
             t = self.word_slot[self.l_word[k]]
             if t >= 0:
                 self.p2[t, s] += self.l_prob[k]
-        # q2, the slots it touches (nz), S and the AMI
+        # q2, the slots s touches (nz), S, row/column sums and the AMI
+        rl = self.p2[s, s]
+        cr = self.p2[s, s]
         for i in range(self.n_active):
             t = self.active[i]
             if t == s:
                 continue
             if self.p2[s, t] > 0.0 or self.p2[t, s] > 0.0:
+                rl += self.p2[s, t]; cr += self.p2[t, s]
+                self.rowL[t] += self.p2[t, s]; self.colR[t] += self.p2[s, t]
                 self.q2[s, t] = qterm(self.p2[s, t], self.pl[s], self.pr[t])
                 self.q2[t, s] = qterm(self.p2[t, s], self.pl[t], self.pr[s])
                 d = self.q2[s, t] + self.q2[t, s]
@@ -220,18 +246,29 @@ cdef class BrownKernel:
                 self.nz[n_nz] = t
                 self.in_nz[t] = 1
                 n_nz += 1
+        self.rowL[s] = rl; self.colR[s] = cr
         self.q2[s, s] = qterm(self.p2[s, s], self.pl[s], self.pr[s])
         self.S[s] = rowsum + self.q2[s, s]
         self.mi += self.S[s]
         # old pairs (t, u) gain the terms with s: only pairs touching nz change
-        for i in prange(n_nz, nogil=True, schedule="dynamic", num_threads=self.nthreads):
+        for i in prange(n_nz, nogil=True, schedule="dynamic",
+                        num_threads=self.nt(<long>n_nz * self.n_active)):
             self._add_update_row(s, self.nz[i])
         for i in range(n_nz):
             self.in_nz[self.nz[i]] = 0
-        # the new slot's losses
-        for i in prange(self.n_active, nogil=True, schedule="dynamic", num_threads=self.nthreads):
+        # the new slot's losses: from t's terms plus corrections for the slots s touches
+        for i in prange(self.n_active, nogil=True, schedule="static",
+                        num_threads=self.nt(<long>self.n_active * (n_nz + 8))):
             if self.active[i] != s:
-                self.set_loss(s, self.active[i], self.full_loss(s, self.active[i]))
+                self.newL[self.active[i]] = self.add_loss(s, self.active[i], n_nz)
+        for i in range(self.n_active):
+            t = self.active[i]
+            if t != s:
+                self.set_loss(s, t, self.newL[t])
+                if self.check:
+                    v = fabs(self.newL[t] - self.full_loss(s, t))
+                    if v > self.max_check_error:
+                        self.max_check_error = v
 
     cdef void _add_update_row(self, int s, int t) noexcept nogil:
         cdef int j, u
@@ -247,13 +284,43 @@ cdef class BrownKernel:
                           - qterm(a, self.pl[t] + self.pl[u], self.pr[s])
                           - qterm(b, self.pl[s], self.pr[t] + self.pr[u]))
 
+    cdef double add_loss(self, int s, int t, int n_nz) noexcept nogil:
+        """L[s, t] for the slot s of the word just added, in O(|nz|): the terms of s+t with a
+        slot u that s has no bigram with are t's terms with the marginal of s+t."""
+        cdef double plst = self.pl[s] + self.pl[t], prst = self.pr[s] + self.pr[t]
+        cdef double lplst = safe_log(plst), lprst = safe_log(prst)
+        cdef double H, PL, PR, x, y
+        cdef int k, u
+        H = self.S[t] - self.q2[t, t] - self.q2[t, s] - self.q2[s, t]
+        PL = self.rowL[t] - self.p2[t, t] - self.p2[t, s]
+        PR = self.colR[t] - self.p2[t, t] - self.p2[s, t]
+        if PL > 0.0 and self.pl[t] > 0.0:
+            H += PL * (self.lpl[t] - lplst)
+        if PR > 0.0 and self.pr[t] > 0.0:
+            H += PR * (self.lpr[t] - lprst)
+        for k in range(n_nz):
+            u = self.nz[k]
+            if u == t:
+                continue
+            y = self.p2[s, u]
+            if y > 0.0:
+                x = self.p2[t, u]
+                H += correction(x, y, lplst + self.lpr[u])
+            y = self.p2[u, s]
+            if y > 0.0:
+                x = self.p2[u, t]
+                H += correction(x, y, self.lpl[u] + lprst)
+        H += qterm(self.p2[s, s] + self.p2[s, t] + self.p2[t, s] + self.p2[t, t], plst, prst)
+        return self.S[s] + self.S[t] - self.q2[s, t] - self.q2[t, s] - H
+
     # ----------------------------------------------------------------------------------
     # merging two clusters
     # ----------------------------------------------------------------------------------
     cdef void best_pair(self, int* bs, int* bt) noexcept nogil:
-        cdef int i, j, s, t
-        cdef double v, best = INFINITY
-        for i in prange(self.n_active, nogil=True, schedule="dynamic", num_threads=self.nthreads):
+        cdef int i
+        cdef double best = INFINITY
+        for i in prange(self.n_active, nogil=True, schedule="dynamic",
+                        num_threads=self.nt(<long>self.n_active * self.n_active // 2)):
             self._row_min(i)
         bs[0] = -1; bt[0] = -1
         for i in range(self.n_active - 1):
@@ -274,21 +341,41 @@ cdef class BrownKernel:
         self.row_min[i] = best
         self.row_arg[i] = arg
 
-    cdef void merge(self, int a, int b, int32_t* record, double* loss) noexcept nogil:
-        """Merge the clusters in slots a and b; the result keeps the slot of the larger."""
-        cdef int i, v, keep, gone, w
-        cdef double plm = self.pl[a] + self.pl[b], prm = self.pr[a] + self.pr[b]
-        cdef double lplm = log(plm) if plm > 0 else -INFINITY
-        cdef double lprm = log(prm) if prm > 0 else -INFINITY
-        cdef double pmm
-        loss[0] = self.get_loss(a, b)
+    cdef int _nz_list(self, int b, int a) noexcept nogil:
+        """Fill nz with the active slots other than a and b that b has a bigram with."""
+        cdef int i, u, n = 0
+        for i in range(self.n_active):
+            u = self.active[i]
+            if u != a and u != b and (self.p2[b, u] > 0.0 or self.p2[u, b] > 0.0):
+                self.nz[n] = u
+                n += 1
+        return n
+
+    cdef void merge(self, int a0, int b0, int32_t* record, double* loss) noexcept nogil:
+        """Merge the clusters in slots a0 and b0; the result keeps the slot of the larger."""
+        cdef int i, v, keep, gone, w, a, b, n_nz, na, nb
+        cdef bint incremental
+        cdef double plm = self.pl[a0] + self.pl[b0], prm = self.pr[a0] + self.pr[b0]
+        cdef double lplm = safe_log(plm), lprm = safe_log(prm)
+        cdef double pmm, Sm, e
+        loss[0] = self.get_loss(a0, b0)
         self.mi -= loss[0]
-        if self.slot_id[a] < self.slot_id[b]:
-            record[0] = self.slot_id[a]; record[1] = self.slot_id[b]
+        if self.slot_id[a0] < self.slot_id[b0]:
+            record[0] = self.slot_id[a0]; record[1] = self.slot_id[b0]
         else:
-            record[0] = self.slot_id[b]; record[1] = self.slot_id[a]
+            record[0] = self.slot_id[b0]; record[1] = self.slot_id[a0]
         record[2] = self.next_id
+        # b: the cluster with fewer bigram partners (usually the word just added)
+        na = self._nz_list(a0, b0)
+        nb = self._nz_list(b0, a0)
+        if na < nb:
+            a, b, n_nz = b0, a0, na
+            self._nz_list(a0, b0)
+        else:
+            a, b, n_nz = a0, b0, nb
+        incremental = n_nz * 4 < self.n_active
         # per-slot terms of a, b and the merged cluster m
+        Sm = 0.0
         for i in range(self.n_active):
             v = self.active[i]
             if v == a or v == b:
@@ -298,10 +385,19 @@ cdef class BrownKernel:
             self.pm_l[v] = self.p2[a, v] + self.p2[b, v]   # m -> v
             self.pm_r[v] = self.p2[v, a] + self.p2[v, b]   # v -> m
             self.qm[v] = qterm(self.pm_l[v], plm, self.pr[v]) + qterm(self.pm_r[v], self.pl[v], prm)
+            Sm += self.qm[v]
         pmm = self.p2[a, a] + self.p2[a, b] + self.p2[b, a] + self.p2[b, b]
+        Sm += qterm(pmm, plm, prm)
         # every other pair's loss (Liang's update)
-        for i in prange(self.n_active, nogil=True, schedule="dynamic", num_threads=self.nthreads):
+        for i in prange(self.n_active, nogil=True, schedule="dynamic",
+                        num_threads=self.nt(<long>self.n_active * self.n_active // 2)):
             self._merge_update_row(i, a, b, lplm, lprm)
+        # the merged cluster's losses from a's old ones (needs the old state of a and b)
+        if incremental:
+            for i in prange(self.n_active, nogil=True, schedule="static",
+                            num_threads=self.nt(<long>self.n_active * (n_nz + 8))):
+                if self.active[i] != a and self.active[i] != b:
+                    self.newL[self.active[i]] = self.merge_loss(a, b, self.active[i], n_nz, Sm, pmm)
         # write m into the slot of the larger cluster
         if self.size[a] >= self.size[b]:
             keep, gone = a, b
@@ -319,6 +415,9 @@ cdef class BrownKernel:
         self.q2[keep, keep] = qterm(pmm, plm, prm)
         self.pl[keep] = plm; self.pr[keep] = prm
         self.lpl[keep] = lplm; self.lpr[keep] = lprm
+        self.rowL[keep] = self.rowL[a] + self.rowL[b]
+        self.colR[keep] = self.colR[a] + self.colR[b]
+        self.S[keep] = Sm
         # move the words of `gone` to `keep`
         w = self.head[gone]
         while w >= 0:
@@ -331,15 +430,59 @@ cdef class BrownKernel:
         self.deactivate(gone)
         self.slot_id[keep] = self.next_id
         self.next_id += 1
-        self.S[keep] = self.q2[keep, keep]
-        for i in range(self.n_active):
-            v = self.active[i]
-            if v != keep:
-                self.S[keep] += self.q2[keep, v] + self.q2[v, keep]
-        # the merged cluster's losses
-        for i in prange(self.n_active, nogil=True, schedule="dynamic", num_threads=self.nthreads):
-            if self.active[i] != keep:
-                self.set_loss(keep, self.active[i], self.full_loss(keep, self.active[i]))
+        if incremental:
+            for i in range(self.n_active):
+                v = self.active[i]
+                if v != keep:
+                    self.set_loss(keep, v, self.newL[v])
+                    if self.check:
+                        e = fabs(self.newL[v] - self.full_loss(keep, v))
+                        if e > self.max_check_error:
+                            self.max_check_error = e
+        else:
+            for i in prange(self.n_active, nogil=True, schedule="dynamic",
+                            num_threads=self.nt(<long>self.n_active * self.n_active)):
+                if self.active[i] != keep:
+                    self.set_loss(keep, self.active[i], self.full_loss(keep, self.active[i]))
+
+    cdef double merge_loss(self, int a, int b, int t, int n_nz, double Sm, double pmm) noexcept nogil:
+        """L[m, t] for m = a + b (b with the bigram partners nz), in O(|nz|), from the old
+        L[a, t]: the terms of m+t with a slot u that b has no bigram with are those of a+t
+        with the marginal of m+t."""
+        cdef double ple = self.pl[a] + self.pl[t], pre = self.pr[a] + self.pr[t]
+        cdef double plf = ple + self.pl[b], prf = pre + self.pr[b]
+        cdef double lple = safe_log(ple), lpre = safe_log(pre)
+        cdef double lplf = safe_log(plf), lprf = safe_log(prf)
+        cdef double H, PL, PR, x, y, St
+        cdef int k, u
+        # H(a+t) before the merge, recovered from L[a, t]
+        H = self.S[a] + self.S[t] - self.q2[a, t] - self.q2[t, a] - self.get_loss(a, t)
+        H -= qterm(self.p2[a, b] + self.p2[t, b], ple, self.pr[b])
+        H -= qterm(self.p2[b, a] + self.p2[b, t], self.pl[b], pre)
+        H -= qterm(self.p2[a, a] + self.p2[a, t] + self.p2[t, a] + self.p2[t, t], ple, pre)
+        PL = (self.rowL[a] - self.p2[a, a] - self.p2[a, b] - self.p2[a, t]
+              + self.rowL[t] - self.p2[t, a] - self.p2[t, b] - self.p2[t, t])
+        PR = (self.colR[a] - self.p2[a, a] - self.p2[b, a] - self.p2[t, a]
+              + self.colR[t] - self.p2[a, t] - self.p2[b, t] - self.p2[t, t])
+        if PL > 0.0 and ple > 0.0:
+            H += PL * (lple - lplf)
+        if PR > 0.0 and pre > 0.0:
+            H += PR * (lpre - lprf)
+        for k in range(n_nz):
+            u = self.nz[k]
+            if u == t:
+                continue
+            y = self.p2[b, u]
+            if y > 0.0:
+                x = self.p2[a, u] + self.p2[t, u]
+                H += correction(x, y, lplf + self.lpr[u])
+            y = self.p2[u, b]
+            if y > 0.0:
+                x = self.p2[u, a] + self.p2[u, t]
+                H += correction(x, y, self.lpl[u] + lprf)
+        H += qterm(pmm + self.pm_l[t] + self.pm_r[t] + self.p2[t, t], plf, prf)
+        St = self.S[t] + self.qm[t] - self.qa[t] - self.qb[t]
+        return Sm + St - self.qm[t] - H
 
     cdef void _merge_update_row(self, int i, int a, int b, double lplm, double lprm) noexcept nogil:
         cdef int j, v = self.active[i], w
