@@ -21,6 +21,7 @@ COMMAND_MODULES: List[str] = [
     ".commands.bench",
     ".commands.config",
     ".commands.cache",
+    ".commands.cluster",
 ]
 
 
