@@ -1,0 +1,336 @@
+"""The k-best pool the optimisers work on: per sentence, every distinct hypothesis seen so far.
+
+For each hypothesis the pool keeps its dense feature vector (float64) and its BLEU sufficient
+statistics (:mod:`nlmfeature.bleu`, 10 ints), plus its text (for reports and 1-best output).
+Lists from several tuning iterations are merged; a hypothesis whose features *and* statistics
+equal one already stored for the same sentence is dropped, as Moses' ``mert`` does
+(``Data::removeDuplicates``).
+
+Features are laid out by label in order of first appearance: a Moses label with k values takes
+k columns (``Label_0 .. Label_{k-1}`` internally; written back as ``Label= v0 v1 ...``), a
+cdec ``name=value`` feature one column.  A label missing from a line counts as 0 there (cdec
+omits zero features), so the layout can grow as new labels appear.
+
+:meth:`KbestPool.arrays` gives the flat, optimiser-friendly view: ``features`` (N, D) float64,
+``stats`` (N, 10) int32 and ``offsets`` (S+1,) int64 (sentence ``s`` owns rows
+``offsets[s]:offsets[s+1]``).  :meth:`KbestPool.save` / :meth:`KbestPool.load` store a pool as
+a ``.npz`` (no pickle) so that an interrupted tuning run can resume.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from ..bleu import NUM_STATS, References
+from ..errors import InputError
+from ..kbest import Hypothesis, group_by_sentence, read_kbest
+
+#: version of the .npz layout written by :meth:`KbestPool.save`
+POOL_VERSION = 1
+
+
+@dataclass
+class PoolArrays:
+    """Flat view of a pool (see the module doc)."""
+
+    features: np.ndarray   #: (N, D) float64, C order
+    stats: np.ndarray      #: (N, 10) int32
+    offsets: np.ndarray    #: (S+1,) int64
+
+    @property
+    def num_sentences(self) -> int:
+        return len(self.offsets) - 1
+
+    def sentence_of_rows(self) -> np.ndarray:
+        """Sentence index of every row, (N,) int64."""
+        return np.repeat(np.arange(self.num_sentences, dtype=np.int64), np.diff(self.offsets))
+
+
+class _LineTagger:
+    """Iterates a k-best reader, recording each hypothesis' line number; ``lineno`` is the
+    reader's (so that :func:`group_by_sentence` errors name the line)."""
+
+    def __init__(self, reader, linenos: List[int]) -> None:
+        self.reader = reader
+        self.linenos = linenos
+
+    @property
+    def lineno(self) -> int:
+        return self.reader.lineno
+
+    def __iter__(self) -> Iterator[Hypothesis]:
+        for hyp in self.reader:
+            self.linenos.append(self.reader.lineno)
+            yield hyp
+
+
+class KbestPool:
+    """Accumulated k-best hypotheses of one tuning set (see the module doc).
+
+    ``refs`` are the references of the tuning set; their count fixes the number of sentences,
+    and every k-best list added must have ids ``0 .. len(refs)-1``.
+    """
+
+    def __init__(self, refs: References) -> None:
+        self.refs = refs
+        self.num_sentences = len(refs)
+        self.labels: List[Tuple[str, int]] = []      # (label, number of values) in column order
+        self._label_col: Dict[str, Tuple[int, int]] = {}
+        self.dim = 0
+        self._rows: List[List[np.ndarray]] = [[] for _ in range(self.num_sentences)]
+        self._stats: List[List[np.ndarray]] = [[] for _ in range(self.num_sentences)]
+        self._texts: List[List[str]] = [[] for _ in range(self.num_sentences)]
+        self._keys: List[set] = [set() for _ in range(self.num_sentences)]
+        self.sources: List[str] = []
+        self._flat: Optional[PoolArrays] = None
+
+    # -- layout -------------------------------------------------------------------------
+    def feature_names(self) -> List[str]:
+        """Column names: ``Label`` for a one-valued label, ``Label_i`` for each of k values."""
+        names: List[str] = []
+        for label, k in self.labels:
+            names.extend([label] if k == 1 else [f"{label}_{i}" for i in range(k)])
+        return names
+
+    def _columns(self, hyp: Hypothesis, path: str, lineno: int) -> np.ndarray:
+        vec = np.zeros(self.dim + sum(len(v) for _, v in hyp.features), dtype=np.float64)
+        for label, values in hyp.features:
+            where = self._label_col.get(label)
+            if where is None:
+                where = (self.dim, len(values))
+                self._label_col[label] = where
+                self.labels.append((label, len(values)))
+                self.dim += len(values)
+            elif where[1] != len(values):
+                raise InputError(path, lineno, f"feature {label!r} has {len(values)} value(s) "
+                                 f"here but {where[1]} earlier; all lines must agree")
+            start, k = where
+            vec[start:start + k] = values
+        return vec[:self.dim]
+
+    # -- adding -------------------------------------------------------------------------
+    def add_sentence(self, sid: int, hyps: Sequence[Hypothesis], path: str = "<k-best>",
+                     lineno: Union[int, Sequence[int]] = 0) -> int:
+        """Add the hypotheses of sentence ``sid``; returns how many were new.
+
+        ``lineno`` (one number, or one per hypothesis) is used in error messages.
+        """
+        if not 0 <= sid < self.num_sentences:
+            first_line = lineno if isinstance(lineno, int) else (lineno[0] if lineno else 0)
+            raise InputError(path, first_line, f"sentence id {sid} but the references have only "
+                             f"{self.num_sentences} lines (ids 0..{self.num_sentences - 1}); "
+                             "use the reference file of the set that was decoded")
+        if isinstance(lineno, int):
+            lines = [lineno] * len(hyps)
+        else:
+            lines = list(lineno)
+        vecs = [self._columns(h, path, ln) for h, ln in zip(hyps, lines)]
+        stats = self.refs.stats_many(sid, [h.text for h in hyps])
+        new = 0
+        keys = self._keys[sid]
+        for h, vec, st in zip(hyps, vecs, stats):
+            nz = np.flatnonzero(vec)
+            key = (vec[nz].tobytes(), nz.tobytes(), st.tobytes())
+            if key in keys:
+                continue
+            keys.add(key)
+            self._rows[sid].append(vec)
+            self._stats[sid].append(st.astype(np.int32))
+            self._texts[sid].append(h.text)
+            new += 1
+        if new:
+            self._flat = None
+        return new
+
+    def add_file(self, path: str, fmt: str = "auto", skip_bad: bool = False,
+                 progress: bool = False) -> Tuple[int, int]:
+        """Read a k-best list and add it; returns (hypotheses read, new distinct ones).
+
+        The list must cover every sentence ``0 .. len(refs)-1`` exactly once as a consecutive
+        run; otherwise :class:`InputError` names the file (and line).
+        """
+        reader = read_kbest(path, fmt=fmt, skip_bad=skip_bad)
+        linenos: List[int] = []
+        groups = group_by_sentence(_LineTagger(reader, linenos), path)
+        done = 0
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=self.num_sentences, desc=os.path.basename(path), unit="sent",
+                       leave=False)
+        read = new = 0
+        covered = np.zeros(self.num_sentences, dtype=bool)
+        try:
+            for sid, hyps in groups:
+                new += self.add_sentence(sid, hyps, path, linenos[done:done + len(hyps)])
+                done += len(hyps)
+                read += len(hyps)
+                covered[sid] = True
+                if bar is not None:
+                    bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
+        if read == 0:
+            raise InputError(path, 0, "the k-best list is empty (no hypotheses); did the decoder "
+                             "fail?")
+        if not covered.all():
+            missing = np.flatnonzero(~covered)
+            raise InputError(path, 0, f"the k-best list covers {int(covered.sum())} of the "
+                             f"{self.num_sentences} reference sentences (first missing id "
+                             f"{int(missing[0])}); the reference must have one line per "
+                             "decoded sentence")
+        self.sources.append(os.path.abspath(path))
+        return read, new
+
+    # -- views --------------------------------------------------------------------------
+    @property
+    def num_hypotheses(self) -> int:
+        return sum(len(r) for r in self._rows)
+
+    def arrays(self) -> PoolArrays:
+        """The flat view (cached until the pool changes)."""
+        if self._flat is None:
+            sizes = np.array([len(r) for r in self._rows], dtype=np.int64)
+            offsets = np.zeros(self.num_sentences + 1, dtype=np.int64)
+            np.cumsum(sizes, out=offsets[1:])
+            feats = np.zeros((int(offsets[-1]), self.dim), dtype=np.float64)
+            stats = np.zeros((int(offsets[-1]), NUM_STATS), dtype=np.int32)
+            for s in range(self.num_sentences):
+                lo = offsets[s]
+                for j, (vec, st) in enumerate(zip(self._rows[s], self._stats[s])):
+                    feats[lo + j, :len(vec)] = vec
+                    stats[lo + j] = st
+            self._flat = PoolArrays(feats, stats, offsets)
+        return self._flat
+
+    def text(self, row: int) -> str:
+        """Text of flat row ``row``."""
+        offsets = self.arrays().offsets
+        s = int(np.searchsorted(offsets, row, side="right") - 1)
+        return self._texts[s][row - int(offsets[s])]
+
+    def texts(self, rows: Iterable[int]) -> List[str]:
+        """Texts of several flat rows."""
+        return [self.text(int(r)) for r in rows]
+
+    def check_complete(self) -> None:
+        """Raise :class:`InputError` unless every sentence has at least one hypothesis."""
+        empty = [s for s in range(self.num_sentences) if not self._rows[s]]
+        if empty:
+            raise InputError(self.sources[-1] if self.sources else "<pool>", 0,
+                             f"{len(empty)} of {self.num_sentences} sentences have no hypotheses "
+                             f"(first: id {empty[0]}); add their k-best lists")
+
+    # -- weights ------------------------------------------------------------------------
+    def weight_vector(self, weights: Dict[str, List[float]], path: str = "<weights>"
+                      ) -> np.ndarray:
+        """Flat weight vector in the pool's column order; every k-best label needs weights."""
+        from ..weights import weights_for
+
+        flat, missing = weights_for(self.labels, weights, path)
+        if missing:
+            raise InputError(path, 0, f"no weights for k-best feature(s) {', '.join(missing)}; "
+                             "the weights must name every feature of the k-best lists")
+        return np.asarray(flat, dtype=np.float64)
+
+    def weights_dict(self, vector: np.ndarray, base: Optional[Dict[str, List[float]]] = None
+                     ) -> Dict[str, List[float]]:
+        """``{label: [values]}`` for ``vector``; labels of ``base`` not in the pool (e.g.
+        untuned features such as Moses' ``UnknownWordPenalty0``) keep their values and order."""
+        tuned: Dict[str, List[float]] = {}
+        col = 0
+        for label, k in self.labels:
+            tuned[label] = [float(v) for v in vector[col:col + k]]
+            col += k
+        if base is None:
+            return tuned
+        out: Dict[str, List[float]] = {}
+        for label, vals in base.items():
+            out[label] = tuned.pop(label, list(vals))
+        out.update(tuned)
+        return out
+
+    # -- persistence --------------------------------------------------------------------
+    def reference_digest(self) -> str:
+        """Digest of the references and BLEU options, stored with a saved pool."""
+        h = hashlib.sha256()
+        h.update(f"{self.refs.tokenize}|{self.refs.lowercase}|{self.num_sentences}".encode())
+        for counts, lens in zip(self.refs._counts, self.refs._lens):
+            h.update(repr(lens).encode())
+            h.update(repr(sorted(counts.items())).encode())
+        return h.hexdigest()
+
+    def save(self, path: str) -> None:
+        """Write the pool to ``path`` (.npz, no pickle) atomically."""
+        flat = self.arrays()
+        texts = [t for s in range(self.num_sentences) for t in self._texts[s]]
+        blobs = [t.encode("utf-8") for t in texts]
+        text_offsets = np.zeros(len(blobs) + 1, dtype=np.int64)
+        np.cumsum([len(b) for b in blobs], out=text_offsets[1:])
+        data = dict(
+            version=np.array([POOL_VERSION], dtype=np.int64),
+            features=flat.features, stats=flat.stats, offsets=flat.offsets,
+            label_names=np.array([l for l, _ in self.labels], dtype=np.str_),
+            label_sizes=np.array([k for _, k in self.labels], dtype=np.int64),
+            text_bytes=np.frombuffer(b"".join(blobs), dtype=np.uint8),
+            text_offsets=text_offsets,
+            sources=np.array(self.sources, dtype=np.str_),
+            ref_digest=np.array([self.reference_digest()], dtype=np.str_),
+        )
+        directory = os.path.dirname(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(prefix=".pool.", suffix=".npz", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, **data)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    @classmethod
+    def load(cls, path: str, refs: References) -> "KbestPool":
+        """Read a pool saved by :meth:`save`; ``refs`` must be the references it was built with."""
+        try:
+            z = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise InputError(path, 0, f"cannot read the k-best pool: {exc}") from None
+        with z:
+            if int(z["version"][0]) != POOL_VERSION:
+                raise InputError(path, 0, f"pool version {int(z['version'][0])}, expected "
+                                 f"{POOL_VERSION}; delete it to rebuild from the k-best lists")
+            pool = cls(refs)
+            if str(z["ref_digest"][0]) != pool.reference_digest():
+                raise InputError(path, 0, "the pool was built with other references or BLEU "
+                                 "options; delete it (or use the original --ref) to continue")
+            feats, stats, offsets = z["features"], z["stats"], z["offsets"]
+            tb, toff = z["text_bytes"].tobytes(), z["text_offsets"]
+            pool.labels = [(str(l), int(k)) for l, k in zip(z["label_names"], z["label_sizes"])]
+            col = 0
+            for label, k in pool.labels:
+                pool._label_col[label] = (col, k)
+                col += k
+            pool.dim = col
+            pool.sources = [str(s) for s in z["sources"]]
+        if len(offsets) != pool.num_sentences + 1:
+            raise InputError(path, 0, "pool sentence count differs from the references")
+        for s in range(pool.num_sentences):
+            for r in range(int(offsets[s]), int(offsets[s + 1])):
+                vec = np.array(feats[r], dtype=np.float64)
+                st = np.array(stats[r], dtype=np.int32)
+                nz = np.flatnonzero(vec)
+                pool._keys[s].add((vec[nz].tobytes(), nz.tobytes(), st.astype(np.int64).tobytes()))
+                pool._rows[s].append(vec)
+                pool._stats[s].append(st)
+                pool._texts[s].append(tb[toff[r]:toff[r + 1]].decode("utf-8"))
+        pool._flat = PoolArrays(np.ascontiguousarray(feats, dtype=np.float64),
+                                np.ascontiguousarray(stats, dtype=np.int32),
+                                np.asarray(offsets, dtype=np.int64))
+        return pool
