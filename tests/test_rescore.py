@@ -211,3 +211,21 @@ def test_api_returns_statistics(models, tmp_path):
     assert (st.hypotheses, st.sentences, st.skipped, st.format) == (500, 5, 0, "moses-old")
     with pytest.raises(InputError, match="no such file|cannot open"):
         rescore(str(tmp_path / "absent.gz"), None, [models[0]], progress=False)
+
+
+def test_unsorted_ids_are_reported_and_refused_for_the_one_best(models, tmp_path, capsys):
+    lines = [l for _, l in iter_lines(MOSES_IT2)]
+    by_sid = {s: [l for l in lines if l.startswith(f"{s} ")] for s in range(3)}
+    unsorted = tmp_path / "unsorted.100best"
+    unsorted.write_text("".join(l + "\n" for s in (0, 2, 1) for l in by_sid[s]))
+    first_of_1 = len(by_sid[0]) + len(by_sid[2]) + 1
+    out = tmp_path / "out"
+    code, _, err = run(["-m", models[0], "-i", str(unsorted), "-o", str(out), "-q"], capsys)
+    assert code == 0 and len(out.read_text().splitlines()) == len(lines)
+    assert f"{unsorted}:{first_of_1}: sentence id 1 comes after 2" in err
+    w = tmp_path / "w"
+    w.write_text(open(INI).read())
+    code, _, err = run(["-m", models[0], "-i", str(unsorted), "--weights", str(w),
+                        "--one-best", str(tmp_path / "one"), "-q"], capsys)
+    assert code == 2 and f"{unsorted}:{first_of_1}: sentence id 1 comes after 2" in err
+    assert "1-best output needs sorted ids" in err and not (tmp_path / "one").exists()
