@@ -25,7 +25,7 @@ import re
 import sys
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, Deque, Iterator, List, Optional, Sequence, Set, Tuple
 
 from .errors import InputError, NLMFeatureError
 from .kbest import (FORMATS, GZIP_LEVEL, SEP, Hypothesis, detect_format, format_number,
