@@ -31,6 +31,7 @@ import gzip
 import io
 import math
 import os
+import re
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -193,6 +194,33 @@ def parse_line(line: str, fmt: str, path: str = "<input>", lineno: int = 0) -> H
         total = math.nan
     text = " ".join(fields[1].split())
     return Hypothesis(sid, text, feats, total, [f.strip() for f in fields[4:]])
+
+
+_NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+_WELL_FORMED = {
+    "moses": re.compile(rf"\s*(?:\S+[=:](?:\s+{_NUM})+(?:\s+\S+[=:](?:\s+{_NUM})+)*)?\s*"),
+    "cdec": re.compile(rf"\s*(?:\S+={_NUM}(?:\s+\S+={_NUM})*)?\s*"),
+}
+_WELL_FORMED["moses-old"] = _WELL_FORMED["moses"]
+
+
+def check_line(line: str, fmt: str, path: str = "<input>", lineno: int = 0) -> Tuple[int, str]:
+    """``(sid, hypothesis field)`` of a k-best line after checking all of it as
+    :func:`parse_line` does (same errors), without building the feature list: a regular
+    expression accepts well-formed lines and anything else goes through :func:`parse_line`.
+    The hypothesis field is returned as it is (not stripped): use ``.split()``."""
+    fields = line.split(SEP)
+    if len(fields) >= 3 and _WELL_FORMED[fmt].fullmatch(fields[2]):
+        try:
+            sid = int(fields[0])
+            if len(fields) > 3 and fields[3].strip():
+                float(fields[3])                  # the total must be a number
+            if sid >= 0:
+                return sid, fields[1]
+        except ValueError:
+            pass
+    hyp = parse_line(line, fmt, path, lineno)
+    return hyp.sid, hyp.text
 
 
 def sentence_id(line: str, path: str = "<input>", lineno: int = 0) -> int:

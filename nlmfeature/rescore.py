@@ -29,7 +29,8 @@ from typing import Any, Deque, Iterator, List, Optional, Sequence, Set, Tuple
 
 from .errors import InputError, NLMFeatureError
 from .kbest import (FORMATS, GZIP_LEVEL, SEP, Hypothesis, detect_format, format_number,
-                    iter_lines, open_bytes, open_text, parse_line, sentence_id)
+                    check_line, iter_lines, open_bytes, open_text, parse_line,
+                    sentence_id)
 from .weights import Weights, read_weights
 
 #: characters a feature name may not contain (``_`` makes Moses' mert treat it as sparse)
@@ -145,15 +146,21 @@ class Rescorer:
         """Rescore whole sentences: ``lines`` are (line number, text) pairs."""
         cfg = self.cfg
         res = ChunkResult(b"", 0)
-        kept: List[Tuple[int, str, Hypothesis]] = []
+        kept: List[Tuple[int, str, Optional[Hypothesis]]] = []
+        tokens: List[List[str]] = []
+        full = cfg.weights is not None           # reranking needs the feature values
         for lineno, line in lines:
             try:
-                hyp = parse_line(line, cfg.fmt, cfg.path, lineno)
-                clash = [n for n in self.new_names if n in line] and \
-                    self.new_names.intersection(lbl for lbl, _ in hyp.features)
-                if clash:
-                    raise InputError(cfg.path, lineno, f"the list already has feature(s) "
-                                     f"{sorted(clash)}; choose other names with --name")
+                if full or any(n in line for n in self.new_names):
+                    hyp: Optional[Hypothesis] = parse_line(line, cfg.fmt, cfg.path, lineno)
+                    text = hyp.text
+                    clash = self.new_names.intersection(lbl for lbl, _ in hyp.features)
+                    if clash:
+                        raise InputError(cfg.path, lineno, f"the list already has feature(s) "
+                                         f"{sorted(clash)}; choose other names with --name")
+                else:   # only check the line: faster than building the features
+                    hyp = None
+                    text = check_line(line, cfg.fmt, cfg.path, lineno)[1]
             except InputError as exc:
                 if not cfg.skip_bad:
                     res.error = _error_parts(exc)
@@ -163,7 +170,7 @@ class Rescorer:
                     res.messages.append(str(exc))
                 continue
             kept.append((lineno, line, hyp))
-        tokens = [h.text.split() for _, _, h in kept]
+            tokens.append(text.split())
         columns: List[Tuple[str, List[float]]] = []
         for model, name in zip(self.models, cfg.names):
             columns.append((name, sentence_logprobs(model, tokens, cfg.batch_size)))
@@ -176,7 +183,7 @@ class Rescorer:
         for i, (lineno, line, hyp) in enumerate(kept):
             values = [(name, col[i]) for name, col in columns]
             total = None
-            if cfg.weights is not None:
+            if hyp is not None and cfg.weights is not None:
                 hyp.features.extend((n, [v]) for n, v in values)
                 score = self._dot(hyp, res.unweighted, lineno)
                 if cfg.update_total:
