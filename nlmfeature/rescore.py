@@ -458,7 +458,7 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
     out = open_bytes(output_path) if output_path else None
     best_out = open_text(one_best, "wt") if one_best else None
     next_sid = 0
-    skipped_messages: List[str] = list(chunker.messages)
+    skipped_messages: List[str] = []        # from the workers; the chunker keeps its own
     try:
         for chunk, res in _chunk_results(all_chunks(), cfg, jobs):
             if res.error:
@@ -504,7 +504,7 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
     stats.sentences = chunker.sentences
     stats.skipped += chunker.skipped
     if stats.skipped:
-        for m in skipped_messages[:MAX_REPORTED]:
+        for m in (chunker.messages + skipped_messages)[:MAX_REPORTED]:
             log(f"nlmfeature-rescore: skipped {m}")
         log(f"nlmfeature-rescore: skipped {stats.skipped} malformed line(s) of {input_path}")
     if stats.missing:
