@@ -229,3 +229,15 @@ def test_unsorted_ids_are_reported_and_refused_for_the_one_best(models, tmp_path
                         "--one-best", str(tmp_path / "one"), "-q"], capsys)
     assert code == 2 and f"{unsorted}:{first_of_1}: sentence id 1 comes after 2" in err
     assert "1-best output needs sorted ids" in err and not (tmp_path / "one").exists()
+
+
+def test_stdin_to_stdout_pipeline(models):
+    import subprocess
+    import sys
+
+    data = open(os.path.join(DATA, "cdec-lattice.kbest"), "rb").read()
+    proc = subprocess.run([sys.executable, "-m", "nlmfeature.rescore", "-m", models[0], "-q"],
+                          input=data, capture_output=True, check=True)
+    out = proc.stdout.decode().splitlines()
+    assert len(out) == 5 and all(" NLM0=" in l for l in out)
+    assert out[2].startswith("0 ||| a_b ||| SourceWordPenalty=-0.868589")
