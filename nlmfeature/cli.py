@@ -22,6 +22,7 @@ COMMAND_MODULES: List[str] = [
     ".commands.config",
     ".commands.cache",
     ".commands.cluster",
+    ".commands.perplexity",
 ]
 
 

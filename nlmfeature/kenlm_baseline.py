@@ -1,0 +1,497 @@
+"""KenLM baseline: train a modified Kneser-Ney n-gram model with ``lmplz``, score text with the
+``kenlm`` Python module, and interpolate it with a neural model.
+
+Build the tools once with ``tools/build_kenlm.sh`` (lmplz, build_binary and query from the
+PyPI ``kenlm`` source distribution, plus the ``kenlm`` module).
+
+**Counting tokens and OOVs** exactly as :meth:`nlmfeature.model.Model.perplexity` does: every
+word of a sentence and one ``</s>`` per sentence are predicted, each after ``<s>`` and the
+words before it; a word outside the *neural model's* vocabulary (or the literal ``<unk>``) is
+an OOV.  OOVs are scored as the unknown word by both models and counted, unless
+``exclude_oov``, which skips the same tokens for every model (SRILM's convention; ``</s>`` is
+always counted).  So both models predict the same events: the neural vocabulary, with all
+other words merged into one ``<unk>`` event.  :func:`train_kenlm` given the neural vocabulary
+makes KenLM model that same event space: it rewrites every word outside the vocabulary as
+:data:`UNK_TOKEN` (``lmplz`` refuses a literal ``<unk>`` in its input) and the scorer maps the
+neural OOVs to that token, so KenLM's probability of the unknown word is estimated from the
+training text as the neural model's is.  A KenLM model trained otherwise still works: OOVs are
+then scored as KenLM's own ``<unk>`` (usually a tiny probability, which flatters nobody), and
+the table reports how many tokens KenLM did not know.
+
+**Interpolation** (weight ``w`` of the neural model, tuned on validation tokens):
+
+* linear: ``p = w p_nlm + (1 - w) p_kenlm`` (a distribution if both are);
+* log-linear: ``p = p_nlm^w p_kenlm^(1-w) / Z_w(h)``, normalised *exactly*: ``Z_w(h)`` sums over
+  every word the models predict (the vocabulary without ``<s>`` and ``<null>``), with the
+  neural model's whole output distribution from its matrix-product scorer and KenLM's whole
+  distribution rebuilt from the ARPA file (backoff: each word's probability is that of its
+  longest known n-gram times the backoff weights of the longer contexts).  It therefore needs
+  the ARPA file (not a KenLM binary) and a model without direct n-gram features.  Because
+  the sum costs a pass over the vocabulary per token, the weight is tuned on at most
+  ``tune_tokens`` validation tokens (evenly spaced); the test set is evaluated in full.
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
+import numpy as np
+
+from .clusters import open_text
+from .errors import InputError, NLMFeatureError
+from .vocab import Vocabulary
+
+#: what words outside the neural vocabulary become in KenLM's training text and queries
+UNK_TOKEN = "<nlmfeature-unk>"
+LN10 = math.log(10.0)
+DEFAULT_BIN = os.path.join(os.path.expanduser("~"), ".cache", "nlmfeature", "kenlm", "bin")
+
+
+# ---------------------------------------------------------------------------------------
+# tools
+# ---------------------------------------------------------------------------------------
+def find_tool(name: str) -> str:
+    """Path of a KenLM tool (``lmplz``, ``build_binary``, ``query``): $NLMFEATURE_KENLM_BIN,
+    then ~/.cache/nlmfeature/kenlm/bin, then $PATH.  Raises :class:`NLMFeatureError` saying
+    how to build it."""
+    for d in (os.environ.get("NLMFEATURE_KENLM_BIN"), DEFAULT_BIN):
+        if d and os.access(os.path.join(d, name), os.X_OK):
+            return os.path.join(d, name)
+    found = shutil.which(name)
+    if found:
+        return found
+    raise NLMFeatureError(f"KenLM's {name} was not found: run tools/build_kenlm.sh (it builds "
+                          f"it into {DEFAULT_BIN}) or set NLMFEATURE_KENLM_BIN")
+
+
+def import_kenlm():
+    """The ``kenlm`` Python module, or :class:`NLMFeatureError` saying how to install it."""
+    try:
+        import kenlm  # type: ignore
+    except ImportError:
+        raise NLMFeatureError("the Python kenlm module is not installed: run tools/build_kenlm.sh "
+                              "or `pip install kenlm`") from None
+    return kenlm
+
+
+def map_oov(tokens: Sequence[str], vocab: Optional[Vocabulary], unk: str = UNK_TOKEN) -> List[str]:
+    """Tokens with every word outside ``vocab`` (and a literal ``<unk>``) replaced by ``unk``."""
+    if vocab is None:
+        return list(tokens)
+    return [t if (t in vocab and t != "<unk>") else unk for t in tokens]
+
+
+def train_kenlm(text: str, out: str, order: int = 5, vocab: Optional[Vocabulary] = None,
+                memory: str = "1G", binary: Optional[str] = None,
+                extra_args: Sequence[str] = ()) -> str:
+    """Estimate a modified Kneser-Ney ``order``-gram ARPA model of ``text`` with ``lmplz``.
+
+    With ``vocab`` (the neural model's vocabulary), words outside it become
+    :data:`UNK_TOKEN` first, so both models predict the same events.  ``memory`` is lmplz's
+    ``-S``; ``--discount_fallback`` is always passed (small texts lack the count-of-counts
+    modified Kneser-Ney needs).  ``binary``, if given, also writes a KenLM binary there.
+    Files are written atomically.  Returns ``out``.
+    """
+    lmplz = find_tool("lmplz")
+    out_dir = os.path.dirname(os.path.abspath(out))
+    os.makedirs(out_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".kenlm.") as tmp:
+        corpus = os.path.join(tmp, "corpus.txt")
+        with open_text(text) as src, open(corpus, "w", encoding="utf-8") as dst:
+            for lineno, line in enumerate(src, 1):
+                toks = line.split()
+                bad = [t for t in toks if t in ("<s>", "</s>")]
+                if bad:
+                    raise InputError(text, lineno, f"the training text contains {bad[0]!r}, "
+                                     "which KenLM reserves; remove sentence markers")
+                dst.write(" ".join(map_oov(toks, vocab)) + "\n")
+        arpa_tmp = os.path.join(tmp, "model.arpa")
+        cmd = [lmplz, "-o", str(order), "-S", memory, "-T", tmp, "--discount_fallback",
+               "--text", corpus, "--arpa", arpa_tmp, *extra_args]
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if proc.returncode != 0:
+            raise NLMFeatureError(f"lmplz failed on {text} (exit {proc.returncode}):\n"
+                                  + "\n".join(proc.stderr.strip().splitlines()[-5:]))
+        if binary:
+            bin_tmp = os.path.join(tmp, "model.bin")
+            proc = subprocess.run([find_tool("build_binary"), arpa_tmp, bin_tmp],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            if proc.returncode != 0:
+                raise NLMFeatureError("build_binary failed:\n" + proc.stderr[-2000:])
+            os.replace(bin_tmp, binary)
+        os.replace(arpa_tmp, out)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# per-token scores
+# ---------------------------------------------------------------------------------------
+@dataclass
+class TokenScores:
+    """Natural-log scores of every predicted token of a text, in order, with its OOV flags."""
+
+    logprob: np.ndarray        #: (N,) float64
+    oov: np.ndarray            #: (N,) bool: word outside the neural vocabulary (never </s>)
+    sentences: int
+
+    def total(self, exclude_oov: bool = False) -> Tuple[float, int]:
+        """(sum of log-probabilities, counted tokens)."""
+        keep = ~self.oov if exclude_oov else slice(None)
+        lp = self.logprob[keep]
+        return float(lp.sum()), int(lp.size)
+
+
+def perplexity(logprob: np.ndarray) -> float:
+    """exp(-mean natural-log probability)."""
+    return float(math.exp(-float(np.mean(logprob)))) if len(logprob) else float("nan")
+
+
+def read_sentences(path: str) -> List[List[str]]:
+    """Tokenised lines of a text file (``.gz`` allowed); every line is a sentence."""
+    try:
+        with open_text(path) as f:
+            return [line.split() for line in f]
+    except UnicodeDecodeError as exc:
+        raise InputError(path, 0, f"not valid UTF-8 ({exc.reason})") from None
+    except OSError as exc:
+        raise InputError(path, 0, f"cannot read: {exc.strerror or exc}") from None
+
+
+def oov_mask(sentences: Sequence[Sequence[str]], vocab: Vocabulary) -> np.ndarray:
+    """OOV flag of every predicted token (words, then ``</s>`` which is never OOV)."""
+    flags: List[bool] = []
+    for toks in sentences:
+        flags.extend(t not in vocab or t == "<unk>" for t in toks)
+        flags.append(False)
+    return np.asarray(flags, dtype=bool)
+
+
+def nlm_token_scores(model, sentences: Sequence[Sequence[str]], batch: int = 8192) -> TokenScores:
+    """The neural model's score of every token (as :meth:`Model.perplexity` counts them)."""
+    ctx, words = nlm_ngrams(model, sentences)
+    out = np.empty(len(words), dtype=np.float64)
+    for s in range(0, len(words), batch):
+        out[s:s + batch] = model.score_batch(ctx[s:s + batch], words[s:s + batch])
+    return TokenScores(out, oov_mask(sentences, model.vocab), len(sentences))
+
+
+def nlm_ngrams(model, sentences: Sequence[Sequence[str]]) -> Tuple[np.ndarray, np.ndarray]:
+    """Padded contexts (N, n-1) and target ids (N,) of every predicted token."""
+    cs, ws = [], []
+    for toks in sentences:
+        c, w = model.sentence_ngrams(toks)
+        cs.append(c); ws.append(w)
+    if not cs:
+        return np.zeros((0, model.order - 1), dtype=np.int32), np.zeros(0, dtype=np.int32)
+    return np.concatenate(cs), np.concatenate(ws)
+
+
+class KenLMScorer:
+    """A KenLM model (ARPA or binary) queried through the ``kenlm`` module with the neural
+    model's token and OOV conventions (see the module docstring)."""
+
+    def __init__(self, path: str, vocab: Optional[Vocabulary] = None) -> None:
+        kenlm = import_kenlm()
+        if not os.path.exists(path):
+            raise NLMFeatureError(f"{path}: no such KenLM model file")
+        try:
+            self.model = kenlm.Model(path)
+        except Exception as exc:  # kenlm raises OSError/RuntimeError with its own message
+            raise NLMFeatureError(f"{path}: KenLM cannot load it: {exc}") from None
+        self.path = path
+        self.vocab = vocab
+        self.order = int(self.model.order)
+        self.unk_token = UNK_TOKEN if UNK_TOKEN in self.model else "<unk>"
+
+    def query_tokens(self, toks: Sequence[str]) -> List[str]:
+        """The words KenLM is asked about for a sentence (neural OOVs -> the unknown token)."""
+        return map_oov(toks, self.vocab, self.unk_token)
+
+    def token_scores(self, sentences: Sequence[Sequence[str]]) -> Tuple[TokenScores, int]:
+        """(scores of every token, number of tokens KenLM itself had no n-gram for)."""
+        lps: List[float] = []
+        kenlm_oov = 0
+        for toks in sentences:
+            q = self.query_tokens(toks)
+            for lp, _, is_oov in self.model.full_scores(" ".join(q), bos=True, eos=True):
+                lps.append(lp * LN10)
+                kenlm_oov += bool(is_oov)
+        mask = oov_mask(sentences, self.vocab) if self.vocab is not None else \
+            np.zeros(len(lps), dtype=bool)
+        return TokenScores(np.asarray(lps, dtype=np.float64), mask, len(sentences)), kenlm_oov
+
+    def histories(self, sentences: Sequence[Sequence[str]]) -> List[Tuple[str, ...]]:
+        """KenLM's history (up to order-1 query words, oldest first, from ``<s>``) of every
+        predicted token."""
+        out: List[Tuple[str, ...]] = []
+        n = self.order - 1
+        for toks in sentences:
+            hist = ["<s>"] + self.query_tokens(toks)
+            for i in range(1, len(hist) + 1):
+                out.append(tuple(hist[max(0, i - n):i]))
+        return out
+
+
+# ---------------------------------------------------------------------------------------
+# interpolation
+# ---------------------------------------------------------------------------------------
+def linear_logprob(nlm: np.ndarray, kenlm: np.ndarray, weight: float) -> np.ndarray:
+    """log(w exp(nlm) + (1-w) exp(kenlm)) per token (natural logs)."""
+    with np.errstate(divide="ignore"):
+        return np.logaddexp(np.log(weight) + nlm, np.log1p(-weight) + kenlm)
+
+
+def golden_section(f: Callable[[float], float], lo: float = 0.0, hi: float = 1.0,
+                   tol: float = 1e-4) -> Tuple[float, float]:
+    """Minimise a unimodal ``f`` on [lo, hi]; returns (argmin, min), endpoints included."""
+    g = (math.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = f(c), f(d)
+    while b - a > tol:
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = f(d)
+    best = min([(fc, c), (fd, d), (f(lo), lo), (f(hi), hi)])
+    return best[1], best[0]
+
+
+def tune_linear(nlm: np.ndarray, kenlm: np.ndarray) -> float:
+    """Weight of the neural model maximising the likelihood of the (validation) tokens under
+    linear interpolation (the objective is concave: golden-section search)."""
+    return golden_section(lambda w: -float(linear_logprob(nlm, kenlm, w).sum()))[0]
+
+
+def interpolate(nlm_token_logprobs: np.ndarray, kenlm_token_logprobs: np.ndarray,
+                valid_nlm: Optional[np.ndarray] = None, valid_kenlm: Optional[np.ndarray] = None,
+                weight: Optional[float] = None) -> Tuple[np.ndarray, float]:
+    """Linear interpolation of per-token natural-log probabilities: (interpolated scores,
+    neural weight).  The weight is ``weight`` if given, else tuned on the validation scores
+    (``valid_*``), else on the scores themselves."""
+    if weight is None:
+        vn = nlm_token_logprobs if valid_nlm is None else valid_nlm
+        vk = kenlm_token_logprobs if valid_kenlm is None else valid_kenlm
+        weight = tune_linear(vn, vk)
+    return linear_logprob(nlm_token_logprobs, kenlm_token_logprobs, weight), weight
+
+
+# ---------------------------------------------------------------------------------------
+# exact log-linear interpolation
+# ---------------------------------------------------------------------------------------
+def nlm_log_distribution(model, ctx: np.ndarray) -> np.ndarray:
+    """The neural model's natural-log score of *every* vocabulary word after each padded
+    context: (N, V) float64.  Exact for softmax, class and tree outputs; raw scores for
+    unnormalised ones.  Models with direct n-gram features are not supported."""
+    from .batch import BatchScorer, logsumexp_rows
+
+    h = model.header
+    if h.get("direct"):
+        raise NLMFeatureError(f"{model.path}: whole-vocabulary distributions of models with "
+                              "direct n-gram features are not supported")
+    if model._batch is None:
+        model._batch = BatchScorer(model)
+    a = model.arrays
+    H = model._batch.hidden(np.ascontiguousarray(ctx, dtype=np.int32))
+    kind = model.output_type
+    if kind in ("unnormalised", "softmax"):
+        z = (H @ a["output.weight"].T + a["output.bias"]).astype(np.float64)
+        if kind == "softmax":
+            z -= logsumexp_rows(z)[:, None]
+        return z
+    if kind == "class":
+        cw = a["class.of_word"]
+        cl = (H @ a["class.weight"].T + a["class.bias"]).astype(np.float64)
+        cl -= logsumexp_rows(cl)[:, None]
+        z = (H @ a["output.weight"].T + a["output.bias"]).astype(np.float64)
+        start, members = a["class.start"], a["class.members"]
+        out = np.empty_like(z)
+        for c in range(len(start) - 1):
+            mem = members[start[c]:start[c + 1]]
+            zc = z[:, mem]
+            out[:, mem] = zc - logsumexp_rows(zc)[:, None] + cl[:, c:c + 1]
+        return out
+    # tree: sum of log-sigmoids along each word's path
+    x = (H @ a["tree.weight"].T + a["tree.bias"]).astype(np.float64)
+    ps, pn, sg = a["tree.path_start"], a["tree.path_node"], a["tree.path_sign"]
+    steps = -np.logaddexp(0.0, -(x[:, pn] * sg))            # (N, total path length)
+    V = len(ps) - 1
+    out = np.zeros((len(ctx), V))
+    nonempty = ps[1:] > ps[:-1]
+    if steps.shape[1]:
+        sums = np.add.reduceat(steps, ps[:-1][nonempty], axis=1)
+        out[:, nonempty] = sums
+    return out
+
+
+class ArpaDistribution:
+    """KenLM's whole next-word distribution over the neural vocabulary for given histories,
+    rebuilt from an ARPA file.  Only n-grams whose context is one of the requested histories
+    (or their suffixes) are kept in memory."""
+
+    def __init__(self, path: str, vocab: Vocabulary, histories: Iterable[Tuple[str, ...]],
+                 unk_token: str) -> None:
+        self.vocab = vocab
+        V = len(vocab)
+        self.V = V
+        # query word -> neural id (the KenLM unknown word and foreign words get none)
+        needed: Set[Tuple[str, ...]] = set()
+        for h in histories:
+            for j in range(1, len(h) + 1):
+                needed.add(h[len(h) - j:])
+        self.uni = None
+        self.bo: Dict[Tuple[str, ...], float] = {}
+        self.cont: Dict[Tuple[str, ...], Tuple[List[int], List[float]]] = {}
+        uni = np.full(V, np.nan)
+        unk_lp = None
+        to_id: Dict[str, int] = {w: i for i, w in enumerate(vocab)}
+        to_id[unk_token] = vocab.unk
+        if unk_token != "<unk>":
+            to_id.pop("<unk>", None)
+        order = 0
+        try:
+            f = open_text(path)
+        except OSError as exc:
+            raise NLMFeatureError(f"{path}: cannot read the ARPA file: {exc}") from None
+        with f:
+            lineno = 0
+            for lineno, line in enumerate(f, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                if line.startswith("\\"):
+                    if line.endswith("-grams:"):
+                        order = int(line[1:line.index("-")])
+                    elif line == "\\end\\":
+                        break
+                    continue
+                if order == 0:
+                    continue
+                parts = line.split("\t")
+                if len(parts) < 2:
+                    raise InputError(path, lineno, "not an ARPA n-gram line "
+                                     "(log10prob<TAB>n-gram[<TAB>backoff])")
+                lp = float(parts[0])
+                words = tuple(parts[1].split(" "))
+                bo = float(parts[2]) if len(parts) > 2 else 0.0
+                if order == 1:
+                    w = words[0]
+                    if w == "<unk>":
+                        unk_lp = lp
+                    i = to_id.get(w)
+                    if i is not None:
+                        uni[i] = lp
+                    if bo and words in needed:
+                        self.bo[words] = bo
+                    continue
+                if bo and words in needed:
+                    self.bo[words] = bo
+                ctx = words[:-1]
+                if ctx in needed:
+                    i = to_id.get(words[-1])
+                    if i is not None:
+                        ids, lps = self.cont.setdefault(ctx, ([], []))
+                        ids.append(i); lps.append(lp)
+        if order == 0:
+            raise NLMFeatureError(f"{path}: not an ARPA file (KenLM binaries cannot be read "
+                                  "here: pass the ARPA file for log-linear interpolation)")
+        if unk_lp is None:
+            unk_lp = -100.0
+        uni[np.isnan(uni)] = unk_lp           # words KenLM does not know get <unk>'s probability
+        self.uni = uni
+        self.cont_arrays = {k: (np.asarray(v[0], dtype=np.int64), np.asarray(v[1]))
+                            for k, v in self.cont.items()}
+        del self.cont
+
+    def log10_rows(self, histories: Sequence[Tuple[str, ...]]) -> np.ndarray:
+        """(N, V) log10 probabilities of every vocabulary word after each history."""
+        out = np.empty((len(histories), self.V))
+        for r, h in enumerate(histories):
+            n = len(h)
+            bos = [self.bo.get(h[n - j:], 0.0) for j in range(1, n + 1)]   # bo(h_1..h_n)
+            tail = np.cumsum(bos[::-1])[::-1] if bos else []                # tail[j-1] = sum_{i>=j} bo(h_i)
+            row = out[r]
+            row[:] = self.uni
+            if n:
+                row += tail[0]
+            for j in range(1, n + 1):
+                c = self.cont_arrays.get(h[n - j:])
+                if c is None:
+                    continue
+                add = tail[j] if j < n else 0.0
+                row[c[0]] = c[1] + add
+        return out
+
+
+class LogLinear:
+    """Exact log-linear interpolation of a neural model and a KenLM ARPA model over the
+    neural vocabulary (see the module docstring)."""
+
+    def __init__(self, model, arpa: str, scorer: KenLMScorer,
+                 sentences_list: Sequence[Sequence[Sequence[str]]], chunk: int = 256) -> None:
+        self.model = model
+        self.scorer = scorer
+        self.chunk = chunk
+        hist: List[Tuple[str, ...]] = []
+        for sents in sentences_list:
+            hist.extend(scorer.histories(sents))
+        self.dist = ArpaDistribution(arpa, model.vocab, hist, scorer.unk_token)
+        V = len(model.vocab)
+        self.predictable = np.ones(V, dtype=bool)
+        self.predictable[[model.vocab.bos, model.vocab.null]] = False
+
+    def log_normalisers(self, ctx: np.ndarray, histories: Sequence[Tuple[str, ...]],
+                        weights: Sequence[float], progress=None) -> np.ndarray:
+        """log Z_w per token for each weight: (len(weights), N)."""
+        N = len(ctx)
+        out = np.empty((len(weights), N))
+        cols = self.predictable
+        for s in range(0, N, self.chunk):
+            A = nlm_log_distribution(self.model, ctx[s:s + self.chunk])[:, cols]
+            B = self.dist.log10_rows(histories[s:s + self.chunk])[:, cols] * LN10
+            for k, w in enumerate(weights):
+                X = w * A + (1.0 - w) * B
+                m = X.max(axis=1, keepdims=True)
+                out[k, s:s + self.chunk] = m[:, 0] + np.log(np.exp(X - m).sum(axis=1))
+            if progress:
+                progress(min(self.chunk, N - s))
+        return out
+
+    def tune(self, ctx: np.ndarray, histories: Sequence[Tuple[str, ...]], nlm: np.ndarray,
+             kenlm: np.ndarray, rounds: int = 3, points: int = 7, progress=None) -> float:
+        """Neural weight maximising the normalised likelihood of the tokens: a grid of
+        ``points`` weights in [0, 1], refined ``rounds`` times around the best (the
+        objective is concave in the weight)."""
+        lo, hi = 0.0, 1.0
+        best_w = 0.5
+        for _ in range(rounds):
+            ws = np.linspace(lo, hi, points)
+            logz = self.log_normalisers(ctx, histories, ws, progress)
+            ll = [float((w * nlm + (1 - w) * kenlm - logz[k]).sum()) for k, w in enumerate(ws)]
+            k = int(np.argmax(ll))
+            best_w = float(ws[k])
+            step = (hi - lo) / (points - 1)
+            lo, hi = max(0.0, best_w - step), min(1.0, best_w + step)
+        return best_w
+
+    def logprob(self, ctx: np.ndarray, histories: Sequence[Tuple[str, ...]], nlm: np.ndarray,
+                kenlm: np.ndarray, weight: float, progress=None) -> np.ndarray:
+        """Normalised log-linear natural-log probability of every token."""
+        logz = self.log_normalisers(ctx, histories, [weight], progress)[0]
+        return weight * nlm + (1 - weight) * kenlm - logz
+
+
+def spaced_subset(n: int, limit: Optional[int]) -> np.ndarray:
+    """Indices of at most ``limit`` evenly spaced items of ``n`` (all if limit is None)."""
+    if limit is None or n <= limit:
+        return np.arange(n)
+    return np.unique(np.linspace(0, n - 1, limit).round().astype(np.int64))
