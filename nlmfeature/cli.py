@@ -23,6 +23,7 @@ COMMAND_MODULES: List[str] = [
     ".commands.cache",
     ".commands.cluster",
     ".commands.perplexity",
+    ".commands.train",
 ]
 
 

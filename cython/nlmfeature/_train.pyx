@@ -23,6 +23,69 @@ ctypedef fused real:
     double
 
 
+cdef extern from *:
+    """
+    #include <math.h>
+    /* reductions that gcc may vectorise (omp simd allows the reassociation) */
+    static inline float nlt_dotf(const float* a, const float* b, int n) {
+        float s = 0;
+        #pragma omp simd reduction(+:s)
+        for (int i = 0; i < n; i++) s += a[i] * b[i];
+        return s;
+    }
+    static inline double nlt_dotd(const double* a, const double* b, int n) {
+        double s = 0;
+        #pragma omp simd reduction(+:s)
+        for (int i = 0; i < n; i++) s += a[i] * b[i];
+        return s;
+    }
+    static inline void nlt_adagradf(float* p, float* acc, float* g, int n, float lr, float l2, float eps) {
+        #pragma omp simd
+        for (int i = 0; i < n; i++) {
+            float gd = g[i] + l2 * p[i];
+            float a = acc[i] + gd * gd;
+            acc[i] = a;
+            p[i] -= lr * gd / (sqrtf(a) + eps);
+            g[i] = 0;
+        }
+    }
+    static inline void nlt_adagradd(double* p, double* acc, double* g, int n, double lr, double l2, double eps) {
+        #pragma omp simd
+        for (int i = 0; i < n; i++) {
+            double gd = g[i] + l2 * p[i];
+            double a = acc[i] + gd * gd;
+            acc[i] = a;
+            p[i] -= lr * gd / (sqrt(a) + eps);
+            g[i] = 0;
+        }
+    }
+    """
+    float nlt_dotf(const float* a, const float* b, int n) noexcept nogil
+    double nlt_dotd(const double* a, const double* b, int n) noexcept nogil
+    void nlt_adagradf(float* p, float* acc, float* g, int n, float lr, float l2, float eps) noexcept nogil
+    void nlt_adagradd(double* p, double* acc, double* g, int n, double lr, double l2, double eps) noexcept nogil
+
+
+cdef inline real dot(const real* a, const real* b, int n) noexcept nogil:
+    if real is float:
+        return nlt_dotf(a, b, n)
+    else:
+        return nlt_dotd(a, b, n)
+
+
+cdef inline void axpy(real* y, const real* x, real a, int n) noexcept nogil:
+    cdef int i
+    for i in range(n):
+        y[i] += a * x[i]
+
+
+cdef inline void adagrad_row(real* p, real* acc, real* g, int n, real lr, real l2, real eps) noexcept nogil:
+    if real is float:
+        nlt_adagradf(p, acc, g, n, lr, l2, eps)
+    else:
+        nlt_adagradd(p, acc, g, n, lr, l2, eps)
+
+
 # ---------------------------------------------------------------------------------------
 # alias method (Walker 1977; Vose 1991)
 # ---------------------------------------------------------------------------------------
@@ -129,14 +192,10 @@ def gather_logits(const real[:, ::1] W, const real[::1] b, const real[:, ::1] H,
     """out[n, j] = W[cand[n, j]] . H[n] + b[cand[n, j]]."""
     cdef int64_t N = cand.shape[0], n, r
     cdef int K = cand.shape[1], j, d, D = H.shape[1]
-    cdef double s
     for n in prange(N, nogil=True, num_threads=threads, schedule="static"):
         for j in range(K):
             r = cand[n, j]
-            s = 0
-            for d in range(D):
-                s = s + W[r, d] * H[n, d]
-            out[n, j] = s + b[r]
+            out[n, j] = <double>dot(&W[r, 0], &H[n, 0], D) + b[r]
 
 
 def backprop_rows(const real[:, ::1] W, const int32_t[:, :] cand, const double[:, ::1] G,
@@ -151,8 +210,7 @@ def backprop_rows(const real[:, ::1] W, const int32_t[:, :] cand, const double[:
             if g == 0:
                 continue
             r = cand[n, j]
-            for d in range(D):
-                dH[n, d] += g * W[r, d]
+            axpy(&dH[n, 0], &W[r, 0], g, D)
 
 
 cdef int64_t mark_rows(uint8_t[::1] mark, int32_t[::1] touched, int64_t n_touched,
@@ -188,8 +246,7 @@ def scatter_outer(real[:, ::1] grad, uint8_t[::1] mark, int32_t[::1] touched, in
                 g = <real>G[n, j]
                 if g == 0:
                     continue
-                for d in range(D):
-                    grad[r, d] += g * H[n, d]
+                axpy(&grad[r, 0], &H[n, 0], g, D)
     return n_touched
 
 
@@ -207,8 +264,7 @@ def scatter_rows(real[:, ::1] grad, uint8_t[::1] mark, int32_t[::1] touched, int
             r = idx[i]
             if r % T != t:
                 continue
-            for d in range(D):
-                grad[r, d] += rows[i, d]
+            axpy(&grad[r, 0], &rows[i, 0], 1, D)
     return n_touched
 
 
@@ -327,16 +383,10 @@ def adagrad_rows(real[:, ::1] p, real[:, ::1] acc, real[:, ::1] g, uint8_t[::1] 
     """AdaGrad on the touched rows of a matrix (gradient + l2 * row), then zero those
     gradient rows and their marks."""
     cdef int64_t i, r
-    cdef int d, D = p.shape[1]
-    cdef double gd, a
+    cdef int D = p.shape[1]
     for i in prange(n_touched, nogil=True, num_threads=threads, schedule="static"):
         r = touched[i]
-        for d in range(D):
-            gd = g[r, d] + l2 * p[r, d]
-            a = acc[r, d] + gd * gd
-            acc[r, d] = <real>a
-            p[r, d] -= <real>(lr * gd / (sqrt(a) + eps))
-            g[r, d] = 0
+        adagrad_row(&p[r, 0], &acc[r, 0], &g[r, 0], D, <real>lr, <real>l2, <real>eps)
         mark[r] = 0
 
 
@@ -359,11 +409,10 @@ def adagrad_values(real[::1] p, real[::1] acc, real[::1] g, uint8_t[::1] mark,
 def adagrad_dense(real[::1] p, real[::1] acc, real[::1] g, double lr, double l2, double eps,
                   int threads=1):
     """AdaGrad on a whole (flattened) parameter; zeroes the gradient."""
-    cdef int64_t i, n = p.shape[0]
-    cdef double gd, a
-    for i in prange(n, nogil=True, num_threads=threads, schedule="static"):
-        gd = g[i] + l2 * p[i]
-        a = acc[i] + gd * gd
-        acc[i] = <real>a
-        p[i] -= <real>(lr * gd / (sqrt(a) + eps))
-        g[i] = 0
+    cdef int64_t i, n = p.shape[0], chunk = 4096, nchunks = (n + 4095) // 4096, a, z
+    for i in prange(nchunks, nogil=True, num_threads=threads, schedule="static"):
+        a = i * chunk
+        z = a + chunk
+        if z > n:
+            z = n
+        adagrad_row(&p[a], &acc[a], &g[a], <int>(z - a), <real>lr, <real>l2, <real>eps)

@@ -1,0 +1,320 @@
+"""Training on real Brown-corpus slices: perplexity, reproducibility, resume, normalisation,
+self-normalisation, samplers, direct-feature filter, bad input and the CLI."""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import nlmfeature
+from helpers import BROWN_TRAIN, BROWN_VALID, read_lines
+from nlmfeature.architecture import ModelSpec, random_model
+from nlmfeature.batch import BatchScorer
+from nlmfeature.errors import InputError, NLMFeatureError
+from nlmfeature.training import corpus
+from nlmfeature.training.network import Network
+from nlmfeature.training.sampling import AliasSampler, ClassNoise, UnigramNoise, empirical
+from nlmfeature.training.trainer import TrainConfig, Trainer, checkpoint_path, heldout_logprob, train
+
+
+def config(tmp_path, name="m.nlm", **kw) -> TrainConfig:
+    base = dict(train=BROWN_TRAIN, test_set=BROWN_VALID, model_out=str(tmp_path / name), order=4,
+                word_width=24, diagonal_contexts=True, output="class", classes=16, noise_samples=5,
+                iterations=2, minibatch_size=128, threads=1, progress=False, seed=3)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def quiet(msg: str) -> None:
+    pass
+
+
+def unigram_perplexity(tr: Trainer) -> float:
+    """Perplexity of the training unigram distribution (same vocabulary, <unk> included)."""
+    p = tr.counts / tr.counts.sum()
+    return float(math.exp(-np.log(p[tr.heldout.words]).mean()))
+
+
+# -- corpus ------------------------------------------------------------------------------
+
+def test_ngrams_match_model_sentence_ngrams(tmp_path):
+    cfg = config(tmp_path, iterations=0)
+    tr = Trainer(cfg, quiet)
+    tr.run()
+    model = nlmfeature.load(cfg.model_out)
+    sents = read_lines(BROWN_VALID, 40)
+    data = corpus.ngrams([s.split() for s in sents], tr.vocab, cfg.order)
+    ctx = np.concatenate([model.sentence_ngrams(s)[0] for s in sents])
+    words = np.concatenate([model.sentence_ngrams(s)[1] for s in sents])
+    np.testing.assert_array_equal(data.contexts, ctx)
+    np.testing.assert_array_equal(data.words, words)
+
+
+def test_non_utf8_names_file_and_line(tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"the cat sat\nthe dog \xff barked\n")
+    with pytest.raises(InputError, match=r"bad.txt:2: not UTF-8"):
+        corpus.read_corpus(str(bad))
+    gz = tmp_path / "bad.txt.gz"
+    with gzip.open(gz, "wb") as f:
+        f.write(b"fine line\nfine\n\xc3\x28 broken\n")
+    with pytest.raises(InputError, match=r"bad.txt.gz:3: not UTF-8"):
+        corpus.read_corpus(str(gz))
+
+
+def test_empty_corpus_and_unknown_only_test_set(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n   \n\n")
+    with pytest.raises(InputError, match="empty"):
+        train(config(tmp_path, train=str(empty)), quiet)
+    alien = tmp_path / "alien.txt"
+    alien.write_text("qqxx zzyy\nwwvv\n")
+    with pytest.raises(InputError, match="alien.txt: every one of the 3 test-set tokens is outside"):
+        train(config(tmp_path, test_set=str(alien)), quiet)
+
+
+def test_reserved_tokens_rejected(tmp_path):
+    f = tmp_path / "s.txt"
+    f.write_text("hello world\n<s> hello </s>\n")
+    with pytest.raises(InputError, match="reserved token"):
+        corpus.read_corpus(str(f))
+
+
+def test_vocabulary_cutoff_maps_rare_words_to_unk():
+    sents = [s.split() for s in read_lines(BROWN_TRAIN, 500)]
+    vocab, counts = corpus.build_vocabulary(sents, min_count=3)
+    c = Counter(w for s in sents for w in s)
+    assert all(c[w] >= 3 for w in vocab.words[4:])
+    rare = sum(n for w, n in c.items() if n < 3)
+    assert counts[vocab.unk] == rare + c.get("<unk>", 0)
+    assert counts[vocab.eos] == len(sents) and counts[vocab.bos] == 0
+    vocab2, _ = corpus.build_vocabulary(sents, min_count=1, max_vocab=100)
+    assert len(vocab2) == 100
+
+
+# -- samplers ------------------------------------------------------------------------------
+
+def test_alias_sampler_matches_distribution():
+    w = np.array([5.0, 1.0, 0.0, 3.0, 1.0, 10.0])
+    s = AliasSampler(w, np.array([0, 6]), np.arange(6))
+    vals, freq = empirical(s, 0, 200_000, seed=7)
+    expect = w / w.sum()
+    got = np.zeros(6)
+    got[vals] = freq
+    assert got[2] == 0.0
+    np.testing.assert_allclose(got, expect, atol=0.005)
+    # same seed/step -> same draws, whatever the thread count
+    a = s.sample(np.zeros(1000, dtype=np.int32), 5, seed=1, step=3, threads=1)
+    b = s.sample(np.zeros(1000, dtype=np.int32), 5, seed=1, step=3, threads=2)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, s.sample(np.zeros(1000, dtype=np.int32), 5, seed=1, step=4))
+
+
+def test_class_noise_stays_in_target_class():
+    tr = Trainer(TrainConfig(train=BROWN_TRAIN, model_out="/nonexistent/x", order=3, word_width=8,
+                             output="class", classes=10, noise_samples=8, progress=False), quiet)
+    noise = tr.noise
+    assert isinstance(noise, ClassNoise)
+    targets = tr.data.words[:2000]
+    drawn = noise.draw(targets, seed=1, step=0)
+    cw = tr.template["class.of_word"]
+    assert np.all(cw[drawn.words] == cw[targets][:, None])
+    # class noise follows the class unigram distribution
+    freq = np.bincount(drawn.classes.ravel(), minlength=len(noise.qc)) / drawn.classes.size
+    np.testing.assert_allclose(freq, noise.qc, atol=0.01)
+    un = UnigramNoise(tr.counts, 4)
+    assert np.all(un.q[un.draw(targets, 1, 0).words] > 0)  # <s>/<null> are never drawn
+
+
+# -- the forward pass is the scorer's -----------------------------------------------------------
+
+@pytest.mark.parametrize("fields", [
+    dict(arch="lbl", word_width=8),
+    dict(arch="lbl", word_width=8, diagonal_contexts=True),
+    dict(arch="nplm", word_width=8, hidden=12, hidden_layers=[6]),
+    dict(arch="lateral", word_width=8, hidden=12, branches=3, combine="mul", activation="tanh"),
+    dict(arch="lateral", word_width=8, hidden=12, branches=2, combine="max"),
+])
+def test_network_forward_equals_batch_scorer(tmp_path, fields):
+    from helpers import brown_vocab
+
+    vocab, counts = brown_vocab()
+    header, arrays = random_model(ModelSpec(order=4, **fields), vocab, counts, seed=2)
+    path = str(tmp_path / "r.nlm")
+    nlmfeature.save(path, header, arrays)
+    model = nlmfeature.load(path)
+    ctx = np.random.default_rng(0).integers(0, len(vocab), size=(50, 3)).astype(np.int32)
+    net = Network(header, {k: np.asarray(v) for k, v in model.arrays.items()})
+    np.testing.assert_allclose(net.forward(ctx).H, BatchScorer(model).hidden(ctx), rtol=1e-5, atol=1e-5)
+
+
+# -- training runs ------------------------------------------------------------------------------
+
+def test_short_run_beats_unigram_and_is_reproducible(tmp_path):
+    cfg = config(tmp_path, "a.nlm")
+    tr = Trainer(cfg, quiet)
+    res = tr.run()
+    uni = unigram_perplexity(tr)
+    assert res.best_perplexity < 0.75 * uni, (res.best_perplexity, uni)
+    assert res.history[-1]["perplexity"] < res.history[0]["perplexity"] or res.best_epoch < 2
+    # the written model is what was evaluated (scored by the library's own scorer)
+    model = nlmfeature.load(cfg.model_out)
+    ppl = model.perplexity(read_lines(BROWN_VALID)).perplexity
+    assert ppl == pytest.approx(res.best_perplexity, rel=1e-5)
+    assert model.header["metadata"]["estimator"] == "class-nce"
+    # <null> is the unigram-weighted average of the input embeddings
+    p = model.arrays["unigram"].astype(np.float64).copy()
+    p[[tr.vocab.null, tr.vocab.bos]] = 0
+    np.testing.assert_allclose(model.arrays["embeddings"][tr.vocab.null],
+                               (p / p.sum()) @ model.arrays["embeddings"].astype(np.float64), rtol=1e-4, atol=1e-6)
+    # same seed -> same model
+    cfg2 = config(tmp_path, "b.nlm")
+    res2 = train(cfg2, quiet)
+    m2 = nlmfeature.load(cfg2.model_out)
+    for name in ("embeddings", "output.weight", "class.weight", "branch0.weights"):
+        np.testing.assert_array_equal(model.arrays[name], m2.arrays[name])
+    assert res2.history == res.history
+    # another seed -> another model
+    m3 = nlmfeature.load(train(config(tmp_path, "c.nlm", seed=4), quiet).model_out)
+    assert not np.array_equal(model.arrays["embeddings"], m3.arrays["embeddings"])
+
+
+def _checkpoint_params(path):
+    with np.load(path, allow_pickle=False) as z:
+        return {k: z[k].copy() for k in z.files if k != "meta"}, json.loads(bytes(z["meta"]))
+
+
+def test_resume_mid_epoch_equals_uninterrupted_run(tmp_path):
+    full = config(tmp_path, "full.nlm", iterations=2, eval_every=100)
+    train(full, quiet)
+    part = config(tmp_path, "part.nlm", iterations=2, eval_every=100, max_updates=137)
+    train(part, quiet)
+    _, meta = _checkpoint_params(checkpoint_path(part.model_out))
+    assert meta["step"] == 137 and meta["epoch"] == 0
+    part.max_updates = 0
+    res = Trainer(part, quiet)
+    out = res.run()
+    assert out.resumed_from == checkpoint_path(part.model_out)
+    a, ma = _checkpoint_params(checkpoint_path(full.model_out))
+    b, mb = _checkpoint_params(checkpoint_path(part.model_out))
+    assert ma["step"] == mb["step"] and ma["history"] == mb["history"]
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    # a checkpoint of other settings is refused with advice
+    other = config(tmp_path, "part.nlm", iterations=2, word_width=16)
+    with pytest.raises(NLMFeatureError, match="other settings"):
+        train(other, quiet)
+
+
+def test_nce_unnormalised_is_approximately_self_normalised(tmp_path):
+    cfg = config(tmp_path, output="unnormalised", noise_samples=10, iterations=3, classes=0)
+    tr = Trainer(cfg, quiet)
+    tr.run()
+    h, a = tr.model_arrays()
+    raw = heldout_logprob(h, a, tr.heldout)
+    exact = heldout_logprob(h, a, tr.heldout, output_type="softmax")
+    logz = raw - exact
+    print(f"NCE log Z on held-out contexts: mean {logz.mean():.3f} sd {logz.std():.3f}")
+    assert abs(logz.mean()) < 0.3 and logz.std() < 0.6
+    # the normalised model is a good LM too
+    assert math.exp(-exact.mean()) < 0.75 * unigram_perplexity(tr)
+
+
+def test_self_normalisation_penalty_pulls_log_z_to_zero(tmp_path):
+    common = dict(output="unnormalised", noise_samples=0, iterations=2, max_vocab=800, word_width=16)
+    spreads = {}
+    for alpha in (0.0, 1.0):
+        cfg = config(tmp_path, f"sn{alpha}.nlm", self_normalise=alpha, **common) if alpha else \
+            config(tmp_path, "sn0.nlm", **dict(common, output="softmax"))
+        tr = Trainer(cfg, quiet)
+        tr.run()
+        h, a = tr.model_arrays()
+        h["output"]["type"] = "unnormalised"
+        logz = heldout_logprob(h, a, tr.heldout) - heldout_logprob(h, a, tr.heldout, output_type="softmax")
+        spreads[alpha] = (abs(logz.mean()), logz.std())
+    print("log Z |mean|, sd without / with the penalty:", spreads)
+    assert spreads[1.0][0] < 0.2 and spreads[1.0][0] < spreads[0.0][0] / 3
+
+
+@pytest.mark.parametrize("output,k", [("class", 0), ("class", 5), ("tree", 0)])
+def test_factored_models_sum_to_one(tmp_path, output, k):
+    cfg = config(tmp_path, output=output, noise_samples=k, iterations=1, direct_order=2 if output == "class" else 0,
+                 hash_space=4093)
+    train(cfg, quiet)
+    model = nlmfeature.load(cfg.model_out)
+    V = len(model.vocab)
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        ctx = rng.integers(0, V, size=(1, cfg.order - 1)).astype(np.int32)
+        scores = model.score_batch(np.repeat(ctx, V, axis=0), np.arange(V, dtype=np.int32))
+        assert np.exp(scores).sum() == pytest.approx(1.0, abs=1e-4)
+
+
+def test_tree_and_softmax_ml_learn(tmp_path):
+    for out in ("tree", "softmax"):
+        tr = Trainer(config(tmp_path, f"{out}.nlm", output=out, noise_samples=0, max_vocab=1000,
+                            iterations=2), quiet)
+        res = tr.run()
+        assert res.best_perplexity < 0.8 * unigram_perplexity(tr), out
+
+
+def test_direct_features_min_ngram_freq(tmp_path):
+    cfg = config(tmp_path, output="unnormalised", noise_samples=5, classes=0, direct_order=3,
+                 hash_space=1 << 16, min_ngram_freq=3, iterations=1)
+    tr = Trainer(cfg, quiet)
+    allowed = tr.objective.out.s.allowed
+    assert allowed is not None and 0 < allowed.sum() < len(allowed)
+    res = tr.run()
+    w = nlmfeature.load(cfg.model_out).arrays["direct.weights"]
+    assert np.all(w[allowed == 0] == 0)          # never-trained buckets stay 0
+    assert np.count_nonzero(w[allowed == 1]) > 0.5 * allowed.sum()
+    assert res.best_perplexity < unigram_perplexity(tr)
+
+
+def test_class_file_fallbacks(tmp_path):
+    sents = [s.split() for s in read_lines(BROWN_TRAIN)]
+    vocab, counts = corpus.build_vocabulary(sents, 2)
+    # a wcluster paths file that covers only the 300 most frequent words
+    paths = tmp_path / "paths"
+    with open(paths, "w", encoding="utf-8") as f:
+        for i, w in enumerate(vocab.words[4:304]):
+            f.write(f"{format(i % 8, '03b')}\t{w}\t{int(counts[i + 4])}\n")
+    cfg = config(tmp_path, class_file=str(paths), iterations=1)
+    tr = Trainer(cfg, quiet)
+    assert tr.header["output"]["classes"] == 8
+    res = tr.run()
+    assert res.best_perplexity < unigram_perplexity(tr)
+    own = Trainer(config(tmp_path, "own.nlm", class_file=str(paths), class_fallback="own"), quiet)
+    assert own.header["output"]["classes"] == 9
+    with pytest.raises(NLMFeatureError, match="have no class"):
+        Trainer(config(tmp_path, class_file=str(paths), class_fallback="error"), quiet)
+
+
+def test_bad_settings_are_explained(tmp_path):
+    with pytest.raises(NLMFeatureError, match="unnormalised output needs NCE"):
+        Trainer(config(tmp_path, output="unnormalised", noise_samples=0), quiet)
+    with pytest.raises(NLMFeatureError, match="tree output is trained by maximum likelihood"):
+        Trainer(config(tmp_path, output="tree", noise_samples=5), quiet)
+    with pytest.raises(NLMFeatureError, match="--classes 100000 exceeds"):
+        Trainer(config(tmp_path, classes=100000), quiet)
+
+
+def test_cli_train(tmp_path, capsys):
+    from nlmfeature.cli import main
+
+    out = tmp_path / "cli.nlm"
+    rc = main(["train", "--train", BROWN_TRAIN, "--test-set", BROWN_VALID, "--model-out", str(out),
+               "--order", "3", "--word-width", "16", "--diagonal-contexts", "--classes", "12",
+               "--noise-samples", "4", "--iterations", "1", "--threads", "1", "--no-progress", "--json"])
+    assert rc == 0
+    res = json.loads(capsys.readouterr().out)
+    assert os.path.exists(out) and res["estimator"] == "class-nce" and res["best_perplexity"] > 1
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"ok\n\xfe\n")
+    assert main(["train", "--train", str(bad), "--model-out", str(tmp_path / "x.nlm")]) == 2
+    assert "bad.txt:2" in capsys.readouterr().err
