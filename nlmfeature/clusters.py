@@ -54,20 +54,29 @@ def open_text(path: str) -> io.TextIOBase:
     return open(path, encoding="utf-8")
 
 
+def iter_lines(path: str) -> Iterator[str]:
+    """Lines of a UTF-8 text file (``*.gz`` is gunzipped), decoded one by one so that bad
+    bytes raise :class:`InputError` naming the right line."""
+    try:
+        f = gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+    except OSError as exc:
+        raise InputError(path, 0, f"cannot read: {exc.strerror or exc}") from None
+    with f:
+        lineno = 0
+        try:
+            for lineno, raw in enumerate(f, 1):
+                yield raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(path, lineno, f"not valid UTF-8 ({exc.reason} at byte "
+                             f"{exc.start}); convert the file to UTF-8") from None
+        except (OSError, EOFError) as exc:
+            raise InputError(path, lineno + 1, f"cannot read: {exc}") from None
+
+
 def read_tokens(path: str) -> List[List[str]]:
     """Whitespace-tokenised lines of a text file; raises :class:`InputError` (file:line) on
     text that is not UTF-8."""
-    lines: List[List[str]] = []
-    try:
-        with open_text(path) as f:
-            for line in f:
-                lines.append(line.split())
-    except UnicodeDecodeError as exc:
-        raise InputError(path, len(lines) + 1, f"not valid UTF-8 ({exc.reason}); "
-                         "convert the file to UTF-8") from None
-    except OSError as exc:
-        raise InputError(path, 0, f"cannot read: {exc.strerror or exc}") from None
-    return lines
+    return [line.split() for line in iter_lines(path)]
 
 
 # ---------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tupl
 
 import numpy as np
 
-from .clusters import open_text
+from .clusters import iter_lines, open_text, read_tokens
 from .errors import InputError, NLMFeatureError
 from .vocab import Vocabulary
 
@@ -102,8 +102,8 @@ def train_kenlm(text: str, out: str, order: int = 5, vocab: Optional[Vocabulary]
     os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".kenlm.") as tmp:
         corpus = os.path.join(tmp, "corpus.txt")
-        with open_text(text) as src, open(corpus, "w", encoding="utf-8") as dst:
-            for lineno, line in enumerate(src, 1):
+        with open(corpus, "w", encoding="utf-8") as dst:
+            for lineno, line in enumerate(iter_lines(text), 1):
                 toks = line.split()
                 bad = [t for t in toks if t in ("<s>", "</s>")]
                 if bad:
@@ -153,13 +153,7 @@ def perplexity(logprob: np.ndarray) -> float:
 
 def read_sentences(path: str) -> List[List[str]]:
     """Tokenised lines of a text file (``.gz`` allowed); every line is a sentence."""
-    try:
-        with open_text(path) as f:
-            return [line.split() for line in f]
-    except UnicodeDecodeError as exc:
-        raise InputError(path, 0, f"not valid UTF-8 ({exc.reason})") from None
-    except OSError as exc:
-        raise InputError(path, 0, f"cannot read: {exc.strerror or exc}") from None
+    return read_tokens(path)
 
 
 def oov_mask(sentences: Sequence[Sequence[str]], vocab: Vocabulary) -> np.ndarray:
