@@ -60,7 +60,8 @@ def make_metrics(tokenize: str = "13a", lowercase: bool = False, chrf_word_order
     out: Dict[str, Any] = {}
     for m in metrics:
         if m == "bleu":
-            out["bleu"] = BLEU(tokenize=tokenize, lowercase=lowercase)
+            # tokenize=none means the text is tokenised on purpose: no "detokenize" warning
+            out["bleu"] = BLEU(tokenize=tokenize, lowercase=lowercase, force=tokenize == "none")
         elif m == "chrf":
             out["chrf"] = CHRF(word_order=chrf_word_order, lowercase=lowercase)
         else:
