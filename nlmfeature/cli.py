@@ -15,6 +15,7 @@ from .errors import NLMFeatureError
 
 #: Modules (relative to the package) that contribute subcommands, in ``--help`` order.
 COMMAND_MODULES: List[str] = [
+    ".demo",
     ".commands.score",
     ".commands.info",
     ".commands.convert",

@@ -22,12 +22,28 @@ def open_input(path: str) -> TextIO:
 
 
 def read_lines(path: str) -> Iterator[str]:
-    """Lines of a text file without their newline; a non-UTF-8 line is an error naming it."""
-    with open_input(path) as f:
-        lineno = 0
-        try:
-            for lineno, line in enumerate(f, 1):
-                yield line.rstrip("\r\n")
-        except UnicodeDecodeError as exc:
-            raise InputError(path, lineno + 1, f"not valid UTF-8 ({exc.reason}); "
-                             "convert the file to UTF-8 (e.g. with iconv)") from None
+    """Lines of a text file without their newline; a non-UTF-8 line is an error naming it.
+
+    Lines are decoded one at a time, so the error names the exact line (a text-mode reader
+    decodes ahead in blocks and would report an earlier one)."""
+    try:
+        if path == "-":
+            f = sys.stdin.buffer
+        elif path.endswith(".gz"):
+            f = gzip.open(path, "rb")
+        else:
+            f = open(path, "rb")
+    except OSError as exc:
+        raise InputError(path, 0, f"cannot open: {exc.strerror or exc}") from None
+    try:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                yield raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as exc:
+                raise InputError(path, lineno, f"not valid UTF-8 ({exc.reason}); "
+                                 "convert the file to UTF-8 (e.g. with iconv)") from None
+    except (OSError, EOFError) as exc:  # e.g. a truncated .gz
+        raise InputError(path, 0, f"cannot read: {exc}") from None
+    finally:
+        if f is not sys.stdin.buffer:
+            f.close()
