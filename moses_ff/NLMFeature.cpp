@@ -18,8 +18,20 @@
 #include "moses/Util.h"
 #include "util/exception.hh"
 
+#include <nlmfeature.h>
+
 namespace Moses
 {
+
+struct NLMFeature::ThreadSession {
+  nlm_session *session;
+  nlm_stats last;   // counters at the previous sentence end (for per-sentence stats)
+  ThreadSession() : session(NULL) {
+    std::memset(&last, 0, sizeof last);
+    last.struct_size = sizeof(nlm_stats);
+  }
+  ~ThreadSession() { nlm_session_free(session); }
+};
 
 size_t NLMFeatureState::hash() const
 {
@@ -39,6 +51,7 @@ NLMFeature::NLMFeature(const std::string &line)
   , m_persistentMaxBytes(0)
   , m_cacheEntries(-1)
   , m_ngramCacheEntries(-1)
+  , m_contextCache(-1)
   , m_order(0)
   , m_factorType(0)
   , m_verify(true)
@@ -91,6 +104,9 @@ void NLMFeature::SetParameter(const std::string& key, const std::string& value)
     m_cacheEntries = Scan<int64_t>(value);
   } else if (key == "ngram-cache-entries") {
     m_ngramCacheEntries = Scan<int64_t>(value);
+  } else if (key == "context-cache") {
+    if (value == "auto") m_contextCache = -1;
+    else m_contextCache = Scan<bool>(value) ? 1 : 0;
   } else if (key == "verify") {
     m_verify = Scan<bool>(value);
   } else if (key == "stats") {
@@ -148,6 +164,7 @@ nlm_session *NLMFeature::Session() const
     if (m_ngramCacheEntries >= 0) o.ngram_cache_entries = m_ngramCacheEntries;
     if (!m_persistentCache.empty()) o.persistent_cache = m_persistentCache.c_str();
     o.persistent_max_bytes = m_persistentMaxBytes;
+    o.context_cache = m_contextCache;
     nlm_session *s = NULL;
     int rc = nlm_session_new(m_model, &o, &s);
     UTIL_THROW_IF2(rc != NLM_OK, "NLMFeature " << GetScoreProducerDescription() << ": " << nlm_last_error());

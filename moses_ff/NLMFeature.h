@@ -26,7 +26,9 @@
 #include "moses/Word.h"
 #include "moses/Factor.h"
 
-#include <nlmfeature.h>
+// from nlmfeature.h (included by NLMFeature.cpp only, so Factory.cpp needs no include path)
+struct nlm_model;
+struct nlm_session;
 
 namespace Moses
 {
@@ -65,17 +67,12 @@ public:
   void CleanUpAfterSentenceProcessing(ttasksptr const& ttask);
 
 private:
-  struct ThreadSession {
-    nlm_session *session;
-    nlm_stats last;   // counters at the previous sentence end (for per-sentence stats)
-    ThreadSession() : session(NULL) { last.struct_size = sizeof(nlm_stats); }
-    ~ThreadSession() { nlm_session_free(session); }
-  };
+  struct ThreadSession;  // a session and its counters (NLMFeature.cpp)
 
   nlm_session *Session() const;
   int32_t Id(const Word &word) const {
     size_t f = word.GetFactor(m_factorType)->GetId();
-    return f < m_lookup.size() ? m_lookup[f] : NLM_UNK;
+    return f < m_lookup.size() ? m_lookup[f] : 0;  // 0 = <unk>
   }
 
   std::string m_path;
@@ -83,6 +80,7 @@ private:
   int64_t m_persistentMaxBytes;
   int64_t m_cacheEntries;
   int64_t m_ngramCacheEntries;
+  int m_contextCache;        // -1 auto, 0 off, 1 on
   size_t m_order;            // 0: take the model's
   FactorType m_factorType;
   bool m_verify;

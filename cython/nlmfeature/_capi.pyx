@@ -44,6 +44,7 @@ cdef extern from "../../nlmfeature/capi/nlm_vtable.h":
         const char* persistent_dir
         int64_t persistent_max_bytes
         int quiet
+        int context_cache
     ctypedef struct nlm_vtable:
         int32_t version
         int32_t stat_count
@@ -66,7 +67,7 @@ cdef void* vt_session_new(const nlm_vt_model* m, const nlm_vt_session_opts* o, c
                           size_t errlen) noexcept nogil:
     return <void*>cs_new(<const ModelC*>m.model_c, m.checksum, m.checksum_hex, o.cache_entries,
                          o.ngram_cache_entries, o.persistent_dir, o.persistent_max_bytes, o.quiet,
-                         err, errlen)
+                         o.context_cache, err, errlen)
 
 
 cdef void vt_session_free(void* s) noexcept nogil:

@@ -21,17 +21,17 @@ cdef extern from "../../nlmfeature/capi/nlm_vtable.h":
         NLM_VT_STAT_SENTENCES
         NLM_VT_STAT_COUNT
 
-# Exact-key n-gram table: key = padded context (n-1 ids) + word; value = score.
+# Exact-key n-gram table: key = padded context (n-1 ids) + word; value = score.  One
+# interleaved array of slots, each ``stride`` int32: [generation, key..., score (2 words),
+# flags], so a probe touches one place in memory.
 ctypedef struct NgramTable:
     int key_len
+    int stride
     int64_t capacity          # power of two (0 = not allocated)
     int64_t count
     int64_t limit             # most entries kept per sentence (then no more inserts)
     uint32_t generation
-    uint32_t* gen
-    int32_t* keys
-    double* vals
-    uint8_t* disk             # 1: the entry was loaded from the persistent cache
+    int32_t* slots
 
 ctypedef struct CSession:
     SessionC* core
@@ -54,7 +54,8 @@ ctypedef struct CSession:
 
 cdef CSession* cs_new(const ModelC* m, const unsigned char* checksum, const char* checksum_hex,
                       int64_t cache_entries, int64_t ngram_entries, const char* persistent_dir,
-                      int64_t max_bytes, int quiet, char* err, size_t errlen) noexcept nogil
+                      int64_t max_bytes, int quiet, int context_cache, char* err,
+                      size_t errlen) noexcept nogil
 cdef void cs_free(CSession* s) noexcept nogil
 cdef int cs_begin(CSession* s, int64_t sentence_id) noexcept nogil
 cdef int cs_end(CSession* s) noexcept nogil

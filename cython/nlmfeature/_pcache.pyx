@@ -102,18 +102,46 @@ cdef inline uint64_t ngram_hash(const int32_t* key, int n) noexcept nogil:
     cdef uint64_t h = 0x9E3779B97F4A7C15ULL
     cdef int i
     for i in range(n):
-        h = splitmix64(h ^ <uint32_t>key[i])
-    return h
+        h = (h + <uint32_t>key[i]) * 0xBF58476D1CE4E5B9ULL
+        h ^= h >> 31
+    return splitmix64(h)
+
+
+cdef inline int32_t* nt_slot(const NgramTable* t, uint64_t slot) noexcept nogil:
+    return t.slots + slot * <uint64_t>t.stride
+
+
+cdef inline double nt_value(const int32_t* slot, int key_len) noexcept nogil:
+    cdef double v
+    memcpy(&v, slot + 1 + key_len, 8)
+    return v
+
+
+cdef inline void nt_set(int32_t* slot, int key_len, double v, int disk) noexcept nogil:
+    memcpy(slot + 1 + key_len, &v, 8)
+    slot[3 + key_len] = disk
+
+
+cdef inline int nt_disk(const int32_t* slot, int key_len) noexcept nogil:
+    return slot[3 + key_len]
+
+
+cdef inline int nt_live(const NgramTable* t, const int32_t* slot) noexcept nogil:
+    return <uint32_t>slot[0] == t.generation
+
+
+cdef inline int nt_same(const int32_t* slot, const int32_t* key, int n) noexcept nogil:
+    cdef int i
+    for i in range(n):
+        if slot[1 + i] != key[i]:
+            return 0
+    return 1
 
 
 cdef int nt_alloc(NgramTable* t, int64_t capacity) noexcept nogil:
-    t.gen = <uint32_t*>calloc(capacity, sizeof(uint32_t))
-    t.keys = <int32_t*>malloc(capacity * t.key_len * sizeof(int32_t))
-    t.vals = <double*>malloc(capacity * sizeof(double))
-    t.disk = <uint8_t*>malloc(capacity * sizeof(uint8_t))
-    if t.gen == NULL or t.keys == NULL or t.vals == NULL or t.disk == NULL:
-        free(t.gen); free(t.keys); free(t.vals); free(t.disk)
-        t.gen = NULL; t.keys = NULL; t.vals = NULL; t.disk = NULL
+    t.stride = t.key_len + 4
+    t.slots = <int32_t*>calloc(capacity * t.stride, sizeof(int32_t))
+    if t.slots == NULL:
         return -1
     t.capacity = capacity
     t.generation = 1
@@ -121,38 +149,37 @@ cdef int nt_alloc(NgramTable* t, int64_t capacity) noexcept nogil:
 
 
 cdef void nt_free(NgramTable* t) noexcept nogil:
-    free(t.gen); free(t.keys); free(t.vals); free(t.disk)
-    t.gen = NULL; t.keys = NULL; t.vals = NULL; t.disk = NULL
+    free(t.slots)
+    t.slots = NULL
     t.capacity = 0
     t.count = 0
 
 
 cdef void nt_clear(NgramTable* t) noexcept nogil:
+    cdef int64_t i
     t.count = 0
     t.generation += 1
     if t.generation == 0:
-        memset(t.gen, 0, t.capacity * sizeof(uint32_t))
+        for i in range(t.capacity):
+            t.slots[i * t.stride] = 0
         t.generation = 1
 
 
 cdef int64_t nt_find(const NgramTable* t, const int32_t* key) noexcept nogil:
     """Slot of ``key`` or -1."""
     cdef uint64_t mask, slot
-    cdef const int32_t* k
-    cdef int i
+    cdef const int32_t* p
     if t.capacity == 0:
         return -1
     mask = <uint64_t>t.capacity - 1
     slot = ngram_hash(key, t.key_len) & mask
-    while t.gen[slot] == t.generation:
-        k = t.keys + slot * t.key_len
-        i = 0
-        while i < t.key_len and k[i] == key[i]:
-            i += 1
-        if i == t.key_len:
+    while True:
+        p = nt_slot(t, slot)
+        if not nt_live(t, p):
+            return -1
+        if nt_same(p, key, t.key_len):
             return <int64_t>slot
         slot = (slot + 1) & mask
-    return -1
 
 
 cdef int nt_grow(NgramTable* t) noexcept nogil:
@@ -160,20 +187,20 @@ cdef int nt_grow(NgramTable* t) noexcept nogil:
     cdef int64_t cap = old.capacity * 2 if old.capacity else 4096
     cdef int64_t i
     cdef uint64_t mask, slot
+    cdef const int32_t* src
     if nt_alloc(t, cap) != 0:
         t[0] = old
         return -1
     t.count = 0
     mask = <uint64_t>cap - 1
     for i in range(old.capacity):
-        if old.gen[i] == old.generation:
-            slot = ngram_hash(old.keys + i * t.key_len, t.key_len) & mask
-            while t.gen[slot] == t.generation:
+        src = old.slots + i * old.stride
+        if <uint32_t>src[0] == old.generation:
+            slot = ngram_hash(src + 1, t.key_len) & mask
+            while nt_live(t, nt_slot(t, slot)):
                 slot = (slot + 1) & mask
-            t.gen[slot] = t.generation
-            memcpy(t.keys + slot * t.key_len, old.keys + i * t.key_len, t.key_len * sizeof(int32_t))
-            t.vals[slot] = old.vals[i]
-            t.disk[slot] = old.disk[i]
+            memcpy(nt_slot(t, slot), src, t.stride * sizeof(int32_t))
+            nt_slot(t, slot)[0] = <int32_t>t.generation
             t.count += 1
     nt_free(&old)
     return 0
@@ -182,18 +209,16 @@ cdef int nt_grow(NgramTable* t) noexcept nogil:
 cdef int64_t nt_insert(NgramTable* t, const int32_t* key, int* found) noexcept nogil:
     """Slot of ``key``, inserted if absent (found=0); -1 when the table is full."""
     cdef uint64_t mask, slot
-    cdef const int32_t* k
-    cdef int i
+    cdef int32_t* p
     found[0] = 0
     if t.capacity:
         mask = <uint64_t>t.capacity - 1
         slot = ngram_hash(key, t.key_len) & mask
-        while t.gen[slot] == t.generation:
-            k = t.keys + slot * t.key_len
-            i = 0
-            while i < t.key_len and k[i] == key[i]:
-                i += 1
-            if i == t.key_len:
+        while True:
+            p = nt_slot(t, slot)
+            if not nt_live(t, p):
+                break
+            if nt_same(p, key, t.key_len):
                 found[0] = 1
                 return <int64_t>slot
             slot = (slot + 1) & mask
@@ -204,10 +229,11 @@ cdef int64_t nt_insert(NgramTable* t, const int32_t* key, int* found) noexcept n
             return -1
     mask = <uint64_t>t.capacity - 1
     slot = ngram_hash(key, t.key_len) & mask
-    while t.gen[slot] == t.generation:
+    while nt_live(t, nt_slot(t, slot)):
         slot = (slot + 1) & mask
-    t.gen[slot] = t.generation
-    memcpy(t.keys + slot * t.key_len, key, t.key_len * sizeof(int32_t))
+    p = nt_slot(t, slot)
+    p[0] = <int32_t>t.generation
+    memcpy(p + 1, key, t.key_len * sizeof(int32_t))
     t.count += 1
     return <int64_t>slot
 
@@ -448,8 +474,10 @@ cdef void set_err(char* err, size_t errlen, const char* msg, const char* arg, in
 
 cdef CSession* cs_new(const ModelC* m, const unsigned char* checksum, const char* checksum_hex,
                       int64_t cache_entries, int64_t ngram_entries, const char* persistent_dir,
-                      int64_t max_bytes, int quiet, char* err, size_t errlen) noexcept nogil:
-    """A cached session, or NULL with a message in ``err``."""
+                      int64_t max_bytes, int quiet, int context_cache, char* err,
+                      size_t errlen) noexcept nogil:
+    """A cached session, or NULL with a message in ``err``.  ``context_cache``: -1 lets
+    the core decide whether caching hidden vectors pays, 0 turns it off, 1 on."""
     cdef CSession* s = <CSession*>calloc(1, sizeof(CSession))
     cdef size_t n
     if s == NULL:
@@ -467,6 +495,8 @@ cdef CSession* cs_new(const ModelC* m, const unsigned char* checksum, const char
         set_err(err, errlen, "out of memory allocating a session", "", 0)
         cs_free(s)
         return NULL
+    if context_cache >= 0 and s.core.cache_enabled:
+        s.core.ctx_cache_enabled = context_cache
     s.table.key_len = m.order
     s.table.limit = ngram_entries
     s.ngram_on = ngram_entries > 0
@@ -529,6 +559,7 @@ cdef int cs_begin(CSession* s, int64_t sentence_id) noexcept nogil:
     cdef const char* why
     cdef const unsigned char* keys
     cdef const unsigned char* vals
+    cdef double v
     if s.active:
         cs_end(s)
     nlm_session_begin(s.core, sentence_id)
@@ -562,8 +593,8 @@ cdef int cs_begin(CSession* s, int64_t sentence_id) noexcept nogil:
         slot = nt_insert(&s.table, <const int32_t*>(keys + i * 4 * s.key_len), &found)
         if slot < 0:
             break
-        memcpy(&s.table.vals[slot], vals + 8 * i, 8)
-        s.table.disk[slot] = 1
+        memcpy(&v, vals + 8 * i, 8)
+        nt_set(nt_slot(&s.table, slot), s.key_len, v, 1)
     s.stats[NLM_VT_STAT_FILES_READ] += 1
     s.stats[NLM_VT_STAT_PERSISTENT_LOADED] += <int64_t>count
     free(buf)
@@ -585,6 +616,7 @@ cdef int write_merged(CSession* s, const char* path, int64_t* out_entries, int64
     cdef char tmp[PATH_MAX_LEN]
     cdef uint8_t* extra = NULL
     cdef const unsigned char* okeys
+    cdef const int32_t* sp
     cdef uint64_t h
     old_size[0] = 0
     old = read_file(path, &osize, &e, 0)
@@ -618,13 +650,13 @@ cdef int write_merged(CSession* s, const char* path, int64_t* out_entries, int64
     memcpy(out + 32, &total, 8)
     p = out + HEADER_BYTES
     pv = p + total * 4 * K
-    if s.table.capacity:
-        for slot in range(s.table.capacity):
-            if s.table.gen[slot] == s.table.generation:
-                memcpy(p, s.table.keys + slot * K, 4 * K)
-                memcpy(pv, &s.table.vals[slot], 8)
-                p += 4 * K
-                pv += 8
+    for slot in range(s.table.capacity):
+        sp = nt_slot(&s.table, slot)
+        if nt_live(&s.table, sp):
+            memcpy(p, sp + 1, 4 * K)
+            memcpy(pv, sp + 1 + K, 8)
+            p += 4 * K
+            pv += 8
     if n_extra:
         okeys = old + HEADER_BYTES
         for i in range(<int64_t>ocount):
@@ -709,6 +741,7 @@ cdef double cs_score_padded(CSession* s, const int32_t* ctx, int32_t w) noexcept
     cdef int32_t key[NLM_MAX_ORDER + 1]
     cdef int found, i
     cdef int64_t slot
+    cdef int32_t* p
     cdef double v
     s.stats[NLM_VT_STAT_LOOKUPS] += 1
     if not s.ngram_on:
@@ -718,14 +751,14 @@ cdef double cs_score_padded(CSession* s, const int32_t* ctx, int32_t w) noexcept
     key[s.key_len - 1] = w
     slot = nt_insert(&s.table, key, &found)
     if found:
+        p = nt_slot(&s.table, slot)
         s.stats[NLM_VT_STAT_NGRAM_HITS] += 1
-        if s.table.disk[slot]:
+        if nt_disk(p, s.key_len):
             s.stats[NLM_VT_STAT_PERSISTENT_HITS] += 1
-        return s.table.vals[slot]
+        return nt_value(p, s.key_len)
     v = nlm_score_padded(s.core, ctx, w)
     if slot >= 0:
-        s.table.vals[slot] = v
-        s.table.disk[slot] = 0
+        nt_set(nt_slot(&s.table, slot), s.key_len, v, 0)
         s.new_entries += 1
     return v
 
@@ -792,7 +825,9 @@ cdef class CachedScorer:
     sentence ``i`` are loaded from ``directory/<model checksum>/<i>.nlmc`` by
     :meth:`begin` and merged back into it by :meth:`end`.  ``max_bytes`` bounds the
     directory (least recently used files are deleted); ``cache_entries`` bounds the core
-    context cache and ``ngram_entries`` the n-gram cache of one sentence.  One scorer per
+    context cache and ``ngram_entries`` the n-gram cache of one sentence (0: off without
+    a directory, :data:`DEFAULT_NGRAM_ENTRIES` with one); ``context_cache``
+    forces caching of hidden vectors on (1) or off (0) instead of the core's choice (-1).  One scorer per
     thread; scores are natural logs, identical to :meth:`Model.score_sentence`.
     """
     cdef CSession* s
@@ -800,7 +835,7 @@ cdef class CachedScorer:
     cdef object _capsule
 
     def __cinit__(self, model, directory=None, int64_t max_bytes=0, int64_t cache_entries=1 << 16,
-                  int64_t ngram_entries=DEFAULT_NGRAM_ENTRIES, bint quiet=False):
+                  int64_t ngram_entries=0, bint quiet=False, int context_cache=-1):
         cdef char err[1024]
         cdef const ModelC* m
         cdef bytes cs = bytes.fromhex(model.checksum)
@@ -813,7 +848,7 @@ cdef class CachedScorer:
         m = <const ModelC*>PyCapsule_GetPointer(self._capsule, b"nlmfeature.ModelC")
         err[0] = 0
         self.s = cs_new(m, <const unsigned char*><char*>cs, cs_hex, cache_entries, ngram_entries,
-                        <const char*>d, max_bytes, quiet, err, sizeof(err))
+                        <const char*>d, max_bytes, quiet, context_cache, err, sizeof(err))
         if self.s == NULL:
             raise OSError(err.decode("utf-8", "replace"))
 

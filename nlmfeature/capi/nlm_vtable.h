@@ -40,6 +40,7 @@ typedef struct nlm_vt_session_opts {
     const char* persistent_dir;   /* NULL or "" = no persistent cache */
     int64_t persistent_max_bytes; /* disk bound of persistent_dir; <= 0 = default */
     int quiet;                    /* 1: no warnings on stderr */
+    int context_cache;            /* -1 auto, 0 off, 1 on */
 } nlm_vt_session_opts;
 
 /* Counters, in this order (see nlm_stats in nlmfeature.h). */

@@ -343,10 +343,11 @@ NLM_API void nlm_session_options_init(nlm_session_options* o) {
     memset(o, 0, sizeof *o);
     o->struct_size = sizeof *o;
     o->cache_entries = 1 << 16;
-    o->ngram_cache_entries = 1 << 20;
+    o->ngram_cache_entries = 0;
     o->persistent_cache = NULL;
     o->persistent_max_bytes = 0;
     o->quiet = 0;
+    o->context_cache = -1;
 }
 
 NLM_API int nlm_session_new(const nlm_model* model, const nlm_session_options* options, nlm_session** out) {
@@ -371,6 +372,7 @@ NLM_API int nlm_session_new(const nlm_model* model, const nlm_session_options* o
     vo.persistent_dir = o.persistent_cache;
     vo.persistent_max_bytes = o.persistent_max_bytes;
     vo.quiet = o.quiet;
+    vo.context_cache = o.context_cache;
     err[0] = 0;
     s->cs = g_vt->session_new(model->vm, &vo, err, sizeof err);
     if (!s->cs) {

@@ -85,13 +85,18 @@ typedef struct nlm_session_options {
     size_t struct_size;           /**< sizeof(nlm_session_options) */
     int64_t cache_entries;        /**< bound of the per-sentence context / normaliser caches
                                        (default 65536; 0 turns them off) */
-    int64_t ngram_cache_entries;  /**< bound of the per-sentence exact n-gram score cache
-                                       (default 1048576; 0 off unless a persistent cache is set) */
+    int64_t ngram_cache_entries;  /**< bound of the per-sentence exact n-gram score cache.
+                                       Default 0: off, since recomputing a score is usually
+                                       cheaper than a cache miss in a big table; with a
+                                       persistent cache it is on (default bound 1048576) */
     const char* persistent_cache; /**< directory of the persistent tuning cache, or NULL:
                                        sentence i's scores are kept in DIR/<checksum>/i.nlmc */
     int64_t persistent_max_bytes; /**< disk bound of that directory (default 1 GiB); least
                                        recently used files are deleted beyond it */
     int quiet;                    /**< 1: do not warn on stderr about ignored cache files */
+    int context_cache;            /**< cache each context's hidden vector: -1 (default) when the
+                                       model makes it pay (normalised outputs, dense layers),
+                                       1 always, 0 never */
 } nlm_session_options;
 
 /** Counters of a session (nlm_session_stats).  All count since the session was created. */
