@@ -16,5 +16,9 @@ class InputError(NLMFeatureError):
     def __init__(self, path: str, line: int, message: str) -> None:
         self.path = path
         self.line = line
+        self.message = message
         where = f"{path}:{line}" if line else str(path)
         super().__init__(f"{where}: {message}")
+
+    def __reduce__(self):  # so worker processes can send it back
+        return (type(self), (self.path, self.line, self.message))

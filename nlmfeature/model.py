@@ -111,12 +111,15 @@ class Model:
         v = self.vocab
         if eos:
             ids = np.append(ids, np.int32(v.eos))
-        hist = np.concatenate([[v.bos], ids]).astype(np.int32) if bos else ids
-        off = 1 if bos else 0
         c = self.order - 1
+        if bos:  # histories start with <s>, so padding is <s> too: a sliding window
+            hist = np.concatenate([np.full(c + 1, v.bos, dtype=np.int32), ids[:-1]]) if len(ids) else ids
+            ctx = np.lib.stride_tricks.sliding_window_view(hist[1:], c)[: len(ids)].copy() if c \
+                else np.empty((len(ids), 0), dtype=np.int32)
+            return np.ascontiguousarray(ctx, dtype=np.int32), ids.astype(np.int32)
         ctx = np.empty((len(ids), c), dtype=np.int32)
         for i in range(len(ids)):
-            ctx[i] = self.native.pad_context(np.ascontiguousarray(hist[max(0, i + off - c):i + off]))
+            ctx[i] = self.native.pad_context(np.ascontiguousarray(ids[max(0, i - c):i]))
         return ctx, ids.astype(np.int32)
 
     # -- scoring ------------------------------------------------------------------------
