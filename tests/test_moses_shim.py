@@ -1,0 +1,202 @@
+"""The Moses shim (moses_ff/), built into the Moses tree at $MOSES_ROOT and decoding real
+fr->en sentences with a real phrase table: every n-best entry's NLM feature value equals the
+Python scorer's sentence log-probability of its output string.
+
+Skipped unless MOSES_ROOT points at a built mosesdecoder tree.  The test copies
+moses_ff/NLMFeature.{h,cpp} into $MOSES_ROOT/moses/LM, applies moses_ff/moses.patch if it is
+not applied yet, and runs bjam with --with-nlmfeature (incremental: seconds when up to date).
+MOSES_BJAM_ARGS gives the bjam options the tree was built with (default below); they must
+match the original build or bjam rebuilds everything.
+"""
+from __future__ import annotations
+
+import filecmp
+import glob
+import gzip
+import os
+import re
+import shlex
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import nlmfeature
+from nlmfeature.architecture import ModelSpec, precompute_tables, random_model
+from nlmfeature.commands import config as nlmconfig
+from nlmfeature.vocab import Vocabulary, count_words
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+DATA = os.path.join(HERE, "data", "decoder")
+MOSES_ROOT = os.environ.get("MOSES_ROOT")
+DEFAULT_BJAM_ARGS = "-j2 --without-tcmalloc --notrace --no-xmlrpc-c --without-libsegfault link=static"
+
+pytestmark = pytest.mark.skipif(
+    not MOSES_ROOT or not os.path.exists(os.path.join(MOSES_ROOT or "/", "moses", "LM", "Jamfile")),
+    reason="set MOSES_ROOT to a built mosesdecoder tree to test the Moses shim")
+
+
+def _moses_binaries(root):
+    return [p for p in glob.glob(os.path.join(root, "moses-cmd", "bin", "*", "*", "*", "*", "moses"))
+            + glob.glob(os.path.join(root, "moses-cmd", "bin", "*", "*", "*", "moses"))
+            if os.path.isfile(p) and os.access(p, os.X_OK)]
+
+
+@pytest.fixture(scope="module")
+def moses() -> str:
+    """The moses binary of $MOSES_ROOT with NLMFeature compiled in."""
+    root = MOSES_ROOT
+    if not _moses_binaries(root):
+        pytest.skip(f"{root} has no built moses-cmd binary; build Moses first")
+    lm_dir = os.path.join(root, "moses", "LM")
+    for name in ("NLMFeature.h", "NLMFeature.cpp"):
+        src, dst = os.path.join(REPO, "moses_ff", name), os.path.join(lm_dir, name)
+        if not os.path.exists(dst) or not filecmp.cmp(src, dst, shallow=False):
+            shutil.copy(src, dst)
+    factory = open(os.path.join(root, "moses", "FF", "Factory.cpp"), encoding="utf-8").read()
+    if "LM_NLMFEATURE" not in factory:
+        subprocess.run(["patch", "-p1", "--forward", "-i", os.path.join(REPO, "moses_ff", "moses.patch")],
+                       cwd=root, check=True, capture_output=True)
+    pkg = os.path.dirname(nlmconfig.paths()["libdir"])
+    bjam = os.path.join(root, "bjam")
+    args = shlex.split(os.environ.get("MOSES_BJAM_ARGS", DEFAULT_BJAM_ARGS))
+    p = subprocess.run([bjam, *args, f"--with-nlmfeature={pkg}", "moses-cmd//moses"], cwd=root,
+                       capture_output=True, text=True)
+    assert p.returncode == 0, "bjam failed:\n" + p.stdout[-5000:] + p.stderr[-2000:]
+    exe = max(_moses_binaries(root), key=os.path.getmtime)
+    out = subprocess.run(["nm", "-C", exe], capture_output=True, text=True).stdout
+    assert "NLMFeature" in out, f"{exe} was built without NLMFeature"
+    return exe
+
+
+def target_vocabulary():
+    with gzip.open(os.path.join(DATA, "phrase-table.gz"), "rt", encoding="utf-8") as f:
+        return [line.split(" ||| ")[1] for line in f]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """Random-weight order-5 models over the target side of the phrase table."""
+    d = tmp_path_factory.mktemp("moses_models")
+    counts = count_words(target_vocabulary())
+    vocab = Vocabulary.from_counts(counts, min_count=1)
+    c = np.array([counts.get(w, 1) for w in vocab], dtype=np.float64)
+    out = {}
+    for name, spec in [
+        ("unnormalised", ModelSpec(arch="lbl", order=5, word_width=32, diagonal_contexts=True,
+                                   output="unnormalised")),
+        ("class", ModelSpec(arch="lbl", order=4, word_width=32, diagonal_contexts=True, output="class",
+                            classes=25)),
+    ]:
+        header, arrays = random_model(spec, vocab, c, seed=11)
+        precompute_tables(header, arrays)
+        out[name] = str(d / f"{name}.nlm")
+        nlmfeature.save(out[name], header, arrays)
+    return out
+
+
+def write_ini(path, nlm_line=None, weight=0.2):
+    lines = [
+        "[input-factors]", "0", "[mapping]", "T 0", "[distortion-limit]", "6", "[feature]",
+        "Distortion",
+        "LexicalReordering type=msd-bidirectional-fe input-factor=0 output-factor=0 num-features=6 "
+        f"path={DATA}/reordering-table.gz",
+        "WordPenalty", "UnknownWordPenalty",
+        "PhraseDictionaryMemory input-factor=0 output-factor=0 "
+        f"path={DATA}/phrase-table.gz num-features=5 table-limit=20",
+    ]
+    if nlm_line:
+        lines.append(nlm_line)
+    lines += ["[weight]", "WordPenalty0= -1", "Distortion0= 0.5", "LexicalReordering0= 0.3 0.3 0.3 0.3 0.3 0.3",
+              "PhraseDictionaryMemory0= 0.2 0.2 0.2 0.2 0.2", "UnknownWordPenalty0= 1"]
+    if nlm_line:
+        lines.append(f"NLM0= {weight}")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return str(path)
+
+
+def decode(moses, ini, tmp_path, *extra, nbest=20, tag="run"):
+    nb = str(tmp_path / f"{tag}.nbest")
+    p = subprocess.run([moses, "-f", ini, "-i", os.path.join(DATA, "fr.txt"), "-n-best-list", nb, str(nbest),
+                        *extra], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    entries = []
+    with open(nb, encoding="utf-8") as f:
+        for line in f:
+            sid, words, feats, total = line.rstrip("\n").split(" ||| ")
+            entries.append((int(sid), words.strip(), feats))
+    return p.stdout.splitlines(), entries, p.stderr
+
+
+def feature(feats: str, label: str) -> float:
+    m = re.search(rf"(?:^| ){re.escape(label)}= (\S+)", feats)
+    assert m, f"{label} not in {feats}"
+    return float(m.group(1))
+
+
+def check_nbest(entries, model_path):
+    m = nlmfeature.load(model_path)
+    assert entries
+    for sid, words, feats in entries:
+        v = feature(feats, "NLM0")
+        want = m.sentence_logprob(words.split())
+        # the n-best list prints 6 significant digits; Moses sums floats
+        assert abs(v - want) <= 1e-3 + 1e-5 * abs(want), (sid, words, v, want)
+
+
+@pytest.mark.parametrize("kind", ["unnormalised", "class"])
+def test_nbest_feature_equals_python_sentence_score(moses, models, tmp_path, kind):
+    ini = write_ini(tmp_path / "nlm.ini", f"NLMFeature name=NLM0 path={models[kind]} factor=0")
+    out, entries, _ = decode(moses, ini, tmp_path)
+    assert len(out) == 10 and all(out)
+    assert len({sid for sid, _, _ in entries}) == 10
+    check_nbest(entries, models[kind])
+
+
+def test_decodes_with_and_without_the_feature_and_threads(moses, models, tmp_path):
+    base_out, base_entries, _ = decode(moses, write_ini(tmp_path / "base.ini"), tmp_path, tag="base")
+    assert len(base_out) == 10 and all("NLM0" not in f for _, _, f in base_entries)
+    ini = write_ini(tmp_path / "nlm.ini", f"NLMFeature name=NLM0 path={models['unnormalised']} order=5 factor=0",
+                    weight=1.0)
+    one, e1, _ = decode(moses, ini, tmp_path, tag="t1")
+    two, e2, _ = decode(moses, ini, tmp_path, "-threads", "2", tag="t2")
+    assert one == two  # per-thread sessions give the same translations
+    assert sorted(e1) == sorted(e2)
+    check_nbest(e2, models["unnormalised"])
+    assert one != base_out  # a heavy weight on a random model changes the search
+
+
+def test_persistent_cache_second_run(moses, models, tmp_path):
+    d = tmp_path / "pc"
+    ini = write_ini(tmp_path / "nlm.ini", f"NLMFeature name=NLM0 path={models['class']} factor=0 "
+                                          f"persistent-cache={d} stats=true")
+    first, e1, err1 = decode(moses, ini, tmp_path, tag="p1")
+    second, e2, err2 = decode(moses, ini, tmp_path, "-threads", "2", tag="p2")
+    assert first == second and sorted(e1) == sorted(e2)
+
+    def totals(err):
+        t = {}
+        for line in err.splitlines():
+            if line.startswith("NLMFeature NLM0 sentence"):
+                for kv in line.split()[4:]:
+                    k, v = kv.split("=")
+                    t[k] = t.get(k, 0) + int(v)
+        return t
+
+    t1, t2 = totals(err1), totals(err2)
+    assert t1["persistent_hits"] == 0 and t1["persistent_written"] > 0
+    assert t2["persistent_loaded"] > 0 and t2["persistent_hits"] == t2["lookups"]
+    m = nlmfeature.load(models["class"])
+    assert len(os.listdir(d / m.checksum)) >= 10
+
+
+def test_bad_model_path_is_a_clean_error(moses, tmp_path):
+    ini = write_ini(tmp_path / "bad.ini", f"NLMFeature name=NLM0 path={tmp_path}/missing.nlm")
+    p = subprocess.run([moses, "-f", ini, "-i", os.path.join(DATA, "fr.txt")], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode != 0
+    assert "missing.nlm: cannot open model file" in p.stderr
+    assert "Segmentation" not in p.stderr and p.returncode > 0
