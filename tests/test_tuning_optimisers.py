@@ -84,6 +84,26 @@ def test_envelope_matches_argmax_everywhere(regtest):
             assert scores[owner - lo] == pytest.approx(scores.max(), abs=1e-9)
 
 
+def test_envelope_without_sort_equals_sorted_envelope(m30k):
+    pool, w0 = m30k
+    A = pool.arrays()
+    s = LineSearcher(A)
+    rng = np.random.default_rng(11)
+    for trial in range(5):
+        direction = rng.standard_normal(s.dim) if trial else np.eye(s.dim)[8]   # WordPenalty:
+        slope, icpt = _mert.matvec(s.F, direction), _mert.matvec(s.F, w0)      # many ties
+        assert np.allclose(slope, s.F @ direction) and np.allclose(icpt, s.F @ w0)
+        order = _mert.slope_order(slope, A.offsets)
+        assert np.array_equal(order, np.lexsort((slope, s.sentence)))
+        a = _mert.envelope(slope, icpt, A.offsets, order)
+        b = _mert.envelope_unsorted(slope, icpt, A.offsets)
+        assert np.array_equal(a[0], b[0])
+        assert np.array_equal(a[2], b[2]) and np.array_equal(a[3], b[3])
+        np.testing.assert_allclose(a[1], b[1], rtol=1e-9, atol=1e-12)
+    assert np.array_equal(_mert.one_best(s.F, w0, A.offsets),
+                          _mert.segment_argmax(s.F @ w0, A.offsets))
+
+
 def test_line_search_finds_the_grid_optimum(regtest):
     s = LineSearcher(regtest.arrays())
     rng = np.random.default_rng(7)

@@ -12,7 +12,7 @@ Rows of a k-best pool are grouped by sentence: sentence ``s`` owns rows
 cimport cython
 from libc.math cimport exp, log, INFINITY
 from libc.stdint cimport int32_t, int64_t
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport free, malloc, qsort
 
 import numpy as np
 cimport numpy as cnp
@@ -22,6 +22,48 @@ cnp.import_array()
 cdef enum:
     ORDER = 4
     NSTATS = 10
+
+
+def matvec(const double[:, ::1] F, const double[::1] w):
+    """``F @ w`` for a tall, narrow ``F`` (N, D) in one thread (no BLAS thread start-up, which
+    costs far more than the arithmetic on a busy machine)."""
+    cdef Py_ssize_t N = F.shape[0], D = F.shape[1], i, d
+    if w.shape[0] != D:
+        raise ValueError(f"weights have {w.shape[0]} entries, features {D} columns")
+    out = np.empty(N, dtype=np.float64)
+    cdef double[::1] o = out
+    cdef double acc
+    with nogil:
+        for i in range(N):
+            acc = 0.0
+            for d in range(D):
+                acc = acc + F[i, d] * w[d]
+            o[i] = acc
+    return out
+
+
+def one_best(const double[:, ::1] F, const double[::1] w, const int64_t[::1] offsets):
+    """Row of the first model-best hypothesis (``F @ w`` maximal) of every sentence."""
+    cdef Py_ssize_t S = offsets.shape[0] - 1, D = F.shape[1], s, j, d
+    cdef int64_t best
+    cdef double top, acc
+    if w.shape[0] != D:
+        raise ValueError(f"weights have {w.shape[0]} entries, features {D} columns")
+    out = np.empty(S, dtype=np.int64)
+    cdef int64_t[::1] o = out
+    with nogil:
+        for s in range(S):
+            best = offsets[s]
+            top = 0.0
+            for j in range(offsets[s], offsets[s + 1]):
+                acc = 0.0
+                for d in range(D):
+                    acc = acc + F[j, d] * w[d]
+                if j == offsets[s] or acc > top:
+                    top = acc
+                    best = j
+            o[s] = best
+    return out
 
 
 def segment_argmax(const double[::1] scores, const int64_t[::1] offsets):
@@ -39,6 +81,44 @@ def segment_argmax(const double[::1] scores, const int64_t[::1] offsets):
                     top = scores[j]
                     best = j
             o[s] = best
+    return out
+
+
+cdef struct SlopeRow:
+    double slope
+    int64_t row
+
+
+cdef int _cmp_slope(const void* a, const void* b) noexcept nogil:
+    cdef const SlopeRow* x = <const SlopeRow*> a
+    cdef const SlopeRow* y = <const SlopeRow*> b
+    if x.slope < y.slope:
+        return -1
+    if x.slope > y.slope:
+        return 1
+    return (x.row > y.row) - (x.row < y.row)
+
+
+def slope_order(const double[::1] slope, const int64_t[::1] offsets):
+    """Rows sentence by sentence, each sentence's rows by increasing slope (ties: row index);
+    the ``order`` argument of :func:`envelope`."""
+    cdef Py_ssize_t S = offsets.shape[0] - 1, N = slope.shape[0], s, p, n
+    out = np.empty(N, dtype=np.int64)
+    cdef int64_t[::1] o = out
+    cdef SlopeRow* buf = <SlopeRow*> malloc(max(N, 1) * sizeof(SlopeRow))
+    if buf == NULL:
+        raise MemoryError()
+    with nogil:
+        for p in range(N):
+            buf[p].slope = slope[p]
+            buf[p].row = p
+        for s in range(S):
+            n = offsets[s + 1] - offsets[s]
+            if n > 1:
+                qsort(&buf[offsets[s]], n, sizeof(SlopeRow), _cmp_slope)
+        for p in range(N):
+            o[p] = buf[p].row
+    free(buf)
     return out
 
 
@@ -102,6 +182,58 @@ def envelope(const double[::1] slope, const double[::1] icpt, const int64_t[::1]
                 nb += 1
     free(stack)
     free(start)
+    return first_a, x_a[:nb].copy(), old_a[:nb].copy(), new_a[:nb].copy()
+
+
+def envelope_unsorted(const double[::1] slope, const double[::1] icpt,
+                      const int64_t[::1] offsets):
+    """:func:`envelope` without a sort: per sentence, from the line on top as x -> -inf, the
+    next envelope line is the one crossing the current line leftmost (ties: the steeper one,
+    then the earlier row).  O(k * h) per sentence (h = envelope size, usually small)."""
+    cdef Py_ssize_t S = offsets.shape[0] - 1, N = slope.shape[0]
+    first_a = np.empty(S, dtype=np.int64)
+    x_a = np.empty(N, dtype=np.float64)
+    old_a = np.empty(N, dtype=np.int64)
+    new_a = np.empty(N, dtype=np.int64)
+    cdef int64_t[::1] first = first_a, old = old_a, new = new_a
+    cdef double[::1] xs = x_a
+    cdef Py_ssize_t s, j, nb = 0
+    cdef int64_t cur, nxt, lo, hi
+    cdef double mc, bc, best_x, x, last_x
+    with nogil:
+        for s in range(S):
+            lo = offsets[s]
+            hi = offsets[s + 1]
+            cur = lo
+            for j in range(lo + 1, hi):
+                if slope[j] < slope[cur] or (slope[j] == slope[cur] and icpt[j] > icpt[cur]):
+                    cur = j
+            first[s] = cur
+            last_x = -INFINITY
+            while True:
+                mc = slope[cur]
+                bc = icpt[cur]
+                nxt = -1
+                best_x = INFINITY
+                for j in range(lo, hi):
+                    if slope[j] <= mc:
+                        continue
+                    x = (bc - icpt[j]) / (slope[j] - mc)
+                    if x < last_x:
+                        x = last_x          # rounding: cannot cross before the last breakpoint
+                    if nxt < 0 or x < best_x or (x == best_x and (
+                            slope[j] > slope[nxt] or (slope[j] == slope[nxt] and
+                                                      icpt[j] > icpt[nxt]))):
+                        best_x = x
+                        nxt = j
+                if nxt < 0:
+                    break
+                xs[nb] = best_x
+                old[nb] = cur
+                new[nb] = nxt
+                nb += 1
+                last_x = best_x
+                cur = nxt
     return first_a, x_a[:nb].copy(), old_a[:nb].copy(), new_a[:nb].copy()
 
 

@@ -229,13 +229,17 @@ class KbestPool:
                              f"(first: id {empty[0]}); add their k-best lists")
 
     # -- weights ------------------------------------------------------------------------
-    def weight_vector(self, weights: Dict[str, List[float]], path: str = "<weights>"
-                      ) -> np.ndarray:
-        """Flat weight vector in the pool's column order; every k-best label needs weights."""
+    def weight_vector(self, weights: Dict[str, List[float]], path: str = "<weights>",
+                      missing_ok: bool = False) -> np.ndarray:
+        """Flat weight vector in the pool's column order.
+
+        Every k-best label needs weights, unless ``missing_ok`` (cdec: an unlisted feature
+        has weight 0), when missing ones are 0.
+        """
         from ..weights import weights_for
 
         flat, missing = weights_for(self.labels, weights, path)
-        if missing:
+        if missing and not missing_ok:
             raise InputError(path, 0, f"no weights for k-best feature(s) {', '.join(missing)}; "
                              "the weights must name every feature of the k-best lists")
         return np.asarray(flat, dtype=np.float64)

@@ -244,7 +244,9 @@ class Driver:
         t0 = time.time()
         try:
             with open(stdout_tmp, "wb") as raw, open(err_path, "wb") as err:
-                proc = subprocess.run(cmd, stdout=raw, stderr=err, cwd=self.dir)
+                # run where the original config is, so that its relative paths still work
+                proc = subprocess.run(cmd, stdout=raw, stderr=err,
+                                      cwd=os.path.dirname(os.path.abspath(self.s.config)))
             if proc.returncode != 0:
                 raise DecoderError(f"{cmd[0]} exited with status {proc.returncode}; see "
                                    f"{err_path}")
@@ -283,8 +285,10 @@ class Driver:
         """Optimise on the pool from the current weights; returns the new weights."""
         pool = self.pool()
         pool.check_complete()
-        init = pool.weight_vector(state.weights, "state.json")
-        starts = [pool.weight_vector(w, "state.json") for w in state.best_starts]
+        cdec = self.s.decoder == "cdec"
+        init = pool.weight_vector(state.weights, self.state_path, missing_ok=cdec)
+        starts = [pool.weight_vector(w, self.state_path, missing_ok=cdec)
+                  for w in state.best_starts]
         res = optimise_pool(pool.arrays(), self.s.algorithm, init, starts, self.s.optimiser,
                             progress=self.progress)
         self._last = res

@@ -95,20 +95,26 @@ class LineSearcher:
 
     def one_best(self, w: np.ndarray) -> np.ndarray:
         """Row of the model-best hypothesis of every sentence under weights ``w``."""
-        return _mert.segment_argmax(self.F @ np.asarray(w, dtype=np.float64), self.offsets)
+        return _mert.one_best(self.F, np.ascontiguousarray(w, dtype=np.float64), self.offsets)
 
     def bleu(self, w: np.ndarray) -> float:
         """Corpus BLEU (0..100) of the 1-best hypotheses under ``w``."""
         return float(corpus_bleu(self.stats64[self.one_best(w)].sum(axis=0)))
 
+    def prepare(self) -> None:
+        """Compute the per-sentence slope orders of all coordinate directions now (before
+        worker processes fork, so that they share them)."""
+        for d in range(self.dim):
+            self._order(self.FT[d], d)
+
     def _order(self, slope: np.ndarray, coord: Optional[int]) -> np.ndarray:
         if coord is not None:
             order = self._coord_order.get(coord)
             if order is None:
-                order = np.lexsort((slope, self.sentence))
+                order = _mert.slope_order(np.ascontiguousarray(slope), self.offsets)
                 self._coord_order[coord] = order
             return order
-        return np.lexsort((slope, self.sentence))
+        return _mert.slope_order(np.ascontiguousarray(slope), self.offsets)
 
     def line_search(self, origin: np.ndarray, direction: np.ndarray,
                     intercepts: Optional[np.ndarray] = None, coord: Optional[int] = None
@@ -120,10 +126,14 @@ class LineSearcher:
         order is then cached).
         """
         if intercepts is None:
-            intercepts = self.F @ origin
-        slope = self.FT[coord] if coord is not None else self.F @ direction
-        order = self._order(slope, coord)
-        first, xs, old, new = _mert.envelope(slope, intercepts, self.offsets, order)
+            intercepts = _mert.matvec(self.F, np.ascontiguousarray(origin, dtype=np.float64))
+        if coord is not None:
+            slope = self.FT[coord]
+            order = self._order(slope, coord)
+            first, xs, old, new = _mert.envelope(slope, intercepts, self.offsets, order)
+        else:
+            slope = _mert.matvec(self.F, np.ascontiguousarray(direction, dtype=np.float64))
+            first, xs, old, new = _mert.envelope_unsorted(slope, intercepts, self.offsets)
         base = self.stats64[first].sum(axis=0)
         if len(xs) == 0:
             return 0.0, float(corpus_bleu(base))
@@ -166,7 +176,7 @@ class LineSearcher:
         while rounds < options.max_rounds:
             rounds += 1
             prev = score
-            icpt = self.F @ P
+            icpt = _mert.matvec(self.F, P)
             best_point, best_score = P, score
             directions: List[Tuple[Optional[int], np.ndarray]] = []
             for d in range(D):
@@ -203,7 +213,11 @@ def starting_points(initial: Sequence[np.ndarray], options: MertOptions, dim: in
     """The given points followed by ``options.restarts`` seeded random points."""
     rng = np.random.default_rng(options.seed)
     lo, hi = options.random_range
-    points = [np.asarray(p, dtype=np.float64) for p in initial]
+    points: List[np.ndarray] = []
+    for p in initial:       # drop repeated points (e.g. the previous best = the current weights)
+        p = np.asarray(p, dtype=np.float64)
+        if not any(np.array_equal(p, q) for q in points):
+            points.append(p)
     points += [rng.uniform(lo, hi, size=dim) for _ in range(options.restarts)]
     return points
 
@@ -230,6 +244,7 @@ def optimise(arrays: PoolArrays, initial: Sequence[np.ndarray], options: MertOpt
                 if bar is not None:
                     bar.update(1)
         else:
+            searcher.prepare()
             _WORKER = searcher
             ctx = multiprocessing.get_context("fork")
             with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as ex:
@@ -241,9 +256,10 @@ def optimise(arrays: PoolArrays, initial: Sequence[np.ndarray], options: MertOpt
         _WORKER = None
         if bar is not None:
             bar.close()
+    given = len(points) - options.restarts
     for i, r in enumerate(results):
         if log is not None:
-            kind = "given" if i < len(initial) else "random"
+            kind = "given" if i < given else "random"
             log(f"start {i} ({kind}): BLEU {r.bleu:.4f} after {r.rounds} rounds, "
                 f"{r.line_searches} line searches")
     best = max(range(len(results)), key=lambda i: (results[i].bleu, -i))
