@@ -15,7 +15,8 @@ from ._scorer import direct_feature_indices
 if TYPE_CHECKING:  # pragma: no cover
     from .model import Model
 
-CHUNK = 4096
+CHUNK = 16384
+SOFTMAX_ROWS = 512  # contexts per full-vocabulary logit block
 
 
 def activation(name: str, x: np.ndarray) -> np.ndarray:
@@ -38,6 +39,16 @@ def logsumexp_rows(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     m = x.max(axis=1, keepdims=True)
     return (m + np.log(np.exp(x - m).sum(axis=1, keepdims=True)))[:, 0]
+
+
+def unique_rows(x: np.ndarray):
+    """(distinct rows, inverse index) of a 2-D int array."""
+    x = np.ascontiguousarray(x)
+    if x.shape[1] == 0:
+        return x[:1], np.zeros(len(x), dtype=np.int64)
+    keys = x.view(np.dtype((np.void, x.dtype.itemsize * x.shape[1])))[:, 0]
+    _, first, inv = np.unique(keys, return_index=True, return_inverse=True)
+    return x[first], inv.reshape(-1)
 
 
 class BatchScorer:
@@ -104,27 +115,37 @@ class BatchScorer:
         out_type = self.h["output"]["type"]
         if self.h.get("direct") and out_type != "unnormalised":
             # normalisers over direct features need every word's hash: the native path does it
-            sess = self.model.native.session(0)
+            sess = self.model.native.session(1 << 16)
             return sess.score_padded(np.ascontiguousarray(ctx), words)
-        H = self.hidden(ctx)
         a = self.a
+        # k-best lists repeat contexts heavily: compute each distinct context once
+        uctx, inv = unique_rows(ctx)
+        Hu = self.hidden(uctx)
+        H = Hu[inv]
         logit = self._word_logits(H, ctx, words)
         if out_type == "unnormalised":
             return logit
         if out_type == "softmax":
-            full = H @ a["output.weight"].T + a["output.bias"]
-            return logit - logsumexp_rows(full)
+            lz = np.concatenate([logsumexp_rows(Hu[i:i + SOFTMAX_ROWS] @ a["output.weight"].T + a["output.bias"])
+                                 for i in range(0, len(Hu), SOFTMAX_ROWS)])
+            return logit - lz[inv]
         if out_type == "class":
             cls = a["class.of_word"][words]
-            cl = H @ a["class.weight"].T + a["class.bias"]
-            res = cl[np.arange(len(words)), cls].astype(np.float64) - logsumexp_rows(cl) + logit
+            cl = Hu @ a["class.weight"].T + a["class.bias"]
+            res = cl[inv, cls].astype(np.float64) - logsumexp_rows(cl)[inv] + logit
             start, members = a["class.start"], a["class.members"]
-            for c in np.unique(cls):
-                rows = np.flatnonzero(cls == c)
+            # one within-class normaliser per distinct (context, class)
+            pairs, pinv = np.unique(inv.astype(np.int64) * len(start) + cls, return_inverse=True)
+            pctx, pcls = pairs // len(start), pairs % len(start)
+            norm = np.empty(len(pairs), dtype=np.float64)
+            order = np.argsort(pcls, kind="stable")
+            bounds = np.flatnonzero(np.diff(pcls[order])) + 1
+            for rows in np.split(order, bounds):
+                c = pcls[rows[0]]
                 mem = members[start[c]:start[c + 1]]
-                z = H[rows] @ a["output.weight"][mem].T + a["output.bias"][mem]
-                res[rows] -= logsumexp_rows(z)
-            return res
+                z = Hu[pctx[rows]] @ a["output.weight"][mem].T + a["output.bias"][mem]
+                norm[rows] = logsumexp_rows(z)
+            return res - norm[pinv]
         # tree
         ps, pn, sg = a["tree.path_start"], a["tree.path_node"], a["tree.path_sign"]
         lens = (ps[words + 1] - ps[words]).astype(np.int64)

@@ -81,10 +81,11 @@ def run(args: argparse.Namespace) -> int:
                "--iterations", str(args.iterations), "--max-minutes", str(args.max_minutes),
                "--seed", "1", "--no-resume"] + (["--no-progress"] if args.quiet else []))
     ppl = ["perplexity", "--model", model, "--test", test_ref, "--valid", dev_ref,
-           "--kenlm-train", d("train.en.gz"), "--kenlm", w("kenlm5.arpa")]
+           "--kenlm-train", d("train.en.gz"), "--kenlm", w("kenlm5.arpa"), "--tune-tokens", "2000"]
     steps.run("perplexity on test: neural model, KenLM 5-gram, interpolations", "nlmfeature", main, ppl + q)
     steps.run("add the NLM0 feature to the dev 100-best list", "nlmfeature-rescore", rescore.main,
-              ["-m", model, "-i", dev_kbest, "-o", w("dev.nlm.100best.gz"), "-j", jobs] + q)
+              ["-m", model, "-i", dev_kbest, "-o", w("dev.nlm.100best.gz"), "-j", jobs,
+               "--batch-size", "32768"] + q)
     init = read_weights(d("dev.init.ini"))
     write_weights(w("init.base.weights"), init)
     init_nlm = dict(init)
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         steps.run(f"translate test: rerank its 100-best with the {name} weights{note}",
                   "nlmfeature-rescore", rescore.main,
                   ["-m", model, "-i", test_kbest, "--weights", w(f"{name}.weights"),
-                   "--one-best", w(f"test.{name}.1best"), "-j", jobs] + q)
+                   "--one-best", w(f"test.{name}.1best"), "-j", jobs, "--batch-size", "32768"] + q)
     steps.run("BLEU on test: baseline vs. + neural LM (paired bootstrap)", "nlmfeature-eval", evaluate.main,
               ["--ref", test_ref, "--tokenize", "none", "--bootstrap", str(args.bootstrap),
                w("test.base.1best"), w("test.nlm.1best")])
