@@ -282,11 +282,20 @@ def interpolate(nlm_token_logprobs: np.ndarray, kenlm_token_logprobs: np.ndarray
 # ---------------------------------------------------------------------------------------
 # exact log-linear interpolation
 # ---------------------------------------------------------------------------------------
-def nlm_log_distribution(model, ctx: np.ndarray) -> np.ndarray:
-    """The neural model's natural-log score of *every* vocabulary word after each padded
-    context: (N, V) float64.  Exact for softmax, class and tree outputs; raw scores for
+def _lse_rows32(x: np.ndarray) -> np.ndarray:
+    """Row-wise log-sum-exp of a float32 matrix (float64 result), one exp pass."""
+    m = x.max(axis=1)
+    e = np.subtract(x, m[:, None], dtype=np.float32)
+    np.exp(e, out=e)
+    return m.astype(np.float64) + np.log(e.sum(axis=1, dtype=np.float64))
+
+
+def nlm_log_scores(model, ctx: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """The neural model's scores of *every* vocabulary word after each padded context, as
+    (raw (N, V) float32, offset (N,) float64) with ``log p(w | ctx_i) = raw[i, w] - offset[i]``
+    (natural logs).  Exact for softmax, class and tree outputs; the raw scores (offset 0) for
     unnormalised ones.  Models with direct n-gram features are not supported."""
-    from .batch import BatchScorer, logsumexp_rows
+    from .batch import BatchScorer
 
     h = model.header
     if h.get("direct"):
@@ -295,36 +304,43 @@ def nlm_log_distribution(model, ctx: np.ndarray) -> np.ndarray:
     if model._batch is None:
         model._batch = BatchScorer(model)
     a = model.arrays
-    H = model._batch.hidden(np.ascontiguousarray(ctx, dtype=np.int32))
+    H = np.ascontiguousarray(model._batch.hidden(np.ascontiguousarray(ctx, dtype=np.int32)),
+                             dtype=np.float32)
     kind = model.output_type
+    N = len(ctx)
     if kind in ("unnormalised", "softmax"):
-        z = (H @ a["output.weight"].T + a["output.bias"]).astype(np.float64)
-        if kind == "softmax":
-            z -= logsumexp_rows(z)[:, None]
-        return z
+        z = H @ a["output.weight"].T.astype(np.float32, copy=False)
+        z += a["output.bias"].astype(np.float32, copy=False)
+        return z, (_lse_rows32(z) if kind == "softmax" else np.zeros(N))
     if kind == "class":
-        cw = a["class.of_word"]
-        cl = (H @ a["class.weight"].T + a["class.bias"]).astype(np.float64)
-        cl -= logsumexp_rows(cl)[:, None]
-        z = (H @ a["output.weight"].T + a["output.bias"]).astype(np.float64)
+        cl = H @ a["class.weight"].T.astype(np.float32, copy=False)
+        cl += a["class.bias"].astype(np.float32, copy=False)
+        cl -= _lse_rows32(cl)[:, None].astype(np.float32)
+        z = H @ a["output.weight"].T.astype(np.float32, copy=False)
+        z += a["output.bias"].astype(np.float32, copy=False)
         start, members = a["class.start"], a["class.members"]
-        out = np.empty_like(z)
         for c in range(len(start) - 1):
             mem = members[start[c]:start[c + 1]]
             zc = z[:, mem]
-            out[:, mem] = zc - logsumexp_rows(zc)[:, None] + cl[:, c:c + 1]
-        return out
+            z[:, mem] = zc - (_lse_rows32(zc)[:, None] - cl[:, c:c + 1]).astype(np.float32)
+        return z, np.zeros(N)
     # tree: sum of log-sigmoids along each word's path
     x = (H @ a["tree.weight"].T + a["tree.bias"]).astype(np.float64)
     ps, pn, sg = a["tree.path_start"], a["tree.path_node"], a["tree.path_sign"]
     steps = -np.logaddexp(0.0, -(x[:, pn] * sg))            # (N, total path length)
     V = len(ps) - 1
-    out = np.zeros((len(ctx), V))
+    out = np.zeros((N, V), dtype=np.float32)
     nonempty = ps[1:] > ps[:-1]
     if steps.shape[1]:
-        sums = np.add.reduceat(steps, ps[:-1][nonempty], axis=1)
-        out[:, nonempty] = sums
-    return out
+        out[:, nonempty] = np.add.reduceat(steps, ps[:-1][nonempty], axis=1)
+    return out, np.zeros(N)
+
+
+def nlm_log_distribution(model, ctx: np.ndarray) -> np.ndarray:
+    """The neural model's natural-log score of every vocabulary word after each padded
+    context: (N, V) float64 (see :func:`nlm_log_scores`)."""
+    raw, offset = nlm_log_scores(model, ctx)
+    return raw.astype(np.float64) - offset[:, None]
 
 
 class ArpaDistribution:
@@ -406,23 +422,23 @@ class ArpaDistribution:
                             for k, v in self.cont.items()}
         del self.cont
 
-    def log10_rows(self, histories: Sequence[Tuple[str, ...]]) -> np.ndarray:
-        """(N, V) log10 probabilities of every vocabulary word after each history."""
-        out = np.empty((len(histories), self.V))
+    def log10_rows(self, histories: Sequence[Tuple[str, ...]], scale: float = 1.0) -> np.ndarray:
+        """(N, V) float32 log10 probabilities (times ``scale``) of every vocabulary word after
+        each history."""
+        out = np.empty((len(histories), self.V), dtype=np.float32)
+        uni = (self.uni * scale).astype(np.float32)
         for r, h in enumerate(histories):
             n = len(h)
             bos = [self.bo.get(h[n - j:], 0.0) for j in range(1, n + 1)]   # bo(h_1..h_n)
             tail = np.cumsum(bos[::-1])[::-1] if bos else []                # tail[j-1] = sum_{i>=j} bo(h_i)
             row = out[r]
-            row[:] = self.uni
-            if n:
-                row += tail[0]
+            np.add(uni, np.float32(tail[0] * scale) if n else np.float32(0.0), out=row)
             for j in range(1, n + 1):
                 c = self.cont_arrays.get(h[n - j:])
                 if c is None:
                     continue
                 add = tail[j] if j < n else 0.0
-                row[c[0]] = c[1] + add
+                row[c[0]] = (c[1] + add) * scale
         return out
 
 
@@ -431,7 +447,7 @@ class LogLinear:
     neural vocabulary (see the module docstring)."""
 
     def __init__(self, model, arpa: str, scorer: KenLMScorer,
-                 sentences_list: Sequence[Sequence[Sequence[str]]], chunk: int = 256) -> None:
+                 sentences_list: Sequence[Sequence[Sequence[str]]], chunk: int = 64) -> None:
         self.model = model
         self.scorer = scorer
         self.chunk = chunk
@@ -445,17 +461,33 @@ class LogLinear:
 
     def log_normalisers(self, ctx: np.ndarray, histories: Sequence[Tuple[str, ...]],
                         weights: Sequence[float], progress=None) -> np.ndarray:
-        """log Z_w per token for each weight: (len(weights), N)."""
+        """log Z_w per token for each weight: (len(weights), N).  Sums in float32 with a
+        float64 accumulator (relative error about 1e-6)."""
         N = len(ctx)
         out = np.empty((len(weights), N))
-        cols = self.predictable
+        excluded = np.flatnonzero(~self.predictable)
         for s in range(0, N, self.chunk):
-            A = nlm_log_distribution(self.model, ctx[s:s + self.chunk])[:, cols]
-            B = self.dist.log10_rows(histories[s:s + self.chunk])[:, cols] * LN10
+            A, offset = nlm_log_scores(self.model, ctx[s:s + self.chunk])
+            B = self.dist.log10_rows(histories[s:s + self.chunk], scale=LN10)
+            # <s> and <null> are never predicted: out of the maxima and the sums
+            A[:, excluded] = -np.inf
+            B[:, excluded] = -np.inf
+            amax, bmax = A.max(axis=1), B.max(axis=1)
+            A[:, excluded] = 0.0
+            B[:, excluded] = 0.0
+            X = np.empty_like(A)
+            Y = np.empty_like(A)
             for k, w in enumerate(weights):
-                X = w * A + (1.0 - w) * B
-                m = X.max(axis=1, keepdims=True)
-                out[k, s:s + self.chunk] = m[:, 0] + np.log(np.exp(X - m).sum(axis=1))
+                # shift by a bound on the row maximum: w max(A) + (1-w) max(B)
+                shift = (w * amax + (1.0 - w) * bmax).astype(np.float32)
+                np.multiply(A, np.float32(w), out=X)
+                np.multiply(B, np.float32(1.0 - w), out=Y)
+                X += Y
+                X -= shift[:, None]
+                X[:, excluded] = -np.inf
+                np.exp(X, out=X)
+                out[k, s:s + self.chunk] = (shift.astype(np.float64) - w * offset
+                                            + np.log(X.sum(axis=1, dtype=np.float64)))
             if progress:
                 progress(min(self.chunk, N - s))
         return out

@@ -97,7 +97,7 @@ def test_arpa_distribution_reproduces_kenlm(setup):
     hist = scorer.histories(sents)
     scores, _ = scorer.token_scores(sents)
     dist = ArpaDistribution(arpa, model.vocab, hist, scorer.unk_token)
-    rows = dist.log10_rows(hist) * LN10
+    rows = dist.log10_rows(hist).astype(np.float64) * LN10
     targets = np.concatenate([model.ids(s + ["</s>"]) for s in sents])
     np.testing.assert_allclose(rows[np.arange(len(targets)), targets], scores.logprob, atol=1e-5)
     pred = np.ones(len(model.vocab), dtype=bool)
@@ -141,13 +141,18 @@ def test_loglinear_is_normalised_exactly(setup):
     # brute force for some tokens: the renormalised product summed over the vocabulary is 1
     pred = ll.predictable
     A = nlm_log_distribution(model, ctx[:20])
-    B = ll.dist.log10_rows(hist[:20]) * LN10
+    B = ll.dist.log10_rows(hist[:20]).astype(np.float64) * LN10
     X = w * A + (1 - w) * B
     logz = np.log(np.exp(X[:, pred]).sum(axis=1))
-    np.testing.assert_allclose(lp[:20], X[np.arange(20), words[:20]] - logz, atol=1e-9)
+    np.testing.assert_allclose(lp[:20], X[np.arange(20), words[:20]] - logz, atol=1e-4)
     # weight 0 is KenLM renormalised over the vocabulary (it lacks only KenLM's <unk> mass)
     lp0 = ll.logprob(ctx, hist, nlm, kn, 0.0)
     assert np.all(lp0 >= kn - 1e-5) and np.all(lp0 - kn < 1e-3)
+    # weight 1 is the neural model renormalised without <s> and <null>
+    lp1 = ll.logprob(ctx, hist, nlm, kn, 1.0)
+    dist = np.exp(nlm_log_distribution(model, ctx))
+    rest = 1.0 - dist[:, [model.vocab.bos, model.vocab.null]].sum(axis=1)
+    np.testing.assert_allclose(lp1, nlm - np.log(rest), atol=1e-4)
 
 
 def test_perplexity_command(setup, capsys):
