@@ -79,6 +79,22 @@ def import_kenlm():
     return kenlm
 
 
+def is_arpa(path: str) -> bool:
+    """Whether a KenLM model file is an ARPA text file (rather than a KenLM binary)."""
+    try:
+        with (open_gz_bytes(path)) as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return b"\\data\\" in head
+
+
+def open_gz_bytes(path: str):
+    import gzip
+
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
 def map_oov(tokens: Sequence[str], vocab: Optional[Vocabulary], unk: str = UNK_TOKEN) -> List[str]:
     """Tokens with every word outside ``vocab`` (and a literal ``<unk>``) replaced by ``unk``."""
     if vocab is None:
@@ -454,6 +470,10 @@ class LogLinear:
         hist: List[Tuple[str, ...]] = []
         for sents in sentences_list:
             hist.extend(scorer.histories(sents))
+        if not is_arpa(arpa):
+            raise NLMFeatureError(f"{arpa}: exact log-linear interpolation needs the ARPA file "
+                                  "(this looks like a KenLM binary); pass the ARPA model or "
+                                  "--no-loglinear")
         self.dist = ArpaDistribution(arpa, model.vocab, hist, scorer.unk_token)
         V = len(model.vocab)
         self.predictable = np.ones(V, dtype=bool)

@@ -194,6 +194,23 @@ def test_perplexity_command_trains_kenlm(tmp_path, capsys):
     assert lines["linear"][-1] == "0.5" and float(lines["kenlm"][1]) > 1
 
 
+def test_binary_kenlm_model(setup, tmp_path, capsys):
+    d, model, arpa = setup
+    text = tmp_path / "train.txt"
+    text.write_text("\n".join(read_lines(BROWN_TRAIN)[:400]) + "\n", encoding="utf-8")
+    small_arpa, binary = tmp_path / "s.arpa", tmp_path / "s.bin"
+    train_kenlm(str(text), str(small_arpa), 4, vocab=model.vocab, binary=str(binary))
+    sents = read_sentences(BROWN_VALID)
+    a = KenLMScorer(str(small_arpa), model.vocab).token_scores(sents)[0].logprob
+    b = KenLMScorer(str(binary), model.vocab).token_scores(sents)[0].logprob
+    np.testing.assert_allclose(a, b, atol=1e-4)
+    assert main(["perplexity", "--model", model.path, "--test", BROWN_VALID, "--kenlm",
+                 str(binary), "--weight", "0.2", "--json", "--quiet"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert [r["model"] for r in res["rows"]] == ["neural", "kenlm", "linear"]
+    assert any("needs the ARPA file" in n for n in res["notes"])
+
+
 def test_errors_name_the_problem(tmp_path):
     bad = tmp_path / "bad.txt"
     bad.write_text("a b\nx <s> y\n", encoding="utf-8")

@@ -10,8 +10,8 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from ..errors import NLMFeatureError
-from ..kenlm_baseline import (KenLMScorer, LogLinear, interpolate, nlm_ngrams, nlm_token_scores,
-                              read_sentences, spaced_subset, train_kenlm)
+from ..kenlm_baseline import (KenLMScorer, LogLinear, interpolate, is_arpa, nlm_ngrams,
+                              nlm_token_scores, read_sentences, spaced_subset, train_kenlm)
 from ..model import load
 
 OOV_NOTE = ("Tokens: every word plus one </s> per sentence. OOV = word outside the neural "
@@ -113,7 +113,15 @@ def run(args: argparse.Namespace) -> int:
                 _, w_lin = interpolate(vn.logprob[vkeep], vk.logprob[vkeep])
             lin, _ = interpolate(nlm.logprob, kn.logprob, weight=w_lin)
             rows.append(_row("linear", lin, nlm.oov, ex, weight=round(w_lin, 4)))
-            if not args.no_loglinear:
+            if args.no_loglinear:
+                pass
+            elif not is_arpa(kenlm_path):
+                notes.append("log-linear interpolation skipped: it needs the ARPA file, and "
+                             f"{kenlm_path} is a KenLM binary")
+            elif model.header.get("direct"):
+                notes.append("log-linear interpolation skipped: whole-vocabulary distributions "
+                             "of models with direct n-gram features are not supported")
+            else:
                 rows.append(_loglinear(args, model, kenlm_path, scorer, test, valid, nlm, kn))
         else:
             notes.append("no --valid (or --weight): interpolations not reported")
