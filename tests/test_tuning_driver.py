@@ -78,13 +78,17 @@ def test_cdec_weights_and_ini(tmp_path):
                                   "PhraseModel_1": [-0.2]}
     ini = tmp_path / "cdec.ini"
     ini.write_text("formalism=scfg\nfeature_function=External /opt/libcdec_ff_nlm.so "
-                   "model=m.nlm\nfeature_function=WordPenalty\n", encoding="utf-8")
+                   "--model m.nlm\nfeature_function=WordPenalty\n", encoding="utf-8")
     out = str(tmp_path / "run.ini")
     rewrite_cdec_ini(str(ini), out, {"libcdec_ff_nlm.so": {"persistent-cache": "/c"}})
     assert open(out, encoding="utf-8").read().splitlines() == [
         "formalism=scfg",
-        "feature_function=External /opt/libcdec_ff_nlm.so model=m.nlm persistent-cache=/c",
+        "feature_function=External /opt/libcdec_ff_nlm.so --model m.nlm --persistent-cache /c",
         "feature_function=WordPenalty"]
+    again = str(tmp_path / "again.ini")
+    rewrite_cdec_ini(out, again, {"libcdec_ff_nlm.so": {"persistent-cache": "/d"}})
+    assert open(again, encoding="utf-8").read().splitlines()[1].endswith(
+        "--model m.nlm --persistent-cache /d")
 
 
 def test_convergence_test_is_on_normalised_weights():

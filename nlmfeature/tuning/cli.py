@@ -9,7 +9,9 @@ Subcommands:
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import time
 from typing import List, Optional
 
@@ -140,12 +142,12 @@ def _driver_common(p: argparse.ArgumentParser) -> None:
                    help="add persistent-cache=DIR to the NLM feature lines of the config, so "
                         "later iterations reuse n-gram scores cached by earlier ones")
     p.add_argument("--nlm-feature", action="append", default=None, metavar="NAME",
-                   help="feature name whose config line gets the persistent cache option "
-                        "(Moses [feature] class or cdec feature_function name / library file; "
-                        "repeatable; default: NLMFeature)")
+                   help="feature whose config line gets the persistent cache option: a Moses "
+                        "[feature] class or a cdec feature_function name / library file name "
+                        "(repeatable; default: NLMFeature for Moses, libcdec_ff_nlm.so for cdec)")
     p.add_argument("--cache-key", default="persistent-cache",
-                   help="option name of the persistent cache on the feature line "
-                        "(default: persistent-cache)")
+                   help="option name of the persistent cache on the feature line, written as "
+                        "key=DIR for Moses and --key DIR for cdec (default: persistent-cache)")
     p.add_argument("--decoder-arg", action="append", default=[], metavar="ARG",
                    help="extra argument passed to the decoder (repeatable)")
     _add_bleu_options(p)
@@ -161,7 +163,7 @@ def cmd_driver(args: argparse.Namespace) -> int:
         refs=args.ref, workdir=args.workdir, weights=getattr(args, "weights", None),
         nbest_size=args.nbest_size, distinct=args.distinct, max_iterations=args.max_iterations,
         algorithm=args.algorithm, threads=args.threads, persistent_cache=args.persistent_cache,
-        nlm_features=args.nlm_feature or ["NLMFeature"], cache_key=args.cache_key,
+        nlm_features=args.nlm_feature, cache_key=args.cache_key,
         tokenize=args.tokenize, lowercase=args.lowercase, min_change=args.min_change,
         decoder_args=args.decoder_arg, optimiser=_optimiser_settings(args))
     state = Driver(settings, log=_err, progress=not args.quiet).run()
@@ -260,6 +262,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``nlmfeature-tune``."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    previous = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is threading.main_thread():
+        # `kill` stops like Ctrl-C: the decoder child is killed, the state stays consistent
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         return int(args.func(args) or 0)
     except NLMFeatureError as exc:
@@ -268,6 +274,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         _err("nlmfeature-tune: interrupted (rerun the same command to resume a driver run)")
         return 130
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

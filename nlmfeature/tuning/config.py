@@ -100,12 +100,26 @@ def rewrite_moses_ini(src: str, dst: str, weights: Dict[str, List[float]],
         f.write("\n".join(lines) + "\n")
 
 
+def _set_flag(line: str, key: str, value: str) -> str:
+    """``line`` with ``--key value`` replaced or appended (cdec External feature syntax)."""
+    toks = line.rstrip("\n").split()
+    flag = "--" + key.lstrip("-")
+    for i, tok in enumerate(toks[:-1]):
+        if tok == flag:
+            toks[i + 1] = value
+            break
+    else:
+        toks += [flag, value]
+    return " ".join(toks)
+
+
 def rewrite_cdec_ini(src: str, dst: str,
                      feature_options: Optional[Dict[str, Dict[str, str]]] = None) -> None:
     """Copy cdec.ini ``src`` to ``dst`` setting options on ``feature_function=NAME ...`` lines.
 
-    ``feature_options`` maps a feature name (``External`` or a library path's basename) to
-    options appended as ``key=value`` to the line's arguments.
+    ``feature_options`` maps a feature name (``External`` or a library path's basename, e.g.
+    ``libcdec_ff_nlm.so``) to options set as ``--key value`` in the line's arguments (the
+    syntax of nlmfeature's cdec feature).
     """
     feature_options = feature_options or {}
     out: List[str] = []
@@ -120,7 +134,7 @@ def rewrite_cdec_ini(src: str, dst: str,
                     names.add(toks[1].rsplit("/", 1)[-1])
             for name in names & set(feature_options):
                 for k, v in feature_options[name].items():
-                    line = _set_option(line, k, v)
+                    line = _set_flag(line, k, v)
         out.append(line)
     with open_text(dst, "wt") as f:
         f.write("\n".join(out) + "\n")

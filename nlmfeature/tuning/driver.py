@@ -66,7 +66,7 @@ class DriverSettings:
     algorithm: str = "mert"
     threads: int = 1
     persistent_cache: Optional[str] = None
-    nlm_features: List[str] = field(default_factory=lambda: ["NLMFeature"])
+    nlm_features: Optional[List[str]] = None   # default: NLMFeature / libcdec_ff_nlm.so
     cache_key: str = "persistent-cache"
     tokenize: str = "none"
     lowercase: bool = False
@@ -210,8 +210,10 @@ class Driver:
         opts = {}
         if self.s.persistent_cache:
             os.makedirs(self.s.persistent_cache, exist_ok=True)
+            names = self.s.nlm_features or (["NLMFeature"] if self.s.decoder == "moses"
+                                            else ["libcdec_ff_nlm.so"])
             opts = {name: {self.s.cache_key: os.path.abspath(self.s.persistent_cache)}
-                    for name in self.s.nlm_features}
+                    for name in names}
         if self.s.decoder == "moses":
             ini = self.path(f"run{k}.moses.ini")
             rewrite_moses_ini(self.s.config, ini, weights, opts)
@@ -234,6 +236,9 @@ class Driver:
     def decode(self, k: int, weights: Weights) -> float:
         """Run the decoder for iteration ``k``; returns the seconds it took."""
         out = self.kbest_path(k)
+        for name in os.listdir(self.dir):     # leftovers of a decode that was interrupted
+            if name.startswith((f".run{k}.kbest.", f".run{k}.out.")):
+                os.unlink(os.path.join(self.dir, name))
         fd, tmp = tempfile.mkstemp(prefix=f".run{k}.kbest.", dir=self.dir)
         os.close(fd)
         fd, stdout_tmp = tempfile.mkstemp(prefix=f".run{k}.out.", dir=self.dir)
