@@ -85,8 +85,8 @@ def make_build_ext():
     class BuildExtWithCAPI(build_ext):
         def run(self) -> None:
             super().run()
-            if self.inplace:
-                package_dir = os.path.join(os.path.dirname(CAPI_DIR))
+            if self.inplace or getattr(self, "editable_mode", False):
+                package_dir = os.path.dirname(CAPI_DIR)
             else:
                 package_dir = os.path.join(self.build_lib, "nlmfeature")
             build_library(package_dir, self.build_temp, force=bool(self.force),
