@@ -168,6 +168,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"   start: weights of {os.path.basename(init_ini)}; dev BLEU (sacrebleu, "
               f"re-ranked 1-best) {before:.2f}")
         print(f"   {'optimiser':<14}{'seed':>5}{'BLEU before':>13}{'BLEU after':>12}{'seconds':>10}")
+        rows: Dict[str, List[tuple]] = {}
         for alg in args.algorithms:
             for seed in args.seeds:
                 t0 = time.perf_counter()
@@ -175,14 +176,22 @@ def main(argv: Optional[List[str]] = None) -> int:
                 secs = time.perf_counter() - t0
                 after = dev_bleu(pool, searcher, ref_lines, res.weights)
                 assert abs(after - res.bleu) < 1e-6, (after, res.bleu)
+                rows.setdefault("ours " + alg, []).append((after, secs))
                 print(f"   {'ours ' + alg:<14}{seed:>5}{before:>13.2f}{after:>12.2f}{secs:>10.1f}",
                       flush=True)
         if tools:
             for name, seed, w, secs, note in moses_side(iters, init, work, tools, args.seeds,
                                                         args.jobs, pool.dim, extracted):
                 after = dev_bleu(pool, searcher, ref_lines, w)
+                rows.setdefault(name, []).append((after, secs))
                 print(f"   {name:<14}{seed:>5}{before:>13.2f}{after:>12.2f}{secs:>10.1f} {note}",
                       flush=True)
+        print(f"   mean over seeds {args.seeds}:")
+        for name, vals in rows.items():
+            b = np.array([v[0] for v in vals])
+            t = np.array([v[1] for v in vals])
+            print(f"   {name:<14} BLEU {b.mean():.2f} (min {b.min():.2f}, max {b.max():.2f}), "
+                  f"{t.mean():.1f}s")
     print(f"\nMoses work files in {work}" if tools else "")
     return 0
 

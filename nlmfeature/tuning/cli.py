@@ -56,6 +56,9 @@ def _add_optimiser_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--random-range", type=float, nargs=2, default=(0.0, 1.0),
                    metavar=("LO", "HI"),
                    help="MERT: range of random starting weights (default: 0 1, as Moses)")
+    p.add_argument("--polish", type=int, default=30, metavar="N",
+                   help="MERT: refine the best point by random-direction line searches until N "
+                        "in a row gain nothing (default: 30; 0 = exactly Moses' procedure)")
     p.add_argument("--jobs", type=int, default=1,
                    help="MERT: processes searching from different starting points (default: 1)")
     p.add_argument("--C", type=float, default=0.01, dest="C",
@@ -71,8 +74,8 @@ def _add_optimiser_options(p: argparse.ArgumentParser) -> None:
 def _optimiser_settings(args: argparse.Namespace) -> dict:
     return dict(seed=args.seed, restarts=args.restarts,
                 random_directions=args.random_directions,
-                random_range=tuple(args.random_range), jobs=args.jobs, C=args.C,
-                decay=args.decay, epochs=args.epochs)
+                random_range=tuple(args.random_range), jobs=args.jobs, polish=args.polish,
+                C=args.C, decay=args.decay, epochs=args.epochs)
 
 
 # -- optimise -------------------------------------------------------------------------------

@@ -15,7 +15,10 @@ move to the best of these points; repeat until BLEU improves by no more than ``e
 1e-4 on a 0..1 scale = 0.01 BLEU points).  This runs from every starting point: the given
 initial weights (and any further given points, e.g. the previous iteration's best) and
 ``restarts`` random points drawn uniformly from ``random_range`` per dimension (Moses' default
-range is [0, 1]).  The best final point is L1-normalised (scale does not change the ranking).
+range is [0, 1]).  The best final point is then refined by Moses' random-direction optimiser
+(``polish``: line searches along random directions until that many in a row gain nothing;
+0 turns it off and gives exactly Moses' procedure) and L1-normalised (scale does not change
+the ranking).
 
 BLEU is corpus BLEU of the re-ranked 1-best hypotheses from the cached statistics
 (:func:`nlmfeature.bleu.corpus_bleu`, equal to sacrebleu's).
@@ -46,6 +49,8 @@ class MertOptions:
     random_range: Tuple[float, float] = (0.0, 1.0)  #: range of random starting weights
     max_rounds: int = 1000                #: safety cap on rounds per starting point
     jobs: int = 1                         #: worker processes for the starting points
+    polish: int = 30                      #: random-direction refinement of the best point:
+                                          #: stop after this many directions without gain
 
 
 @dataclass
@@ -166,6 +171,29 @@ class LineSearcher:
             x = 0.5 * (lo + hi)
         return float(x), best
 
+    def polish(self, point: np.ndarray, patience: int, eps: float,
+               rng: np.random.Generator) -> Tuple[np.ndarray, float, int]:
+        """Moses' ``RandomDirectionOptimizer`` from ``point``: line searches along random unit
+        directions, moving to each better point, until ``patience`` directions in a row gain
+        no more than ``eps``.  Returns (point, BLEU, line searches)."""
+        P = np.array(point, dtype=np.float64)
+        score = self.bleu(P)
+        quiet = searches = 0
+        while quiet < patience:
+            v = rng.standard_normal(self.dim)
+            v /= np.linalg.norm(v)
+            x, sc = self.line_search(P, v)
+            searches += 1
+            if sc > score and x != 0.0:
+                Q = P + x * v
+                new = self.bleu(Q)           # the true BLEU at the chosen point
+                if new > score:
+                    quiet = 0 if new - score > eps else quiet + 1
+                    P, score = Q, new
+                    continue
+            quiet += 1
+        return P, score, searches
+
     def optimise_from(self, start: np.ndarray, options: MertOptions, rng: np.random.Generator
                       ) -> StartResult:
         """Moses' ``SimpleOptimizer`` from ``start`` (see the module doc)."""
@@ -263,6 +291,14 @@ def optimise(arrays: PoolArrays, initial: Sequence[np.ndarray], options: MertOpt
             log(f"start {i} ({kind}): BLEU {r.bleu:.4f} after {r.rounds} rounds, "
                 f"{r.line_searches} line searches")
     best = max(range(len(results)), key=lambda i: (results[i].bleu, -i))
-    w = l1_normalise(results[best].point)
+    point, score = results[best].point, results[best].bleu
+    if options.polish > 0:
+        rng = np.random.default_rng(options.seed * 100003)
+        polished, pscore, n = searcher.polish(point, options.polish, options.eps, rng)
+        if log is not None:
+            log(f"polish of start {best}: BLEU {score:.4f} -> {pscore:.4f} in {n} line searches")
+        if pscore > score:
+            point = polished
+    w = l1_normalise(point)
     return MertResult(weights=w, bleu=searcher.bleu(w), initial_bleu=initial_bleu,
                       starts=results)
