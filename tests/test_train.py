@@ -318,3 +318,36 @@ def test_cli_train(tmp_path, capsys):
     bad.write_bytes(b"ok\n\xfe\n")
     assert main(["train", "--train", str(bad), "--model-out", str(tmp_path / "x.nlm")]) == 2
     assert "bad.txt:2" in capsys.readouterr().err
+
+
+def test_bench_train_quick_runs(tmp_path, capsys):
+    """`nlmfeature bench train --quick` end to end on the test slices (no KenLM)."""
+    from nlmfeature.cli import main
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for name, src in (("train", BROWN_TRAIN), ("valid", BROWN_VALID), ("test", BROWN_VALID)):
+        with gzip.open(data / f"{name}.txt.gz", "wt", encoding="utf-8") as f:
+            f.write("\n".join(read_lines(src)) + "\n")
+    rc = main(["bench", "train", "--quick", "--data", str(data), "--configs", "lbl-d200-class-nce,lbl-d200-nce",
+               "--no-kenlm", "--json", "--speed-updates", "5", "--out", str(tmp_path / "out")])
+    assert rc == 0
+    res = json.loads(capsys.readouterr().out)
+    rows = {r["config"]: r for r in res["rows"]}
+    assert rows["lbl-d200-class-nce"]["estimator"] == "class-nce"
+    assert rows["lbl-d200-nce"]["test_ppl_normalised"] > 1 and "log_z_sd" in rows["lbl-d200-nce"]
+    assert all(r["words_per_s_1_thread"] > 0 and r["words_per_s_2_threads"] > 0 for r in rows.values())
+    assert res["summary"]["best_neural"] in rows
+
+
+def test_lr_decay_returns_to_best_parameters(tmp_path):
+    cfg = config(tmp_path, step_size=1.0, eval_every=40, lr_decay=0.5, iterations=2)
+    tr = Trainer(cfg, quiet)
+    tr.run()
+    ppl = [h["perplexity"] for h in tr.history]
+    worse = sum(1 for i in range(1, len(ppl)) if ppl[i] >= min(ppl[:i]))
+    assert worse >= 1, ppl
+    assert tr.opt.lr == pytest.approx(1.0 * 0.5 ** worse)
+    # the model on disk is the best evaluation's
+    model = nlmfeature.load(cfg.model_out)
+    assert model.perplexity(read_lines(BROWN_VALID)).perplexity == pytest.approx(min(ppl), rel=1e-5)

@@ -98,6 +98,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--step-size", type=float, default=0.05, help="AdaGrad learning rate (default 0.05)")
     o.add_argument("--lambda-lbl", type=float, default=0.0,
                    help="L2 strength; each minibatch adds lambda*B/N*theta to the weights' gradient")
+    o.add_argument("--lr-decay", type=float, default=1.0, metavar="FACTOR",
+                   help="when a held-out evaluation does not improve, go back to the best parameters and "
+                        "multiply the step size by FACTOR (e.g. 0.5; default 1 = off); use with --patience")
     o.add_argument("--init-scale", type=float, default=0.1,
                    help="standard deviation of the random embeddings at the start (default 0.1)")
     o.add_argument("--seed", type=int, default=1, help="random seed: same seed and threads, same model")

@@ -87,6 +87,7 @@ class TrainConfig:
     iterations: int = 10
     step_size: float = 0.05
     lambda_lbl: float = 0.0
+    lr_decay: float = 1.0
     init_scale: float = 0.1
     # running
     threads: int = 2
@@ -327,6 +328,8 @@ class Trainer:
         self.train_seconds = 0.0
         self.trained_words = 0
         self.resumed_from: Optional[str] = None
+        self.best_params: Dict[str, np.ndarray] = {}
+        self.best_state: Dict[str, np.ndarray] = {}
         self._stop = False
 
     # -- evaluation and writing ---------------------------------------------------------
@@ -358,11 +361,14 @@ class Trainer:
                 "batch": self.batch, "step": self.step, "best": self.best if not math.isinf(self.best) else None,
                 "best_epoch": self.best_epoch, "bad_evals": self.bad_evals, "history": self.history,
                 "vocab_size": len(self.vocab), "train_seconds": self.train_seconds,
-                "trained_words": self.trained_words}
+                "trained_words": self.trained_words, "lr": self.opt.lr}
         arrays = {"meta": np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)}
         for n, p in self.params.items():
             arrays["param/" + n] = p
             arrays["adagrad/" + n] = self.opt.state[n]
+            if n in self.best_params:
+                arrays["best_param/" + n] = self.best_params[n]
+                arrays["best_adagrad/" + n] = self.best_state[n]
         _atomic_savez(checkpoint_path(self.cfg.model_out), arrays)
 
     def load_checkpoint(self, path: str) -> bool:
@@ -380,6 +386,9 @@ class Trainer:
                 for n in self.params:
                     self.params[n][...] = z["param/" + n]
                     self.opt.state[n][...] = z["adagrad/" + n]
+                    if "best_param/" + n in z.files:
+                        self.best_params[n] = z["best_param/" + n]
+                        self.best_state[n] = z["best_adagrad/" + n]
         except (OSError, ValueError, KeyError) as exc:
             raise NLMFeatureError(f"{path}: unreadable checkpoint ({exc}); delete it or pass --no-resume") from None
         self.epoch, self.batch, self.step = meta["epoch"], meta["batch"], meta["step"]
@@ -388,6 +397,7 @@ class Trainer:
         self.history = meta["history"]
         self.train_seconds = meta.get("train_seconds", 0.0)
         self.trained_words = meta.get("trained_words", 0)
+        self.opt.lr = meta.get("lr", self.opt.lr)
         self.resumed_from = path
         return True
 
@@ -406,15 +416,36 @@ class Trainer:
         ppl = self.perplexity()
         self.history.append({"epoch": round(ep, 4), "perplexity": ppl})
         improved = ppl < self.best
+        note = ""
         if improved:
             self.best, self.best_epoch, self.bad_evals = ppl, round(ep, 4), 0
             self.write_model()
+            if self.cfg.lr_decay < 1:
+                self._keep_best()
         else:
             self.bad_evals += 1
+            if self.cfg.lr_decay < 1 and self.best_params:
+                self._restore_best()
+                self.opt.lr *= self.cfg.lr_decay
+                note = f"; back to the best parameters, step size now {self.opt.lr:.3g}"
         self.log(f"{tag}: epoch {ep:.2f}  held-out perplexity {ppl:.2f}"
-                 f"{'  (best: model written)' if improved else f'  (best {self.best:.2f})'}"
+                 f"{'  (best: model written)' if improved else f'  (best {self.best:.2f}{note})'}"
                  f"  [{time.time() - t0:.1f}s]")
         return ppl
+
+    def _keep_best(self) -> None:
+        """Remember the parameters and AdaGrad sums of the best evaluation (--lr-decay)."""
+        for n, p in self.params.items():
+            if n not in self.best_params:
+                self.best_params[n] = np.empty_like(p)
+                self.best_state[n] = np.empty_like(p)
+            np.copyto(self.best_params[n], p)
+            np.copyto(self.best_state[n], self.opt.state[n])
+
+    def _restore_best(self) -> None:
+        for n, p in self.params.items():
+            np.copyto(p, self.best_params[n])
+            np.copyto(self.opt.state[n], self.best_state[n])
 
     def _interrupt(self, signum, frame) -> None:  # pragma: no cover - signal path
         if self._stop:
