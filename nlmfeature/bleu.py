@@ -164,37 +164,32 @@ class References:
         if not 0 <= sid < len(self._counts):
             raise IndexError(f"sentence id {sid} outside the {len(self._counts)} references")
         ref_counts = self._counts[sid]
+        ref_keys = ref_counts
         ref_lens = self._lens[sid]
-        out = np.zeros((len(hyps), NUM_STATS), dtype=np.int64)
-        cache: Dict[str, np.ndarray] = {}
-        for row, hyp in enumerate(hyps):
-            hit = cache.get(hyp)
-            if hit is not None:
-                out[row] = hit
-                continue
-            tokens = self.preprocess(hyp).split()
-            n_tok = len(tokens)
-            vec = out[row]
-            vec[HYP_LEN] = n_tok
-            vec[REF_LEN] = _closest(n_tok, ref_lens) if ref_lens else 0
-            for n in range(1, ORDER + 1):
-                if n_tok < n:
-                    break
-                vec[2 + ORDER + n - 1] = n_tok - n + 1
-            # Count only the n-grams the references contain, then clip by the reference counts.
-            seen: Dict[tuple, int] = {}
-            for n in range(1, min(ORDER, n_tok) + 1):
-                for i in range(n_tok - n + 1):
-                    gram = tuple(tokens[i:i + n])
-                    if gram in ref_counts:
-                        seen[gram] = seen.get(gram, 0) + 1
-            correct = [0] * ORDER
-            for gram, count in seen.items():
-                rc = ref_counts[gram]
-                correct[len(gram) - 1] += count if count < rc else rc
-            vec[CORRECT] = correct
-            cache[hyp] = vec.copy()
-        return out
+        rows: List[List[int]] = []
+        cache: Dict[str, List[int]] = {}
+        for hyp in hyps:
+            row = cache.get(hyp)
+            if row is None:
+                tokens = self.preprocess(hyp).split()
+                n_tok = len(tokens)
+                correct = [0] * ORDER
+                totals = [0] * ORDER
+                # count only the n-grams the references contain, then clip by their counts
+                seen: Dict[tuple, int] = {}
+                for n in range(1, min(ORDER, n_tok) + 1):
+                    totals[n - 1] = n_tok - n + 1
+                    for i in range(n_tok - n + 1):
+                        gram = tuple(tokens[i:i + n])
+                        if gram in ref_keys:
+                            seen[gram] = seen.get(gram, 0) + 1
+                for gram, c in seen.items():
+                    rc = ref_counts[gram]
+                    correct[len(gram) - 1] += c if c < rc else rc
+                row = [n_tok, _closest(n_tok, ref_lens) if ref_lens else 0] + correct + totals
+                cache[hyp] = row
+            rows.append(row)
+        return np.array(rows, dtype=np.int64).reshape(len(rows), NUM_STATS)
 
     def corpus_stats(self, hyps: Sequence[str]) -> np.ndarray:
         """Statistics of one hypothesis per sentence (``len(hyps) == len(self)``): (n, 10)."""

@@ -82,6 +82,7 @@ class KbestPool:
         self.labels: List[Tuple[str, int]] = []      # (label, number of values) in column order
         self._label_col: Dict[str, Tuple[int, int]] = {}
         self.dim = 0
+        self._fast_signature: Optional[tuple] = None
         self._rows: List[List[np.ndarray]] = [[] for _ in range(self.num_sentences)]
         self._stats: List[List[np.ndarray]] = [[] for _ in range(self.num_sentences)]
         self._texts: List[List[str]] = [[] for _ in range(self.num_sentences)]
@@ -98,6 +99,9 @@ class KbestPool:
         return names
 
     def _columns(self, hyp: Hypothesis, path: str, lineno: int) -> np.ndarray:
+        signature = tuple((label, len(values)) for label, values in hyp.features)
+        if signature == self._fast_signature:      # the usual case: the layout of the list
+            return np.array([v for _, values in hyp.features for v in values], dtype=np.float64)
         vec = np.zeros(self.dim + sum(len(v) for _, v in hyp.features), dtype=np.float64)
         for label, values in hyp.features:
             where = self._label_col.get(label)
@@ -111,7 +115,17 @@ class KbestPool:
                                  f"here but {where[1]} earlier; all lines must agree")
             start, k = where
             vec[start:start + k] = values
+        if signature == tuple(self.labels):
+            self._fast_signature = signature
         return vec[:self.dim]
+
+    @staticmethod
+    def _key(vec: np.ndarray, stats: np.ndarray) -> Tuple[bytes, bytes]:
+        """De-duplication key: features without trailing zero columns (so that a layout grown
+        by later labels keeps old keys valid) and statistics."""
+        raw = vec.tobytes()
+        end = (len(raw.rstrip(b"\0")) + 7) // 8 * 8      # whole float64 values only
+        return raw[:end], np.asarray(stats, dtype=np.int64).tobytes()
 
     # -- adding -------------------------------------------------------------------------
     def add_sentence(self, sid: int, hyps: Sequence[Hypothesis], path: str = "<k-best>",
@@ -134,8 +148,7 @@ class KbestPool:
         new = 0
         keys = self._keys[sid]
         for h, vec, st in zip(hyps, vecs, stats):
-            nz = np.flatnonzero(vec)
-            key = (vec[nz].tobytes(), nz.tobytes(), st.tobytes())
+            key = self._key(vec, st)
             if key in keys:
                 continue
             keys.add(key)
@@ -329,8 +342,7 @@ class KbestPool:
             for r in range(int(offsets[s]), int(offsets[s + 1])):
                 vec = np.array(feats[r], dtype=np.float64)
                 st = np.array(stats[r], dtype=np.int32)
-                nz = np.flatnonzero(vec)
-                pool._keys[s].add((vec[nz].tobytes(), nz.tobytes(), st.astype(np.int64).tobytes()))
+                pool._keys[s].add(cls._key(vec, st))
                 pool._rows[s].append(vec)
                 pool._stats[s].append(st)
                 pool._texts[s].append(tb[toff[r]:toff[r + 1]].decode("utf-8"))
