@@ -192,3 +192,41 @@ def test_out_of_order_sentence_ids(tmp_path):
     with pytest.raises(InputError) as exc:
         KbestPool(References.from_files([REG_REF])).add_file(path)
     assert "order.kbest:901" in str(exc.value) and "reappears" in str(exc.value)
+
+
+def test_parallel_reading_equals_sequential(refs):
+    one = KbestPool(refs)
+    one.add_file(IT1)
+    one.add_file(IT2)
+    two = KbestPool(refs)
+    results = two.add_files([IT1, IT2], jobs=2)
+    a, b = one.arrays(), two.arrays()
+    assert np.array_equal(a.features, b.features) and np.array_equal(a.stats, b.stats)
+    assert np.array_equal(a.offsets, b.offsets) and one.sources == two.sources
+    assert results[1][1] == b.offsets[-1] - results[0][1]
+    assert two.texts(range(0, len(b.features), 97)) == one.texts(range(0, len(a.features), 97))
+
+
+def test_parallel_merge_maps_columns_of_other_layouts(tmp_path):
+    refs = References.from_files([SCORER_REF])
+    paths = []
+    for name, flip in (("a", False), ("b", True)):
+        path = tmp_path / f"{name}.kbest"
+        with open(path, "w", encoding="utf-8") as f:
+            for h in read_kbest(SCORER):
+                feats = [(f"{l}_{i}", [v]) for l, vals in h.features
+                         for i, v in enumerate(vals) if v != 0.0]
+                if flip:                        # other order, other values: a new list
+                    feats = [(l, [v[0] * 1.5]) for l, v in reversed(feats)]
+                    h.text = h.text + " ."
+                h.features = feats
+                f.write(format_hypothesis(h, "cdec") + "\n")
+        paths.append(str(path))
+    seq = KbestPool(refs)
+    for p in paths:
+        seq.add_file(p)
+    par = KbestPool(refs)
+    par.add_files(paths, jobs=2)
+    assert seq.labels == par.labels
+    a, b = seq.arrays(), par.arrays()
+    assert np.array_equal(a.features, b.features) and np.array_equal(a.stats, b.stats)

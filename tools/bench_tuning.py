@@ -154,8 +154,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         iters = list(range(int(a), int(b or a) + 1))
         t0 = time.perf_counter()
         pool = KbestPool(refs)
-        for i in iters:
-            pool.add_file(os.path.join(DATA, f"dev.iter{i}.100best.gz"))
+        pool.add_files([os.path.join(DATA, f"dev.iter{i}.100best.gz") for i in iters],
+                       jobs=args.jobs)
         read_secs = time.perf_counter() - t0
         init_ini = os.path.join(DATA, f"dev.iter{iters[-1]}.moses.ini")
         init = pool.weight_vector(read_weights(init_ini), init_ini)

@@ -60,7 +60,8 @@ def _add_optimiser_options(p: argparse.ArgumentParser) -> None:
                    help="MERT: refine the best point by random-direction line searches until N "
                         "in a row gain nothing (default: 30; 0 = exactly Moses' procedure)")
     p.add_argument("--jobs", type=int, default=1,
-                   help="MERT: processes searching from different starting points (default: 1)")
+                   help="processes: MERT's starting points are searched and several k-best lists "
+                        "read in parallel (default: 1)")
     p.add_argument("--C", type=float, default=0.01, dest="C",
                    help="MIRA: step-size cap C (default: 0.01)")
     p.add_argument("--decay", type=float, default=0.999,
@@ -83,11 +84,8 @@ def cmd_optimise(args: argparse.Namespace) -> int:
     t0 = time.time()
     refs = References.from_files(args.ref, tokenize=args.tokenize, lowercase=args.lowercase)
     pool = KbestPool(refs)
-    for path in args.nbest:
-        read, new = pool.add_file(path, fmt=args.format, skip_bad=args.skip_bad,
-                                  progress=not args.quiet)
-        if not args.quiet:
-            _err(f"{path}: {read} hypotheses, {new} new; pool {pool.num_hypotheses}")
+    pool.add_files(args.nbest, fmt=args.format, skip_bad=args.skip_bad, jobs=args.jobs,
+                   progress=not args.quiet, log=None if args.quiet else _err)
     pool.check_complete()
     if args.save_pool:
         pool.save(args.save_pool)

@@ -22,7 +22,7 @@ import hashlib
 import os
 import tempfile
 from dataclasses import dataclass
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -49,6 +49,13 @@ class PoolArrays:
     def sentence_of_rows(self) -> np.ndarray:
         """Sentence index of every row, (N,) int64."""
         return np.repeat(np.arange(self.num_sentences, dtype=np.int64), np.diff(self.offsets))
+
+
+def _read_one(refs: References, path: str, fmt: str, skip_bad: bool) -> Tuple["KbestPool", int]:
+    """Worker of :meth:`KbestPool.add_files`: one list as a pool of its own."""
+    part = KbestPool(refs)
+    read, _ = part.add_file(path, fmt, skip_bad)
+    return part, read
 
 
 class _LineTagger:
@@ -201,6 +208,73 @@ class KbestPool:
                              "decoded sentence")
         self.sources.append(os.path.abspath(path))
         return read, new
+
+    def add_files(self, paths: Sequence[str], fmt: str = "auto", skip_bad: bool = False,
+                  jobs: int = 1, progress: bool = False,
+                  log: Optional[Callable[[str], None]] = None) -> List[Tuple[int, int]]:
+        """:meth:`add_file` for several lists; with ``jobs`` > 1 they are read in parallel
+        processes and merged in the given order (same result as reading one by one)."""
+        jobs = max(1, min(jobs, len(paths)))
+        results: List[Tuple[int, int]] = []
+        if jobs == 1:
+            for path in paths:
+                results.append(self.add_file(path, fmt, skip_bad, progress))
+                if log is not None:
+                    log(f"{path}: {results[-1][0]} hypotheses, {results[-1][1]} new; pool "
+                        f"{self.num_hypotheses}")
+            return results
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=jobs,
+                                 mp_context=multiprocessing.get_context("fork")) as ex:
+            futures = [ex.submit(_read_one, self.refs, p, fmt, skip_bad) for p in paths]
+            for path, fut in zip(paths, futures):
+                part, read = fut.result()
+                results.append((read, self.merge(part)))
+                if log is not None:
+                    log(f"{path}: {read} hypotheses, {results[-1][1]} new; pool "
+                        f"{self.num_hypotheses}")
+        return results
+
+    def merge(self, other: "KbestPool") -> int:
+        """Add the hypotheses of ``other`` (same references); returns how many were new."""
+        if other.num_sentences != self.num_sentences:
+            raise ValueError("pools of different sentence counts cannot be merged")
+        cols: List[int] = []
+        for label, k in other.labels:
+            where = self._label_col.get(label)
+            if where is None:
+                where = (self.dim, k)
+                self._label_col[label] = where
+                self.labels.append((label, k))
+                self.dim += k
+            elif where[1] != k:
+                raise InputError(other.sources[-1] if other.sources else "<pool>", 0,
+                                 f"feature {label!r} has {k} value(s) there but {where[1]} in "
+                                 "earlier lists")
+            cols.extend(range(where[0], where[0] + k))
+        identity = cols == list(range(len(cols)))
+        new = 0
+        for s in range(self.num_sentences):
+            keys = self._keys[s]
+            for vec, st, text in zip(other._rows[s], other._stats[s], other._texts[s]):
+                if not identity:
+                    full = np.zeros(self.dim)
+                    full[cols[:len(vec)]] = vec
+                    vec = full
+                key = self._key(vec, st)
+                if key in keys:
+                    continue
+                keys.add(key)
+                self._rows[s].append(vec)
+                self._stats[s].append(st)
+                self._texts[s].append(text)
+                new += 1
+        if new:
+            self._flat = None
+        self.sources.extend(other.sources)
+        return new
 
     # -- views --------------------------------------------------------------------------
     @property
