@@ -249,3 +249,29 @@ def test_driver_with_real_moses(tmp_path):
     state = Driver(s, log=lambda m: None).run()
     assert state.step == "done" and (wd / "run1.kbest.gz").exists() and (wd / "moses.ini").exists()
     assert state.history[-1]["pool_bleu_after"] >= state.history[0]["pool_bleu_before"]
+
+
+CDEC_BIN = os.path.join(os.environ.get("CDEC_ROOT", "/nonexistent"), "build", "decoder", "cdec")
+CDEC_TEST = os.path.join(os.environ.get("CDEC_ROOT", "/nonexistent"), "tests", "system_tests",
+                         "australia")
+
+
+@pytest.mark.skipif(not (os.path.exists(CDEC_BIN) and os.path.isdir(CDEC_TEST)),
+                    reason="needs CDEC_ROOT with build/decoder/cdec and its system tests")
+def test_driver_with_real_cdec(tmp_path):
+    for name in ("cdec.ini", "weights", "input.txt", "australia.scfg.gz"):
+        shutil.copyfile(os.path.join(CDEC_TEST, name), tmp_path / name)
+    ref = tmp_path / "ref"
+    ref.write_text("australia is one of the few countries that have diplomatic relations with "
+                   "north korea .\n", encoding="utf-8")
+    s = DriverSettings(decoder="cdec", binary=CDEC_BIN, config=str(tmp_path / "cdec.ini"),
+                       weights=str(tmp_path / "weights"), source=str(tmp_path / "input.txt"),
+                       refs=[str(ref)], workdir=str(tmp_path / "work"), algorithm="mert",
+                       max_iterations=2, nbest_size=20, optimiser=dict(restarts=2, seed=0))
+    state = Driver(s, log=lambda m: None).run()
+    assert state.step == "done"
+    final = read_weights(str(tmp_path / "work" / "weights.final"))
+    # untuned features of the weights file are kept; tuned ones come from the k-best lists
+    assert final["LanguageModel"] == [1.0] and "PhraseModel_0" in final
+    pool = KbestPool.load(str(tmp_path / "work" / "pool.npz"), Driver(s).refs)
+    assert ("PhraseModel_0", 1) in pool.labels
