@@ -294,7 +294,10 @@ class Driver:
         init = pool.weight_vector(state.weights, self.state_path, missing_ok=cdec)
         starts = [pool.weight_vector(w, self.state_path, missing_ok=cdec)
                   for w in state.best_starts]
-        res = optimise_pool(pool.arrays(), self.s.algorithm, init, starts, self.s.optimiser,
+        settings = dict(self.s.optimiser)
+        # a different, reproducible seed per iteration (mert-moses.pl uses run * 1000)
+        settings["seed"] = int(settings.get("seed") or 0) + 1000 * state.iteration
+        res = optimise_pool(pool.arrays(), self.s.algorithm, init, starts, settings,
                             progress=self.progress)
         self._last = res
         return pool.weights_dict(res.weights, state.weights)
