@@ -91,6 +91,7 @@ class LineSearcher:
         self.offsets = np.ascontiguousarray(arrays.offsets, dtype=np.int64)
         self.sentence = arrays.sentence_of_rows()
         self._coord_order: dict = {}
+        # step beyond the last breakpoint when an unbounded interval is best (Moses: +0.1)
         self.left_step = 0.1
         self.right_step = 0.1
 
@@ -220,8 +221,10 @@ class LineSearcher:
                 if sc > best_score and x != 0.0:
                     best_score, best_point = sc, P + x * direction
             if best_point is not P:
-                P = best_point
-                score = self.bleu(P)   # the true BLEU at the chosen point
+                true = self.bleu(best_point)   # the true BLEU at the chosen point
+                if true <= prev:               # (only rounding can make it lower): stop here
+                    break
+                P, score = best_point, true
             if score - prev <= options.eps:
                 break
         return StartResult(np.array(start, dtype=np.float64), P, score, rounds, searches)
