@@ -72,11 +72,11 @@ def build(arch: str, out: str, direct: int = 0, seed: int = 1):
     return header, params, ospec, ctx, targets, noise
 
 
-def check(header, params, ospec, ctx, targets, noise, per_array: int = 12, eps: float = 1e-6):
+def check(header, params, ospec, ctx, targets, noise, per_array: int = 12, eps: float = 1e-6, mask=None):
     obj = Objective(header, params, ospec)
     names = trainable_names(header, params)
     grads = Gradients(params, names)
-    obj.loss_and_grads(ctx, targets, noise, grads)
+    obj.loss_and_grads(ctx, targets, noise, grads, mask)
     analytic = grads.to_dense()
     rng = np.random.default_rng(0)
     checked = 0
@@ -91,9 +91,9 @@ def check(header, params, ospec, ctx, targets, noise, per_array: int = 12, eps: 
         for i in pick:
             old = flat[i]
             flat[i] = old + eps
-            lp = obj.loss(ctx, targets, noise)
+            lp = obj.loss(ctx, targets, noise, mask)
             flat[i] = old - eps
-            lm = obj.loss(ctx, targets, noise)
+            lm = obj.loss(ctx, targets, noise, mask)
             flat[i] = old
             num = (lp - lm) / (2 * eps)
             err = abs(num - g[i]) / max(abs(num), abs(g[i]), 1e-3)
@@ -115,6 +115,16 @@ def test_gradient_direct_features(arch, out):
     header, params, ospec, ctx, targets, noise = build(arch, out, direct=3)
     assert "direct.weights" in params
     check(header, params, ospec, ctx, targets, noise)
+
+
+@pytest.mark.parametrize("out", ["unnormalised-nce", "class-ml"])
+def test_gradient_with_dropout_mask(out):
+    from nlmfeature.training.objective import dropout_mask
+
+    header, params, ospec, ctx, targets, noise = build("nplm-2layers", out)
+    mask = dropout_mask((len(ctx), header["output"]["dim"]), 0.4, seed=1, step=0, dtype=np.float64)
+    assert 0 < np.count_nonzero(mask) < mask.size
+    check(header, params, ospec, ctx, targets, noise, mask=mask)
 
 
 def test_direct_indices_match_scorer():

@@ -101,6 +101,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--lr-decay", type=float, default=1.0, metavar="FACTOR",
                    help="when a held-out evaluation does not improve, go back to the best parameters and "
                         "multiply the step size by FACTOR (e.g. 0.5; default 1 = off); use with --patience")
+    o.add_argument("--dropout", type=float, default=0.0, metavar="P",
+                   help="training only: drop each unit of the final hidden vector with probability P "
+                        "(inverted dropout; the model file is unaffected). Default 0")
     o.add_argument("--init-scale", type=float, default=0.1,
                    help="standard deviation of the random embeddings at the start (default 0.1)")
     o.add_argument("--seed", type=int, default=1, help="random seed: same seed and threads, same model")

@@ -45,7 +45,7 @@ from ..model import Model
 from ..vocab import Vocabulary
 from .corpus import NgramData, build_vocabulary, ngrams, read_corpus, read_heldout
 from .estimators import OutputSpec
-from .objective import Objective, trainable_names
+from .objective import Objective, dropout_mask, trainable_names
 from .optim import AdaGrad, Gradients
 from .sampling import ClassNoise, UnigramNoise
 from .threads import kernel_threads, set_blas_threads
@@ -88,6 +88,7 @@ class TrainConfig:
     step_size: float = 0.05
     lambda_lbl: float = 0.0
     lr_decay: float = 1.0
+    dropout: float = 0.0
     init_scale: float = 0.1
     # running
     threads: int = 2
@@ -269,6 +270,8 @@ class Trainer:
             raise NLMFeatureError("--order must be between 1 and 16")
         if cfg.minibatch_size < 1 or cfg.iterations < 0:
             raise NLMFeatureError("--minibatch-size must be >= 1 and --iterations >= 0")
+        if not 0 <= cfg.dropout < 1:
+            raise NLMFeatureError("--dropout must be in [0, 1)")
         if cfg.direct_order and not 1 <= cfg.direct_order <= cfg.order:
             raise NLMFeatureError("--direct-order must be between 1 and --order")
         sents = read_corpus(cfg.train)
@@ -492,7 +495,9 @@ class Trainer:
                     tg = self.data.words[idx]
                     t0 = time.time()
                     noise = self.noise.draw(tg, cfg.seed, self.step, self.kernel_threads) if self.noise else None
-                    loss = self.objective.loss_and_grads(ctx, tg, noise, self.grads)
+                    mask = dropout_mask((len(idx), self.header["output"]["dim"]), cfg.dropout, cfg.seed,
+                                        self.step) if cfg.dropout else None
+                    loss = self.objective.loss_and_grads(ctx, tg, noise, self.grads, mask)
                     if not math.isfinite(loss):
                         raise NLMFeatureError(f"training diverged (loss {loss}) at epoch {self.epoch + 1}, "
                                               f"minibatch {self.batch}: lower --step-size")
