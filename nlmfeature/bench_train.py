@@ -39,7 +39,8 @@ BROWN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_DATA = os.path.normpath(BROWN) if os.path.isdir(os.path.normpath(BROWN)) else "/work/shared/data/mono/brown"
 
 LBL = dict(arch="lbl", word_width=200, diagonal_contexts=True)
-NPLM = dict(arch="nplm", word_width=150, hidden=750, hidden_layers=[150], activation="relu")
+NPLM = dict(arch="nplm", word_width=150, hidden=750, hidden_layers=[150], activation="relu",
+            minibatch_size=1000)  # dense layers want bigger minibatches (BLAS efficiency)
 DIRECT = dict(direct_order=3, hash_space=1 << 22, min_ngram_freq=2)
 
 #: name -> TrainConfig fields
@@ -52,7 +53,9 @@ CONFIGS: Dict[str, Dict[str, Any]] = {
     "nplm-150-750-150-nce": dict(NPLM, output="unnormalised", noise_samples=10),
     "nplm-150-750-150-nce+direct": dict(NPLM, output="unnormalised", noise_samples=10, **DIRECT),
 }
-COMMON = dict(order=5, min_count=4, minibatch_size=1000, step_size=0.05)
+COMMON = dict(order=5, min_count=4, minibatch_size=250, step_size=0.05, lambda_lbl=20.0)
+#: held-out evaluations per epoch (the best one is kept)
+EVALS_PER_EPOCH = 4
 QUICK_SHRINK = dict(word_width=48, hidden=128, hidden_layers=[48], classes=32, hash_space=1 << 18)
 
 
@@ -67,13 +70,16 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
                    help="folder for the models and logs (default: a temporary folder, removed afterwards)")
     p.add_argument("--configs", default=",".join(CONFIGS),
                    help=f"comma-separated configurations to run (default all: {', '.join(CONFIGS)})")
-    p.add_argument("--iterations", type=int, default=8, help="at most this many epochs per configuration")
-    p.add_argument("--patience", type=int, default=1,
-                   help="stop a configuration after this many epochs without improvement (default 1)")
+    p.add_argument("--iterations", type=int, default=6, help="at most this many epochs per configuration (default 6)")
+    p.add_argument("--patience", type=int, default=4,
+                   help=f"stop a configuration after this many held-out evaluations without improvement "
+                        f"({EVALS_PER_EPOCH} per epoch; default 4)")
     p.add_argument("--minutes", type=float, default=5.0,
                    help="time cap of each configuration's training (default 5)")
     p.add_argument("--speed-updates", type=int, default=80,
                    help="minibatches of each 1-/2-thread speed run (default 80)")
+    p.add_argument("--threads", type=int, default=2,
+                   help="threads of the main training runs (the speed runs always measure 1 and 2)")
     p.add_argument("--lambda-lbl", type=float, default=None, help="override the L2 strength of every configuration")
     p.add_argument("--quick", action="store_true",
                    help="small models on slices (5k training sentences, 2 epochs): checks the benchmark runs")
@@ -145,9 +151,10 @@ def run_config(name: str, fields: Dict[str, Any], paths: Dict[str, str], out_dir
     model_out = os.path.join(out_dir, name + ".nlm")
     cfg = TrainConfig(**dict(fields, train=paths["train"], test_set=paths["valid"], model_out=model_out,
                              iterations=args.iterations, patience=args.patience, max_minutes=args.minutes,
-                             progress=False, resume=False, threads=2, seed=1))
+                             progress=False, resume=False, threads=args.threads, seed=1))
     t0 = time.time()
     tr = Trainer(cfg, log=lambda m: log(f"  [{name}] {m}"))
+    tr.cfg.eval_every = max(1, tr.batches_per_epoch // EVALS_PER_EPOCH)
     res = tr.run()
     train_minutes = (time.time() - t0) / 60
     test, _ = read_heldout(paths["test"], tr.vocab, cfg.order)
