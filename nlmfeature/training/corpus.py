@@ -105,10 +105,10 @@ def ngrams(sentences: Sequence[Sequence[str]], vocab: Vocabulary, order: int) ->
     lengths = np.fromiter((len(t) + 1 for t in sentences), dtype=np.int64, count=len(sentences))
     total = int(lengths.sum())
     words = np.empty(total, dtype=np.int32)
-    get, unk, pos = vocab._index.get, vocab.unk, 0  # noqa: SLF001 (hot loop)
+    pos = 0
     for toks in sentences:
         n = len(toks)
-        words[pos:pos + n] = [get(t, unk) for t in toks]
+        words[pos:pos + n] = vocab.ids(toks)
         words[pos + n] = vocab.eos
         pos += n + 1
     starts = np.zeros(len(sentences) + 1, dtype=np.int64)
