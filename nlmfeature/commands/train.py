@@ -140,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.as_dict(), indent=2))
     else:
-        print(f"model: {result.model_out}  best held-out perplexity {result.best_perplexity:.2f} "
-              f"at epoch {result.best_epoch}  ({result.words_per_second:.0f} words/s)", file=sys.stdout)
+        best = (f"best held-out perplexity {result.best_perplexity:.2f} at epoch {result.best_epoch}"
+                if result.best_perplexity < float("inf") else f"{result.epochs} epochs (no --test-set)")
+        print(f"model: {result.model_out}  {best}  ({result.words_per_second:.0f} words/s)", file=sys.stdout)
     return 0

@@ -161,7 +161,11 @@ class TrainResult:
     resumed_from: Optional[str] = None
 
     def as_dict(self) -> Dict[str, Any]:
-        return asdict(self)
+        """Plain JSON-able values (no held-out set: ``best_perplexity`` is None)."""
+        d = asdict(self)
+        if not math.isfinite(d["best_perplexity"]):
+            d["best_perplexity"] = None
+        return d
 
 
 # ---------------------------------------------------------------------------------------
