@@ -329,8 +329,8 @@ def brown_clusters(lines: Sequence[Sequence[str]], n_classes: Optional[int] = No
     clusters whose merge loses the least AMI is merged; then the ``C`` clusters are merged
     down to one to build the hierarchy that gives the bitstrings.
 
-    ``progress(k)`` is called as words enter (k words each time); ``threads`` defaults to the
-    number of CPUs.  ``check`` recomputes every incrementally updated loss from scratch and
+    ``progress(k)`` is called as words enter (k words each time); ``threads`` (default 1) parallelises
+    the loss-table loops; it does not change the result.  ``check`` recomputes every incrementally updated loss from scratch and
     records the largest difference in ``BrownResult.check_error`` (slow; for tests).
     """
     from ._brown import BrownKernel
@@ -365,7 +365,7 @@ def brown_clusters(lines: Sequence[Sequence[str]], n_classes: Optional[int] = No
     kernel = BrownKernel(n, C, r_start, np.ascontiguousarray(right), np.ascontiguousarray(prob),
                          l_start, np.ascontiguousarray(left[order]),
                          np.ascontiguousarray(prob[order]), word_pl, word_pr,
-                         threads or os.cpu_count() or 1)
+                         threads or 1)
     kernel.check = check
     merges, losses, mi_stage1, stage1 = kernel.run(progress)
     bits = _bitstrings(merges, n, stage1)
