@@ -330,8 +330,8 @@ def brown_clusters(lines: Sequence[Sequence[str]], n_classes: Optional[int] = No
     down to one to build the hierarchy that gives the bitstrings.
 
     ``progress(k)`` is called as words enter (k words each time); ``threads`` (default 1) parallelises
-    the loss-table loops; it does not change the result.  ``check`` recomputes every incrementally updated loss from scratch and
-    records the largest difference in ``BrownResult.check_error`` (slow; for tests).
+    the loss-table loops; it does not change the result.  ``check`` recomputes every
+    incrementally updated loss from scratch and records the largest difference in ``BrownResult.check_error`` (slow; for tests).
     """
     from ._brown import BrownKernel
 
