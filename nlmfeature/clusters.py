@@ -329,9 +329,10 @@ def brown_clusters(lines: Sequence[Sequence[str]], n_classes: Optional[int] = No
     clusters whose merge loses the least AMI is merged; then the ``C`` clusters are merged
     down to one to build the hierarchy that gives the bitstrings.
 
-    ``progress(k)`` is called as words enter (k words each time); ``threads`` (default 1) parallelises
-    the loss-table loops; it does not change the result.  ``check`` recomputes every
-    incrementally updated loss from scratch and records the largest difference in ``BrownResult.check_error`` (slow; for tests).
+    ``progress(k)`` is called as words enter (k words each time).  ``threads`` (default 1)
+    parallelises the loss-table loops; it does not change the result.  ``check`` recomputes
+    every incrementally updated loss from scratch and records the largest difference in
+    ``BrownResult.check_error`` (slow; for tests).
     """
     from ._brown import BrownKernel
 
