@@ -311,17 +311,12 @@ def nlm_log_scores(model, ctx: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     (raw (N, V) float32, offset (N,) float64) with ``log p(w | ctx_i) = raw[i, w] - offset[i]``
     (natural logs).  Exact for softmax, class and tree outputs; the raw scores (offset 0) for
     unnormalised ones.  Models with direct n-gram features are not supported."""
-    from .batch import BatchScorer
-
     h = model.header
     if h.get("direct"):
         raise NLMFeatureError(f"{model.path}: whole-vocabulary distributions of models with "
                               "direct n-gram features are not supported")
-    if model._batch is None:
-        model._batch = BatchScorer(model)
     a = model.arrays
-    H = np.ascontiguousarray(model._batch.hidden(np.ascontiguousarray(ctx, dtype=np.int32)),
-                             dtype=np.float32)
+    H = np.ascontiguousarray(model.hidden(ctx), dtype=np.float32)
     kind = model.output_type
     N = len(ctx)
     if kind in ("unnormalised", "softmax"):

@@ -151,6 +151,22 @@ class Model:
         """Sum of :meth:`score_sentence`: the sentence's natural-log probability."""
         return float(self.score_sentence(sentence).sum())
 
+    def _batcher(self):
+        if self._batch is None:
+            from .batch import BatchScorer
+            self._batch = BatchScorer(self)
+        return self._batch
+
+    def hidden(self, contexts: np.ndarray) -> np.ndarray:
+        """Final hidden vectors (N, D) of padded contexts (N, n-1): what the output layer
+        sees (for whole-vocabulary distributions, analyses)."""
+        contexts = np.ascontiguousarray(contexts, dtype=np.int32)
+        if contexts.ndim != 2 or contexts.shape[1] != self.order - 1:
+            raise ValueError(f"contexts must have shape (N, {self.order - 1})")
+        if contexts.size and (contexts.min() < 0 or contexts.max() >= len(self.vocab)):
+            raise ValueError("contexts hold ids outside the vocabulary")
+        return self._batcher().hidden(contexts)
+
     def score_batch(self, contexts: np.ndarray, words: np.ndarray) -> np.ndarray:
         """Scores of many n-grams at once through matrix products (k-best lists, perplexity).
         ``contexts`` are padded (N, n-1) int32 ids; equals the one-at-a-time scorer to float
@@ -160,10 +176,7 @@ class Model:
             raise ValueError(f"contexts must have shape (N, {self.order - 1}) with N = len(words)")
         if contexts.size and (contexts.min() < 0 or contexts.max() >= len(self.vocab)):
             raise ValueError("contexts hold ids outside the vocabulary")
-        if self._batch is None:
-            from .batch import BatchScorer
-            self._batch = BatchScorer(self)
-        return self._batch.score(np.ascontiguousarray(contexts, dtype=np.int32),
+        return self._batcher().score(np.ascontiguousarray(contexts, dtype=np.int32),
                                  np.ascontiguousarray(words, dtype=np.int32))
 
     def score_sentences(self, sentences: Iterable[Tokens], batch_size: int = 8192) -> List[float]:
