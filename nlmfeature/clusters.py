@@ -38,6 +38,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, 
 
 import numpy as np
 
+from . import textio
 from .errors import InputError, NLMFeatureError
 from .vocab import Vocabulary
 
@@ -55,22 +56,9 @@ def open_text(path: str) -> io.TextIOBase:
 
 
 def iter_lines(path: str) -> Iterator[str]:
-    """Lines of a UTF-8 text file (``*.gz`` is gunzipped), decoded one by one so that bad
-    bytes raise :class:`InputError` naming the right line."""
-    try:
-        f = gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
-    except OSError as exc:
-        raise InputError(path, 0, f"cannot read: {exc.strerror or exc}") from None
-    with f:
-        lineno = 0
-        try:
-            for lineno, raw in enumerate(f, 1):
-                yield raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InputError(path, lineno, f"not valid UTF-8 ({exc.reason} at byte "
-                             f"{exc.start}); convert the file to UTF-8") from None
-        except (OSError, EOFError) as exc:
-            raise InputError(path, lineno + 1, f"cannot read: {exc}") from None
+    """Lines of a UTF-8 text file (see :func:`nlmfeature.textio.iter_lines`)."""
+    for _, line in textio.iter_lines(path):
+        yield line
 
 
 def read_tokens(path: str) -> List[List[str]]:

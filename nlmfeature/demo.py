@@ -16,7 +16,6 @@ import argparse
 import gzip
 import os
 import shlex
-import sys
 import time
 from typing import Callable, List
 

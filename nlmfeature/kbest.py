@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Iterable, Iterator, List, Optional, Tuple
 
 from .errors import InputError
+from .textio import iter_lines  # noqa: F401  (re-exported: k-best users read lines here)
 
 #: zlib level of the .gz files written (4: about 3x faster than gzip's 9, ~10% larger)
 GZIP_LEVEL = 4
@@ -409,21 +410,6 @@ class _StdBytes:
         self._buf.flush()
 
 
-def iter_lines(path: str) -> Iterator[Tuple[int, str]]:
-    """(line number, line without newline) of a text file, streaming; a line that is not
-    UTF-8 or a truncated gzip stream is an :class:`InputError` naming the line."""
-    f = open_text(path, "rt")
-    lineno = 0
-    try:
-        for lineno, line in enumerate(f, 1):
-            yield lineno, line.rstrip("\r\n")
-    except UnicodeDecodeError as exc:
-        raise InputError(path, lineno + 1, f"not valid UTF-8 ({exc.reason}); convert the file "
-                         "to UTF-8 (e.g. with iconv)") from None
-    except (EOFError, gzip.BadGzipFile, OSError) as exc:
-        raise InputError(path, lineno + 1, f"cannot read further: {exc}") from None
-    finally:
-        f.close()
 
 
 # -- reading --------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import mmap
 import os
 import struct
 import tempfile
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Tuple
 
 import numpy as np
 

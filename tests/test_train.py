@@ -58,12 +58,12 @@ def test_ngrams_match_model_sentence_ngrams(tmp_path):
 def test_non_utf8_names_file_and_line(tmp_path):
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"the cat sat\nthe dog \xff barked\n")
-    with pytest.raises(InputError, match=r"bad.txt:2: not UTF-8"):
+    with pytest.raises(InputError, match=r"bad.txt:2: not valid UTF-8"):
         corpus.read_corpus(str(bad))
     gz = tmp_path / "bad.txt.gz"
     with gzip.open(gz, "wb") as f:
         f.write(b"fine line\nfine\n\xc3\x28 broken\n")
-    with pytest.raises(InputError, match=r"bad.txt.gz:3: not UTF-8"):
+    with pytest.raises(InputError, match=r"bad.txt.gz:3: not valid UTF-8"):
         corpus.read_corpus(str(gz))
 
 

@@ -11,7 +11,6 @@ skipped (they are not sentences).
 """
 from __future__ import annotations
 
-import gzip
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .. import textio
 from ..errors import InputError
 from ..vocab import SPECIALS, Vocabulary
 
@@ -28,24 +28,10 @@ def read_sentences(path: str) -> Iterator[Tuple[int, List[str]]]:
 
     Raises :class:`InputError` (file:line) on bytes that are not UTF-8.
     """
-    try:
-        raw = gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
-    except OSError as exc:
-        raise InputError(path, 0, f"cannot open: {exc.strerror}") from None
-    with raw:
-        lineno = 0
-        try:
-            for lineno, line in enumerate(raw, 1):
-                try:
-                    text = line.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise InputError(path, lineno, f"not UTF-8 (byte {line[exc.start]:#04x} at column "
-                                     f"{exc.start + 1}); convert the file to UTF-8 (e.g. with iconv)") from None
-                toks = text.split()
-                if toks:
-                    yield lineno, toks
-        except (OSError, EOFError) as exc:  # truncated or corrupt gzip
-            raise InputError(path, lineno + 1, f"cannot read: {exc}") from None
+    for lineno, line in textio.iter_lines(path):
+        toks = line.split()
+        if toks:
+            yield lineno, toks
 
 
 def read_lines(path: str) -> List[List[str]]:
