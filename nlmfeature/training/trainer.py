@@ -89,7 +89,7 @@ class TrainConfig:
     lambda_lbl: float = 0.0
     lr_decay: float = 1.0
     dropout: float = 0.0
-    init_scale: float = 0.1
+    init_scale: float = 0.01
     # running
     threads: int = 2
     seed: int = 1
