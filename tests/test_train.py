@@ -351,3 +351,33 @@ def test_lr_decay_returns_to_best_parameters(tmp_path):
     # the model on disk is the best evaluation's
     model = nlmfeature.load(cfg.model_out)
     assert model.perplexity(read_lines(BROWN_VALID)).perplexity == pytest.approx(min(ppl), rel=1e-5)
+
+
+def test_ctrl_c_leaves_a_checkpoint_and_the_run_resumes(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "int.nlm"
+    cmd = [sys.executable, "-m", "nlmfeature.cli", "train", "--train", BROWN_TRAIN, "--test-set", BROWN_VALID,
+           "--model-out", str(out), "--order", "3", "--word-width", "16", "--classes", "10",
+           "--noise-samples", "3", "--iterations", "50", "--minibatch-size", "8", "--threads", "1",
+           "--no-progress"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ck = checkpoint_path(str(out))
+    deadline = time.time() + 60
+    while not os.path.exists(str(out)) and time.time() < deadline:  # first evaluation done
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "run the same command again to resume" in err
+    _, meta = _checkpoint_params(ck)
+    assert meta["step"] > 0
+    again = subprocess.run(cmd + ["--max-updates", "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert f"resuming from {ck}" in again.stderr
+    _, meta2 = _checkpoint_params(ck)
+    assert meta2["step"] == meta["step"] + 3
