@@ -62,7 +62,7 @@ void Usage() {
       "  --model PATH              nlmfeature model file (required)\n"
       "  --name NAME               feature name (default NLM)\n"
       "  --persistent-cache DIR    keep n-gram scores per sentence id in DIR (tuning)\n"
-      "  --persistent-cache-max S  disk bound of DIR, e.g. 500M, 2G (default 1G)\n"
+      "  --persistent-cache-max S  disk bound of DIR, e.g. 500M, 2G (default 4G)\n"
       "  --cache-entries N         per-sentence context cache bound (default 65536)\n"
       "  --oov-feature             also fire NAME_OOV: rule words unknown to the model\n"
       "  --stats                   print cache statistics per sentence to stderr\n";

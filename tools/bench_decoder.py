@@ -84,6 +84,18 @@ def base_ini(system: str) -> Tuple[List[str], List[str]]:
     return other + ["[feature]"] + sections["feature"], sections["weight"]
 
 
+def ini_weights(path: str) -> List[str]:
+    """The lines of the [weight] section of a moses.ini."""
+    out, on = [], False
+    for line in open(path, encoding="utf-8"):
+        line = line.strip()
+        if line.startswith("["):
+            on = line == "[weight]"
+        elif on and line and not line.startswith("#"):
+            out.append(line)
+    return out
+
+
 def write_ini(path: str, head: List[str], weights: List[str], nlm: Optional[str] = None,
               nlm_weight: float = 0.1, extra: str = "") -> str:
     lines = list(head)
@@ -153,12 +165,17 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", default="1,2", help="comma-separated decoder thread counts (default 1,2)")
     ap.add_argument("--repeats", type=int, default=3, help="runs per configuration; the minimum is kept")
     ap.add_argument("--nlm-weight", type=float, default=0.1, help="weight of NLM0 (default 0.1)")
+    ap.add_argument("--weights", action="append", default=[], metavar="NAME=MOSES_INI",
+                    help="use the [weight] section of this moses.ini (e.g. tuned by nlmfeature-tune) for "
+                         "configuration NAME (kenlm or a --model name); repeatable")
     ap.add_argument("--tune-src", default=os.path.join(PARALLEL, "dev.fr.gz"), help="dev source for tuning")
     ap.add_argument("--tune-ref", default=os.path.join(PARALLEL, "dev.en.gz"), help="dev reference")
     ap.add_argument("--tune-sentences", type=int, default=100, help="dev sentences (default 100; 0 skips "
                     "the tuning measurement)")
     ap.add_argument("--tune-models", default="", help="comma-separated model names for the tuning "
                     "measurement (default: all)")
+    ap.add_argument("--tune-algorithm", default="mert", choices=["mert", "mira", "pro"],
+                    help="optimiser giving the second iteration's weights (default mert)")
     ap.add_argument("--workdir", default=None, help="keep files here (default: a temporary directory)")
     ap.add_argument("--json", default=None, help="write all figures to this JSON file")
     args = ap.parse_args(argv)
@@ -178,9 +195,12 @@ def main(argv=None) -> int:
     empty = os.path.join(work, "empty.src")
     open(empty, "w").close()
     n = len(refs)
-    configs = {"kenlm": write_ini(os.path.join(work, "kenlm.ini"), head, weights)}
+    tuned = {k: ini_weights(v) for k, v in (w.split("=", 1) for w in args.weights)}
+    configs = {"kenlm": write_ini(os.path.join(work, "kenlm.ini"), head, tuned.get("kenlm", weights))}
     for name, path in models.items():
-        configs[name] = write_ini(os.path.join(work, f"{name}.ini"), head, weights, path, args.nlm_weight)
+        w = tuned.get(name, weights)
+        nw = next((float(x.split()[1]) for x in w if x.startswith("NLM0=")), args.nlm_weight)
+        configs[name] = write_ini(os.path.join(work, f"{name}.ini"), head, w, path, nw)
     threads = [int(t) for t in args.threads.split(",")]
     results: Dict = {"moses": moses, "sentences": n, "configs": {}}
     print(f"moses: {moses}\nworkdir: {work}\n{n} test sentences, threads {threads}, {args.repeats} repeats")
@@ -246,7 +266,9 @@ def main(argv=None) -> int:
             it1 = run_moses(moses, ini_pc, dev, nbest=nb1)
             w1 = os.path.join(work, f"{name}.w1")
             subprocess.run(["nlmfeature-tune", "optimise", "--nbest", nb1, "--init", ini_pc, "--ref", devref,
-                            "--out", w1, "--restarts", "5", "--quiet"], check=True, capture_output=True)
+                            "--out", w1, "--algorithm", args.tune_algorithm, "--quiet"]
+                           + (["--restarts", "5"] if args.tune_algorithm == "mert" else []),
+                           check=True, capture_output=True)
             wline = " ".join(l.strip() for l in open(w1) if l.strip())
             wfile = os.path.join(work, f"{name}.w1.line")
             with open(wfile, "w") as f:

@@ -85,7 +85,7 @@ cdef enum:
     PATH_MAX_LEN = 4096
 cdef const char* MAGIC = b"NLMPCACH"
 cdef uint32_t FORMAT_VERSION = 1
-cdef int64_t C_DEFAULT_MAX_BYTES = 1 << 30
+cdef int64_t C_DEFAULT_MAX_BYTES = 4LL << 30
 cdef int64_t C_DEFAULT_NGRAM_ENTRIES = 1 << 20
 #: default bound on a persistent cache directory (bytes)
 DEFAULT_MAX_BYTES = C_DEFAULT_MAX_BYTES

@@ -91,7 +91,7 @@ typedef struct nlm_session_options {
                                        persistent cache it is on (default bound 1048576) */
     const char* persistent_cache; /**< directory of the persistent tuning cache, or NULL:
                                        sentence i's scores are kept in DIR/<checksum>/i.nlmc */
-    int64_t persistent_max_bytes; /**< disk bound of that directory (default 1 GiB); least
+    int64_t persistent_max_bytes; /**< disk bound of that directory (default 4 GiB); least
                                        recently used files are deleted beyond it */
     int quiet;                    /**< 1: do not warn on stderr about ignored cache files */
     int context_cache;            /**< cache each context's hidden vector: -1 (default) when the
