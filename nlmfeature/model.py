@@ -123,10 +123,13 @@ class Model:
         return ctx, ids.astype(np.int32)
 
     # -- scoring ------------------------------------------------------------------------
-    def session(self, cache_entries: int = DEFAULT_CACHE_ENTRIES) -> Session:
+    def session(self, cache_entries: int = DEFAULT_CACHE_ENTRIES, ngram_entries: int = -1) -> Session:
         """A new :class:`Session` (per-thread scorer with per-sentence caches).
-        ``cache_entries`` bounds each cache; 0 turns caching off."""
-        return self.native.session(cache_entries)
+        ``cache_entries`` bounds the context and class-normaliser caches (0 turns caching
+        off); ``ngram_entries`` bounds the exact n-gram score cache (-1: ``4 * cache_entries``
+        when a lookup costs more than a probe, i.e. normalised outputs or dense layers;
+        0: off)."""
+        return self.native.session(cache_entries, ngram_entries)
 
     def _default_session(self) -> Session:
         if self._session is None:

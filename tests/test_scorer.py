@@ -148,24 +148,35 @@ def test_cache_hits_equal_misses(tmp_path, out):
     lines = [l.split() for l in read_lines(BROWN_VALID, 60)]
     ctxs, words = zip(*(model.sentence_ngrams(l) for l in lines))
     ctx, w = np.concatenate(ctxs), np.concatenate(words)
-    cached, uncached = model.session(1 << 12), model.session(0)
+    # the context/normaliser caches alone (n-gram cache off), then with the n-gram cache
+    cached, uncached = model.session(1 << 12, 0), model.session(0)
     first = cached.score_padded(ctx, w)
     again = cached.score_padded(ctx, w)  # now served from the cache
     st = cached.stats()
-    assert st["context_hits"] >= len(w)
+    assert st["context_hits"] >= len(w) and st["ngram_hits"] == 0
     if out == "class":
         assert st["class_hits"] >= len(w)
     assert np.array_equal(first, again)
     assert np.allclose(first, uncached.score_padded(ctx, w), atol=1e-9)
-    # a tiny cache is cleared when full and still returns the same scores
-    tiny = model.session(3)
+    ngram = model.session(1 << 12, 1 << 14)
+    assert np.array_equal(ngram.score_padded(ctx, w), first)
+    assert np.array_equal(ngram.score_padded(ctx, w), first)  # exact repeats: from the n-gram cache
+    assert ngram.stats()["ngram_hits"] >= len(w)
+    # the automatic choice: on for this model (dense layers), hits equal misses
+    auto = model.session(1 << 12)
+    assert auto.stats()["ngram_cache_enabled"]
+    assert np.array_equal(auto.score_padded(ctx, w), first)
+    # tiny caches are cleared (context) or stop growing (n-grams) and stay exact
+    tiny = model.session(3, 5)
+    assert np.allclose(tiny.score_padded(ctx, w), first, atol=1e-9)
     assert np.allclose(tiny.score_padded(ctx, w), first, atol=1e-9)
     assert tiny.stats()["cache_clears"] > 0
     # a new sentence empties the caches
-    cached.begin_sentence(1)
-    before = cached.stats()["context_misses"]
-    cached.score_padded(ctx[:5], w[:5])
-    assert cached.stats()["context_misses"] > before
+    for sess in (cached, ngram):
+        sess.begin_sentence(1)
+        before = sess.stats()["context_misses"]
+        sess.score_padded(ctx[:5], w[:5])
+        assert sess.stats()["context_misses"] > before
 
 
 @pytest.mark.parametrize("out", ["unnormalised", "class"])

@@ -1,7 +1,7 @@
 # Cached scoring sessions: the core SessionC plus an exact n-gram score cache that can be
 # persisted per (model checksum, sentence id) in a directory (the persistent tuning cache).
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
-from nlmfeature._scorer cimport ModelC, SessionC
+from nlmfeature._scorer cimport ModelC, SessionC, NgramTable
 
 cdef extern from "../../nlmfeature/capi/nlm_vtable.h":
     enum:
@@ -21,18 +21,6 @@ cdef extern from "../../nlmfeature/capi/nlm_vtable.h":
         NLM_VT_STAT_SENTENCES
         NLM_VT_STAT_COUNT
 
-# Exact-key n-gram table: key = padded context (n-1 ids) + word; value = score.  One
-# interleaved array of slots, each ``stride`` int32: [generation, key..., score (2 words),
-# flags], so a probe touches one place in memory.
-ctypedef struct NgramTable:
-    int key_len
-    int stride
-    int64_t capacity          # power of two (0 = not allocated)
-    int64_t count
-    int64_t limit             # most entries kept per sentence (then no more inserts)
-    uint32_t generation
-    int32_t* slots
-
 ctypedef struct CSession:
     SessionC* core
     const ModelC* model
@@ -51,6 +39,7 @@ ctypedef struct CSession:
     int64_t est_bytes         # estimate of the directory's size (-1: unknown)
     int64_t written_since_scan
     int64_t stats[NLM_VT_STAT_COUNT]
+    void* query_log           # FILE* recording every lookup (NLMFEATURE_QUERY_LOG), or NULL
 
 cdef CSession* cs_new(const ModelC* m, const unsigned char* checksum, const char* checksum_hex,
                       int64_t cache_entries, int64_t ngram_entries, const char* persistent_dir,

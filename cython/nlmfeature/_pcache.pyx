@@ -31,7 +31,8 @@ Everything here except the Python classes at the bottom runs without the GIL.
 cimport cython
 from libc.errno cimport errno, ENOENT, EEXIST, EINTR
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
-from libc.stdio cimport fprintf, stderr, snprintf, rename
+from libc.stdio cimport fprintf, stderr, snprintf, rename, FILE, fopen, fwrite, fclose
+from libc.stdlib cimport getenv
 from libc.stdlib cimport calloc, free, malloc, realloc, qsort
 from libc.string cimport memcpy, memset, strlen, strerror, strcmp, strncpy
 from posix.stat cimport struct_stat, fstat, stat, S_ISDIR, S_ISREG
@@ -39,7 +40,9 @@ from cpython.pycapsule cimport PyCapsule_GetPointer
 
 from nlmfeature._scorer cimport (ModelC, SessionC, nlm_session_new, nlm_session_free,
                                  nlm_session_begin, nlm_score_padded, nlm_pad_context,
-                                 splitmix64, NLM_MAX_ORDER)
+                                 splitmix64, NLM_MAX_ORDER, NgramTable, nt_alloc, nt_free,
+                                 nt_clear, nt_find, nt_insert, nt_slot, nt_value, nt_set, nt_disk,
+                                 nt_live)
 
 import numpy as np
 
@@ -93,149 +96,6 @@ DEFAULT_MAX_BYTES = C_DEFAULT_MAX_BYTES
 DEFAULT_NGRAM_ENTRIES = C_DEFAULT_NGRAM_ENTRIES
 FILE_SUFFIX = ".nlmc"
 HEADER_SIZE = HEADER_BYTES
-
-# ---------------------------------------------------------------------------------------
-# exact-key n-gram table (grows by doubling up to its limit; O(1) clear per sentence)
-# ---------------------------------------------------------------------------------------
-
-cdef inline uint64_t ngram_hash(const int32_t* key, int n) noexcept nogil:
-    cdef uint64_t h = 0x9E3779B97F4A7C15ULL
-    cdef int i
-    for i in range(n):
-        h = (h + <uint32_t>key[i]) * 0xBF58476D1CE4E5B9ULL
-        h ^= h >> 31
-    return splitmix64(h)
-
-
-cdef inline int32_t* nt_slot(const NgramTable* t, uint64_t slot) noexcept nogil:
-    return t.slots + slot * <uint64_t>t.stride
-
-
-cdef inline double nt_value(const int32_t* slot, int key_len) noexcept nogil:
-    cdef double v
-    memcpy(&v, slot + 1 + key_len, 8)
-    return v
-
-
-cdef inline void nt_set(int32_t* slot, int key_len, double v, int disk) noexcept nogil:
-    memcpy(slot + 1 + key_len, &v, 8)
-    slot[3 + key_len] = disk
-
-
-cdef inline int nt_disk(const int32_t* slot, int key_len) noexcept nogil:
-    return slot[3 + key_len]
-
-
-cdef inline int nt_live(const NgramTable* t, const int32_t* slot) noexcept nogil:
-    return <uint32_t>slot[0] == t.generation
-
-
-cdef inline int nt_same(const int32_t* slot, const int32_t* key, int n) noexcept nogil:
-    cdef int i
-    for i in range(n):
-        if slot[1 + i] != key[i]:
-            return 0
-    return 1
-
-
-cdef int nt_alloc(NgramTable* t, int64_t capacity) noexcept nogil:
-    t.stride = t.key_len + 4
-    t.slots = <int32_t*>calloc(capacity * t.stride, sizeof(int32_t))
-    if t.slots == NULL:
-        return -1
-    t.capacity = capacity
-    t.generation = 1
-    return 0
-
-
-cdef void nt_free(NgramTable* t) noexcept nogil:
-    free(t.slots)
-    t.slots = NULL
-    t.capacity = 0
-    t.count = 0
-
-
-cdef void nt_clear(NgramTable* t) noexcept nogil:
-    cdef int64_t i
-    t.count = 0
-    t.generation += 1
-    if t.generation == 0:
-        for i in range(t.capacity):
-            t.slots[i * t.stride] = 0
-        t.generation = 1
-
-
-cdef int64_t nt_find(const NgramTable* t, const int32_t* key) noexcept nogil:
-    """Slot of ``key`` or -1."""
-    cdef uint64_t mask, slot
-    cdef const int32_t* p
-    if t.capacity == 0:
-        return -1
-    mask = <uint64_t>t.capacity - 1
-    slot = ngram_hash(key, t.key_len) & mask
-    while True:
-        p = nt_slot(t, slot)
-        if not nt_live(t, p):
-            return -1
-        if nt_same(p, key, t.key_len):
-            return <int64_t>slot
-        slot = (slot + 1) & mask
-
-
-cdef int nt_grow(NgramTable* t) noexcept nogil:
-    cdef NgramTable old = t[0]
-    cdef int64_t cap = old.capacity * 2 if old.capacity else 4096
-    cdef int64_t i
-    cdef uint64_t mask, slot
-    cdef const int32_t* src
-    if nt_alloc(t, cap) != 0:
-        t[0] = old
-        return -1
-    t.count = 0
-    mask = <uint64_t>cap - 1
-    for i in range(old.capacity):
-        src = old.slots + i * old.stride
-        if <uint32_t>src[0] == old.generation:
-            slot = ngram_hash(src + 1, t.key_len) & mask
-            while nt_live(t, nt_slot(t, slot)):
-                slot = (slot + 1) & mask
-            memcpy(nt_slot(t, slot), src, t.stride * sizeof(int32_t))
-            nt_slot(t, slot)[0] = <int32_t>t.generation
-            t.count += 1
-    nt_free(&old)
-    return 0
-
-
-cdef int64_t nt_insert(NgramTable* t, const int32_t* key, int* found) noexcept nogil:
-    """Slot of ``key``, inserted if absent (found=0); -1 when the table is full."""
-    cdef uint64_t mask, slot
-    cdef int32_t* p
-    found[0] = 0
-    if t.capacity:
-        mask = <uint64_t>t.capacity - 1
-        slot = ngram_hash(key, t.key_len) & mask
-        while True:
-            p = nt_slot(t, slot)
-            if not nt_live(t, p):
-                break
-            if nt_same(p, key, t.key_len):
-                found[0] = 1
-                return <int64_t>slot
-            slot = (slot + 1) & mask
-    if t.count >= t.limit:
-        return -1
-    if 2 * (t.count + 1) > t.capacity:
-        if nt_grow(t) != 0:
-            return -1
-    mask = <uint64_t>t.capacity - 1
-    slot = ngram_hash(key, t.key_len) & mask
-    while nt_live(t, nt_slot(t, slot)):
-        slot = (slot + 1) & mask
-    p = nt_slot(t, slot)
-    p[0] = <int32_t>t.generation
-    memcpy(p + 1, key, t.key_len * sizeof(int32_t))
-    t.count += 1
-    return <int64_t>slot
 
 # ---------------------------------------------------------------------------------------
 # file helpers
@@ -490,7 +350,10 @@ cdef CSession* cs_new(const ModelC* m, const unsigned char* checksum, const char
     s.quiet = quiet
     s.max_bytes = max_bytes if max_bytes > 0 else C_DEFAULT_MAX_BYTES
     memcpy(s.checksum, checksum, 8)
-    s.core = nlm_session_new(m, cache_entries)
+    # Without a persistent cache the core session keeps the n-gram cache (``ngram_entries``
+    # < 0: when it pays); with one, this session's table does, so it can be written out.
+    s.ngram_on = persistent_dir != NULL and persistent_dir[0] != 0
+    s.core = nlm_session_new(m, cache_entries, 0 if s.ngram_on else ngram_entries)
     if s.core == NULL:
         set_err(err, errlen, "out of memory allocating a session", "", 0)
         cs_free(s)
@@ -498,12 +361,8 @@ cdef CSession* cs_new(const ModelC* m, const unsigned char* checksum, const char
     if context_cache >= 0 and s.core.cache_enabled:
         s.core.ctx_cache_enabled = context_cache
     s.table.key_len = m.order
-    s.table.limit = ngram_entries
-    s.ngram_on = ngram_entries > 0
-    if persistent_dir != NULL and persistent_dir[0] != 0:
-        if not s.ngram_on:
-            s.ngram_on = 1
-            s.table.limit = C_DEFAULT_NGRAM_ENTRIES
+    s.table.limit = ngram_entries if ngram_entries > 0 else C_DEFAULT_NGRAM_ENTRIES
+    if s.ngram_on:
         n = strlen(persistent_dir)
         if n + 40 >= PATH_MAX_LEN:
             set_err(err, errlen, "persistent cache directory path is too long: ", persistent_dir, 0)
@@ -524,7 +383,33 @@ cdef CSession* cs_new(const ModelC* m, const unsigned char* checksum, const char
             set_err(err, errlen, "cannot create the persistent cache directory ", s.dir, errno)
             cs_free(s)
             return NULL
+    open_query_log(s)
     return s
+
+
+cdef void open_query_log(CSession* s) noexcept nogil:
+    """NLMFEATURE_QUERY_LOG=DIR: record every lookup of this session in
+    DIR/queries.<pid>.<n>.bin (see ``nlmfeature.querylog``), for replay by
+    ``nlmfeature bench query --replay``.  Recording costs one buffered write per lookup."""
+    cdef const char* d = getenv("NLMFEATURE_QUERY_LOG")
+    cdef char path[PATH_MAX_LEN]
+    cdef int32_t head[4]
+    if d == NULL or d[0] == 0:
+        return
+    make_dirs(d)
+    snprintf(path, PATH_MAX_LEN, "%s/queries.%d.%llu.bin", d, c_getpid(), nlm_pcache_next())
+    s.query_log = fopen(path, "wb")
+    if s.query_log == NULL:
+        if not s.quiet:
+            fprintf(stderr, "nlmfeature: warning: cannot record queries in %s: %s\n", path, strerror(errno))
+        return
+    fwrite(b"NLMQLOG1", 1, 8, <FILE*>s.query_log)
+    head[0] = s.key_len
+    head[1] = s.model.vocab_size
+    head[2] = 0
+    head[3] = 0
+    fwrite(head, 4, 4, <FILE*>s.query_log)
+    fwrite(s.checksum, 1, 8, <FILE*>s.query_log)
 
 
 cdef void cs_free(CSession* s) noexcept nogil:
@@ -532,6 +417,8 @@ cdef void cs_free(CSession* s) noexcept nogil:
         return
     if s.active:
         cs_end(s)
+    if s.query_log != NULL:
+        fclose(<FILE*>s.query_log)
     nlm_session_free(s.core)
     nt_free(&s.table)
     free(s.root)
@@ -551,6 +438,7 @@ cdef void warn(CSession* s, const char* path, const char* why) noexcept nogil:
 
 cdef int cs_begin(CSession* s, int64_t sentence_id) noexcept nogil:
     """Start a sentence: empties the per-sentence caches and loads the sentence's file."""
+    cdef int32_t key[NLM_MAX_ORDER + 1]
     cdef char path[PATH_MAX_LEN]
     cdef unsigned char* buf
     cdef int64_t size = 0, i, slot
@@ -568,6 +456,12 @@ cdef int cs_begin(CSession* s, int64_t sentence_id) noexcept nogil:
     s.dirty = 0
     s.new_entries = 0
     s.stats[NLM_VT_STAT_SENTENCES] += 1
+    if s.query_log != NULL:
+        # a sentence marker: key_len int32, the first -1, the second the sentence id
+        memset(key, 0, sizeof(key))
+        key[0] = -1
+        key[1] = <int32_t>sentence_id
+        fwrite(key, 4, s.key_len, <FILE*>s.query_log)
     if s.ngram_on and s.table.capacity:
         nt_clear(&s.table)
     if s.dir == NULL or sentence_id < 0:
@@ -744,6 +638,9 @@ cdef double cs_score_padded(CSession* s, const int32_t* ctx, int32_t w) noexcept
     cdef int32_t* p
     cdef double v
     s.stats[NLM_VT_STAT_LOOKUPS] += 1
+    if s.query_log != NULL:
+        fwrite(ctx, 4, s.key_len - 1, <FILE*>s.query_log)
+        fwrite(&w, 4, 1, <FILE*>s.query_log)
     if not s.ngram_on:
         return nlm_score_padded(s.core, ctx, w)
     for i in range(s.key_len - 1):
@@ -778,6 +675,8 @@ cdef void cs_stats(CSession* s, int64_t* out, int n) noexcept nogil:
     s.stats[NLM_VT_STAT_CONTEXT_MISSES] = s.core.ctx_cache.misses
     s.stats[NLM_VT_STAT_CLASS_HITS] = s.core.class_cache.hits
     s.stats[NLM_VT_STAT_CLASS_MISSES] = s.core.class_cache.misses
+    if not s.ngram_on:
+        s.stats[NLM_VT_STAT_NGRAM_HITS] = s.core.ngram_cache.hits
     for i in range(n):
         out[i] = s.stats[i] if i < NLM_VT_STAT_COUNT else 0
 
@@ -825,8 +724,8 @@ cdef class CachedScorer:
     sentence ``i`` are loaded from ``directory/<model checksum>/<i>.nlmc`` by
     :meth:`begin` and merged back into it by :meth:`end`.  ``max_bytes`` bounds the
     directory (least recently used files are deleted); ``cache_entries`` bounds the core
-    context cache and ``ngram_entries`` the n-gram cache of one sentence (0: off without
-    a directory, :data:`DEFAULT_NGRAM_ENTRIES` with one); ``context_cache``
+    context cache and ``ngram_entries`` the n-gram cache of one sentence (-1: the core's
+    choice without a directory, :data:`DEFAULT_NGRAM_ENTRIES` with one; 0: off without one); ``context_cache``
     forces caching of hidden vectors on (1) or off (0) instead of the core's choice (-1).  One scorer per
     thread; scores are natural logs, identical to :meth:`Model.score_sentence`.
     """
@@ -835,7 +734,7 @@ cdef class CachedScorer:
     cdef object _capsule
 
     def __cinit__(self, model, directory=None, int64_t max_bytes=0, int64_t cache_entries=1 << 16,
-                  int64_t ngram_entries=0, bint quiet=False, int context_cache=-1):
+                  int64_t ngram_entries=-1, bint quiet=False, int context_cache=-1):
         cdef char err[1024]
         cdef const ModelC* m
         cdef bytes cs = bytes.fromhex(model.checksum)

@@ -3,6 +3,7 @@
 # Everything here is plain C data: the decoder-facing C ABI (``libnlmfeature``) and the
 # Python API both drive the same ``nogil`` functions declared at the bottom.
 from libc.stdint cimport int8_t, int32_t, int64_t, uint32_t, uint64_t
+from libc.string cimport memcpy
 
 cdef enum:
     NLM_MAX_ORDER = 16
@@ -104,6 +105,21 @@ ctypedef struct TableC:
     int64_t misses
     int64_t clears
 
+# Exact n-gram score table (the per-sentence n-gram cache and the persistent tuning cache):
+# open addressing in one interleaved array, so a probe touches one place in memory; each
+# slot is ``stride = key_len + 4`` int32: [generation, key..., score (double, 2 words), flag].
+# Grows by doubling up to ``limit`` entries; cleared in O(1) by bumping the generation.
+ctypedef struct NgramTable:
+    int key_len
+    int stride
+    int64_t capacity          # power of two (0 = not allocated)
+    int64_t count
+    int64_t limit             # most entries kept per sentence (then no more inserts)
+    uint32_t generation
+    int32_t* slots
+    int64_t hits
+    int64_t misses
+
 ctypedef struct SessionC:
     const ModelC* model
     float* buf0
@@ -115,6 +131,8 @@ ctypedef struct SessionC:
     int ctx_cache_enabled     # the context cache pays off (normalised output or a costly network)
     TableC ctx_cache          # key: padded context; fvals: hidden vector; dvals: [logZ softmax, logZ class]
     TableC class_cache        # key: padded context + class; dvals: [logZ within class]
+    int ngram_cache_enabled   # exact (context, word) -> score cache (when a lookup costs more than a probe)
+    NgramTable ngram_cache
     int64_t lookups
     int64_t sentence_id
 
@@ -124,7 +142,8 @@ cdef int64_t nlm_vocab_find(const int64_t* offsets, const unsigned char* data, c
 cdef int nlm_pad_context(const ModelC* m, const int32_t* ids, int n, int32_t* out) noexcept nogil
 cdef void nlm_compute_hidden(const ModelC* m, const int32_t* ctx, float* out,
                              float* b0, float* b1, float* b2) noexcept nogil
-cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries) noexcept nogil
+cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t ngram_entries) noexcept nogil
+cdef int nlm_ngram_cache_pays(const ModelC* m) noexcept nogil
 cdef void nlm_session_free(SessionC* s) noexcept nogil
 cdef void nlm_session_begin(SessionC* s, int64_t sentence_id) noexcept nogil
 cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t word) noexcept nogil
@@ -135,3 +154,40 @@ cdef int table_init(TableC* t, int key_len, int fval_len, int dval_len, int64_t 
 cdef void table_free(TableC* t) noexcept nogil
 cdef void table_clear(TableC* t) noexcept nogil
 cdef int64_t table_slot(TableC* t, const int32_t* key, int* found) noexcept nogil  # returns the entry index
+
+# exact n-gram tables
+cdef int nt_alloc(NgramTable* t, int64_t capacity) noexcept nogil
+cdef void nt_free(NgramTable* t) noexcept nogil
+cdef void nt_clear(NgramTable* t) noexcept nogil
+cdef int64_t nt_find(const NgramTable* t, const int32_t* key) noexcept nogil
+cdef int64_t nt_insert(NgramTable* t, const int32_t* key, int* found) noexcept nogil
+
+cdef inline int32_t* nt_slot(const NgramTable* t, uint64_t slot) noexcept nogil:
+    return t.slots + slot * <uint64_t>t.stride
+
+
+cdef inline double nt_value(const int32_t* slot, int key_len) noexcept nogil:
+    cdef double v
+    memcpy(&v, slot + 1 + key_len, 8)
+    return v
+
+
+cdef inline void nt_set(int32_t* slot, int key_len, double v, int disk) noexcept nogil:
+    memcpy(slot + 1 + key_len, &v, 8)
+    slot[3 + key_len] = disk
+
+
+cdef inline int nt_disk(const int32_t* slot, int key_len) noexcept nogil:
+    return slot[3 + key_len]
+
+
+cdef inline int nt_live(const NgramTable* t, const int32_t* slot) noexcept nogil:
+    return <uint32_t>slot[0] == t.generation
+
+
+cdef inline int nt_same(const int32_t* slot, const int32_t* key, int n) noexcept nogil:
+    cdef int i
+    for i in range(n):
+        if slot[1 + i] != key[i]:
+            return 0
+    return 1

@@ -294,6 +294,117 @@ cdef int64_t table_slot(TableC* t, const int32_t* key, int* found) noexcept nogi
     found[0] = 0
     return slot[1]
 
+# exact n-gram tables (see NgramTable in _scorer.pxd)
+
+cdef inline uint64_t ngram_hash(const int32_t* key, int n) noexcept nogil:
+    cdef uint64_t h = 0x9E3779B97F4A7C15ULL
+    cdef int i
+    for i in range(n):
+        h = (h + <uint32_t>key[i]) * 0xBF58476D1CE4E5B9ULL
+        h ^= h >> 31
+    return splitmix64(h)
+
+
+cdef int nt_alloc(NgramTable* t, int64_t capacity) noexcept nogil:
+    t.stride = t.key_len + 4
+    t.slots = <int32_t*>calloc(capacity * t.stride, sizeof(int32_t))
+    if t.slots == NULL:
+        return -1
+    t.capacity = capacity
+    t.generation = 1
+    return 0
+
+
+cdef void nt_free(NgramTable* t) noexcept nogil:
+    free(t.slots)
+    t.slots = NULL
+    t.capacity = 0
+    t.count = 0
+
+
+cdef void nt_clear(NgramTable* t) noexcept nogil:
+    cdef int64_t i
+    t.count = 0
+    t.generation += 1
+    if t.generation == 0:
+        for i in range(t.capacity):
+            t.slots[i * t.stride] = 0
+        t.generation = 1
+
+
+cdef int64_t nt_find(const NgramTable* t, const int32_t* key) noexcept nogil:
+    """Slot of ``key`` or -1."""
+    cdef uint64_t mask, slot
+    cdef const int32_t* p
+    if t.capacity == 0:
+        return -1
+    mask = <uint64_t>t.capacity - 1
+    slot = ngram_hash(key, t.key_len) & mask
+    while True:
+        p = nt_slot(t, slot)
+        if not nt_live(t, p):
+            return -1
+        if nt_same(p, key, t.key_len):
+            return <int64_t>slot
+        slot = (slot + 1) & mask
+
+
+cdef int nt_grow(NgramTable* t) noexcept nogil:
+    cdef NgramTable old = t[0]
+    cdef int64_t cap = old.capacity * 2 if old.capacity else 4096
+    cdef int64_t i
+    cdef uint64_t mask, slot
+    cdef const int32_t* src
+    if nt_alloc(t, cap) != 0:
+        t[0] = old
+        return -1
+    t.count = 0
+    mask = <uint64_t>cap - 1
+    for i in range(old.capacity):
+        src = old.slots + i * old.stride
+        if <uint32_t>src[0] == old.generation:
+            slot = ngram_hash(src + 1, t.key_len) & mask
+            while nt_live(t, nt_slot(t, slot)):
+                slot = (slot + 1) & mask
+            memcpy(nt_slot(t, slot), src, t.stride * sizeof(int32_t))
+            nt_slot(t, slot)[0] = <int32_t>t.generation
+            t.count += 1
+    nt_free(&old)
+    return 0
+
+
+cdef int64_t nt_insert(NgramTable* t, const int32_t* key, int* found) noexcept nogil:
+    """Slot of ``key``, inserted if absent (found=0); -1 when the table is full."""
+    cdef uint64_t mask, slot
+    cdef int32_t* p
+    found[0] = 0
+    if t.capacity:
+        mask = <uint64_t>t.capacity - 1
+        slot = ngram_hash(key, t.key_len) & mask
+        while True:
+            p = nt_slot(t, slot)
+            if not nt_live(t, p):
+                break
+            if nt_same(p, key, t.key_len):
+                found[0] = 1
+                return <int64_t>slot
+            slot = (slot + 1) & mask
+    if t.count >= t.limit:
+        return -1
+    if 2 * (t.count + 1) > t.capacity:
+        if nt_grow(t) != 0:
+            return -1
+    mask = <uint64_t>t.capacity - 1
+    slot = ngram_hash(key, t.key_len) & mask
+    while nt_live(t, nt_slot(t, slot)):
+        slot = (slot + 1) & mask
+    p = nt_slot(t, slot)
+    p[0] = <int32_t>t.generation
+    memcpy(p + 1, key, t.key_len * sizeof(int32_t))
+    t.count += 1
+    return <int64_t>slot
+
+
 # ---------------------------------------------------------------------------------------
 # the network
 # ---------------------------------------------------------------------------------------
@@ -453,8 +564,17 @@ cdef int context_cache_pays(const ModelC* m) noexcept nogil:
     return 0
 
 
-cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries) noexcept nogil:
-    """A new per-thread session; ``cache_entries`` <= 0 disables the caches.  NULL on OOM."""
+cdef int nlm_ngram_cache_pays(const ModelC* m) noexcept nogil:
+    """Whether an exact (context, word) -> score cache beats recomputing: when a lookup costs
+    more than a probe (normalised outputs, dense layers, full matrices without tables).
+    Decoders repeat most n-grams (a Moses sentence: ~70% of lookups are exact repeats)."""
+    return m.output_type == OUT_TREE or context_cache_pays(m)
+
+
+cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t ngram_entries) noexcept nogil:
+    """A new per-thread session; ``cache_entries`` <= 0 disables the context/normaliser
+    caches; ``ngram_entries`` bounds the exact n-gram cache (0 off, < 0: ``4 * cache_entries``
+    when :c:func:`nlm_ngram_cache_pays`).  NULL on OOM."""
     cdef SessionC* s = <SessionC*>calloc(1, sizeof(SessionC))
     cdef int64_t nscratch = m.vocab_size
     cdef int32_t c, ckey
@@ -480,6 +600,11 @@ cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries) noexcept 
                 table_init(&s.class_cache, m.ctx_len + 1, 0, 1, cache_entries) != 0):
             nlm_session_free(s)
             return NULL
+    if ngram_entries < 0:
+        ngram_entries = 4 * cache_entries if (cache_entries > 0 and nlm_ngram_cache_pays(m)) else 0
+    s.ngram_cache_enabled = ngram_entries > 0
+    s.ngram_cache.key_len = m.order
+    s.ngram_cache.limit = ngram_entries
     return s
 
 
@@ -493,6 +618,7 @@ cdef void nlm_session_free(SessionC* s) noexcept nogil:
     free(s.scratch)
     table_free(&s.ctx_cache)
     table_free(&s.class_cache)
+    nt_free(&s.ngram_cache)
     free(s)
 
 
@@ -502,10 +628,35 @@ cdef void nlm_session_begin(SessionC* s, int64_t sentence_id) noexcept nogil:
     if s.cache_enabled:
         table_clear(&s.ctx_cache)
         table_clear(&s.class_cache)
+    if s.ngram_cache_enabled and s.ngram_cache.capacity:
+        nt_clear(&s.ngram_cache)
 
 
 cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t w) noexcept nogil:
     """Natural-log score of word ``w`` after the padded context ``ctx`` (n-1 valid ids)."""
+    cdef int32_t key[NLM_MAX_ORDER + 1]
+    cdef int found = 0, i
+    cdef int64_t slot
+    cdef double v
+    if not s.ngram_cache_enabled:
+        return score_uncached_ngram(s, ctx, w)
+    for i in range(s.model.ctx_len):
+        key[i] = ctx[i]
+    key[s.model.ctx_len] = w
+    slot = nt_insert(&s.ngram_cache, key, &found)
+    if found:
+        s.lookups += 1
+        s.ngram_cache.hits += 1
+        return nt_value(nt_slot(&s.ngram_cache, slot), s.ngram_cache.key_len)
+    s.ngram_cache.misses += 1
+    v = score_uncached_ngram(s, ctx, w)
+    if slot >= 0:
+        nt_set(nt_slot(&s.ngram_cache, slot), s.ngram_cache.key_len, v, 0)
+    return v
+
+
+cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noexcept nogil:
+    """The score of one n-gram through the context and class-normaliser caches."""
     cdef const ModelC* m = s.model
     cdef float* h
     cdef double* norms
@@ -731,9 +882,10 @@ cdef class NativeModel:
         nlm_compute_hidden(&self.m, &padded[0] if padded.shape[0] else &dummy, &o[0], &bb[0], &bb[W], &bb[2 * W])
         return out
 
-    def session(self, int64_t cache_entries=1 << 16):
-        """A new scoring session (one per thread); ``cache_entries=0`` disables caching."""
-        return Session(self, cache_entries)
+    def session(self, int64_t cache_entries=1 << 16, int64_t ngram_entries=-1):
+        """A new scoring session (one per thread); ``cache_entries=0`` disables caching;
+        ``ngram_entries`` bounds the exact n-gram cache (-1: automatic, 0: off)."""
+        return Session(self, cache_entries, ngram_entries)
 
 
 cdef _check_ids(a, int64_t vocab_size, what):
@@ -752,9 +904,9 @@ cdef class Session:
     cdef SessionC* s
     cdef readonly NativeModel model
 
-    def __cinit__(self, NativeModel model, int64_t cache_entries=1 << 16):
+    def __cinit__(self, NativeModel model, int64_t cache_entries=1 << 16, int64_t ngram_entries=-1):
         self.model = model
-        self.s = nlm_session_new(&model.m, cache_entries)
+        self.s = nlm_session_new(&model.m, cache_entries, ngram_entries)
         if self.s == NULL:
             raise MemoryError("could not allocate a scoring session")
 
@@ -821,6 +973,9 @@ cdef class Session:
             "context_misses": self.s.ctx_cache.misses,
             "class_hits": self.s.class_cache.hits,
             "class_misses": self.s.class_cache.misses,
+            "ngram_hits": self.s.ngram_cache.hits,
+            "ngram_misses": self.s.ngram_cache.misses,
+            "ngram_cache_enabled": bool(self.s.ngram_cache_enabled),
             "cache_clears": self.s.ctx_cache.clears + self.s.class_cache.clears,
             "cache_enabled": bool(self.s.cache_enabled),
             "context_cache_enabled": bool(self.s.ctx_cache_enabled),

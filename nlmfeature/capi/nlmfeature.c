@@ -343,7 +343,7 @@ NLM_API void nlm_session_options_init(nlm_session_options* o) {
     memset(o, 0, sizeof *o);
     o->struct_size = sizeof *o;
     o->cache_entries = 1 << 16;
-    o->ngram_cache_entries = 0;
+    o->ngram_cache_entries = -1;
     o->persistent_cache = NULL;
     o->persistent_max_bytes = 0;
     o->quiet = 0;
@@ -363,7 +363,7 @@ NLM_API int nlm_session_new(const nlm_model* model, const nlm_session_options* o
             return fail(NLM_ERR_ARGUMENT, "nlm_session_new: options.struct_size is too small");
         o = *options;
     }
-    if (o.cache_entries < 0 || o.ngram_cache_entries < 0)
+    if (o.cache_entries < 0 || o.ngram_cache_entries < -1)
         return fail(NLM_ERR_ARGUMENT, "nlm_session_new: negative cache size");
     s = (struct nlm_session*)calloc(1, sizeof *s);
     if (!s) return fail(NLM_ERR_MEMORY, "out of memory");

@@ -86,9 +86,10 @@ typedef struct nlm_session_options {
     int64_t cache_entries;        /**< bound of the per-sentence context / normaliser caches
                                        (default 65536; 0 turns them off) */
     int64_t ngram_cache_entries;  /**< bound of the per-sentence exact n-gram score cache.
-                                       Default 0: off, since recomputing a score is usually
-                                       cheaper than a cache miss in a big table; with a
-                                       persistent cache it is on (default bound 1048576) */
+                                       Default -1: on (4 * cache_entries) when a lookup costs
+                                       more than a probe (normalised outputs, dense layers),
+                                       off for cheap models; 0 off.  With a persistent cache
+                                       it is always on (default bound 1048576) */
     const char* persistent_cache; /**< directory of the persistent tuning cache, or NULL:
                                        sentence i's scores are kept in DIR/<checksum>/i.nlmc */
     int64_t persistent_max_bytes; /**< disk bound of that directory (default 4 GiB); least
