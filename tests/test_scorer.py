@@ -265,3 +265,31 @@ def test_out_of_range_ids_are_rejected_not_read(tmp_path):
         sess.score_padded(ok, np.array([model.vocab.unk], dtype=np.int32))[0])
     assert sess.score(np.array([V + 9], dtype=np.int32), 5) == pytest.approx(
         sess.score(np.array([model.vocab.unk], dtype=np.int32), 5))
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_scattered_and_singleton_classes(tmp_path, direct):
+    """Classes whose members are not consecutive ids (Brown clusters) take the gathered path,
+    one-word classes the p(w|c) = 1 shortcut; both equal the reference and sum to one."""
+    from helpers import brown_vocab
+    from nlmfeature.architecture import ModelSpec, random_model
+
+    vocab, counts = brown_vocab(6)
+    V = len(vocab)
+    rng = np.random.default_rng(5)
+    cw = rng.integers(0, 12, size=V).astype(np.int32)
+    cw[[5, 9, 40]] = [12, 13, 14]  # three one-word classes
+    spec = ModelSpec(arch="lbl", order=4, word_width=16, diagonal_contexts=True, output="class",
+                     classes=15, **(DIRECT if direct else {}))
+    header, arrays = random_model(spec, vocab, counts, seed=3, class_of_word=cw)
+    path = str(tmp_path / "scattered.nlm")
+    nlmfeature.save(path, header, arrays)
+    model = _check_against_reference(path)
+    sess = model.session()
+    ctx, _ = model.sentence_ngrams(SENTENCE)
+    for c in ctx[::3]:
+        cc = np.ascontiguousarray(np.repeat(c[None], V, axis=0))
+        scores = sess.score_padded(cc, np.arange(V, dtype=np.int32))
+        assert np.exp(scores).sum() == pytest.approx(1.0, abs=1e-6)
+        want = [logprob(model.header, model.arrays, [int(x) for x in c], w) for w in (5, 9, 40, 7)]
+        assert np.allclose(scores[[5, 9, 40, 7]], want, atol=1e-5)

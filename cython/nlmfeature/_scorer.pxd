@@ -70,6 +70,8 @@ ctypedef struct ModelC:
     const float* out_bias    # (V,)
     int n_classes
     const float* class_weight     # (C, D)
+    const float* class_weight_t   # (D, n_classes_padded) transposed copy (per process), zero-padded
+    int n_classes_padded
     const float* class_bias       # (C,)
     const int32_t* word_class     # (V,)
     const int32_t* class_start    # (C+1,) offsets into class_members
@@ -126,7 +128,7 @@ ctypedef struct SessionC:
     float* buf1
     float* buf2
     float* hidden             # out_dim, used when the context cache is off
-    double* scratch           # max(V, N) doubles for normalisers
+    float* fscratch           # max(V, C) logits for normalisers
     int cache_enabled
     int ctx_cache_enabled     # the context cache pays off (normalised output or a costly network)
     TableC ctx_cache          # key: padded context; fvals: hidden vector; dvals: [logZ softmax, logZ class]

@@ -8,7 +8,7 @@ All scoring functions are ``nogil`` and touch no Python object.  Scores are natu
 cimport cython
 from libc.math cimport exp, expf, log, log1p, tanhf, INFINITY, NAN, isnan
 from libc.stdint cimport int8_t, int32_t, int64_t, uint32_t, uint64_t
-from libc.stdlib cimport calloc, free, malloc
+from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memset
 from cpython.pycapsule cimport PyCapsule_New
 
@@ -74,6 +74,90 @@ cdef void activate(float* v, int n, int act) noexcept nogil:
     elif act == ACT_HARDTANH:
         for i in range(n):
             v[i] = -1 if v[i] < -1 else (1 if v[i] > 1 else v[i])
+
+
+
+# Vector kernels in C, written so that gcc vectorises them (-O3 -march=native
+# -fassociative-math): several output rows per pass over the input vector, and a float
+# exp by range reduction + a degree-6 polynomial for 2^f (relative error 1e-7, the
+# precision of the float logits it sums).
+cdef extern from *:
+    """
+    #include <math.h>
+    #include <string.h>
+    static inline void nlm_gemv_rows(const float* W, int n, int D, const float* h, float* out) {
+        int r = 0, d;
+        for (; r + 4 <= n; r += 4) {
+            const float* w0 = W + (size_t)r * D; const float* w1 = w0 + D;
+            const float* w2 = w1 + D; const float* w3 = w2 + D;
+            float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+            for (d = 0; d < D; d++) {
+                float x = h[d];
+                a0 += w0[d] * x; a1 += w1[d] * x; a2 += w2[d] * x; a3 += w3[d] * x;
+            }
+            out[r] = a0; out[r + 1] = a1; out[r + 2] = a2; out[r + 3] = a3;
+        }
+        for (; r < n; r++) {
+            const float* w0 = W + (size_t)r * D;
+            float a0 = 0.f;
+            for (d = 0; d < D; d++) a0 += w0[d] * h[d];
+            out[r] = a0;
+        }
+    }
+    /* out[c] = bias[c] + sum_d h[d] * WT[d, c] for c < n; WT is (D, npad), npad a multiple of
+       128 (zero columns): 8 x 16-float accumulators stay in registers (gcc vector extensions,
+       lowered to whatever SIMD the target has) */
+    typedef float nlm_v16 __attribute__((vector_size(64)));
+    static inline nlm_v16 nlm_load16(const float* p) { nlm_v16 v; memcpy(&v, p, sizeof v); return v; }
+    static inline void nlm_gemv_t(const float* WT, int D, int n, int npad, const float* h,
+                                  const float* bias, float* out) {
+        int c0, d, c;
+        for (c0 = 0; c0 < npad; c0 += 128) {
+            nlm_v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};
+            for (d = 0; d < D; d++) {
+                const float* r = WT + (size_t)d * npad + c0;
+                nlm_v16 x = (nlm_v16){0} + h[d];
+                a0 += x * nlm_load16(r);       a1 += x * nlm_load16(r + 16);
+                a2 += x * nlm_load16(r + 32);  a3 += x * nlm_load16(r + 48);
+                a4 += x * nlm_load16(r + 64);  a5 += x * nlm_load16(r + 80);
+                a6 += x * nlm_load16(r + 96);  a7 += x * nlm_load16(r + 112);
+            }
+            memcpy(out + c0, &a0, 64);       memcpy(out + c0 + 16, &a1, 64);
+            memcpy(out + c0 + 32, &a2, 64);  memcpy(out + c0 + 48, &a3, 64);
+            memcpy(out + c0 + 64, &a4, 64);  memcpy(out + c0 + 80, &a5, 64);
+            memcpy(out + c0 + 96, &a6, 64);  memcpy(out + c0 + 112, &a7, 64);
+        }
+        for (c = 0; c < n; c++) out[c] += bias[c];
+    }
+    static inline float nlm_expf_neg(float x) {   /* e^x for x <= 0 */
+        float t, fl, f, p;
+        union { int i; float f; } u;
+        x = x < -87.f ? -87.f : x;
+        t = x * 1.4426950408889634f;
+        fl = floorf(t);
+        f = t - fl;
+        p = 0.00021690620633307844f;
+        p = p * f + 0.0012443091254681349f;
+        p = p * f + 0.009678469970822334f;
+        p = p * f + 0.05548352748155594f;
+        p = p * f + 0.2402298003435135f;
+        p = p * f + 0.6931470036506653f;
+        p = p * f + 1.0f;
+        u.i = ((int)fl + 127) << 23;
+        return p * u.f;
+    }
+    static double nlm_logsumexp_f(const float* x, int n) {
+        float m = -INFINITY, s = 0.f;
+        int i;
+        for (i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+        if (!(m > -INFINITY)) return -INFINITY;
+        for (i = 0; i < n; i++) s += nlm_expf_neg(x[i] - m);
+        return (double)m + log((double)s);
+    }
+    """
+    void nlm_gemv_rows(const float* W, int n, int D, const float* h, float* out) nogil
+    void nlm_gemv_t(const float* WT, int D, int n, int npad, const float* h, const float* bias, float* out) nogil
+    double nlm_logsumexp_f(const float* x, int n) nogil
 
 
 cdef inline double log_sigmoid(double x) noexcept nogil:
@@ -219,28 +303,67 @@ cdef inline uint64_t key_hash(const int32_t* key, int n) noexcept nogil:
 # ---------------------------------------------------------------------------------------
 
 cdef int table_init(TableC* t, int key_len, int fval_len, int dval_len, int64_t entries) noexcept nogil:
-    """Allocate a table for at most ``entries`` keys of ``key_len`` ids; -1 when out of memory."""
-    cdef int64_t cap = 16
+    """Set up a table for at most ``entries`` keys of ``key_len`` ids; -1 when out of memory.
+    It starts small and doubles as a sentence fills it, so probes stay within the memory a
+    sentence really uses (a table sized for the bound would make every probe a cache miss)."""
     if entries < 1:
         entries = 1
-    while cap < 2 * entries:
-        cap *= 2
     t.key_len = key_len
     t.stride = key_len + 2
     t.fval_len = fval_len
     t.dval_len = dval_len
-    t.capacity = cap
     t.limit = entries
     t.count = 0
     t.generation = 1
     t.hits = 0
     t.misses = 0
     t.clears = 0
-    t.slots = <int32_t*>calloc(cap * t.stride, sizeof(int32_t))
-    t.fvals = <float*>malloc(entries * fval_len * sizeof(float)) if fval_len else NULL
-    t.dvals = <double*>malloc(entries * dval_len * sizeof(double)) if dval_len else NULL
-    if t.slots == NULL or (fval_len and t.fvals == NULL) or (dval_len and t.dvals == NULL):
+    t.capacity = 0
+    t.slots = NULL
+    t.fvals = NULL
+    t.dvals = NULL
+    return table_grow(t, 1024)
+
+
+cdef int table_grow(TableC* t, int64_t cap) noexcept nogil:
+    """Rehash into ``cap`` slots (a power of two) with room for ``cap / 2`` values."""
+    cdef int32_t* slots = <int32_t*>calloc(cap * t.stride, sizeof(int32_t))
+    cdef int64_t room = cap // 2, i
+    cdef float* fv
+    cdef double* dv
+    cdef uint64_t mask = <uint64_t>cap - 1, h
+    cdef int32_t* src
+    cdef int32_t* dst
+    if room > t.limit:
+        room = t.limit
+    if slots == NULL:
         return -1
+    if t.fval_len:
+        fv = <float*>realloc(t.fvals, room * t.fval_len * sizeof(float))
+        if fv == NULL:
+            free(slots)
+            return -1
+        t.fvals = fv
+    if t.dval_len:
+        dv = <double*>realloc(t.dvals, room * t.dval_len * sizeof(double))
+        if dv == NULL:
+            free(slots)
+            return -1
+        t.dvals = dv
+    for i in range(t.capacity):
+        src = t.slots + i * t.stride
+        if <uint32_t>src[0] == t.generation:
+            h = key_hash(src + 2, t.key_len) & mask
+            while slots[h * t.stride] != 0:
+                h = (h + 1) & mask
+            dst = slots + h * t.stride
+            memcpy(dst, src, t.stride * sizeof(int32_t))
+    if t.capacity == 0 or t.generation == 0:
+        t.generation = 1
+    # live entries keep the generation; empty slots are 0 (never a generation)
+    free(t.slots)
+    t.slots = slots
+    t.capacity = cap
     return 0
 
 
@@ -286,6 +409,16 @@ cdef int64_t table_slot(TableC* t, const int32_t* key, int* found) noexcept nogi
         t.clears += 1
         h = key_hash(key, t.key_len) & mask
         slot = t.slots + h * t.stride
+    elif 2 * (t.count + 1) > t.capacity:
+        if table_grow(t, 2 * t.capacity) != 0:  # out of memory: start the table again
+            table_clear(t)
+            t.clears += 1
+        mask = <uint64_t>t.capacity - 1
+        h = key_hash(key, t.key_len) & mask
+        slot = t.slots + h * t.stride
+        while <uint32_t>slot[0] == t.generation:
+            h = (h + 1) & mask
+            slot = t.slots + h * t.stride
     slot[0] = <int32_t>t.generation
     slot[1] = <int32_t>t.count
     memcpy(slot + 2, key, t.key_len * sizeof(int32_t))
@@ -515,26 +648,45 @@ cdef inline double class_logit(const ModelC* m, const float* h, int32_t c, const
     return s
 
 
-cdef double softmax_lognorm(const ModelC* m, const float* h, const uint64_t* states, double* scratch) noexcept nogil:
+cdef double softmax_lognorm(const ModelC* m, const float* h, const uint64_t* states, float* scratch) noexcept nogil:
     cdef int32_t w
+    nlm_gemv_rows(m.out_weight, m.vocab_size, m.out_dim, h, scratch)
     for w in range(m.vocab_size):
-        scratch[w] = word_logit(m, h, w, states)
-    return logsumexp(scratch, m.vocab_size)
+        scratch[w] += m.out_bias[w]
+        if m.direct_order:
+            scratch[w] += <float>direct_value(m, states, w)
+    return nlm_logsumexp_f(scratch, m.vocab_size)
 
 
-cdef double class_lognorm(const ModelC* m, const float* h, const uint64_t* cstates, double* scratch) noexcept nogil:
+cdef double class_lognorm(const ModelC* m, const float* h, const uint64_t* cstates, float* scratch) noexcept nogil:
     cdef int32_t c
-    for c in range(m.n_classes):
-        scratch[c] = class_logit(m, h, c, cstates)
-    return logsumexp(scratch, m.n_classes)
+    nlm_gemv_t(m.class_weight_t, m.out_dim, m.n_classes, m.n_classes_padded, h, m.class_bias, scratch)
+    if m.direct_order:
+        for c in range(m.n_classes):
+            scratch[c] += <float>direct_value(m, cstates, c)
+    return nlm_logsumexp_f(scratch, m.n_classes)
 
 
 cdef double within_class_lognorm(const ModelC* m, const float* h, int32_t c, const uint64_t* states,
-                                 double* scratch) noexcept nogil:
-    cdef int32_t i, a = m.class_start[c], b = m.class_start[c + 1]
-    for i in range(a, b):
-        scratch[i - a] = word_logit(m, h, m.class_members[i], states)
-    return logsumexp(scratch, b - a)
+                                 float* scratch) noexcept nogil:
+    """log of the sum of exp(word logit) over class ``c``; rows of a class whose members are
+    consecutive ids (frequency-binned classes) are one block of the output matrix."""
+    cdef int32_t i, w, a = m.class_start[c], b = m.class_start[c + 1]
+    cdef int32_t first = m.class_members[a]
+    if b - a == 1:  # p(w | c) = 1
+        return word_logit(m, h, first, states)
+    if m.class_members[b - 1] - first == b - 1 - a:
+        nlm_gemv_rows(m.out_weight + <int64_t>first * m.out_dim, b - a, m.out_dim, h, scratch)
+        for i in range(b - a):
+            scratch[i] += m.out_bias[first + i]
+    else:
+        for i in range(a, b):
+            w = m.class_members[i]
+            scratch[i - a] = dotf(m.out_weight + <int64_t>w * m.out_dim, h, m.out_dim) + m.out_bias[w]
+    if m.direct_order:
+        for i in range(a, b):
+            scratch[i - a] += <float>direct_value(m, states, m.class_members[i])
+    return nlm_logsumexp_f(scratch, b - a)
 
 
 cdef double tree_logprob(const ModelC* m, const float* h, int32_t w) noexcept nogil:
@@ -585,10 +737,10 @@ cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t n
     s.buf1 = <float*>malloc(m.max_width * sizeof(float))
     s.buf2 = <float*>malloc(m.max_width * sizeof(float))
     s.hidden = <float*>malloc(m.max_width * sizeof(float))
-    if m.n_classes > nscratch:
-        nscratch = m.n_classes
-    s.scratch = <double*>malloc(nscratch * sizeof(double))
-    if s.buf0 == NULL or s.buf1 == NULL or s.buf2 == NULL or s.hidden == NULL or s.scratch == NULL:
+    if m.n_classes_padded > nscratch:
+        nscratch = m.n_classes_padded
+    s.fscratch = <float*>malloc(nscratch * sizeof(float))
+    if s.buf0 == NULL or s.buf1 == NULL or s.buf2 == NULL or s.hidden == NULL or s.fscratch == NULL:
         nlm_session_free(s)
         return NULL
     s.cache_enabled = cache_entries > 0
@@ -615,7 +767,7 @@ cdef void nlm_session_free(SessionC* s) noexcept nogil:
     free(s.buf1)
     free(s.buf2)
     free(s.hidden)
-    free(s.scratch)
+    free(s.fscratch)
     table_free(&s.ctx_cache)
     table_free(&s.class_cache)
     nt_free(&s.ngram_cache)
@@ -694,7 +846,7 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
         if norms != NULL and not isnan(norms[0]):
             lz = norms[0]
         else:
-            lz = softmax_lognorm(m, h, states, s.scratch)
+            lz = softmax_lognorm(m, h, states, s.fscratch)
             if norms != NULL:
                 norms[0] = lz
         return word_logit(m, h, w, states) - lz
@@ -705,7 +857,7 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
     if norms != NULL and not isnan(norms[1]):
         lz = norms[1]
     else:
-        lz = class_lognorm(m, h, cstates, s.scratch)
+        lz = class_lognorm(m, h, cstates, s.fscratch)
         if norms != NULL:
             norms[1] = lz
     score = class_logit(m, h, c, cstates) - lz
@@ -717,10 +869,10 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
         if found:
             lz = s.class_cache.dvals[slot]
         else:
-            lz = within_class_lognorm(m, h, c, states, s.scratch)
+            lz = within_class_lognorm(m, h, c, states, s.fscratch)
             s.class_cache.dvals[slot] = lz
     else:
-        lz = within_class_lognorm(m, h, c, states, s.scratch)
+        lz = within_class_lognorm(m, h, c, states, s.fscratch)
     return score + word_logit(m, h, w, states) - lz
 
 
@@ -824,6 +976,12 @@ cdef class NativeModel:
         if m.output_type == OUT_CLASS:
             m.n_classes = out["classes"]
             m.class_weight = fptr(arrays, "class.weight")
+            # (D, C) copy padded to 128 columns: the class logits in one register-blocked pass
+            m.n_classes_padded = (m.n_classes + 127) // 128 * 128
+            cwt = np.zeros((m.out_dim, m.n_classes_padded), dtype=np.float32)
+            cwt[:, :m.n_classes] = arrays["class.weight"].T
+            self._extra.append(cwt)
+            m.class_weight_t = <const float*>cnp.PyArray_DATA(cwt)
             m.class_bias = fptr(arrays, "class.bias")
             m.word_class = <const int32_t*>rawptr(arrays, "class.of_word", np.int32)
             m.class_start = <const int32_t*>rawptr(arrays, "class.start", np.int32)
