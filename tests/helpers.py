@@ -44,3 +44,16 @@ def make_model(directory: str, name: str = "model.nlm", tables: bool = True, see
     path = os.path.join(str(directory), name)
     nlmfeature.save(path, header, arrays)
     return path
+
+
+def stats_totals(stderr: str, prefix: str) -> dict:
+    """Sum the ``key=value`` counters of the decoder shims' per-sentence statistics lines
+    (``stats=true`` / ``--stats``) that start with ``prefix`` (e.g. "NLMFeature NLM0 sentence")."""
+    totals: dict = {}
+    for line in stderr.splitlines():
+        if line.startswith(prefix):
+            for kv in line[len(prefix):].split():
+                if "=" in kv:
+                    k, v = kv.split("=")
+                    totals[k] = totals.get(k, 0) + int(v)
+    return totals

@@ -20,6 +20,8 @@ import nlmfeature
 from nlmfeature.architecture import ModelSpec, precompute_tables, random_model
 from nlmfeature.vocab import Vocabulary, count_words
 
+from helpers import stats_totals
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 DATA = os.path.join(HERE, "data", "decoder")
@@ -136,16 +138,8 @@ def test_persistent_cache_second_run(shim, grammar, models, tmp_path):
     e2, err2 = decode(tmp_path, grammar, line, tag="p2")
     assert e1 == e2
 
-    def totals(err):
-        t = {}
-        for l in err.splitlines():
-            if l.startswith("NLMFeature sentence"):
-                for kv in l.split()[3:]:
-                    k, v = kv.split("=")
-                    t[k] = t.get(k, 0) + int(v)
-        return t
 
-    t1, t2 = totals(err1), totals(err2)
+    t1, t2 = stats_totals(err1, "NLMFeature sentence"), stats_totals(err2, "NLMFeature sentence")
     assert t1["persistent_hits"] == 0 and t1["persistent_written"] > 0
     assert t2["persistent_loaded"] > 0 and t2["persistent_hits"] == t2["lookups"] > 0
     check_kbest(e2, models["class"])

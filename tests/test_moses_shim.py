@@ -27,6 +27,8 @@ from nlmfeature.architecture import ModelSpec, precompute_tables, random_model
 from nlmfeature.commands import config as nlmconfig
 from nlmfeature.vocab import Vocabulary, count_words
 
+from helpers import stats_totals
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 DATA = os.path.join(HERE, "data", "decoder")
@@ -177,16 +179,8 @@ def test_persistent_cache_second_run(moses, models, tmp_path):
     second, e2, err2 = decode(moses, ini, tmp_path, "-threads", "2", tag="p2")
     assert first == second and sorted(e1) == sorted(e2)
 
-    def totals(err):
-        t = {}
-        for line in err.splitlines():
-            if line.startswith("NLMFeature NLM0 sentence"):
-                for kv in line.split()[4:]:
-                    k, v = kv.split("=")
-                    t[k] = t.get(k, 0) + int(v)
-        return t
 
-    t1, t2 = totals(err1), totals(err2)
+    t1, t2 = stats_totals(err1, "NLMFeature NLM0 sentence"), stats_totals(err2, "NLMFeature NLM0 sentence")
     assert t1["persistent_hits"] == 0 and t1["persistent_written"] > 0
     assert t2["persistent_loaded"] > 0 and t2["persistent_hits"] == t2["lookups"]
     m = nlmfeature.load(models["class"])
