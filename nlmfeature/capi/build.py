@@ -83,6 +83,17 @@ def make_build_ext():
     from setuptools.command.build_ext import build_ext
 
     class BuildExtWithCAPI(build_ext):
+        def copy_file(self, infile, outfile, *args, **kwargs):
+            """Replace built modules by rename, never by rewriting them in place: a decoder or
+            Python process that has the old module mapped keeps a valid copy instead of
+            crashing when ``build_ext --inplace`` runs under it."""
+            if not str(outfile).endswith(".so") or os.path.isdir(outfile):
+                return super().copy_file(infile, outfile, *args, **kwargs)
+            tmp = f"{outfile}.tmp{os.getpid()}"
+            result = super().copy_file(infile, tmp, *args, **kwargs)
+            os.replace(tmp, outfile)
+            return (outfile, result[1]) if isinstance(result, tuple) else result
+
         def run(self) -> None:
             super().run()
             if self.inplace or getattr(self, "editable_mode", False):
