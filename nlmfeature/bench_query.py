@@ -5,6 +5,10 @@ decoder does) and prints lookups/s on one and two threads, cache hit rates, resi
 memory after load and the model file size.  Models have random weights (speed does not
 depend on training) and the seed papers' sizes; the vocabulary is the training text's.
 Each configuration runs in a fresh process so memory figures are its own.
+
+The per-sentence caches are measured on a decoder-like stream: by default the bundled
+query log of a real Moses search (every lookup Moses asked, in order, with its sentence
+starts; nlmfeature/data/streams), with and without the caches ("cache x").
 """
 from __future__ import annotations
 
@@ -130,13 +134,28 @@ def _measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
     for t in threads:
         t.join()
     res["lookups_per_s_2threads"] = sum(rates)
-    if cfg.get("nbest"):
-        stream = _nbest_stream(cfg["nbest"], cfg.get("nbest_lines", 20000))
-        c2, w2, s2 = _stream_arrays(model, stream)
+    c2 = None
+    if cfg.get("stream") == "nbest" and cfg.get("nbest"):
+        c2, w2, s2 = _stream_arrays(model, _nbest_stream(cfg["nbest"], cfg.get("nbest_lines", 20000)))
+    elif cfg.get("stream") not in (None, "", "nbest", "none"):
+        from .querylog import load_stream
+        c2, w2, s2 = load_stream(None if cfg["stream"] == "moses" else cfg["stream"], model,
+                                 cfg.get("stream_sentences", 0))
+        limit = cfg.get("stream_max_lookups")
+        if limit and len(w2) > limit:  # exact softmax: a prefix of the stream
+            c2, w2 = c2[:limit], w2[:limit]
+            s2 = s2[s2 < limit]
+    if c2 is not None:
         cached = model.session(cfg["cache"] or (1 << 16))
         res["decoder_stream_cached_per_s"], _ = _timed(cached, c2, w2, s2, cfg["seconds"])
         st = cached.stats()
-        res["decoder_stream_hit_rate"] = st["context_hits"] / max(1, st["context_hits"] + st["context_misses"])
+        n = max(1, st["lookups"])
+        # lookups that needed no new hidden vector / no normaliser computation
+        res["decoder_stream_hit_rate"] = (1 - st["context_misses"] / n) if st["context_cache_enabled"] else None
+        res["decoder_stream_ngram_hit_rate"] = st["ngram_hits"] / n if st["ngram_cache_enabled"] else None
+        if st["class_hits"] + st["class_misses"]:
+            res["decoder_stream_class_hit_rate"] = 1 - st["class_misses"] / n
+        res["decoder_stream_lookups"] = int(len(w2))
         nocache = model.session(0)
         res["decoder_stream_uncached_per_s"], _ = _timed(nocache, c2, w2, s2, cfg["seconds"])
         res["cache_speedup"] = res["decoder_stream_cached_per_s"] / res["decoder_stream_uncached_per_s"]
@@ -181,7 +200,9 @@ def run(args: argparse.Namespace) -> int:
         cfg = {"path": path, "text": text, "seconds": args.seconds, "cache": args.cache_entries,
                "max_lookups": args.max_lookups if output == "softmax" else None,
                "nbest": nbest if os.path.exists(nbest) else None,
-               "nbest_lines": args.nbest_lines if output != "softmax" else 2000}
+               "nbest_lines": args.nbest_lines if output != "softmax" else 2000,
+               "stream": args.decoder_stream, "stream_sentences": args.stream_sentences,
+               "stream_max_lookups": 20000 if output == "softmax" else None}
         q = ctx.Queue()
         proc = ctx.Process(target=_run_one, args=(cfg, q))
         proc.start()
@@ -211,9 +232,10 @@ def _print_table(rows: List[Dict[str, Any]]) -> None:
     cols = ["model", "output", "lookups_per_s_1thread", "lookups_per_s_1thread_nocache",
             "lookups_per_s_2threads", "cache_hit_rate",
             "rss_after_load_mb", "file_mb", "decoder_stream_cached_per_s",
-            "decoder_stream_uncached_per_s", "cache_speedup"]
+            "decoder_stream_uncached_per_s", "decoder_stream_ngram_hit_rate", "decoder_stream_hit_rate",
+            "decoder_stream_class_hit_rate", "cache_speedup"]
     head = ["model", "output", "lookups/s 1T", "1T no cache", "lookups/s 2T", "hit rate", "RSS MB", "file MB",
-            "dec. cached/s", "dec. uncached/s", "cache x"]
+            "dec. cached/s", "dec. uncached/s", "n-gram hits", "ctx hits", "class hits", "cache x"]
     table = [head] + [[_fmt(r.get(c)) if "error" not in r else (r["error"] if c == "lookups_per_s_1thread"
                                                                  else _fmt(r.get(c))) for c in cols]
                       for r in rows]
@@ -242,8 +264,14 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
                    help="per-sentence cache bound per session; 0 disables caching (default 65536)")
     p.add_argument("--max-lookups", type=int, default=2000,
                    help="softmax rows only: stream prefix length (exact softmax is slow; default 2000)")
+    p.add_argument("--decoder-stream", default="moses",
+                   help="the decoder-like stream for the cache figures: 'moses' (default: the bundled "
+                        "real Moses query log, nlmfeature/data/streams), 'nbest' (the n-grams of a real Moses "
+                        "100-best list), a .qlog.xz file (nlmfeature querylog pack), or 'none'")
+    p.add_argument("--stream-sentences", type=int, default=0,
+                   help="replay only the first N sentences of the query log (default all)")
     p.add_argument("--nbest-lines", type=int, default=20000,
-                   help="hypotheses of the real Moses 100-best list used as the decoder-like stream")
+                   help="with --decoder-stream nbest: hypotheses of the 100-best list used")
     p.add_argument("--workdir", default="", help="where model files are written (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the model files")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -25,6 +25,7 @@ COMMAND_MODULES: List[str] = [
     ".commands.cluster",
     ".commands.perplexity",
     ".commands.train",
+    ".commands.querylog",
 ]
 
 
