@@ -8,7 +8,8 @@ europarl-fr-en-10k):
 * decoding time per sentence with KenLM alone and KenLM + NLM (each model given), with 1
   and more threads: the model-loading time (decoding an empty input) is subtracted from the
   process wall time; every configuration runs ``--repeats`` times, interleaved, and the
-  minimum is kept (the machine may be shared);
+  minimum is kept (the machine may be shared); "paired" is the median over repeats of the
+  ratio of runs made back to back, steadier when the machine's speed drifts;
 * BLEU of each configuration's output (sacrebleu, tokenised text, ``--tokenize none``);
 * cache statistics of the NLM (``stats=true`` on the feature line);
 * a second tuning iteration with and without the persistent cache: iteration 1 decodes the
@@ -206,6 +207,7 @@ def main(argv=None) -> int:
     print(f"moses: {moses}\nworkdir: {work}\n{n} test sentences, threads {threads}, {args.repeats} repeats")
 
     best: Dict[Tuple[str, int], Dict] = {}
+    walls: Dict[Tuple[str, int], List[float]] = {}
     load: Dict[str, float] = {}
     outputs: Dict[str, List[str]] = {}
     for rep in range(args.repeats):
@@ -215,12 +217,14 @@ def main(argv=None) -> int:
             for t in threads:
                 r = run_moses(moses, ini, src, threads=t)
                 key = (name, t)
+                walls.setdefault(key, []).append(r["wall"])
                 if key not in best or r["wall"] < best[key]["wall"]:
                     best[key] = r
                 if t == 1 and name not in outputs:
                     outputs[name] = r["output"]
         print(f"  repeat {rep + 1}/{args.repeats} done")
-    print(f"\n{'config':16s} {'thr':>3s} {'ms/sent':>9s} {'ratio':>6s} {'trans ms/sent':>13s} {'cpu s':>7s} {'BLEU':>6s}")
+    print(f"\n{'config':16s} {'thr':>3s} {'ms/sent':>9s} {'ratio':>6s} {'paired':>6s} {'trans ms/sent':>13s} "
+          f"{'cpu s':>7s} {'BLEU':>6s}")
     for name in configs:
         b = bleu(outputs[name], refs)
         results["configs"][name] = {"bleu": b, "load_seconds": load[name], "threads": {}}
@@ -229,10 +233,16 @@ def main(argv=None) -> int:
             per = (r["wall"] - load[name]) / n * 1000
             base = (best[("kenlm", t)]["wall"] - load["kenlm"]) / n * 1000
             trans = r["translation"] / n * 1000
+            # the machine's speed drifts (shared host): the median over repeats of the ratio of
+            # runs made back to back is steadier than the ratio of the two minima
+            paired = sorted((w - load[name]) / (k - load["kenlm"])
+                            for w, k in zip(walls[(name, t)], walls[("kenlm", t)]))
+            med = paired[len(paired) // 2] if len(paired) % 2 else sum(paired[len(paired) // 2 - 1:][:2]) / 2
             results["configs"][name]["threads"][t] = {
-                "ms_per_sentence": per, "ratio_to_kenlm": per / base, "translation_ms_per_sentence": trans,
+                "ms_per_sentence": per, "ratio_to_kenlm": per / base, "paired_ratio_median": med,
+                "paired_ratios": paired, "translation_ms_per_sentence": trans,
                 "cpu_seconds": r["cpu"], "wall_seconds": r["wall"]}
-            print(f"{name:16s} {t:3d} {per:9.1f} {per / base:6.2f} {trans:13.1f} {r['cpu']:7.2f} {b:6.2f}")
+            print(f"{name:16s} {t:3d} {per:9.1f} {per / base:6.2f} {med:6.2f} {trans:13.1f} {r['cpu']:7.2f} {b:6.2f}")
 
     # cache statistics (one extra run per NLM, 1 thread)
     for name, path in models.items():

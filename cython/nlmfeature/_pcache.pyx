@@ -42,7 +42,7 @@ from nlmfeature._scorer cimport (ModelC, SessionC, nlm_session_new, nlm_session_
                                  nlm_session_begin, nlm_score_padded, nlm_pad_context,
                                  splitmix64, NLM_MAX_ORDER, NgramTable, nt_alloc, nt_free,
                                  nt_clear, nt_find, nt_insert, nt_slot, nt_value, nt_set, nt_disk,
-                                 nt_live)
+                                 nt_live, nlm_alloc_lines)
 
 import numpy as np
 
@@ -338,7 +338,7 @@ cdef CSession* cs_new(const ModelC* m, const unsigned char* checksum, const char
                       size_t errlen) noexcept nogil:
     """A cached session, or NULL with a message in ``err``.  ``context_cache``: -1 lets
     the core decide whether caching hidden vectors pays, 0 turns it off, 1 on."""
-    cdef CSession* s = <CSession*>calloc(1, sizeof(CSession))
+    cdef CSession* s = <CSession*>nlm_alloc_lines(sizeof(CSession))
     cdef size_t n
     if s == NULL:
         set_err(err, errlen, "out of memory allocating a session", "", 0)

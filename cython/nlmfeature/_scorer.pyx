@@ -9,6 +9,9 @@ cimport cython
 from libc.math cimport exp, expf, log, log1p, tanhf, INFINITY, NAN, isnan
 from libc.stdint cimport int8_t, int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
+
+cdef extern from "<stdlib.h>" nogil:
+    void* aligned_alloc(size_t alignment, size_t size)
 from libc.string cimport memcpy, memset
 from cpython.pycapsule cimport PyCapsule_New
 
@@ -716,6 +719,16 @@ cdef int context_cache_pays(const ModelC* m) noexcept nogil:
     return 0
 
 
+cdef void* nlm_alloc_lines(size_t n) noexcept nogil:
+    """Zeroed memory in whole 64-byte cache lines: what one thread writes on every lookup
+    (its session, work buffers, counters) never shares a line with another thread's."""
+    cdef size_t size = (n + 63) & ~(<size_t>63)
+    cdef void* p = aligned_alloc(64, size if size else 64)
+    if p != NULL:
+        memset(p, 0, size)
+    return p
+
+
 cdef int nlm_ngram_cache_pays(const ModelC* m) noexcept nogil:
     """Whether an exact (context, word) -> score cache beats recomputing: when a lookup costs
     more than a probe (normalised outputs, dense layers, full matrices without tables).
@@ -727,19 +740,19 @@ cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t n
     """A new per-thread session; ``cache_entries`` <= 0 disables the context/normaliser
     caches; ``ngram_entries`` bounds the exact n-gram cache (0 off, < 0: ``4 * cache_entries``
     when :c:func:`nlm_ngram_cache_pays`).  NULL on OOM."""
-    cdef SessionC* s = <SessionC*>calloc(1, sizeof(SessionC))
+    cdef SessionC* s = <SessionC*>nlm_alloc_lines(sizeof(SessionC))
     cdef int64_t nscratch = m.vocab_size
     cdef int32_t c, ckey
     if s == NULL:
         return NULL
     s.model = m
-    s.buf0 = <float*>malloc(m.max_width * sizeof(float))
-    s.buf1 = <float*>malloc(m.max_width * sizeof(float))
-    s.buf2 = <float*>malloc(m.max_width * sizeof(float))
-    s.hidden = <float*>malloc(m.max_width * sizeof(float))
+    s.buf0 = <float*>nlm_alloc_lines(m.max_width * sizeof(float))
+    s.buf1 = <float*>nlm_alloc_lines(m.max_width * sizeof(float))
+    s.buf2 = <float*>nlm_alloc_lines(m.max_width * sizeof(float))
+    s.hidden = <float*>nlm_alloc_lines(m.max_width * sizeof(float))
     if m.n_classes_padded > nscratch:
         nscratch = m.n_classes_padded
-    s.fscratch = <float*>malloc(nscratch * sizeof(float))
+    s.fscratch = <float*>nlm_alloc_lines(nscratch * sizeof(float))
     if s.buf0 == NULL or s.buf1 == NULL or s.buf2 == NULL or s.hidden == NULL or s.fscratch == NULL:
         nlm_session_free(s)
         return NULL

@@ -370,7 +370,9 @@ NLM_API int nlm_session_new(const nlm_model* model, const nlm_session_options* o
     }
     if (o.cache_entries < 0 || o.ngram_cache_entries < -1)
         return fail(NLM_ERR_ARGUMENT, "nlm_session_new: negative cache size");
-    s = (struct nlm_session*)calloc(1, sizeof *s);
+    /* whole cache lines: sessions of different threads never share one */
+    s = (struct nlm_session*)aligned_alloc(64, (sizeof *s + 63) & ~(size_t)63);
+    if (s) memset(s, 0, sizeof *s);
     if (!s) return fail(NLM_ERR_MEMORY, "out of memory");
     vo.cache_entries = o.cache_entries;
     vo.ngram_cache_entries = o.ngram_cache_entries;
