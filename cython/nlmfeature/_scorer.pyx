@@ -328,12 +328,19 @@ cdef int table_init(TableC* t, int key_len, int fval_len, int dval_len, int64_t 
     return table_grow(t, 1024)
 
 
+cdef int resize(void** p, size_t nbytes) noexcept nogil:
+    """realloc ``*p`` in place of the pointer; -1 (``*p`` untouched) when out of memory."""
+    cdef void* q = realloc(p[0], nbytes)
+    if q == NULL:
+        return -1
+    p[0] = q
+    return 0
+
+
 cdef int table_grow(TableC* t, int64_t cap) noexcept nogil:
     """Rehash into ``cap`` slots (a power of two) with room for ``cap / 2`` values."""
     cdef int32_t* slots = <int32_t*>calloc(cap * t.stride, sizeof(int32_t))
     cdef int64_t room = cap // 2, i
-    cdef float* fv
-    cdef double* dv
     cdef uint64_t mask = <uint64_t>cap - 1, h
     cdef int32_t* src
     cdef int32_t* dst
@@ -341,18 +348,10 @@ cdef int table_grow(TableC* t, int64_t cap) noexcept nogil:
         room = t.limit
     if slots == NULL:
         return -1
-    if t.fval_len:
-        fv = <float*>realloc(t.fvals, room * t.fval_len * sizeof(float))
-        if fv == NULL:
-            free(slots)
-            return -1
-        t.fvals = fv
-    if t.dval_len:
-        dv = <double*>realloc(t.dvals, room * t.dval_len * sizeof(double))
-        if dv == NULL:
-            free(slots)
-            return -1
-        t.dvals = dv
+    if ((t.fval_len and resize(<void**>&t.fvals, room * t.fval_len * sizeof(float)) != 0) or
+            (t.dval_len and resize(<void**>&t.dvals, room * t.dval_len * sizeof(double)) != 0)):
+        free(slots)
+        return -1
     for i in range(t.capacity):
         src = t.slots + i * t.stride
         if <uint32_t>src[0] == t.generation:
