@@ -109,8 +109,10 @@ ctypedef struct TableC:
 
 # Exact n-gram score table (the per-sentence n-gram cache and the persistent tuning cache):
 # open addressing in one interleaved array, so a probe touches one place in memory; each
-# slot is ``stride = key_len + 4`` int32: [generation, key..., score (double, 2 words), flag].
-# Grows by doubling up to ``limit`` entries; cleared in O(1) by bumping the generation.
+# slot is ``stride = key_len + 3`` int32 (32 bytes at order 5, one cache line in a table of
+# huge pages): [generation | flag << 31, key..., score (double, 2 words)].  The flag marks
+# entries loaded from disk.  Grows by doubling up to ``limit`` entries; cleared in O(1) by
+# bumping the (31-bit) generation.
 ctypedef struct NgramTable:
     int key_len
     int stride
@@ -177,15 +179,18 @@ cdef inline double nt_value(const int32_t* slot, int key_len) noexcept nogil:
 
 cdef inline void nt_set(int32_t* slot, int key_len, double v, int disk) noexcept nogil:
     memcpy(slot + 1 + key_len, &v, 8)
-    slot[3 + key_len] = disk
+    if disk:
+        slot[0] = <int32_t>(<uint32_t>slot[0] | 0x80000000u)
+    else:
+        slot[0] = <int32_t>(<uint32_t>slot[0] & 0x7fffffffu)
 
 
 cdef inline int nt_disk(const int32_t* slot, int key_len) noexcept nogil:
-    return slot[3 + key_len]
+    return <int>((<uint32_t>slot[0]) >> 31)
 
 
 cdef inline int nt_live(const NgramTable* t, const int32_t* slot) noexcept nogil:
-    return <uint32_t>slot[0] == t.generation
+    return (<uint32_t>slot[0] & 0x7fffffffu) == t.generation
 
 
 cdef inline int nt_same(const int32_t* slot, const int32_t* key, int n) noexcept nogil:

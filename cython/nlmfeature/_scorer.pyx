@@ -12,6 +12,10 @@ from libc.stdlib cimport calloc, free, malloc, realloc
 
 cdef extern from "<stdlib.h>" nogil:
     void* aligned_alloc(size_t alignment, size_t size)
+
+cdef extern from "<sys/mman.h>" nogil:
+    int madvise(void* addr, size_t length, int advice)
+    int MADV_HUGEPAGE
 from libc.string cimport memcpy, memset
 from cpython.pycapsule cimport PyCapsule_New
 
@@ -328,18 +332,37 @@ cdef int table_init(TableC* t, int key_len, int fval_len, int dval_len, int64_t 
     return table_grow(t, 1024)
 
 
-cdef int resize(void** p, size_t nbytes) noexcept nogil:
-    """realloc ``*p`` in place of the pointer; -1 (``*p`` untouched) when out of memory."""
-    cdef void* q = realloc(p[0], nbytes)
+cdef void* alloc_table(size_t nbytes) noexcept nogil:
+    """Zeroed memory for a cache table; from 2 MB up in transparent huge pages, so probes
+    scattered over a sentence's table do not also miss the TLB."""
+    cdef size_t huge = 2 << 20, size
+    cdef void* p
+    if nbytes < huge:
+        return calloc(1, nbytes if nbytes else 1)
+    size = (nbytes + huge - 1) & ~(huge - 1)
+    p = aligned_alloc(huge, size)
+    if p != NULL:
+        madvise(p, size, MADV_HUGEPAGE)
+        memset(p, 0, size)
+    return p
+
+
+cdef int resize(void** p, size_t old_bytes, size_t nbytes) noexcept nogil:
+    """Grow ``*p`` to ``nbytes`` keeping its first ``old_bytes``; -1 (``*p`` untouched) when
+    out of memory."""
+    cdef void* q = alloc_table(nbytes)
     if q == NULL:
         return -1
+    if p[0] != NULL:
+        memcpy(q, p[0], old_bytes)
+        free(p[0])
     p[0] = q
     return 0
 
 
 cdef int table_grow(TableC* t, int64_t cap) noexcept nogil:
     """Rehash into ``cap`` slots (a power of two) with room for ``cap / 2`` values."""
-    cdef int32_t* slots = <int32_t*>calloc(cap * t.stride, sizeof(int32_t))
+    cdef int32_t* slots = <int32_t*>alloc_table(cap * t.stride * sizeof(int32_t))
     cdef int64_t room = cap // 2, i
     cdef uint64_t mask = <uint64_t>cap - 1, h
     cdef int32_t* src
@@ -348,8 +371,11 @@ cdef int table_grow(TableC* t, int64_t cap) noexcept nogil:
         room = t.limit
     if slots == NULL:
         return -1
-    if ((t.fval_len and resize(<void**>&t.fvals, room * t.fval_len * sizeof(float)) != 0) or
-            (t.dval_len and resize(<void**>&t.dvals, room * t.dval_len * sizeof(double)) != 0)):
+    cdef int64_t had = t.capacity // 2 if t.capacity // 2 < t.limit else t.limit
+    if ((t.fval_len and resize(<void**>&t.fvals, had * t.fval_len * sizeof(float),
+                               room * t.fval_len * sizeof(float)) != 0) or
+            (t.dval_len and resize(<void**>&t.dvals, had * t.dval_len * sizeof(double),
+                                   room * t.dval_len * sizeof(double)) != 0)):
         free(slots)
         return -1
     for i in range(t.capacity):
@@ -441,8 +467,8 @@ cdef inline uint64_t ngram_hash(const int32_t* key, int n) noexcept nogil:
 
 
 cdef int nt_alloc(NgramTable* t, int64_t capacity) noexcept nogil:
-    t.stride = t.key_len + 4
-    t.slots = <int32_t*>calloc(capacity * t.stride, sizeof(int32_t))
+    t.stride = t.key_len + 3
+    t.slots = <int32_t*>alloc_table(capacity * t.stride * sizeof(int32_t))
     if t.slots == NULL:
         return -1
     t.capacity = capacity
@@ -461,7 +487,7 @@ cdef void nt_clear(NgramTable* t) noexcept nogil:
     cdef int64_t i
     t.count = 0
     t.generation += 1
-    if t.generation == 0:
+    if t.generation > 0x7fffffffu:  # 31 bits used up: really wipe
         for i in range(t.capacity):
             t.slots[i * t.stride] = 0
         t.generation = 1
@@ -497,12 +523,12 @@ cdef int nt_grow(NgramTable* t) noexcept nogil:
     mask = <uint64_t>cap - 1
     for i in range(old.capacity):
         src = old.slots + i * old.stride
-        if <uint32_t>src[0] == old.generation:
+        if nt_live(&old, src):
             slot = ngram_hash(src + 1, t.key_len) & mask
             while nt_live(t, nt_slot(t, slot)):
                 slot = (slot + 1) & mask
             memcpy(nt_slot(t, slot), src, t.stride * sizeof(int32_t))
-            nt_slot(t, slot)[0] = <int32_t>t.generation
+            nt_slot(t, slot)[0] = <int32_t>(t.generation | (<uint32_t>src[0] & 0x80000000u))
             t.count += 1
     nt_free(&old)
     return 0
