@@ -24,7 +24,7 @@ from .vocab import Vocabulary
 Tokens = Union[str, Sequence[str]]
 
 #: default bound on the entries of each per-sentence cache of a session
-DEFAULT_CACHE_ENTRIES = 1 << 16
+DEFAULT_CACHE_ENTRIES = 1 << 18
 
 
 @dataclass

@@ -733,7 +733,7 @@ cdef class CachedScorer:
     cdef readonly object model
     cdef object _capsule
 
-    def __cinit__(self, model, directory=None, int64_t max_bytes=0, int64_t cache_entries=1 << 16,
+    def __cinit__(self, model, directory=None, int64_t max_bytes=0, int64_t cache_entries=1 << 18,
                   int64_t ngram_entries=-1, bint quiet=False, int context_cache=-1):
         cdef char err[1024]
         cdef const ModelC* m

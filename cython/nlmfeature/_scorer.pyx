@@ -1078,7 +1078,7 @@ cdef class NativeModel:
         nlm_compute_hidden(&self.m, &padded[0] if padded.shape[0] else &dummy, &o[0], &bb[0], &bb[W], &bb[2 * W])
         return out
 
-    def session(self, int64_t cache_entries=1 << 16, int64_t ngram_entries=-1):
+    def session(self, int64_t cache_entries=1 << 18, int64_t ngram_entries=-1):
         """A new scoring session (one per thread); ``cache_entries=0`` disables caching;
         ``ngram_entries`` bounds the exact n-gram cache (-1: automatic, 0: off)."""
         return Session(self, cache_entries, ngram_entries)
@@ -1100,7 +1100,7 @@ cdef class Session:
     cdef SessionC* s
     cdef readonly NativeModel model
 
-    def __cinit__(self, NativeModel model, int64_t cache_entries=1 << 16, int64_t ngram_entries=-1):
+    def __cinit__(self, NativeModel model, int64_t cache_entries=1 << 18, int64_t ngram_entries=-1):
         self.model = model
         self.s = nlm_session_new(&model.m, cache_entries, ngram_entries)
         if self.s == NULL:

@@ -347,7 +347,7 @@ NLM_API void nlm_session_options_init(nlm_session_options* o) {
     if (!o) return;
     memset(o, 0, sizeof *o);
     o->struct_size = sizeof *o;
-    o->cache_entries = 1 << 16;
+    o->cache_entries = 1 << 18;
     o->ngram_cache_entries = -1;
     o->persistent_cache = NULL;
     o->persistent_max_bytes = 0;

@@ -84,7 +84,7 @@ typedef struct nlm_load_options {
 typedef struct nlm_session_options {
     size_t struct_size;           /**< sizeof(nlm_session_options) */
     int64_t cache_entries;        /**< bound of the per-sentence context / normaliser caches
-                                       (default 65536; 0 turns them off) */
+                                       (default 262144; tables grow with the sentence up to it; 0 turns them off) */
     int64_t ngram_cache_entries;  /**< bound of the per-sentence exact n-gram score cache.
                                        Default -1: on (4 * cache_entries) when a lookup costs
                                        more than a probe (normalised outputs, dense layers),
