@@ -90,19 +90,20 @@ ctypedef struct ModelC:
 # Exact-key hash table with O(1) clearing (generation counter) and bounded size.
 # Each hash slot is ``stride = key_len + 2`` int32: [generation, entry, key...]; values live
 # in dense arrays indexed by entry, handed out in insertion order, so the values of one
-# sentence stay together in memory (a cleared table starts again at entry 0).
+# sentence stay together in memory (a cleared table starts again at entry 0).  The table
+# starts small and doubles while a sentence fills it (load <= 1/2), up to ``limit`` entries.
 ctypedef struct TableC:
     int key_len
     int stride
     int fval_len
     int dval_len
-    int64_t capacity          # hash slots, a power of two >= 2 * limit
+    int64_t capacity          # hash slots, a power of two (grows up to >= 2 * limit)
     int64_t limit             # entries allowed before the table is cleared
     int64_t count
     uint32_t generation
     int32_t* slots            # (capacity, stride)
-    float* fvals              # (limit, fval_len)
-    double* dvals             # (limit, dval_len)
+    float* fvals              # (min(capacity / 2, limit), fval_len)
+    double* dvals             # (min(capacity / 2, limit), dval_len)
     int64_t hits
     int64_t misses
     int64_t clears
