@@ -390,7 +390,8 @@ cdef CSession* cs_new(const ModelC* m, const unsigned char* checksum, const char
 cdef void open_query_log(CSession* s) noexcept nogil:
     """NLMFEATURE_QUERY_LOG=DIR: record every lookup of this session in
     DIR/queries.<pid>.<n>.bin (see ``nlmfeature.querylog``), for replay by
-    ``nlmfeature bench query --replay``.  Recording costs one buffered write per lookup."""
+    ``nlmfeature bench query --decoder-stream`` after ``nlmfeature querylog pack``.
+    Recording costs one buffered write per lookup."""
     cdef const char* d = getenv("NLMFEATURE_QUERY_LOG")
     cdef char path[PATH_MAX_LEN]
     cdef int32_t head[4]

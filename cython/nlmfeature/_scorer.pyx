@@ -8,7 +8,9 @@ All scoring functions are ``nogil`` and touch no Python object.  Scores are natu
 cimport cython
 from libc.math cimport exp, expf, log, log1p, tanhf, INFINITY, NAN, isnan
 from libc.stdint cimport int8_t, int32_t, int64_t, uint32_t, uint64_t
-from libc.stdlib cimport calloc, free, malloc, realloc
+from libc.stdlib cimport calloc, free
+from libc.string cimport memcpy, memset
+from cpython.pycapsule cimport PyCapsule_New
 
 cdef extern from "<stdlib.h>" nogil:
     void* aligned_alloc(size_t alignment, size_t size)
@@ -16,8 +18,6 @@ cdef extern from "<stdlib.h>" nogil:
 cdef extern from "<sys/mman.h>" nogil:
     int madvise(void* addr, size_t length, int advice)
     int MADV_HUGEPAGE
-from libc.string cimport memcpy, memset
-from cpython.pycapsule cimport PyCapsule_New
 
 import numpy as np
 cimport numpy as cnp
@@ -172,18 +172,6 @@ cdef inline double log_sigmoid(double x) noexcept nogil:
         return -log1p(exp(-x))
     return x - log1p(exp(x))
 
-
-cdef double logsumexp(const double* x, int64_t n) noexcept nogil:
-    cdef double m = -INFINITY, s = 0
-    cdef int64_t i
-    for i in range(n):
-        if x[i] > m:
-            m = x[i]
-    if m == -INFINITY:
-        return m
-    for i in range(n):
-        s += exp(x[i] - m)
-    return m + log(s)
 
 # ---------------------------------------------------------------------------------------
 # hashing: vocabulary lookup, direct n-gram features, cache keys
@@ -386,8 +374,6 @@ cdef int table_grow(TableC* t, int64_t cap) noexcept nogil:
                 h = (h + 1) & mask
             dst = slots + h * t.stride
             memcpy(dst, src, t.stride * sizeof(int32_t))
-    if t.capacity == 0 or t.generation == 0:
-        t.generation = 1
     # live entries keep the generation; empty slots are 0 (never a generation)
     free(t.slots)
     t.slots = slots
