@@ -22,12 +22,12 @@ import json
 import lzma
 import os
 import struct
-import tempfile
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .atomicfile import atomic_write_bytes
 from .errors import NLMFeatureError
 
 RAW_MAGIC = b"NLMQLOG1"
@@ -119,16 +119,7 @@ def pack(log: QueryLog, out: str, note: str = "") -> int:
     head = json.dumps(header, ensure_ascii=False).encode("utf-8")
     payload = struct.pack("<Q", len(head)) + head + np.ascontiguousarray(log.ids, dtype="<i4").tobytes()
     data = lzma.compress(payload, preset=9 | lzma.PRESET_EXTREME)
-    d = os.path.dirname(os.path.abspath(out))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".qlog.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, out)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write_bytes(out, data)
     return len(data)
 
 

@@ -33,6 +33,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from ..atomicfile import atomic_write_text
 from ..bleu import References, corpus_bleu
 from ..errors import InputError, NLMFeatureError
 from ..kbest import format_number, group_by_sentence, open_text, read_kbest
@@ -111,22 +112,6 @@ class DriverState:
 
     def save(self, path: str) -> None:
         atomic_write_text(path, json.dumps(asdict(self), indent=1, sort_keys=True) + "\n")
-
-
-def atomic_write_text(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file and ``os.replace``."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def tuned_vector(weights: Weights, labels: List[str]) -> np.ndarray:
