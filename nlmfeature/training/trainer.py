@@ -31,7 +31,6 @@ import math
 import os
 import signal
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -40,6 +39,7 @@ import numpy as np
 
 from .. import modelfile
 from ..architecture import ModelSpec, precompute_tables, random_model, set_null_embedding
+from ..atomicfile import atomic_open
 from ..errors import InputError, NLMFeatureError
 from ..model import Model
 from ..vocab import Vocabulary
@@ -232,18 +232,8 @@ def heldout_logprob(header: Dict[str, Any], arrays: Dict[str, np.ndarray], data:
 
 
 def _atomic_savez(path: str, arrays: Dict[str, np.ndarray]) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".npz", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_open(path, suffix=".npz") as f:
+        np.savez(f, **arrays)
 
 
 def checkpoint_path(model_out: str) -> str:
