@@ -32,6 +32,12 @@ import numpy as np
 
 from .errors import InputError
 
+#: the BLEU tokeniser of tuning and evaluation unless told otherwise: ``none``, since the
+#: decoders' k-best lists and 1-best outputs are tokenised text (sacrebleu's ``13a`` would
+#: split Moses' escaped ``&apos;`` into three tokens); ``nlmfeature eval --tokenize 13a`` is
+#: for detokenised text
+DEFAULT_TOKENIZE = "none"
+
 #: Maximum n-gram order.
 ORDER = 4
 #: Length of a statistics vector.
@@ -98,7 +104,7 @@ class References:
     a missing reference for that sentence.
     """
 
-    def __init__(self, streams: Sequence[Sequence[Optional[str]]], tokenize: str = "none",
+    def __init__(self, streams: Sequence[Sequence[Optional[str]]], tokenize: str = DEFAULT_TOKENIZE,
                  lowercase: bool = False) -> None:
         if tokenize not in TOKENIZERS:
             raise ValueError(f"unknown tokeniser {tokenize!r}; choose one of {', '.join(TOKENIZERS)}")
@@ -131,7 +137,7 @@ class References:
             self._lens.append(lens)
 
     @classmethod
-    def from_files(cls, paths: Sequence[str], tokenize: str = "none",
+    def from_files(cls, paths: Sequence[str], tokenize: str = DEFAULT_TOKENIZE,
                    lowercase: bool = False) -> "References":
         """Read one reference file per reference set (UTF-8, one sentence per line, .gz ok).
 

@@ -122,5 +122,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--restarts", type=int, default=5, help="MERT random restarts (default 5)")
     p.add_argument("--bootstrap", type=int, default=1000, help="paired bootstrap samples (default 1000)")
     p.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=run)

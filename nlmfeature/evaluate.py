@@ -1,4 +1,4 @@
-"""``nlmfeature-eval``: corpus BLEU and chrF (sacrebleu) with paired bootstrap significance.
+"""``nlmfeature eval`` (alias ``nlmfeature-eval``): corpus BLEU and chrF (sacrebleu) with paired bootstrap significance.
 
 Scores are sacrebleu's own (``BLEU().corpus_score`` / ``CHRF().corpus_score`` with the
 printed signature).  With two systems, paired bootstrap resampling (Koehn 2004, as Moses'
@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .bleu import DEFAULT_TOKENIZE
 from .errors import InputError, NLMFeatureError
 from .kbest import iter_lines
 
@@ -52,7 +53,7 @@ def check_lengths(system_paths: Sequence[str], systems: Sequence[List[str]],
 
 
 # -- metrics -----------------------------------------------------------------------------------
-def make_metrics(tokenize: str = "13a", lowercase: bool = False, chrf_word_order: int = 0,
+def make_metrics(tokenize: str = DEFAULT_TOKENIZE, lowercase: bool = False, chrf_word_order: int = 0,
                  metrics: Sequence[str] = ("bleu", "chrf")) -> Dict[str, Any]:
     """sacrebleu metric objects by name (``bleu``, ``chrf``)."""
     from sacrebleu.metrics import BLEU, CHRF
@@ -213,7 +214,7 @@ class SystemResult:
     sentence_scores: Dict[str, List[float]] = field(default_factory=dict)
 
 
-def evaluate(system_paths: Sequence[str], ref_paths: Sequence[str], tokenize: str = "13a",
+def evaluate(system_paths: Sequence[str], ref_paths: Sequence[str], tokenize: str = DEFAULT_TOKENIZE,
              lowercase: bool = False, metrics: Sequence[str] = ("bleu", "chrf"),
              chrf_word_order: int = 0, bootstrap: int = 1000, seed: Optional[int] = 12345,
              sentence_level: bool = False) -> Tuple[List[SystemResult], List[Comparison]]:
@@ -267,23 +268,28 @@ def _sentence_scores(name: str, metric: Any, st: np.ndarray) -> List[float]:
 
 
 # -- command line ------------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``nlmfeature-eval``."""
-    p = argparse.ArgumentParser(
-        prog="nlmfeature-eval",
+def build_parser(sub: Optional[argparse._SubParsersAction] = None) -> argparse.ArgumentParser:
+    """The argument parser of ``nlmfeature-eval``, or with ``sub`` the ``eval`` subcommand of
+    ``nlmfeature`` (the same flags)."""
+    p = (sub.add_parser if sub is not None else argparse.ArgumentParser)(
+        *(["eval"] if sub is not None else []),
+        **({"help": "BLEU and chrF of system outputs, paired bootstrap significance"}
+           if sub is not None else {"prog": "nlmfeature-eval"}),
         description="Corpus BLEU and chrF of one system output (sacrebleu, with signatures); "
                     "with two, paired bootstrap resampling gives the p-value of the difference "
                     "(the first system is the baseline).",
-        epilog="Example: nlmfeature-eval --ref test.ref.en --tokenize none base.1best nlm.1best")
+        epilog="Example: nlmfeature eval --ref test.ref.en base.1best nlm.1best")
     p.add_argument("systems", nargs="+", metavar="SYS",
                    help="system output(s), one sentence per line (plain, .gz or -); one, or two "
                         "to compare (baseline first)")
     p.add_argument("-r", "--ref", action="append", required=True, metavar="REF",
                    help="reference translation, line-aligned with the systems; repeat for "
                         "several references")
-    p.add_argument("--tokenize", default="13a",
-                   help="sacrebleu BLEU tokenizer: 13a (default, for detokenised text), none (for "
-                        "text tokenised already), intl, char, zh, ...")
+    p.add_argument("--tokenize", default=DEFAULT_TOKENIZE,
+                   help=f"sacrebleu BLEU tokenizer: none (for text tokenised already, as the "
+                        f"decoders' output and the k-best lists; what tuning uses), 13a (for "
+                        f"detokenised text), intl, char, zh, ... (default {DEFAULT_TOKENIZE}, "
+                        f"the same as nlmfeature tune)")
     p.add_argument("--lowercase", action="store_true",
                    help="case-insensitive scores (lowercase systems and references)")
     p.add_argument("--metrics", default="bleu,chrf",
@@ -300,7 +306,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--width", type=int, default=2, metavar="N",
                    help="decimals of the printed scores (default 2)")
+    p.set_defaults(func=run)
     return p
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``nlmfeature eval`` (see :mod:`nlmfeature.cli`)."""
+    build_parser(sub)
 
 
 def _report_text(results: List[SystemResult], comps: List[Comparison], width: int,
@@ -328,25 +340,19 @@ def _report_text(results: List[SystemResult], comps: List[Comparison], width: in
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    """Entry point of the ``nlmfeature-eval`` console script."""
-    args = build_parser().parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """Run ``nlmfeature eval`` on parsed arguments."""
     metrics = [m.strip().lower() for m in args.metrics.split(",") if m.strip()]
     if args.bootstrap < 0:
-        print("nlmfeature-eval: error: --bootstrap must be >= 0", file=sys.stderr)
-        return 2
-    try:
-        from sacrebleu.metrics.bleu import BLEU
+        raise NLMFeatureError("--bootstrap must be >= 0")
+    from sacrebleu.metrics.bleu import BLEU
 
-        if args.tokenize not in BLEU.TOKENIZERS:
-            raise NLMFeatureError(f"unknown --tokenize {args.tokenize!r}; choose from "
-                                  f"{', '.join(BLEU.TOKENIZERS)}")
-        results, comps = evaluate(args.systems, args.ref, args.tokenize, args.lowercase, metrics,
-                                  args.chrf_word_order, args.bootstrap, args.seed,
-                                  args.sentence_level)
-    except NLMFeatureError as exc:
-        print(f"nlmfeature-eval: error: {exc}", file=sys.stderr)
-        return 2
+    if args.tokenize not in BLEU.TOKENIZERS:
+        raise NLMFeatureError(f"unknown --tokenize {args.tokenize!r}; choose from "
+                              f"{', '.join(BLEU.TOKENIZERS)}")
+    results, comps = evaluate(args.systems, args.ref, args.tokenize, args.lowercase, metrics,
+                              args.chrf_word_order, args.bootstrap, args.seed,
+                              args.sentence_level)
     if args.json:
         doc = {
             "systems": [{"path": r.path, "scores": r.scores, "signatures": r.signatures,
@@ -358,6 +364,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     else:
         sys.stdout.write(_report_text(results, comps, args.width, args.sentence_level))
     return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of the ``nlmfeature-eval`` console script (= ``nlmfeature eval``)."""
+    from .cli import finish, run as run_command
+
+    return run_command(finish(build_parser()), argv)
 
 
 if __name__ == "__main__":

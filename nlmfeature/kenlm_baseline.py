@@ -44,6 +44,7 @@ import numpy as np
 
 from .clusters import iter_lines, open_text, read_tokens
 from .errors import InputError, NLMFeatureError
+from .forward import vocab_log_scores
 from .vocab import Vocabulary
 
 #: what words outside the neural vocabulary become in KenLM's training text and queries
@@ -298,53 +299,15 @@ def interpolate(nlm_token_logprobs: np.ndarray, kenlm_token_logprobs: np.ndarray
 # ---------------------------------------------------------------------------------------
 # exact log-linear interpolation
 # ---------------------------------------------------------------------------------------
-def _lse_rows32(x: np.ndarray) -> np.ndarray:
-    """Row-wise log-sum-exp of a float32 matrix (float64 result), one exp pass."""
-    m = x.max(axis=1)
-    e = np.subtract(x, m[:, None], dtype=np.float32)
-    np.exp(e, out=e)
-    return m.astype(np.float64) + np.log(e.sum(axis=1, dtype=np.float64))
-
-
 def nlm_log_scores(model, ctx: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     """The neural model's scores of *every* vocabulary word after each padded context, as
     (raw (N, V) float32, offset (N,) float64) with ``log p(w | ctx_i) = raw[i, w] - offset[i]``
-    (natural logs).  Exact for softmax, class and tree outputs; the raw scores (offset 0) for
-    unnormalised ones.  Models with direct n-gram features are not supported."""
-    h = model.header
-    if h.get("direct"):
-        raise NLMFeatureError(f"{model.path}: whole-vocabulary distributions of models with "
-                              "direct n-gram features are not supported")
-    a = model.arrays
-    H = np.ascontiguousarray(model.hidden(ctx), dtype=np.float32)
-    kind = model.output_type
-    N = len(ctx)
-    if kind in ("unnormalised", "softmax"):
-        z = H @ a["output.weight"].T.astype(np.float32, copy=False)
-        z += a["output.bias"].astype(np.float32, copy=False)
-        return z, (_lse_rows32(z) if kind == "softmax" else np.zeros(N))
-    if kind == "class":
-        cl = H @ a["class.weight"].T.astype(np.float32, copy=False)
-        cl += a["class.bias"].astype(np.float32, copy=False)
-        cl -= _lse_rows32(cl)[:, None].astype(np.float32)
-        z = H @ a["output.weight"].T.astype(np.float32, copy=False)
-        z += a["output.bias"].astype(np.float32, copy=False)
-        start, members = a["class.start"], a["class.members"]
-        for c in range(len(start) - 1):
-            mem = members[start[c]:start[c + 1]]
-            zc = z[:, mem]
-            z[:, mem] = zc - (_lse_rows32(zc)[:, None] - cl[:, c:c + 1]).astype(np.float32)
-        return z, np.zeros(N)
-    # tree: sum of log-sigmoids along each word's path
-    x = (H @ a["tree.weight"].T + a["tree.bias"]).astype(np.float64)
-    ps, pn, sg = a["tree.path_start"], a["tree.path_node"], a["tree.path_sign"]
-    steps = -np.logaddexp(0.0, -(x[:, pn] * sg))            # (N, total path length)
-    V = len(ps) - 1
-    out = np.zeros((N, V), dtype=np.float32)
-    nonempty = ps[1:] > ps[:-1]
-    if steps.shape[1]:
-        out[:, nonempty] = np.add.reduceat(steps, ps[:-1][nonempty], axis=1)
-    return out, np.zeros(N)
+    (natural logs): :func:`nlmfeature.forward.vocab_log_scores` of the model's hidden vectors.
+    Models with direct n-gram features are not supported."""
+    try:
+        return vocab_log_scores(model.header, model.arrays, model.hidden(ctx))
+    except ValueError as exc:
+        raise NLMFeatureError(f"{model.path}: {exc}") from None
 
 
 def nlm_log_distribution(model, ctx: np.ndarray) -> np.ndarray:

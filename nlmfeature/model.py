@@ -7,18 +7,24 @@ the raw network output, which training makes approximately a log-probability.
 >>> import nlmfeature
 >>> lm = nlmfeature.load("model.nlm")                     # doctest: +SKIP
 >>> lm.score(["the", "cat"], "sat")                      # doctest: +SKIP
->>> lm.score_sentence("the cat sat".split())              # doctest: +SKIP
+>>> lm.score_sentence("the cat sat")                      # doctest: +SKIP
+>>> lm.perplexity("test.txt")                             # doctest: +SKIP
+
+Where tokens are expected, a string is split on white space (the text is tokenised already)
+and a sequence of strings is taken as it is; anything else raises :class:`TypeError`.
 """
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import modelfile
 from ._scorer import NativeModel, Session
+from .textio import iter_lines
 from .vocab import Vocabulary
 
 Tokens = Union[str, Sequence[str]]
@@ -42,8 +48,64 @@ class Perplexity:
         return dict(self.__dict__)
 
 
-def _tokens(sentence: Tokens) -> List[str]:
-    return sentence.split() if isinstance(sentence, str) else list(sentence)
+def _tokens(sentence: Tokens, what: str = "a sentence") -> List[str]:
+    """The tokens of ``sentence``: a string is split on white space (the text is tokenised
+    already), a sequence of strings is taken as it is; anything else is refused."""
+    if isinstance(sentence, str):
+        return sentence.split()
+    if isinstance(sentence, (bytes, bytearray)):
+        raise TypeError(f"{what} must be str or a sequence of str tokens, not bytes "
+                        "(decode it first)")
+    if isinstance(sentence, np.ndarray) and sentence.dtype.kind in "iu":
+        raise TypeError(f"{what} must be words, not ids (the Session API takes ids)")
+    try:
+        toks = list(sentence)
+    except TypeError:
+        raise TypeError(f"{what} must be str or a sequence of str tokens, "
+                        f"not {type(sentence).__name__}") from None
+    for t in toks:
+        if not isinstance(t, str):
+            raise TypeError(f"{what} must be str or a sequence of str tokens; it holds a "
+                            f"{type(t).__name__} ({t!r})")
+    return toks
+
+
+def _word(word: str) -> str:
+    """One token: a string without white space."""
+    if not isinstance(word, str):
+        raise TypeError(f"the word must be one str token, not {type(word).__name__} ({word!r})")
+    if len(word.split()) != 1 or word != word.strip():
+        raise ValueError(f"the word must be one token without white space, got {word!r} "
+                         "(score_sentence scores a whole sentence)")
+    return word
+
+
+def _lines(source: Union[str, "os.PathLike[str]", Iterable[Tokens]]) -> Iterator[Tokens]:
+    """Sentences of a perplexity source: a path (str or path object; plain, .gz or ``-``)
+    is read line by line, any other iterable yields sentences (lines or token lists)."""
+    if isinstance(source, (str, os.PathLike)):
+        for _, line in iter_lines(os.fspath(source)):
+            yield line
+        return
+    if isinstance(source, (bytes, bytearray)):
+        raise TypeError("perplexity() takes a path or an iterable of sentences, not bytes")
+    try:
+        it = iter(source)
+    except TypeError:
+        raise TypeError("perplexity() takes a path or an iterable of sentences, "
+                        f"not {type(source).__name__}") from None
+    yield from it
+
+
+@dataclass(frozen=True)
+class State:
+    """What the model remembers of a sentence's history: its last n-1 word ids (oldest
+    first).  Like KenLM's ``State``: :meth:`Model.begin_sentence` gives the state after
+    ``<s>``, :meth:`Model.null_context` the state with no history, and
+    :meth:`Model.score_word` returns a word's score with the state after the word.  States
+    are immutable and hashable, so a decoder-style search can share them."""
+
+    history: Tuple[int, ...]
 
 
 class Model:
@@ -94,9 +156,10 @@ class Model:
         }
 
     # -- ids ----------------------------------------------------------------------------
-    def ids(self, words: Iterable[str]) -> np.ndarray:
-        """Vocabulary ids (int32) of ``words``; unknown words map to ``<unk>``."""
-        return self.vocab.ids(words)
+    def ids(self, words: Tokens) -> np.ndarray:
+        """Vocabulary ids (int32) of ``words`` (a string is split on white space); unknown
+        words map to ``<unk>``."""
+        return self.vocab.ids(_tokens(words, "words"))
 
     def pad(self, history_ids: Sequence[int]) -> np.ndarray:
         """The n-1 context ids the model sees for a history (oldest first): the last n-1 ids,
@@ -136,12 +199,43 @@ class Model:
             self._session = self.session()
         return self._session
 
-    def score(self, context: Sequence[str], word: str) -> float:
-        """Natural-log score of ``word`` after ``context`` (oldest word first).  Not
+    def score(self, context: Tokens, word: str) -> float:
+        """Natural-log score of ``word`` after ``context`` (oldest word first; a string is
+        split on white space, so ``score("the jury", "said")`` is p(said | the jury)).  A
+        context not starting with ``<s>`` is padded with ``<null>`` (see :meth:`pad`).  Not
         thread-safe (it uses the model's own session); threads use :meth:`session`."""
+        ctx = self.ids(_tokens(context, "the context"))
+        wid = self.vocab.id(_word(word))
         s = self._default_session()
         s.begin_sentence()
-        return float(s.score(self.ids(context), self.vocab.id(word)))
+        return float(s.score(ctx, wid))
+
+    # -- incremental scoring with states (KenLM's shape) ---------------------------------
+    def begin_sentence(self) -> State:
+        """The state at the start of a sentence (after ``<s>``), as KenLM's
+        ``BeginSentenceWrite``."""
+        self._default_session().begin_sentence()
+        return State(tuple(self.pad([self.vocab.bos]).tolist()))
+
+    def null_context(self) -> State:
+        """The state with no history (contexts padded with ``<null>``), as KenLM's
+        ``NullContextWrite``."""
+        self._default_session().begin_sentence()
+        return State(tuple(self.pad([]).tolist()))
+
+    def score_word(self, state: State, word: str) -> Tuple[float, State]:
+        """(natural-log score of ``word`` after ``state``, the state after ``word``), as
+        KenLM's ``BaseScore(in_state, word, out_state)``; ``"</s>"`` ends a sentence.
+        Summing over a sentence's words and ``</s>`` from :meth:`begin_sentence` gives
+        :meth:`sentence_logprob`.  Not thread-safe (the model's own session)."""
+        if not isinstance(state, State):
+            raise TypeError(f"state must be a State (from begin_sentence() or null_context()), "
+                            f"not {type(state).__name__}")
+        wid = self.vocab.id(_word(word))
+        hist = np.asarray(state.history, dtype=np.int32)
+        score = float(self._default_session().score(hist, wid))
+        nxt = state.history[1:] + (wid,) if state.history else ()
+        return score, State(nxt)
 
     def score_sentence(self, sentence: Tokens, bos: bool = True, eos: bool = True) -> np.ndarray:
         """Per-token natural-log scores of a sentence's words (and of ``</s>`` if ``eos``)."""
@@ -172,9 +266,23 @@ class Model:
 
     def score_batch(self, contexts: np.ndarray, words: np.ndarray) -> np.ndarray:
         """Scores of many n-grams at once through matrix products (k-best lists, perplexity).
-        ``contexts`` are padded (N, n-1) int32 ids; equals the one-at-a-time scorer to float
-        rounding."""
+        ``contexts`` are padded (N, n-1) ids and ``words`` (N,) ids, as :meth:`sentence_ngrams`
+        returns them: ``lm.score_batch(*lm.sentence_ngrams("the jury said"))``; equals the
+        one-at-a-time scorer to float rounding.  Words (strings) are refused: map them with
+        :meth:`ids` or use :meth:`score_sentences`."""
+        for name, x in (("contexts", contexts), ("words", words)):
+            arr = x if isinstance(x, np.ndarray) else None
+            if arr is None:
+                try:
+                    arr = np.asarray(x)
+                except Exception:  # ragged nested lists and the like
+                    raise TypeError(f"score_batch: {name} must be an array of ids") from None
+            if arr.dtype.kind not in "iu" and not (arr.size == 0 and arr.dtype.kind == "f"):
+                raise TypeError(f"score_batch: {name} must hold integer word ids, not "
+                                f"{arr.dtype} values (map words with Model.ids, or build both "
+                                "arrays with Model.sentence_ngrams)")
         contexts = np.asarray(contexts)
+        words = np.asarray(words)
         if contexts.ndim != 2 or contexts.shape[1] != self.order - 1 or len(contexts) != len(words):
             raise ValueError(f"contexts must have shape (N, {self.order - 1}) with N = len(words)")
         if contexts.size and (contexts.min() < 0 or contexts.max() >= len(self.vocab)):
@@ -200,6 +308,9 @@ class Model:
             ctxs.clear(); words.clear(); lengths.clear()
             pending = 0
 
+        if isinstance(sentences, (str, bytes)):
+            raise TypeError("score_sentences() takes an iterable of sentences, not one string "
+                            "(use sentence_logprob for one sentence)")
         for sent in sentences:
             c, w = self.sentence_ngrams(sent)
             ctxs.append(c); words.append(w); lengths.append(len(w))
@@ -209,11 +320,14 @@ class Model:
         flush()
         return out
 
-    def perplexity(self, lines: Iterable[Tokens], exclude_oov: bool = False,
-                   batch_size: int = 8192) -> Perplexity:
-        """Perplexity over sentences (one per line), counting each word and one ``</s>`` per
-        sentence.  Unknown words are scored as ``<unk>`` and counted, as KenLM's ``query``
-        does, unless ``exclude_oov`` (SRILM's convention: OOV tokens are skipped)."""
+    def perplexity(self, lines: Union[str, "os.PathLike[str]", Iterable[Tokens]],
+                   exclude_oov: bool = False, batch_size: int = 8192) -> Perplexity:
+        """Perplexity of a text: ``lines`` is a path (plain, ``.gz`` or ``-``; a ``str`` is
+        always a path) or an iterable of sentences (lines, e.g. an open file, or token
+        lists).  Each word and one ``</s>`` per sentence is counted.  Unknown words are scored
+        as ``<unk>`` and counted, as KenLM's ``query`` does, unless ``exclude_oov`` (SRILM's
+        convention: OOV tokens are skipped)."""
+        lines = _lines(lines)
         total, n_tok, n_sent, n_oov = 0.0, 0, 0, 0
         ctxs: List[np.ndarray] = []
         words: List[np.ndarray] = []

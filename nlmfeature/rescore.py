@@ -1,4 +1,4 @@
-"""``nlmfeature-rescore``: append neural-LM features to Moses / cdec k-best lists.
+"""``nlmfeature rescore`` (alias ``nlmfeature-rescore``): append neural-LM features to Moses / cdec k-best lists.
 
 For every hypothesis, each ``--model`` adds one feature: the sentence's natural-log
 probability (the sum of :meth:`Model.score_sentence`, ``</s>`` included), named ``NLM0``,
@@ -518,14 +518,17 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
     return stats
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``nlmfeature-rescore``."""
-    p = argparse.ArgumentParser(
-        prog="nlmfeature-rescore",
+def build_parser(sub: Optional[argparse._SubParsersAction] = None) -> argparse.ArgumentParser:
+    """The argument parser of ``nlmfeature-rescore``, or with ``sub`` the ``rescore``
+    subcommand of ``nlmfeature`` (the same flags)."""
+    p = (sub.add_parser if sub is not None else argparse.ArgumentParser)(
+        *(["rescore"] if sub is not None else []),
+        **({"help": "append NLM features to Moses / cdec k-best lists; rerank to the 1-best"}
+           if sub is not None else {"prog": "nlmfeature-rescore"}),
         description="Append neural-LM features (sentence natural-log probability, optionally an "
                     "OOV count) to every hypothesis of a Moses or cdec k-best list; optionally "
                     "rerank with weights and write the 1-best.",
-        epilog="Example: nlmfeature-rescore -m lm.nlm -i dev.100best.gz -o dev.nlm.100best.gz "
+        epilog="Example: nlmfeature rescore -m lm.nlm -i dev.100best.gz -o dev.nlm.100best.gz "
                "--jobs 2;  reranking: ... --weights moses.ini --one-best dev.1best")
     p.add_argument("-m", "--model", action="append", required=True, metavar="MODEL",
                    help="nlmfeature model file; repeat for several models (features NLM0, NLM1, ...)")
@@ -569,32 +572,36 @@ def build_parser() -> argparse.ArgumentParser:
                         "stopping with an error naming the file and line")
     p.add_argument("--no-verify", action="store_true",
                    help="skip the model checksum check when loading")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
+    p.set_defaults(func=run)
     return p
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    """Entry point of the ``nlmfeature-rescore`` console script."""
-    args = build_parser().parse_args(argv)
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``nlmfeature rescore`` (see :mod:`nlmfeature.cli`)."""
+    build_parser(sub)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``nlmfeature rescore`` on parsed arguments."""
     if args.jobs < 1 or args.chunk_size < 1 or args.batch_size < 1:
-        print("nlmfeature-rescore: error: --jobs, --chunk-size and --batch-size must be >= 1",
-              file=sys.stderr)
-        return 2
+        raise NLMFeatureError("--jobs, --chunk-size and --batch-size must be >= 1")
     output = args.output if args.output is not None else (None if args.one_best else "-")
-    try:
-        st = rescore(args.input, output, args.model, args.name, args.oov_feature, args.oov_name,
-                     args.format, args.jobs, args.chunk_size, args.batch_size, args.weights,
-                     args.one_best, args.update_total, args.sentences, args.skip_bad,
-                     not args.no_verify, progress=not args.quiet)
-    except NLMFeatureError as exc:
-        print(f"nlmfeature-rescore: error: {exc}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:
-        return 0
+    st = rescore(args.input, output, args.model, args.name, args.oov_feature, args.oov_name,
+                 args.format, args.jobs, args.chunk_size, args.batch_size, args.weights,
+                 args.one_best, args.update_total, args.sentences, args.skip_bad,
+                 not args.no_verify, progress=not args.quiet)
     if not args.quiet:
-        print(f"nlmfeature-rescore: {st.hypotheses} hypotheses of {st.sentences} sentences "
+        print(f"{args.prog_name}: {st.hypotheses} hypotheses of {st.sentences} sentences "
               f"({st.format} format)", file=sys.stderr)
     return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of the ``nlmfeature-rescore`` console script (= ``nlmfeature rescore``)."""
+    from .cli import finish, run as run_command
+
+    return run_command(finish(build_parser()), argv)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     act.add_argument("--prune", metavar="SIZE",
                      help="delete least recently used files until the directory is under 80%% of "
                           "SIZE, if it exceeds SIZE (e.g. 500M, 2G)")
-    p.add_argument("--model", metavar="MODEL",
+    p.add_argument("--model", "-m", metavar="MODEL",
                    help="with --clear or --stats: only this model (a model file or its 16-hex-digit "
                         "checksum)")
     p.add_argument("--verify", action="store_true",

@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "are short (one per merge), so extra threads only pay on an idle "
                         "machine: on the shared 2-core test machine C=600 took 54 s of CPU with "
                         "1 thread and 81-267 s with 2. The result does not depend on T")
-    p.add_argument("--out", required=True, metavar="PATHS",
+    p.add_argument("--out", "-o", required=True, metavar="PATHS",
                    help="output paths file (written atomically)")
     p.add_argument("--compare-frequency-binning", action="store_true",
                    help="also report the AMI of frequency binning with the same C")

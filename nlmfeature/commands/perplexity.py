@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "tuned on the validation text. Every word and one </s> per sentence are "
                     "predicted; a word outside the neural vocabulary is an OOV, scored by both "
                     "models as the unknown word and counted (unless --exclude-oov).")
-    p.add_argument("--model", required=True, metavar="NLM", help="neural model file (.nlm)")
+    p.add_argument("--model", "-m", required=True, metavar="NLM", help="neural model file (.nlm)")
     p.add_argument("--test", required=True, metavar="FILE",
                    help="test text, one sentence per line (.gz allowed)")
     p.add_argument("--kenlm", metavar="ARPA_OR_BIN",

@@ -18,8 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Convert a raw queries.*.bin recording into a self-contained, "
                                    "xz-compressed .qlog.xz (vocabulary as words, lookups per sentence).")
     pk.add_argument("raw", help="a raw recording DIR/queries.<pid>.<n>.bin")
-    pk.add_argument("--model", required=True, help="the model the decoder used while recording (for its words)")
-    pk.add_argument("--out", required=True, help="the .qlog.xz file to write")
+    pk.add_argument("--model", "-m", required=True, help="the model the decoder used while recording (for its words)")
+    pk.add_argument("--out", "-o", required=True, help="the .qlog.xz file to write")
     pk.add_argument("--sentences", type=int, default=0, help="keep only the first N sentences (default all)")
     pk.add_argument("--note", default="", help="provenance text stored in the file (system, command, data)")
     pk.set_defaults(func=run_pack)
@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                     "contexts and (with a class-factored --model) (context, class) pairs: "
                                     "what exact per-sentence caches can at best save.")
     inf.add_argument("log", help="a .qlog.xz file (default: the bundled Moses stream)", nargs="?")
-    inf.add_argument("--model", help="a class-factored model whose classes give the (context, class) fraction")
+    inf.add_argument("--model", "-m", help="a class-factored model whose classes give the (context, class) fraction")
     inf.set_defaults(func=run_info)
 
 

@@ -50,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="training text: tokenised, one sentence per line, UTF-8, plain or .gz")
     g.add_argument("--test-set", metavar="FILE",
                    help="held-out text: its perplexity picks the best model (written when it improves)")
-    g.add_argument("--model-out", "-m", required=True, metavar="FILE", help="where to write the model")
+    g.add_argument("--model-out", "-o", required=True, metavar="FILE", help="where to write the model")
     g.add_argument("--min-count", type=int, default=2,
                    help="words seen fewer times become <unk> (default 2: singletons, as OxLM)")
     g.add_argument("--max-vocab", type=int, default=None,
@@ -124,7 +124,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="ignore (and delete) an existing checkpoint of --model-out and start afresh")
     r.add_argument("--no-tables", dest="tables", action="store_false",
                    help="do not store the precomputed first-layer tables (smaller file, slower queries)")
-    r.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    r.add_argument("--no-progress", "-q", "--quiet", dest="progress", action="store_false",
+                   help="no progress bar")
     r.add_argument("--json", action="store_true", help="print the result as JSON on standard output")
     p.set_defaults(func=run)
 

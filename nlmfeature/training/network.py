@@ -1,7 +1,8 @@
 """Forward and backward pass of the hidden layers over a minibatch of padded contexts.
 
-This is the maths of :mod:`nlmfeature.architecture` (and of :class:`nlmfeature.batch.BatchScorer`,
-which the tests compare against), written so that it can be differentiated:
+The forward pass is :func:`nlmfeature.forward.hidden` (the one numpy forward pass, also
+behind batched scoring), asked for a :class:`~nlmfeature.forward.Trace`; this module adds its
+backward pass:
 
     branch k:      a_k = f_k( b_k + sum_j M_{k,j} e(w_j) )
     combination:   h0 = a_0 (one branch), max_k a_k (first maximum wins ties, as the
@@ -15,60 +16,18 @@ float32 for training or float64 for gradient checks.  Dense products go through 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import numpy as np
 
+from ..forward import Trace, activation_grad, full_matrix, hidden
 from .optim import Gradients
 
 Params = Dict[str, np.ndarray]
 
 
-def activate(name: str, x: np.ndarray) -> np.ndarray:
-    """f(x) as a new array (names as in the model file)."""
-    if name == "identity":
-        return x
-    if name in ("relu", "rectifier"):
-        return np.maximum(x, 0)
-    if name == "sigmoid":
-        return 1.0 / (1.0 + np.exp(-x))
-    if name == "tanh":
-        return np.tanh(x)
-    if name == "hardtanh":
-        return np.clip(x, -1, 1)
-    raise ValueError(f"unknown activation {name!r}")
-
-
-def activation_grad(name: str, pre: np.ndarray, post: np.ndarray, d: np.ndarray) -> np.ndarray:
-    """d(loss)/d(pre) from d(loss)/d(post) for post = f(pre)."""
-    if name == "identity":
-        return d
-    if name in ("relu", "rectifier"):
-        return d * (pre > 0)
-    if name == "sigmoid":
-        return d * post * (1 - post)
-    if name == "tanh":
-        return d * (1 - post * post)
-    if name == "hardtanh":
-        return d * ((pre > -1) & (pre < 1))
-    raise ValueError(f"unknown activation {name!r}")
-
-
-@dataclass
-class Forward:
-    """What the backward pass needs from the forward pass."""
-
-    ctx: np.ndarray
-    X: np.ndarray                                    # (N, c, E) context embeddings
-    pre: List[np.ndarray] = field(default_factory=list)    # per branch, before f
-    post: List[np.ndarray] = field(default_factory=list)   # per branch, after f
-    sel: Optional[np.ndarray] = None                 # max combination: winning branch
-    partial: List[np.ndarray] = field(default_factory=list)  # mul combination: running products
-    layer_in: List[np.ndarray] = field(default_factory=list)
-    layer_pre: List[np.ndarray] = field(default_factory=list)
-    layer_post: List[np.ndarray] = field(default_factory=list)
-    H: Optional[np.ndarray] = None                   # (N, D) final hidden vectors
+#: what the backward pass needs from the forward pass (one numpy forward pass: nlmfeature.forward)
+Forward = Trace
 
 
 class Network:
@@ -81,46 +40,10 @@ class Network:
         self.c = int(header["order"]) - 1
 
     def forward(self, ctx: np.ndarray) -> Forward:
-        """Hidden vectors for padded contexts ``ctx`` (N, n-1) int32."""
-        p, h = self.p, self.h
-        N = len(ctx)
-        emb = p["embeddings"]
-        X = emb[ctx]  # (N, c, E)
-        fw = Forward(ctx=ctx, X=X)
-        acc = None
-        for k, br in enumerate(h["branches"]):
-            W = p[f"branch{k}.weights"]
-            if br["diagonal"]:
-                pre = np.einsum("nce,ce->ne", X, W) if self.c else np.zeros((N, W.shape[1]), X.dtype)
-            else:
-                Hk = W.shape[1]
-                Wcat = W.transpose(1, 0, 2).reshape(Hk, -1)  # (H, c*E)
-                pre = X.reshape(N, -1) @ Wcat.T
-            if br.get("bias"):
-                pre = pre + p[f"branch{k}.bias"]
-            post = activate(br["activation"], pre)
-            fw.pre.append(pre)
-            fw.post.append(post)
-            if acc is None:
-                acc = post
-                if h.get("combine") == "max":
-                    fw.sel = np.zeros(post.shape, dtype=np.int8)
-            elif h["combine"] == "max":
-                take = post > acc
-                fw.sel[take] = k
-                acc = np.where(take, post, acc)
-            elif h["combine"] == "mul":
-                fw.partial.append(acc)
-                acc = acc * (post + 1)
-            else:
-                acc = acc + post
-        for k, ly in enumerate(h["layers"]):
-            fw.layer_in.append(acc)
-            pre = acc @ p[f"layer{k}.weight"].T + p[f"layer{k}.bias"]
-            acc = activate(ly["activation"], pre)
-            fw.layer_pre.append(pre)
-            fw.layer_post.append(acc)
-        fw.H = np.ascontiguousarray(acc)
+        """Hidden vectors for padded contexts ``ctx`` (N, n-1) int32, with what
+        :meth:`backward` needs (:func:`nlmfeature.forward.hidden` with a trace)."""
+        fw = Trace()
+        hidden(self.h, self.p, ctx, tables=False, trace=fw)
         return fw
 
     def backward(self, fw: Forward, dH: np.ndarray, grads: Gradients) -> None:
@@ -162,7 +85,7 @@ class Network:
                 dX += dpre[:, None, :] * W[None, :, :]
             else:
                 Hk = W.shape[1]
-                Wcat = W.transpose(1, 0, 2).reshape(Hk, -1)
+                Wcat = full_matrix(W)
                 dW = (dpre.T @ fw.X.reshape(N, -1)).reshape(Hk, self.c, -1).transpose(1, 0, 2)
                 grads.dense(f"branch{k}.weights")[...] += dW
                 dX += (dpre @ Wcat).reshape(dX.shape)

@@ -1,4 +1,4 @@
-"""``nlmfeature-tune``: tune decoder feature weights (MERT, batch MIRA, PRO).
+"""``nlmfeature tune`` (alias ``nlmfeature-tune``): tune decoder feature weights (MERT, batch MIRA, PRO).
 
 Subcommands:
 
@@ -9,15 +9,13 @@ Subcommands:
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 import time
 from typing import List, Optional
 
 import numpy as np
 
-from ..bleu import TOKENIZERS, References, bleu_summary
+from ..bleu import DEFAULT_TOKENIZE, TOKENIZERS, References, bleu_summary
 from ..errors import NLMFeatureError
 from ..weights import read_weights, write_weights
 from . import ALGORITHMS, optimise_pool
@@ -32,9 +30,10 @@ def _add_bleu_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ref", action="append", required=True, metavar="REF",
                    help="reference file (UTF-8, one line per sentence, .gz ok); repeat for "
                         "several references per sentence")
-    p.add_argument("--tokenize", default="none", choices=TOKENIZERS,
+    p.add_argument("--tokenize", default=DEFAULT_TOKENIZE, choices=TOKENIZERS,
                    help="tokeniser applied to hypotheses and references before BLEU, as "
-                        "sacrebleu's -tok (default: none, for tokenised k-best text)")
+                        f"sacrebleu's -tok (default: {DEFAULT_TOKENIZE}, for tokenised k-best "
+                        "text; the same default as nlmfeature eval)")
     p.add_argument("--lowercase", action="store_true",
                    help="case-insensitive BLEU (default: case-sensitive, as Moses' scorer)")
 
@@ -68,7 +67,7 @@ def _add_optimiser_options(p: argparse.ArgumentParser) -> None:
                    help="MIRA: decay of the background BLEU pseudo-document (default: 0.999)")
     p.add_argument("--epochs", type=int, default=60,
                    help="MIRA: passes over the sentences (default: 60)")
-    p.add_argument("--quiet", action="store_true",
+    p.add_argument("-q", "--quiet", action="store_true",
                    help="no progress bars or per-start / per-epoch messages")
 
 
@@ -197,11 +196,18 @@ def cmd_bleu(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="nlmfeature-tune",
-        description="Tune decoder feature weights on k-best lists: MERT, batch MIRA, PRO.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+def build_parser(outer: Optional[argparse._SubParsersAction] = None) -> argparse.ArgumentParser:
+    """The argument parser of ``nlmfeature-tune``, or with ``outer`` the ``tune`` subcommand of
+    ``nlmfeature`` (the same subcommands and flags)."""
+    description = "Tune decoder feature weights on k-best lists: MERT, batch MIRA, PRO."
+    if outer is None:
+        parser = argparse.ArgumentParser(prog="nlmfeature-tune", description=description)
+    else:
+        parser = outer.add_parser("tune", help="tune decoder weights (MERT, MIRA, PRO) on k-best "
+                                               "lists or with Moses / cdec in the loop",
+                                  description=description)
+    parser.set_defaults(interrupt_hint="rerun the same command to resume a driver run")
+    sub = parser.add_subparsers(dest="tune_command", metavar="COMMAND")
     sub.required = True
 
     p = sub.add_parser("optimise", aliases=["optimize"],
@@ -217,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--start", action="append", default=[], metavar="WEIGHTS",
                    help="MERT: a further starting point, e.g. the previous iteration's best "
                         "(repeatable)")
-    p.add_argument("--out", required=True, metavar="WEIGHTS_OUT",
+    p.add_argument("-o", "--out", required=True, metavar="WEIGHTS_OUT",
                    help="where to write the tuned weights (L1-normalised)")
     p.add_argument("--format", default="auto", choices=("auto", "moses", "moses-old", "cdec"),
                    help="k-best format (default: auto, detected from the first line)")
@@ -259,29 +265,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``nlmfeature tune`` (see :mod:`nlmfeature.cli`)."""
+    build_parser(sub)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    """Entry point of ``nlmfeature-tune``."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    previous = signal.getsignal(signal.SIGTERM)
-    if threading.current_thread() is threading.main_thread():
-        # `kill` stops like Ctrl-C: the decoder child is killed, the state stays consistent
-        signal.signal(signal.SIGTERM, _terminate)
-    try:
-        return int(args.func(args) or 0)
-    except NLMFeatureError as exc:
-        _err(f"nlmfeature-tune {args.command}: error: {exc}")
-        return 2
-    except KeyboardInterrupt:
-        _err("nlmfeature-tune: interrupted (rerun the same command to resume a driver run)")
-        return 130
-    finally:
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, previous)
+    """Entry point of ``nlmfeature-tune`` (= ``nlmfeature tune``)."""
+    from ..cli import finish, run
 
-
-def _terminate(signum, frame) -> None:
-    raise KeyboardInterrupt
+    return run(finish(build_parser()), argv)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 from ..atomicfile import atomic_write_text
-from ..bleu import References, corpus_bleu
+from ..bleu import DEFAULT_TOKENIZE, References, corpus_bleu
 from ..errors import InputError, NLMFeatureError
 from ..kbest import format_number, group_by_sentence, open_text, read_kbest
 from ..weights import read_weights, write_weights
@@ -69,7 +69,7 @@ class DriverSettings:
     persistent_cache: Optional[str] = None
     nlm_features: Optional[List[str]] = None   # default: NLMFeature / libcdec_ff_nlm.so
     cache_key: str = "persistent-cache"
-    tokenize: str = "none"
+    tokenize: str = DEFAULT_TOKENIZE
     lowercase: bool = False
     min_change: float = 1e-5
     decoder_args: List[str] = field(default_factory=list)
