@@ -175,8 +175,7 @@ def build_model(name: str, output: str, vocab, counts, order: int, path: str, cl
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
+    from .progress import iterate
     from .vocab import Vocabulary, count_words
 
     data = args.data
@@ -194,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
     workdir = args.workdir or tempfile.mkdtemp(prefix="nlmbench-")
     os.makedirs(workdir, exist_ok=True)
     jobs = [(m, o) for m in models for o in outputs]
-    for name, output in tqdm(jobs, desc="bench query", unit="model", disable=args.json):
+    for name, output in iterate(jobs, desc="bench query", unit="model", enabled=not args.json):
         path = os.path.join(workdir, f"{name}-{output}.nlm")
         size = build_model(name, output, vocab, cnt, args.order, path, classes)
         cfg = {"path": path, "text": text, "seconds": args.seconds, "cache": args.cache_entries,

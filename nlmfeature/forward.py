@@ -23,7 +23,7 @@ Parameters are the model-file arrays (``embeddings``, ``branch{k}.weights``, ...
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, List, Mapping, Optional, Tuple
 
 import numpy as np
 

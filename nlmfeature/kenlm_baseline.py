@@ -50,6 +50,10 @@ from .vocab import Vocabulary
 #: what words outside the neural vocabulary become in KenLM's training text and queries
 UNK_TOKEN = "<nlmfeature-unk>"
 LN10 = math.log(10.0)
+#: KenLM's log10 probability of ``<unk>`` when the ARPA file has none
+MISSING_UNK_LOG10 = -99.0
+#: warn when KenLM does not know more than this fraction of the test tokens the neural model knows
+VOCAB_MISMATCH_WARN = 0.05
 DEFAULT_BIN = os.path.join(os.path.expanduser("~"), ".cache", "nlmfeature", "kenlm", "bin")
 
 
@@ -218,6 +222,22 @@ class KenLMScorer:
         self.vocab = vocab
         self.order = int(self.model.order)
         self.unk_token = UNK_TOKEN if UNK_TOKEN in self.model else "<unk>"
+        #: the file has no ``<unk>`` entry: KenLM then gives every word it does not know
+        #: log10 probability -100 (and says so on stderr), which makes perplexities meaningless
+        self.missing_unk = self.model.score("<unk>", bos=False, eos=False) <= MISSING_UNK_LOG10
+
+    def unknown_known_words(self, sentences: Sequence[Sequence[str]]) -> Tuple[int, int]:
+        """(tokens KenLM does not know among those the neural vocabulary knows, tokens the
+        neural vocabulary knows): a high ratio means the two models were built for different
+        vocabularies (other text, tokenisation or casing)."""
+        known = unknown = 0
+        vocab, model = self.vocab, self.model
+        for toks in sentences:
+            for t in toks:
+                if vocab is None or (t in vocab and t != "<unk>"):
+                    known += 1
+                    unknown += t not in model
+        return unknown, known
 
     def query_tokens(self, toks: Sequence[str]) -> List[str]:
         """The words KenLM is asked about for a sentence (neural OOVs -> the unknown token)."""

@@ -109,6 +109,8 @@ class ChunkResult:
     best: List[Tuple[int, str]] = field(default_factory=list)  #: (sid, 1-best text) in order
     unweighted: Set[str] = field(default_factory=set)    #: labels without a weight
     error: Optional[Tuple[str, int, str]] = None  #: (path, line, message) of a fatal error
+    tokens: int = 0                              #: hypothesis tokens scored (without </s>)
+    oovs: List[int] = field(default_factory=list)  #: per model: tokens not in its vocabulary
 
 
 def _error_parts(exc: InputError) -> Tuple[str, int, str]:
@@ -172,8 +174,11 @@ class Rescorer:
             kept.append((lineno, line, hyp))
             tokens.append(text.split())
         columns: List[Tuple[str, List[float]]] = []
+        res.tokens = sum(len(t) for t in tokens)
         for model, name in zip(self.models, cfg.names):
-            columns.append((name, sentence_logprobs(model, tokens, cfg.batch_size)))
+            counts = [0]
+            columns.append((name, sentence_logprobs(model, tokens, cfg.batch_size, counts)))
+            res.oovs.append(counts[0])
         for model, name in zip(self.models, cfg.oov_names):
             vocab = model.vocab
             columns.append((name, [float(sum(1 for t in toks if t not in vocab or t == "<unk>"))
@@ -219,9 +224,10 @@ class Rescorer:
 
 
 def sentence_logprobs(model: Any, sentences: Sequence[Sequence[str]],
-                      batch_size: int = 8192) -> List[float]:
+                      batch_size: int = 8192, oovs: Optional[List[int]] = None) -> List[float]:
     """Natural-log probabilities of many tokenised sentences; equal to
-    ``[model.sentence_logprob(s) for s in sentences]`` to float rounding.
+    ``[model.sentence_logprob(s) for s in sentences]`` to float rounding.  ``oovs[0]`` (if
+    given) is increased by the number of tokens scored as ``<unk>``.
 
     Same n-grams as :meth:`Model.score_sentences` (``<s>``-padded contexts, ``</s>`` scored),
     but the contexts of all sentences are built at once with numpy instead of one
@@ -243,6 +249,8 @@ def sentence_logprobs(model: Any, sentences: Sequence[Sequence[str]],
         flat.extend([get(w, unk) for w in s])
         flat.append(eos)
     padded = np.array(flat, dtype=np.int32)
+    if oovs is not None:
+        oovs[0] += int(np.count_nonzero(padded == unk))
     # n-gram windows (c context ids + the word) start at every word position of a sentence
     starts_of_sent = np.concatenate([[0], np.cumsum(lengths + c)[:-1]])
     n = int(lengths.sum())
@@ -360,6 +368,28 @@ class RescoreStats:
     missing: List[int] = field(default_factory=list)
     unweighted: Set[str] = field(default_factory=set)
     format: str = ""
+    tokens: int = 0                                  #: hypothesis tokens (without </s>)
+    oovs: List[int] = field(default_factory=list)    #: per model: tokens not in its vocabulary
+
+    def oov_rates(self) -> List[float]:
+        """Per model: the fraction of hypothesis tokens outside its vocabulary."""
+        return [o / self.tokens if self.tokens else 0.0 for o in self.oovs]
+
+
+#: warn when more than this fraction of the hypothesis tokens is outside a model's vocabulary
+OOV_WARN = 0.05
+#: ... once this many tokens have been seen (the first chunk), and again at the end
+OOV_WARN_MIN_TOKENS = 2000
+
+
+def oov_warning(model_path: str, oovs: int, tokens: int) -> Optional[str]:
+    """The warning for a model that does not know ``oovs`` of ``tokens`` tokens, if too many."""
+    if not tokens or oovs / tokens <= OOV_WARN:
+        return None
+    return (f"{100.0 * oovs / tokens:.1f}% of the hypothesis tokens ({oovs} of {tokens}) are not "
+            f"in the vocabulary of {model_path} and are scored as <unk>: its feature says little "
+            "about these hypotheses. Was the model trained on text of the same language, "
+            "tokenisation and casing as the k-best list?")
 
 
 def _chunk_results(chunks: Iterator[List[Tuple[int, str]]], cfg: RescoreConfig, jobs: int
@@ -452,12 +482,20 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
 
     bar = None
     if progress:
-        from tqdm import tqdm
-        bar = tqdm(unit=" hyp", unit_scale=True, desc="rescoring", file=sys.stderr,
-                   mininterval=0.5, disable=None)
+        from .progress import progress as progress_report
+        bar = progress_report(unit=" hyp", unit_scale=True, desc="rescoring")
     out = open_bytes(output_path) if output_path else None
     best_out = open_text(one_best, "wt") if one_best else None
     next_sid = 0
+    checked_oov = False
+    warned_oov: Set[int] = set()
+
+    def warn_oov(st: RescoreStats) -> None:
+        for k, (path, o) in enumerate(zip(cfg_models, st.oovs)):
+            msg = oov_warning(path, o, st.tokens)
+            if msg and k not in warned_oov:
+                warned_oov.add(k)
+                log(f"nlmfeature-rescore: warning: {msg}")
     skipped_messages: List[str] = []        # from the workers; the chunker keeps its own
     try:
         for chunk, res in _chunk_results(all_chunks(), cfg, jobs):
@@ -474,6 +512,11 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
                     best_out.write(text + "\n")
                     next_sid = sid + 1
             stats.hypotheses += res.hypotheses
+            stats.tokens += res.tokens
+            stats.oovs = [a + b for a, b in zip(stats.oovs, res.oovs)] if stats.oovs else list(res.oovs)
+            if not checked_oov and stats.tokens >= OOV_WARN_MIN_TOKENS:
+                checked_oov = True       # early, so a user can stop a long run
+                warn_oov(stats)
             stats.skipped += res.skipped
             stats.unweighted |= res.unweighted
             skipped_messages.extend(res.messages)
@@ -511,6 +554,7 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
         shown = ", ".join(map(str, stats.missing[:20])) + (" ..." if len(stats.missing) > 20 else "")
         log(f"nlmfeature-rescore: warning: {len(stats.missing)} sentence id(s) missing from "
             f"{input_path} ({shown}): empty 1-best line(s) written for them")
+    warn_oov(stats)
     stats.unweighted -= set(lp_names + ov_names)     # already reported above
     if stats.unweighted:
         log(f"nlmfeature-rescore: warning: no weight for feature(s) {sorted(stats.unweighted)} "

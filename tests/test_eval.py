@@ -62,7 +62,8 @@ def test_paired_bootstrap_matches_sacrebleu_paired_bs():
     from sacrebleu.significance import PairedTest
 
     refs = [lines(REF_A), lines(REF_B)]
-    results, comps = evaluate([UEDIN, FAIR], [REF_A, REF_B], bootstrap=300, seed=12345)
+    results, comps = evaluate([UEDIN, FAIR], [REF_A, REF_B], tokenize="13a", bootstrap=300,
+                             seed=12345)
     metrics = {"BLEU": BLEU(), "chrF": CHRF()}
     _, scores = PairedTest([("base", lines(UEDIN)), ("sys", lines(FAIR))], metrics, refs,
                            test_type="bs", n_samples=300)()
@@ -97,7 +98,7 @@ def test_resampled_sums_in_blocks_equal_direct_sums():
 
 
 def test_sentence_level_scores_equal_sacrebleu():
-    results, _ = evaluate([FAIR], [REF_A, REF_B], sentence_level=True)
+    results, _ = evaluate([FAIR], [REF_A, REF_B], tokenize="13a", sentence_level=True)
     hyps, ra, rb = lines(FAIR), lines(REF_A), lines(REF_B)
     bleu = results[0].sentence_scores["bleu"]
     chrf = results[0].sentence_scores["chrf"]
@@ -109,7 +110,9 @@ def test_sentence_level_scores_equal_sacrebleu():
 
 
 def test_cli_text_json_and_tokenised_input(tmp_path, capsys):
-    assert main(["--ref", REF_A, "--ref", REF_B, UEDIN, FAIR, "--bootstrap", "100"]) == 0
+    # detokenised WMT text: 13a, as sacrebleu's default
+    assert main(["--ref", REF_A, "--ref", REF_B, UEDIN, FAIR, "--tokenize", "13a",
+                 "--bootstrap", "100"]) == 0
     out = capsys.readouterr().out
     assert "BLEU|nrefs:2|case:mixed|eff:no|tok:13a|smooth:exp|version:" in out
     assert "chrF2|nrefs:2" in out and "p = " in out and "paired bootstrap, 100 resamples" in out

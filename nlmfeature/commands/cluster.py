@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 
 from ..clusters import brown_clusters, frequency_binning_ami, read_tokens, write_paths
@@ -54,11 +53,10 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     bar = None
     if not args.quiet:
-        from tqdm import tqdm
+        from ..progress import progress
 
         n_words = sum(1 for _ in _kept_words(lines, args.min_count))
-        bar = tqdm(total=n_words, unit="word", desc="clustering", file=sys.stderr,
-                   mininterval=0.5)
+        bar = progress(total=n_words, unit="word", desc="clustering")
     try:
         result = brown_clusters(lines, args.classes, args.min_count, args.threads,
                                 progress=bar.update if bar else None)

@@ -10,8 +10,9 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from ..errors import NLMFeatureError
-from ..kenlm_baseline import (KenLMScorer, LogLinear, interpolate, is_arpa, nlm_ngrams,
-                              nlm_token_scores, read_sentences, spaced_subset, train_kenlm)
+from ..kenlm_baseline import (VOCAB_MISMATCH_WARN, KenLMScorer, LogLinear, interpolate, is_arpa,
+                              nlm_ngrams, nlm_token_scores, read_sentences, spaced_subset,
+                              train_kenlm)
 from ..model import load
 
 OOV_NOTE = ("Tokens: every word plus one </s> per sentence. OOV = word outside the neural "
@@ -92,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     if kenlm_path:
         scorer = KenLMScorer(kenlm_path, model.vocab)
         kn, kn_oov = scorer.token_scores(test)
+        _check_kenlm(args, scorer, kn_oov, test, notes)
         result["kenlm"] = kenlm_path
         rows.append(_row("kenlm", kn.logprob, kn.oov, ex, kenlm_unknown_tokens=kn_oov))
         notes.append(OOV_NOTE.format(
@@ -134,6 +136,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_kenlm(args, scorer: KenLMScorer, kn_oov: int, test, notes: List[str]) -> None:
+    """Refuse or warn when the KenLM numbers would be silent nonsense."""
+    if scorer.missing_unk and kn_oov:
+        raise NLMFeatureError(
+            f"{scorer.path}: the ARPA file has no <unk> entry, so KenLM gives the {kn_oov} test "
+            "token(s) it does not know log10 probability -100 and its perplexity is meaningless; "
+            "use a model with <unk> (lmplz always writes it; --kenlm-train trains one on the "
+            "neural model's vocabulary)")
+    unknown, known = scorer.unknown_known_words(test)
+    if known and unknown / known > VOCAB_MISMATCH_WARN:
+        msg = (f"KenLM model {scorer.path} does not know {unknown} of the {known} test tokens "
+               f"({100.0 * unknown / known:.1f}%) that the neural vocabulary knows: it was built "
+               "for another vocabulary (other text, tokenisation or casing?), so the two models "
+               "predict different events; --kenlm-train TEXT trains a comparable one")
+        notes.append(msg)
+        print(f"nlmfeature perplexity: warning: {msg}", file=sys.stderr)
+
+
 def _loglinear(args, model, kenlm_path, scorer, test, valid, nlm, kn) -> Dict:
     ex = args.exclude_oov
     sets = [test] + ([valid] if valid is not None else [])
@@ -166,11 +186,11 @@ def _loglinear(args, model, kenlm_path, scorer, test, valid, nlm, kn) -> Dict:
 
 
 def _bar(args, total: int, desc: str):
-    if args.quiet or args.json and not sys.stderr.isatty():
+    if args.quiet:
         return None
-    from tqdm import tqdm
+    from ..progress import progress
 
-    return tqdm(total=total, desc=desc, unit="tok", file=sys.stderr, mininterval=0.5)
+    return progress(total=total, desc=desc, unit="tok")
 
 
 def _log(args, msg: str) -> None:

@@ -475,13 +475,13 @@ class Trainer:
         updates = 0
         bar = None
         try:
-            from tqdm import tqdm
+            from ..progress import progress
 
             stop_reason = ""
             while self.epoch < cfg.iterations and not stop_reason:
                 perm = np.random.default_rng([cfg.seed, self.epoch]).permutation(N)
-                bar = tqdm(total=nb, initial=self.batch, desc=f"epoch {self.epoch + 1}/{cfg.iterations}",
-                           unit="batch", disable=not cfg.progress or None, leave=False, file=sys.stderr)
+                bar = progress(total=nb, initial=self.batch, desc=f"epoch {self.epoch + 1}/{cfg.iterations}",
+                               unit="batch", enabled=cfg.progress, leave=False)
                 t_epoch, w_epoch = time.time(), 0
                 while self.batch < nb:
                     idx = perm[self.batch * B:(self.batch + 1) * B]

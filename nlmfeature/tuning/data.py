@@ -180,10 +180,10 @@ class KbestPool:
         done = 0
         bar = None
         if progress:
-            from tqdm import tqdm
+            from ..progress import progress
 
-            bar = tqdm(total=self.num_sentences, desc=os.path.basename(path), unit="sent",
-                       leave=False)
+            bar = progress(total=self.num_sentences, desc=os.path.basename(path), unit="sent",
+                           leave=False)
         read = new = 0
         covered = np.zeros(self.num_sentences, dtype=bool)
         try:

@@ -264,9 +264,9 @@ def optimise(arrays: PoolArrays, initial: Sequence[np.ndarray], options: MertOpt
     results: List[StartResult] = []
     bar = None
     if progress:
-        from tqdm import tqdm
+        from ..progress import progress
 
-        bar = tqdm(total=len(tasks), desc="MERT starts", unit="start", leave=False)
+        bar = progress(total=len(tasks), desc="MERT starts", unit="start", leave=False)
     jobs = max(1, min(options.jobs, len(tasks)))
     try:
         if jobs == 1:

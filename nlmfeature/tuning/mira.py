@@ -68,9 +68,9 @@ def optimise(arrays: PoolArrays, initial: np.ndarray, options: MiraOptions,
     history: List[dict] = []
     epochs = range(options.epochs)
     if progress:
-        from tqdm import tqdm
+        from ..progress import iterate
 
-        epochs = tqdm(epochs, desc="MIRA epochs", unit="epoch", leave=False)
+        epochs = iterate(epochs, desc="MIRA epochs", unit="epoch", leave=False)
     for epoch in epochs:
         order = rng.permutation(S).astype(np.int64) if options.shuffle else \
             np.arange(S, dtype=np.int64)
