@@ -31,6 +31,7 @@ CDEC = os.path.join(CDEC_BUILD, "decoder", "cdec") if CDEC_BUILD else None
 
 pytestmark = pytest.mark.skipif(not CDEC or not os.path.exists(CDEC),
                                 reason="set CDEC_ROOT to a built cdec tree to test the cdec shim")
+pytestmark = [pytest.mark.decoder, pytestmark]   # -m decoder / -m "not decoder"; counted in the summary
 
 
 @pytest.fixture(scope="module")

@@ -38,6 +38,7 @@ DEFAULT_BJAM_ARGS = "-j2 --without-tcmalloc --notrace --no-xmlrpc-c --without-li
 pytestmark = pytest.mark.skipif(
     not MOSES_ROOT or not os.path.exists(os.path.join(MOSES_ROOT or "/", "moses", "LM", "Jamfile")),
     reason="set MOSES_ROOT to a built mosesdecoder tree to test the Moses shim")
+pytestmark = [pytest.mark.decoder, pytestmark]   # -m decoder / -m "not decoder"; counted in the summary
 
 
 def _moses_binaries(root):
