@@ -105,10 +105,13 @@ def _branch_pre(header: Mapping[str, Any], p: Params, k: int, ctx: np.ndarray,
         for j in range(c):
             pre += T[j][ctx[:, j]]
     elif br["diagonal"]:
-        emb = p["embeddings"]
-        pre = np.zeros((N, W.shape[1]), dtype=W.dtype)
-        for j in range(c):
-            pre += (X[:, j] if X is not None else emb[ctx[:, j]]) * W[j]
+        if X is not None and c:               # embeddings gathered already (training)
+            pre = np.einsum("nce,ce->ne", X, W)
+        else:                                 # one context position at a time: less memory
+            emb = p["embeddings"]
+            pre = np.zeros((N, W.shape[1]), dtype=W.dtype)
+            for j in range(c):
+                pre += emb[ctx[:, j]] * W[j]
     else:
         if X is None:
             X = p["embeddings"][ctx]
