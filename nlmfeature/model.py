@@ -23,6 +23,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 
 from . import modelfile
+from .errors import InputError
 from ._scorer import NativeModel, Session
 from .textio import iter_lines
 from .vocab import Vocabulary
@@ -84,7 +85,11 @@ def _lines(source: Union[str, "os.PathLike[str]", Iterable[Tokens]]) -> Iterator
     """Sentences of a perplexity source: a path (str or path object; plain, .gz or ``-``)
     is read line by line, any other iterable yields sentences (lines or token lists)."""
     if isinstance(source, (str, os.PathLike)):
-        for _, line in iter_lines(os.fspath(source)):
+        path = os.fspath(source)
+        if path != "-" and not os.path.exists(path):
+            raise InputError(path, 0, "no such file (perplexity() reads a str as a path; give "
+                                      "a list of lines to score text)")
+        for _, line in iter_lines(path):
             yield line
         return
     if isinstance(source, (bytes, bytearray)):
