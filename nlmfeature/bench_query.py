@@ -193,7 +193,8 @@ def run(args: argparse.Namespace) -> int:
     workdir = args.workdir or tempfile.mkdtemp(prefix="nlmbench-")
     os.makedirs(workdir, exist_ok=True)
     jobs = [(m, o) for m in models for o in outputs]
-    for name, output in iterate(jobs, desc="bench query", unit="model", enabled=not args.json):
+    quiet = args.json or getattr(args, "quiet", False)
+    for name, output in iterate(jobs, desc="bench query", unit="model", enabled=not quiet):
         path = os.path.join(workdir, f"{name}-{output}.nlm")
         size = build_model(name, output, vocab, cnt, args.order, path, classes)
         cfg = {"path": path, "text": text, "seconds": args.seconds, "cache": args.cache_entries,

@@ -236,7 +236,8 @@ def run(args: argparse.Namespace) -> int:
     from .training.corpus import build_vocabulary, read_corpus, read_lines
 
     def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
+        if not getattr(args, "quiet", False):
+            print(msg, file=sys.stderr, flush=True)
 
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
     unknown = [n for n in names if n not in CONFIGS]

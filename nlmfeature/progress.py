@@ -64,8 +64,10 @@ class PlainProgress:
             f"{_count(self.n)} {self.unit}"
         if self.total:
             done += f" ({100.0 * self.n / self.total:.1f}%)"
+        speed = f"{rate:,.1f} {self.unit}/s" if rate >= 1 or rate == 0 else \
+            f"{1 / rate:,.1f} s/{self.unit}"
         parts = [f"{self.desc + ': ' if self.desc else ''}{'done, ' if final else ''}{done}",
-                 f"{rate:,.1f} {self.unit}/s", f"elapsed {_duration(elapsed)}"]
+                 speed, f"elapsed {_duration(elapsed)}"]
         if not final and self.total and rate > 0 and self.n < self.total:
             parts.append(f"left ~{_duration((self.total - self.n) / rate)}")
         parts += [f"{k} {v}" for k, v in self.postfix.items()]
