@@ -266,6 +266,12 @@ def test_rescore_progress_in_a_log_file(tmp_path):
     assert "\r" not in text and "\x1b" not in text
     progress_lines = [l for l in text.splitlines() if l.startswith("rescoring: ")]
     assert len(progress_lines) >= 5 and "hyp/s" in progress_lines[0]
+    # -q: no progress and no summary; what is left on stderr are warnings (here: none)
+    r = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "rescore", "-m", _kbest_vocab_model(tmp_path),
+                        "-i", KBEST, "-o", str(tmp_path / "q.gz"), "--chunk-size", "100", "-q"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300,
+                       env=dict(ENV, NLMFEATURE_PROGRESS_INTERVAL="0"))
+    assert r.returncode == 0 and r.stderr == ""
 
 
 # -- a second set-up run only checks ------------------------------------------------------------------
