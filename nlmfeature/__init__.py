@@ -1,7 +1,8 @@
 """nlmfeature: feed-forward neural language models for machine-translation decoders.
 
 Load a model with :func:`load` and score with :meth:`Model.score`,
-:meth:`Model.score_sentence` or :meth:`Model.perplexity`.  Scores are natural logs.
+:meth:`Model.score_sentence` or :meth:`Model.perplexity`, or word by word from a
+:class:`State` (:meth:`Model.begin_sentence`, :meth:`Model.score_word`).  Scores are natural logs.
 """
 import os as _os
 
@@ -11,9 +12,9 @@ import os as _os
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from .errors import InputError, ModelFileError, NLMFeatureError
-from .model import Model, Perplexity, load, save
+from .model import Model, Perplexity, State, load, save
 from .vocab import Vocabulary
 
 __version__ = "0.1.0"
-__all__ = ["load", "save", "Model", "Perplexity", "Vocabulary", "NLMFeatureError",
+__all__ = ["load", "save", "Model", "Perplexity", "State", "Vocabulary", "NLMFeatureError",
            "ModelFileError", "InputError", "__version__"]
