@@ -12,6 +12,7 @@ the raw network output, which training makes approximately a log-probability.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -92,6 +93,12 @@ class Model:
                                   if a.dtype.kind == "f" and not n.endswith(".tables") and n != "unigram")),
             "metadata": h.get("metadata", {}),
         }
+
+    def check_file(self) -> None:
+        """Raise :class:`nlmfeature.errors.ModelFileError` if the model file was changed in
+        place since it was loaded (sessions do this at each sentence start).  Replace models
+        by writing a new file and renaming it over the old one; see docs/model-format.md."""
+        self.native.check_file()
 
     # -- ids ----------------------------------------------------------------------------
     def ids(self, words: Iterable[str]) -> np.ndarray:
@@ -179,6 +186,7 @@ class Model:
             raise ValueError(f"contexts must have shape (N, {self.order - 1}) with N = len(words)")
         if contexts.size and (contexts.min() < 0 or contexts.max() >= len(self.vocab)):
             raise ValueError("contexts hold ids outside the vocabulary")
+        self.check_file()
         return self._batcher().score(np.ascontiguousarray(contexts, dtype=np.int32),
                                  np.ascontiguousarray(words, dtype=np.int32))
 
@@ -256,11 +264,14 @@ def load(path: str, verify: bool = True, use_tables: bool = True) -> Model:
     ``use_tables=False`` ignores precomputed first-layer tables (for comparisons).
     Raises :class:`nlmfeature.errors.ModelFileError` naming the file and the problem.
     """
-    header, arrays, checksum = modelfile.read_model(path, verify=verify)
+    header, arrays, checksum, fd, identity = modelfile.open_model(path, verify=verify)
     try:
-        return Model(path, header, arrays, checksum, use_tables)
-    except (ValueError, KeyError) as exc:
+        model = Model(path, header, arrays, checksum, use_tables)
+    except (ValueError, KeyError, TypeError) as exc:
+        os.close(fd)
         raise modelfile.ModelFileError(f"{path}: wrong architecture description: {exc}") from None
+    model.native.watch_file(path, fd, identity)
+    return model
 
 
 def save(path: str, header: Dict[str, Any], arrays: Dict[str, np.ndarray], half: bool = False) -> str:
