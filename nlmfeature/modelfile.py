@@ -283,6 +283,41 @@ def _check_tree(V: int, N: int, arrays: Mapping[str, np.ndarray]) -> None:
         raise ValueError("tree paths do not form a tree (a cycle, or a node without a parent)")
 
 
+def _check_tables(h: Header, arrays: Mapping[str, np.ndarray]) -> None:
+    """Precomputed first-layer tables equal their definition, ``tables[j][w] = M_j e(w)``,
+    checked in one pass over the tables with a random projection (Freivalds): for a fixed
+    random vector r, ``tables[j] r`` must equal ``E (M_j^T r)`` row by row, to float
+    rounding.  Any entry changed by more than rounding shows (with probability ~1); the cost
+    is one read of the tables, a fraction of the checksum's."""
+    E = arrays["embeddings"]
+    half = h.get("storage") == "float16"
+    rng = np.random.default_rng(12345)
+    for k, br in enumerate(h["branches"]):
+        t = arrays.get(f"branch{k}.tables")
+        if t is None:
+            continue
+        H = t.shape[2]
+        r = rng.standard_normal(H).astype(np.float32)
+        W = arrays[f"branch{k}.weights"]
+        absE = np.abs(E)
+        for j in range(t.shape[0]):
+            lhs = t[j] @ r
+            if br["diagonal"]:
+                rhs = E @ (W[j] * r)
+                bound = absE @ np.abs(W[j] * r)
+            else:
+                rhs = E @ (W[j].T @ r)
+                bound = absE @ (np.abs(W[j]).T @ np.abs(r))
+            tol = ((H + 16) * 1.2e-7 + (2e-3 if half else 0.0)) * bound + 1e-30
+            with np.errstate(invalid="ignore", over="ignore"):
+                fin_l, fin_r = np.isfinite(lhs), np.isfinite(rhs) & np.isfinite(tol)
+                ok = (fin_l & fin_r & (np.abs(lhs.astype(np.float64) - rhs) <= tol)) | (~fin_l & ~fin_r)
+            if not np.all(ok):
+                w = int(np.flatnonzero(~ok)[0])
+                raise ValueError(f"branch{k}.tables[{j}] does not match the embeddings and weights "
+                                 f"(word {w} first); convert the model again to recompute them")
+
+
 def validate_structure(h: Header, arrays: Mapping[str, np.ndarray], strict: bool = True) -> None:
     """Check the whole model: header types, arrays against the header (shapes, types), the
     vocabulary and its lookup table, the class partition or tree, index ranges.  After it,
@@ -305,6 +340,7 @@ def validate_structure(h: Header, arrays: Mapping[str, np.ndarray], strict: bool
         _check_classes(V, int(out["classes"]), arrays)
     elif out["type"] == "tree":
         _check_tree(V, int(out["nodes"]), arrays)
+    _check_tables(h, arrays)
 
 
 def write_model(path: str, header: Header, arrays: Mapping[str, np.ndarray],
