@@ -304,7 +304,8 @@ def mutate_bytes(rng: random.Random, raw: bytes) -> (bytes, str):
     return bytes(b), op
 
 
-def make_case(seeds: Dict[str, Any], case_id: int, run_seed: int, kinds, casedir: str) -> Dict[str, Any]:
+def make_case(seeds: Dict[str, Any], case_id: int, run_seed: int, kinds, casedir: str,
+              special: bool = False) -> Dict[str, Any]:
     """Write case ``case_id``'s input file; returns its description (for the worker)."""
     _paths()
     rng = random.Random(run_seed * 1_000_003 + case_id)
@@ -344,6 +345,8 @@ def make_case(seeds: Dict[str, Any], case_id: int, run_seed: int, kinds, casedir
         case["sentence"] = k
         case["model"] = seeds["pcache_model"]
         ext = ".nlmc"
+        if special and rng.random() < 0.03:  # a FIFO, a directory or a 3 GB sparse file instead
+            case["special"] = what = rng.choice(["fifo", "directory", "huge"])
     path = os.path.join(casedir, f"{case_id}-{kind}{ext}")
     with open(path, "wb") as f:
         f.write(data)
@@ -481,7 +484,17 @@ class _Checker:
         shutil.rmtree(d, ignore_errors=True)
         sub = os.path.join(d, m.checksum)
         os.makedirs(sub)
-        shutil.copy(case["path"], os.path.join(sub, f"{case['sentence']}.nlmc"))
+        target = os.path.join(sub, f"{case['sentence']}.nlmc")
+        special = case.get("special")
+        if special == "fifo":
+            os.mkfifo(target)
+        elif special == "directory":
+            os.mkdir(target)
+        elif special == "huge":
+            with open(target, "wb") as f:
+                f.truncate(3 << 30)
+        else:
+            shutil.copy(case["path"], target)
         cs = CachedScorer(m, directory=d, quiet=True)
         line = self._lines(case)[case["sentence"]]
         cs.begin(case["sentence"])
@@ -630,6 +643,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--timeout", type=float, default=30, help="time limit of one case in seconds (default 30)")
     ap.add_argument("--workdir", help="directory for seeds, cases and failures (default: a temporary one)")
     ap.add_argument("--keep", action="store_true", help="keep every case file, not only failures")
+    ap.add_argument("--special-files", action="store_true",
+                    help="pcache cases also put a FIFO, a directory or a 3 GB sparse file where a cache file goes")
     ap.add_argument("--replay", metavar="DIR", help="run the stored cases (*.json notes) in DIR instead")
     ap.add_argument("--json", metavar="FILE", help="write the per-case results to FILE")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -682,7 +697,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             else:
                 if (budget and time.time() - t0 >= budget) or (args.cases and case_id >= args.cases):
                     break
-                case = make_case(seeds, case_id, args.seed, kinds, casedir)
+                case = make_case(seeds, case_id, args.seed, kinds, casedir, args.special_files)
                 case_id += 1
             res = pool.run(case)
             res.update(kind=case["kind"], id=case["id"], mutation=case.get("mutation"), source=case.get("source"))
