@@ -2,7 +2,9 @@
 
 Every ``cython/nlmfeature/NAME.pyx`` becomes the extension module ``nlmfeature.NAME``; adding a
 Cython source needs no change here.  Set ``NLMFEATURE_PORTABLE=1`` to build without
-``-march=native`` (for binaries that must run on other CPUs).
+``-march=native`` (for binaries that must run on other CPUs) and
+``NLMFEATURE_SANITIZE=address,undefined`` (or ``thread``) for a sanitizer build
+(docs/sanitizers.md).  Compiler flags live in ``nlmfeature/capi/build.py``.
 """
 import glob
 import os
@@ -14,12 +16,14 @@ from setuptools import Extension, find_packages, setup
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _compile_args() -> list:
-    args = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros",
-            "-fopenmp", "-Wno-unused-function"]
-    if not os.environ.get("NLMFEATURE_PORTABLE"):
-        args.append("-march=native")
-    return args
+def _capi_build():
+    """nlmfeature/capi/build.py, loaded by path (the package is not importable before it is
+    built): compiler flags and the build step of libnlmfeature.so."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_nlm_capi_build", os.path.join(HERE, "nlmfeature", "capi", "build.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def _extensions() -> list:
@@ -31,31 +35,21 @@ def _extensions() -> list:
                 "nlmfeature." + name,
                 [pyx],
                 include_dirs=[numpy.get_include(), "cython"],
-                extra_compile_args=_compile_args(),
-                extra_link_args=["-fopenmp"],
+                extra_compile_args=_capi_build().compile_args(),
+                extra_link_args=_capi_build().link_args(),
                 define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
             )
         )
     return cythonize(
         exts,
         include_path=["cython"],
-        compiler_directives={
-            "language_level": 3,
-            "boundscheck": False,
-            "wraparound": False,
-            "cdivision": True,
-            "initializedcheck": False,
-        },
+        compiler_directives=_capi_build().CYTHON_DIRECTIVES,
     )
 
 
 def _build_ext():
     """build_ext that also builds libnlmfeature.so, the C ABI (see nlmfeature/capi/build.py)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("_nlm_capi_build", os.path.join(HERE, "nlmfeature", "capi", "build.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.make_build_ext()
+    return _capi_build().make_build_ext()
 
 
 setup(

@@ -160,6 +160,12 @@ class Model:
             "metadata": h.get("metadata", {}),
         }
 
+    def check_file(self) -> None:
+        """Raise :class:`nlmfeature.errors.ModelFileError` if the model file was changed in
+        place since it was loaded (sessions do this at each sentence start).  Replace models
+        by writing a new file and renaming it over the old one; see docs/model-format.md."""
+        self.native.check_file()
+
     # -- ids ----------------------------------------------------------------------------
     def ids(self, words: Tokens) -> np.ndarray:
         """Vocabulary ids (int32) of ``words`` (a string is split on white space); unknown
@@ -292,6 +298,7 @@ class Model:
             raise ValueError(f"contexts must have shape (N, {self.order - 1}) with N = len(words)")
         if contexts.size and (contexts.min() < 0 or contexts.max() >= len(self.vocab)):
             raise ValueError("contexts hold ids outside the vocabulary")
+        self.check_file()
         return self._batcher().score(np.ascontiguousarray(contexts, dtype=np.int32),
                                  np.ascontiguousarray(words, dtype=np.int32))
 
@@ -375,11 +382,14 @@ def load(path: str, verify: bool = True, use_tables: bool = True) -> Model:
     ``use_tables=False`` ignores precomputed first-layer tables (for comparisons).
     Raises :class:`nlmfeature.errors.ModelFileError` naming the file and the problem.
     """
-    header, arrays, checksum = modelfile.read_model(path, verify=verify)
+    header, arrays, checksum, fd, identity = modelfile.open_model(path, verify=verify)
     try:
-        return Model(path, header, arrays, checksum, use_tables)
-    except (ValueError, KeyError) as exc:
+        model = Model(path, header, arrays, checksum, use_tables)
+    except (ValueError, KeyError, TypeError) as exc:
+        os.close(fd)
         raise modelfile.ModelFileError(f"{path}: wrong architecture description: {exc}") from None
+    model.native.watch_file(path, fd, identity)
+    return model
 
 
 def save(path: str, header: Dict[str, Any], arrays: Dict[str, np.ndarray], half: bool = False) -> str:

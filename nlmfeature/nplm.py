@@ -30,11 +30,14 @@ _ACTIVATIONS = {"rectifier": "relu", "identity": "identity", "tanh": "tanh", "ha
 class _Reader:
     """Line reader that knows where it is (for error messages)."""
 
-    def __init__(self, f: TextIO, path: str) -> None:
-        self.f, self.path, self.line = f, path, 0
+    def __init__(self, f: TextIO, path: str, size: int) -> None:
+        self.f, self.path, self.line, self.size = f, path, 0, size
 
     def next(self) -> Optional[str]:
-        raw = self.f.readline()
+        try:
+            raw = self.f.readline()
+        except UnicodeDecodeError as exc:
+            raise InputError(self.path, self.line + 1, f"not UTF-8 text ({exc.reason})") from None
         if not raw:
             return None
         self.line += 1
@@ -54,6 +57,11 @@ class _Reader:
 
     def matrix(self, rows: int, cols: int, what: str) -> np.ndarray:
         start = self.line + 1
+        # every number takes at least two bytes of text: refuse sizes the file cannot hold
+        # before allocating anything (a corrupt header must not ask for gigabytes)
+        if rows * cols * 2 > self.size + 2:
+            raise self.error(f"{what}: the config announces {rows} x {cols} numbers, more than "
+                             f"this {self.size}-byte file can hold")
         out = np.empty((rows, cols), dtype=np.float32)
         i = 0
         while True:
@@ -70,9 +78,13 @@ class _Reader:
             if len(fields) != cols:
                 raise self.error(f"{what}: row has {len(fields)} columns, expected {cols}")
             try:
-                out[i] = np.asarray(fields, dtype=np.float64)
+                row = np.asarray(fields, dtype=np.float64)
             except ValueError:
                 raise self.error(f"{what}: not a number in {line[:60]!r}") from None
+            if not np.all(np.isfinite(row)) or np.any(np.abs(row) > 3e38):
+                raise self.error(f"{what}: a value is not a finite float32 number (nan, inf or "
+                                 f"beyond 3e38) in {line[:60]!r}")
+            out[i] = row
             i += 1
         if i != rows:
             raise InputError(self.path, start, f"{what}: {i} rows, expected {rows}")
@@ -88,6 +100,7 @@ def read_nplm(path: str, normalise: bool = False, tables: bool = True) -> Tuple[
     """
     try:
         f = open(path, encoding="utf-8")
+        size = os.fstat(f.fileno()).st_size
     except OSError as exc:
         raise InputError(path, 0, f"cannot open NPLM model: {exc.strerror}") from None
     cfg: Dict[str, str] = {}
@@ -95,7 +108,7 @@ def read_nplm(path: str, normalise: bool = False, tables: bool = True) -> Tuple[
     vocab_out: Optional[List[str]] = None
     mats: Dict[str, np.ndarray] = {}
     with f:
-        r = _Reader(f, path)
+        r = _Reader(f, path, size)
         first = True
         while True:
             line = r.next()
@@ -120,15 +133,15 @@ def read_nplm(path: str, normalise: bool = False, tables: bool = True) -> Tuple[
                 raise r.error("\\config must come first")
             n, E = int(cfg["ngram_size"]), int(cfg["input_embedding_dimension"])
             H1, D = int(cfg["num_hidden"]), int(cfg["output_embedding_dimension"])
-            Vi = int(cfg.get("input_vocab_size", cfg.get("vocab_size", 0)))
-            Vo = int(cfg.get("output_vocab_size", cfg.get("vocab_size", 0)))
+            Vi = int(cfg.get("input_vocab_size", cfg.get("vocab_size", "0")))
+            Vo = int(cfg.get("output_vocab_size", cfg.get("vocab_size", "0")))
             first_out = H1 if H1 > 0 else D
             if line == "\\vocab":
-                vocab_in = vocab_out = r.block()
+                vocab_in = vocab_out = _vocab_block(r, Vi)
             elif line == "\\input_vocab":
-                vocab_in = r.block()
+                vocab_in = _vocab_block(r, Vi)
             elif line == "\\output_vocab":
-                vocab_out = r.block()
+                vocab_out = _vocab_block(r, Vo)
             elif line == "\\input_embeddings":
                 mats["emb"] = r.matrix(Vi, E, "input_embeddings")
             elif line == "\\hidden_weights 1":
@@ -154,22 +167,58 @@ def read_nplm(path: str, normalise: bool = False, tables: bool = True) -> Tuple[
     if vocab_out is not None and vocab_out != vocab_in:
         raise InputError(path, 0, "separate NPLM input and output vocabularies are not supported "
                                   "(nlmfeature models have one vocabulary)")
+    if mats["Wout"].shape[0] != mats["emb"].shape[0]:
+        raise InputError(path, 0, f"{mats['Wout'].shape[0]} output rows but {mats['emb'].shape[0]} input "
+                                  "embeddings: separate input and output vocabularies are not supported")
     if len(vocab_in) != mats["emb"].shape[0]:
         raise InputError(path, 0, f"vocabulary has {len(vocab_in)} words but the embeddings "
                                   f"{mats['emb'].shape[0]} rows")
     return _to_nlmfeature(cfg, vocab_in, mats, normalise, tables)
 
 
+def _vocab_block(r: _Reader, size: int) -> List[str]:
+    """A vocabulary section: one word per line, as many as the config announces."""
+    start = r.line
+    words = r.block()
+    if len(words) != size:
+        raise InputError(r.path, start, f"vocabulary section has {len(words)} words but the config "
+                                        f"announces {size}")
+    for i, w in enumerate(words):
+        if not w or any(ch.isspace() for ch in w):
+            raise InputError(r.path, start + 1 + i, f"vocabulary word {w!r} is empty or contains white space")
+    if len(set(words)) != len(words):
+        dup = next(w for i, w in enumerate(words) if w in words[:i])
+        raise InputError(r.path, start + 1 + words.index(dup, words.index(dup) + 1),
+                         f"vocabulary word {dup!r} appears twice")
+    return words
+
+
+#: the orders the native scorer can load (NLM_MAX_ORDER)
+MAX_NGRAM_SIZE = 16
+
+
 def _check_config(cfg: Dict[str, str], r: _Reader) -> None:
     if cfg.get("version", "1") != "1":
         raise r.error(f"NPLM format version {cfg['version']} (only version 1 is known)")
+    limits = {"ngram_size": (2, MAX_NGRAM_SIZE), "input_embedding_dimension": (1, 1 << 20),
+              "num_hidden": (0, 1 << 20), "output_embedding_dimension": (1, 1 << 20),
+              "vocab_size": (1, (1 << 31) - 8), "input_vocab_size": (1, (1 << 31) - 8),
+              "output_vocab_size": (1, (1 << 31) - 8)}
     for key in ("ngram_size", "input_embedding_dimension", "num_hidden", "output_embedding_dimension"):
         if key not in cfg:
             raise r.error(f"\\config lacks {key}")
+    if "input_vocab_size" not in cfg and "vocab_size" not in cfg:
+        raise r.error("\\config lacks input_vocab_size (or vocab_size)")
+    for key, (lo, hi) in limits.items():
+        if key not in cfg:
+            continue
         try:
-            int(cfg[key])
+            v = int(cfg[key])
         except ValueError:
             raise r.error(f"\\config {key} is not an integer") from None
+        if not lo <= v <= hi:
+            why = " (the scorer loads orders 2 to 16)" if key == "ngram_size" else ""
+            raise r.error(f"\\config {key} {v} is outside {lo}..{hi}{why}")
     act = cfg.get("activation_function", "rectifier")
     if act not in _ACTIVATIONS:
         raise r.error(f"unknown activation_function {act!r}")
@@ -188,6 +237,13 @@ def _to_nlmfeature(cfg: Dict[str, str], words: List[str], m: Dict[str, np.ndarra
         emb = np.vstack([emb, np.zeros((len(missing), E), np.float32)])
         Wout = np.vstack([Wout, np.zeros((len(missing), Wout.shape[1]), np.float32)])
         bout = np.concatenate([bout, np.full(len(missing), -100.0, np.float32)])
+    # every nlmfeature model (and the C API, the decoder shims) has <unk> <s> </s> <null> at
+    # ids 0-3: move NPLM's rows there, the other words keep their order
+    index = {w: i for i, w in enumerate(words)}
+    perm = np.array([index[s] for s in SPECIALS] + [i for i, w in enumerate(words) if w not in SPECIALS],
+                    dtype=np.int64)
+    words = [words[i] for i in perm]
+    emb, Wout, bout = emb[perm], Wout[perm], bout[perm]
     vocab = Vocabulary(words)
     first = H1 if H1 > 0 else D
     c = n - 1

@@ -9,6 +9,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -26,7 +27,9 @@ pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compile
 
 
 def _config(*flags: str) -> list:
-    out = subprocess.run(["nlmfeature", "config", *flags], check=True, capture_output=True, text=True)
+    # this checkout's package (the console script may belong to another installation)
+    out = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "config", *flags], check=True,
+                         capture_output=True, text=True)
     return shlex.split(out.stdout)
 
 

@@ -42,7 +42,8 @@ from nlmfeature._scorer cimport (ModelC, SessionC, nlm_session_new, nlm_session_
                                  nlm_session_begin, nlm_score_padded, nlm_pad_context,
                                  splitmix64, NLM_MAX_ORDER, NgramTable, nt_alloc, nt_free,
                                  nt_clear, nt_find, nt_insert, nt_slot, nt_value, nt_set, nt_disk,
-                                 nt_live, nlm_alloc_lines)
+                                 nt_live, nlm_alloc_lines, nlm_clean_ngram)
+from libc.math cimport NAN
 
 import numpy as np
 
@@ -451,7 +452,12 @@ cdef int cs_begin(CSession* s, int64_t sentence_id) noexcept nogil:
     cdef double v
     if s.active:
         cs_end(s)
-    nlm_session_begin(s.core, sentence_id)
+    if nlm_session_begin(s.core, sentence_id) != 0:
+        # the model file changed in place (nlm_model_file_changed): its scores no longer match
+        # the checksum, so nothing is loaded from or written to the persistent cache
+        s.sentence_id = sentence_id
+        s.active = 0
+        return -2
     s.sentence_id = sentence_id
     s.active = 1
     s.dirty = 0
@@ -639,14 +645,14 @@ cdef double cs_score_padded(CSession* s, const int32_t* ctx, int32_t w) noexcept
     cdef int32_t* p
     cdef double v
     s.stats[NLM_VT_STAT_LOOKUPS] += 1
+    nlm_clean_ngram(s.model, ctx, w, key)  # out-of-range ids -> <unk>, before they key anything
+    w = key[s.key_len - 1]
     if s.query_log != NULL:
-        fwrite(ctx, 4, s.key_len - 1, <FILE*>s.query_log)
-        fwrite(&w, 4, 1, <FILE*>s.query_log)
+        fwrite(key, 4, s.key_len, <FILE*>s.query_log)
     if not s.ngram_on:
-        return nlm_score_padded(s.core, ctx, w)
-    for i in range(s.key_len - 1):
-        key[i] = ctx[i]
-    key[s.key_len - 1] = w
+        return nlm_score_padded(s.core, key, w)
+    if s.core.model_changed:
+        return NAN
     slot = nt_insert(&s.table, key, &found)
     if found:
         p = nt_slot(&s.table, slot)
@@ -654,7 +660,7 @@ cdef double cs_score_padded(CSession* s, const int32_t* ctx, int32_t w) noexcept
         if nt_disk(p, s.key_len):
             s.stats[NLM_VT_STAT_PERSISTENT_HITS] += 1
         return nt_value(p, s.key_len)
-    v = nlm_score_padded(s.core, ctx, w)
+    v = nlm_score_padded(s.core, key, w)
     if slot >= 0:
         nt_set(nt_slot(&s.table, slot), s.key_len, v, 0)
         s.new_entries += 1
@@ -763,9 +769,13 @@ cdef class CachedScorer:
         return None if self.s.dir == NULL else self.s.dir.decode()
 
     def begin(self, int64_t sentence_id) -> None:
-        """Start sentence ``sentence_id`` (>= 0 to use the persistent cache)."""
+        """Start sentence ``sentence_id`` (>= 0 to use the persistent cache).  Raises
+        :class:`nlmfeature.errors.ModelFileError` if the model file was changed in place."""
+        cdef int r
         with nogil:
-            cs_begin(self.s, sentence_id)
+            r = cs_begin(self.s, sentence_id)
+        if r == -2:
+            self.model.native.check_file()
 
     def end(self) -> None:
         """End the sentence: write its new scores to the persistent cache."""

@@ -86,6 +86,12 @@ ctypedef struct ModelC:
     int64_t hash_space
     const float* direct_weights   # (hash_space,)
     int use_tables                # 1: use branch tables when present
+    # identity of the mapped model file when it was loaded (nlm_model_file_changed); fd -1: none
+    int file_fd
+    int64_t file_dev
+    int64_t file_ino
+    int64_t file_size
+    int64_t file_mtime_ns
 
 # Exact-key hash table with O(1) clearing (generation counter) and bounded size.
 # Each hash slot is ``stride = key_len + 2`` int32: [generation, entry, key...]; values live
@@ -140,6 +146,7 @@ ctypedef struct SessionC:
     NgramTable ngram_cache
     int64_t lookups
     int64_t sentence_id
+    int model_changed         # the model file changed in place under us: every score is NaN
 
 cdef uint64_t splitmix64(uint64_t x) noexcept nogil
 cdef int64_t nlm_vocab_find(const int64_t* offsets, const unsigned char* data, const int32_t* table,
@@ -151,9 +158,22 @@ cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t n
 cdef int nlm_ngram_cache_pays(const ModelC* m) noexcept nogil
 cdef void* nlm_alloc_lines(size_t n) noexcept nogil
 cdef void nlm_session_free(SessionC* s) noexcept nogil
-cdef void nlm_session_begin(SessionC* s, int64_t sentence_id) noexcept nogil
+cdef int nlm_model_file_changed(const ModelC* m) noexcept nogil
+cdef int nlm_session_begin(SessionC* s, int64_t sentence_id) noexcept nogil
 cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t word) noexcept nogil
 cdef double nlm_score(SessionC* s, const int32_t* ctx, int n, int32_t word) noexcept nogil
+
+
+cdef inline void nlm_clean_ngram(const ModelC* m, const int32_t* ctx, int32_t w, int32_t* key) noexcept nogil:
+    """key[0..n-2] = the padded context, key[n-1] = the word, ids outside the vocabulary
+    mapped to <unk> (the contract of nlm_score_padded in nlmfeature.h): every scoring entry
+    goes through this before an id indexes an array."""
+    cdef int i
+    cdef int32_t x
+    for i in range(m.ctx_len):
+        x = ctx[i]
+        key[i] = x if (0 <= x < m.vocab_size) else m.unk
+    key[m.ctx_len] = w if (0 <= w < m.vocab_size) else m.unk
 
 # exact-key tables (also used by the persistent cache)
 cdef int table_init(TableC* t, int key_len, int fval_len, int dval_len, int64_t entries) noexcept nogil

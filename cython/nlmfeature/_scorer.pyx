@@ -10,6 +10,7 @@ from libc.math cimport exp, expf, log, log1p, tanhf, INFINITY, NAN, isnan
 from libc.stdint cimport int8_t, int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy, memset
+from posix.unistd cimport close
 from cpython.pycapsule cimport PyCapsule_New
 
 cdef extern from "<stdlib.h>" nogil:
@@ -153,16 +154,36 @@ cdef extern from *:
         u.i = ((int)fl + 127) << 23;
         return p * u.f;
     }
+    #include <sys/stat.h>
+    #include <unistd.h>
+    static int nlm_fstat_identity(int fd, long long* size, long long* mtime_ns) {
+        struct stat st;
+        if (fstat(fd, &st) != 0) return -1;
+        *size = (long long)st.st_size;
+        *mtime_ns = (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+        return 0;
+    }
+    /* log sum exp in blocks of 256 terms: float sums inside a block (vectorised), blocks
+       added in double.  A float running sum over a 40k-word vocabulary loses ~2e-6 of the
+       total without -march=native's wide vectors (NLMFEATURE_PORTABLE=1 builds), which
+       breaks sum-to-one; per block the float error stays ~1e-8. */
     static double nlm_logsumexp_f(const float* x, int n) {
-        float m = -INFINITY, s = 0.f;
-        int i;
+        float m = -INFINITY, b;
+        double s = 0.0;
+        int i, j, end;
         for (i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
         if (!(m > -INFINITY)) return -INFINITY;
-        for (i = 0; i < n; i++) s += nlm_expf_neg(x[i] - m);
-        return (double)m + log((double)s);
+        for (i = 0; i < n; i = end) {
+            end = i + 256 < n ? i + 256 : n;
+            b = 0.f;
+            for (j = i; j < end; j++) b += nlm_expf_neg(x[j] - m);
+            s += (double)b;
+        }
+        return (double)m + log(s);
     }
     """
     void nlm_gemv_rows(const float* W, int n, int D, const float* h, float* out) nogil
+    int nlm_fstat_identity(int fd, long long* size, long long* mtime_ns) nogil
     void nlm_gemv_t(const float* WT, int D, int n, int npad, const float* h, const float* bias, float* out) nogil
     double nlm_logsumexp_f(const float* x, int n) nogil
 
@@ -798,34 +819,54 @@ cdef void nlm_session_free(SessionC* s) noexcept nogil:
     free(s)
 
 
-cdef void nlm_session_begin(SessionC* s, int64_t sentence_id) noexcept nogil:
-    """Start a sentence: the per-sentence caches are emptied."""
+cdef int nlm_model_file_changed(const ModelC* m) noexcept nogil:
+    """1 if the model file was changed in place since it was mapped (its size or modification
+    time differ from the load's: ``cp new.nlm live.nlm``), else 0.  One fstat of the file
+    descriptor kept at load (~0.3 us).  A file replaced by rename (the safe way) is not a
+    change: the mapping keeps the old inode.  Models without a file (built in memory): 0."""
+    cdef long long size = 0, mtime = 0
+    if m.file_fd < 0:
+        return 0
+    if nlm_fstat_identity(m.file_fd, &size, &mtime) != 0:
+        return 1
+    return size != m.file_size or mtime != m.file_mtime_ns
+
+
+cdef int nlm_session_begin(SessionC* s, int64_t sentence_id) noexcept nogil:
+    """Start a sentence: the per-sentence caches are emptied.  Checks the model file first
+    (:c:func:`nlm_model_file_changed`): if it changed in place, returns -1 and the session
+    scores NaN from then on, without touching the (possibly truncated) mapping."""
     s.sentence_id = sentence_id
     if s.cache_enabled:
         table_clear(&s.ctx_cache)
         table_clear(&s.class_cache)
     if s.ngram_cache_enabled and s.ngram_cache.capacity:
         nt_clear(&s.ngram_cache)
+    if nlm_model_file_changed(s.model):
+        s.model_changed = 1
+    return -1 if s.model_changed else 0
 
 
 cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t w) noexcept nogil:
-    """Natural-log score of word ``w`` after the padded context ``ctx`` (n-1 valid ids)."""
+    """Natural-log score of word ``w`` after the padded context ``ctx`` (n-1 ids; ids
+    outside the vocabulary are read as ``<unk>``).  The one scoring path of every entry."""
     cdef int32_t key[NLM_MAX_ORDER + 1]
-    cdef int found = 0, i
+    cdef int found = 0
     cdef int64_t slot
     cdef double v
+    nlm_clean_ngram(s.model, ctx, w, key)
+    if s.model_changed:
+        return NAN
+    w = key[s.model.ctx_len]
     if not s.ngram_cache_enabled:
-        return score_uncached_ngram(s, ctx, w)
-    for i in range(s.model.ctx_len):
-        key[i] = ctx[i]
-    key[s.model.ctx_len] = w
+        return score_uncached_ngram(s, key, w)
     slot = nt_insert(&s.ngram_cache, key, &found)
     if found:
         s.lookups += 1
         s.ngram_cache.hits += 1
         return nt_value(nt_slot(&s.ngram_cache, slot), s.ngram_cache.key_len)
     s.ngram_cache.misses += 1
-    v = score_uncached_ngram(s, ctx, w)
+    v = score_uncached_ngram(s, key, w)
     if slot >= 0:
         nt_set(nt_slot(&s.ngram_cache, slot), s.ngram_cache.key_len, v, 0)
     return v
@@ -944,13 +985,26 @@ cdef class NativeModel:
     cdef ModelC m
     cdef object _arrays
     cdef object _extra
+    cdef readonly object path
+
+    def __cinit__(self, *args, **kwargs):
+        self.m.file_fd = -1
+
+    def __dealloc__(self):
+        if self.m.file_fd >= 0:
+            close(self.m.file_fd)
+            self.m.file_fd = -1
 
     def __init__(self, dict header, dict arrays, bint use_tables=True):
         cdef int k
         cdef ModelC* m = &self.m
         self._arrays = arrays
         self._extra = []
+        self.path = None
+        if m.file_fd >= 0:
+            close(m.file_fd)
         memset(m, 0, sizeof(ModelC))
+        m.file_fd = -1
         m.order = header["order"]
         if not 1 <= m.order <= NLM_MAX_ORDER:
             raise ValueError(f"order {m.order} is outside 1..{NLM_MAX_ORDER}")
@@ -1026,6 +1080,25 @@ cdef class NativeModel:
                 raise ValueError("direct feature order must be between 1 and the model order")
         m.use_tables = use_tables
 
+    def watch_file(self, str path, int fd, tuple identity) -> None:
+        """Take ownership of ``fd``, an open descriptor of the mapped model file, whose
+        (st_dev, st_ino, size, mtime_ns) were ``identity`` when it was mapped: each sentence
+        start then checks that the file was not changed in place (``nlm_model_file_changed``)."""
+        if self.m.file_fd >= 0:
+            close(self.m.file_fd)
+        self.m.file_dev, self.m.file_ino, self.m.file_size, self.m.file_mtime_ns = identity
+        self.m.file_fd = fd
+        self.path = path
+
+    def file_changed(self) -> bool:
+        """Whether the model file was changed in place since it was loaded."""
+        return bool(nlm_model_file_changed(&self.m))
+
+    def check_file(self) -> None:
+        """Raise :class:`nlmfeature.errors.ModelFileError` if the model file was changed in place."""
+        if nlm_model_file_changed(&self.m):
+            raise _changed_error(self.path)
+
     @property
     def order(self) -> int:
         return self.m.order
@@ -1070,6 +1143,17 @@ cdef class NativeModel:
         return Session(self, cache_entries, ngram_entries)
 
 
+def _changed_error(path):
+    """The error for a model file overwritten in place under a running process."""
+    from .errors import ModelFileError
+    return ModelFileError(
+        f"{path}: the model file was changed in place after it was loaded (its size or "
+        "modification time differ); its memory mapping now holds other bytes, so this process "
+        "stops scoring with it.  Replace a model by writing the new file next to it and "
+        "renaming it over the old one (mv new.nlm live.nlm; nlmfeature's writers do this), "
+        "never by copying over it; then reload.")
+
+
 cdef _check_ids(a, int64_t vocab_size, what):
     """Reject ids outside the vocabulary before they reach nogil code (no out-of-bounds reads)."""
     arr = np.asarray(a)
@@ -1096,8 +1180,11 @@ cdef class Session:
         nlm_session_free(self.s)
 
     def begin_sentence(self, int64_t sentence_id=-1) -> None:
-        """Start a new sentence: empties the per-sentence caches."""
-        nlm_session_begin(self.s, sentence_id)
+        """Start a new sentence: empties the per-sentence caches.  Raises
+        :class:`nlmfeature.errors.ModelFileError` if the model file was changed in place
+        since it was loaded (the session then refuses to score: NaN)."""
+        if nlm_session_begin(self.s, sentence_id) != 0:
+            raise _changed_error(self.model.path)
 
     def score(self, const int32_t[::1] history, int32_t word) -> float:
         """Natural-log score of ``word`` after ``history`` (ids, oldest first, padded as needed)."""

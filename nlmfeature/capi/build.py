@@ -25,6 +25,46 @@ SOURCES = ["nlmfeature.c"]
 HEADERS = ["nlmfeature.h", "nlm_vtable.h"]
 
 
+#: Cython directives of every extension (setup.py; tests that compile a variant)
+CYTHON_DIRECTIVES = {"language_level": 3, "boundscheck": False, "wraparound": False, "cdivision": True,
+                     "initializedcheck": False}
+
+
+def sanitizers() -> list:
+    """``NLMFEATURE_SANITIZE=address,undefined`` (or ``thread``): the sanitizers to build the
+    extensions and libnlmfeature with (see docs/sanitizers.md); [] when unset."""
+    names = [n.strip() for n in os.environ.get("NLMFEATURE_SANITIZE", "").split(",") if n.strip()]
+    known = {"address", "undefined", "thread", "leak"}
+    if set(names) - known:
+        raise SystemExit(f"NLMFEATURE_SANITIZE: unknown sanitizers {sorted(set(names) - known)} "
+                         f"(known: {', '.join(sorted(known))})")
+    return names
+
+
+def compile_args(portable: bool = None) -> list:
+    """C compiler flags of the Cython extensions.  ``NLMFEATURE_PORTABLE=1`` (or
+    ``portable=True``) leaves out ``-march=native`` (binaries for other CPUs);
+    ``NLMFEATURE_SANITIZE`` adds sanitizer instrumentation (and -O1 -g)."""
+    if portable is None:
+        portable = bool(os.environ.get("NLMFEATURE_PORTABLE"))
+    args = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros",
+            "-fopenmp", "-Wno-unused-function", "-Wno-psabi"]
+    if not portable:
+        args.append("-march=native")
+    san = sanitizers()
+    if san:
+        args += ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=" + ",".join(san)]
+        if "undefined" in san:
+            args.append("-fno-sanitize-recover=undefined")
+    return args
+
+
+def link_args() -> list:
+    """Linker flags of the Cython extensions."""
+    san = sanitizers()
+    return ["-fopenmp"] + (["-fsanitize=" + ",".join(san)] if san else [])
+
+
 def _python_link_args() -> list:
     """Linker arguments for the shared libpython of this interpreter."""
     libdir = sysconfig.get_config_var("LIBDIR") or ""
@@ -34,6 +74,17 @@ def _python_link_args() -> list:
         args += [f"-L{libdir}", f"-Wl,-rpath,{libdir}"]
     args += [f"-lpython{ver}", "-ldl", "-lpthread", "-lm"]
     return args
+
+
+def build_python() -> str:
+    """The interpreter libnlmfeature starts when its process has none: the one building it,
+    by the path it was started with.  Inside a virtualenv that is the venv's ``bin/python``
+    (a symlink whose real path is the base interpreter: resolving it would start the base
+    Python, with the base site-packages and numpy instead of the venv's)."""
+    exe = sys.executable
+    if not os.path.isabs(exe):
+        exe = os.path.abspath(exe)
+    return exe
 
 
 def _newer(target: str, sources: list) -> bool:
@@ -64,10 +115,12 @@ def build_library(package_dir: str, temp_dir: str, force: bool = False, verbose:
     with open(version_script, "w") as f:
         f.write("{ global: nlm_*; local: *; };\n")
     tmp = os.path.join(temp_dir, LIB_NAME + ".tmp")
+    san = sanitizers()
     cmd = cc + [
         "-shared", "-fPIC", "-O2", "-g", "-std=gnu99", "-Wall", "-fvisibility=hidden",
+        *(["-O1", "-fno-omit-frame-pointer", "-fsanitize=" + ",".join(san)] if san else []),
         f"-I{sysconfig.get_paths()['include']}", f"-I{CAPI_DIR}",
-        f"-DNLM_BUILD_PYTHON={json.dumps(os.path.realpath(sys.executable))}",
+        f"-DNLM_BUILD_PYTHON={json.dumps(build_python())}",
         os.path.join(CAPI_DIR, "nlmfeature.c"), "-o", tmp,
         f"-Wl,--version-script={version_script}", "-Wl,-soname," + LIB_NAME,
     ] + _python_link_args()

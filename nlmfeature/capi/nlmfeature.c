@@ -36,6 +36,8 @@
 struct nlm_model {
     nlm_vt_model* vm;
     uintptr_t address; /* key in nlmfeature._capi._registry */
+    int sessions;      /* live sessions (under g_model_lock) */
+    int freed;         /* nlm_model_free was called while sessions lived: free with the last */
 };
 
 struct nlm_session {
@@ -46,6 +48,7 @@ struct nlm_session {
 
 static __thread char g_error[2048];
 static pthread_mutex_t g_init_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t g_model_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_init_state = 0;        /* 0 not tried, 1 ready, -1 failed for good */
 static char g_init_error[2048];
 static const nlm_vtable* g_vt = NULL;
@@ -296,16 +299,26 @@ NLM_API int nlm_model_load(const char* path, nlm_model** out) {
     return nlm_model_load_ex(path, NULL, out);
 }
 
-NLM_API void nlm_model_free(nlm_model* model) {
+/* Release the Python side of a model and the handle (no session uses it any more). */
+static void model_release(nlm_model* model) {
     PyGILState_STATE st;
     PyObject* r;
-    if (!model) return;
     st = PyGILState_Ensure();
     r = PyObject_CallMethod(g_capi, "free_model", "K", (unsigned long long)model->address);
     if (!r) PyErr_Clear();
     Py_XDECREF(r);
     PyGILState_Release(st);
     free(model);
+}
+
+NLM_API void nlm_model_free(nlm_model* model) {
+    int live;
+    if (!model) return;
+    pthread_mutex_lock(&g_model_lock);
+    live = model->sessions;
+    if (live) model->freed = 1; /* sessions still score with it: the last one frees it */
+    pthread_mutex_unlock(&g_model_lock);
+    if (!live) model_release(model);
 }
 
 NLM_API int nlm_model_order(const nlm_model* model) { return model ? model->vm->order : 0; }
@@ -388,19 +401,38 @@ NLM_API int nlm_session_new(const nlm_model* model, const nlm_session_options* o
         return fail(NLM_ERR_IO, "%s", err);
     }
     s->model = model;
+    pthread_mutex_lock(&g_model_lock);
+    ((struct nlm_model*)model)->sessions++;
+    pthread_mutex_unlock(&g_model_lock);
     *out = s;
     return NLM_OK;
 }
 
 NLM_API void nlm_session_free(nlm_session* session) {
+    struct nlm_model* m;
+    int release;
     if (!session) return;
     g_vt->session_free(session->cs);
+    m = (struct nlm_model*)session->model;
     free(session);
+    pthread_mutex_lock(&g_model_lock);
+    release = --m->sessions == 0 && m->freed;
+    pthread_mutex_unlock(&g_model_lock);
+    if (release) model_release(m);
 }
 
 NLM_API int nlm_session_begin(nlm_session* session, int64_t sentence_id) {
+    int rc;
     if (!session) return fail(NLM_ERR_ARGUMENT, "nlm_session_begin: NULL session");
-    g_vt->begin(session->cs, sentence_id);
+    rc = g_vt->begin(session->cs, sentence_id);
+    if (rc == -2) {
+        session->active = 0;
+        return fail(NLM_ERR_MODEL, "%s: the model file was changed in place after it was loaded (its size "
+                                   "or modification time differ); this session now scores NaN.  Replace a "
+                                   "model by writing the new file next to it and renaming it over the old "
+                                   "one (mv), never by copying over it; then reload it.",
+                    session->model->vm->path);
+    }
     session->active = 1;
     return NLM_OK;
 }
@@ -417,16 +449,21 @@ NLM_API int nlm_session_end(nlm_session* session) {
 
 NLM_API double nlm_score(nlm_session* session, const int32_t* context, int n, int32_t word) {
     static const int32_t none[1] = {0};
+    if (!session) { fail(NLM_ERR_ARGUMENT, "nlm_score: NULL session"); return NAN; }
     if (n < 0) n = 0;
+    if (n && !context) { fail(NLM_ERR_ARGUMENT, "nlm_score: NULL context with n = %d", n); return NAN; }
     return g_vt->score(session->cs, n ? context : none, n, word);
 }
 
 NLM_API double nlm_score_partial(nlm_session* session, const int32_t* context, int n, int32_t word,
                                  int sentence_start) {
     int32_t buf[NLM_VT_MAX_ORDER + 1];
-    const nlm_vt_model* vm = session->model->vm;
+    const nlm_vt_model* vm;
     int i;
+    if (!session) { fail(NLM_ERR_ARGUMENT, "nlm_score_partial: NULL session"); return NAN; }
     if (n < 0) n = 0;
+    if (n && !context) { fail(NLM_ERR_ARGUMENT, "nlm_score_partial: NULL context with n = %d", n); return NAN; }
+    vm = session->model->vm;
     if (!sentence_start || n >= vm->order - 1 || (n > 0 && context[0] == vm->bos))
         return nlm_score(session, context, n, word);
     /* the context starts the sentence: put <s> before it (n < order-1 <= 15: it fits) */
@@ -436,7 +473,12 @@ NLM_API double nlm_score_partial(nlm_session* session, const int32_t* context, i
 }
 
 NLM_API double nlm_score_padded(nlm_session* session, const int32_t* context, int32_t word) {
-    static const int32_t none[1] = {0};
+    static const int32_t none[NLM_VT_MAX_ORDER] = {0};
+    if (!session) { fail(NLM_ERR_ARGUMENT, "nlm_score_padded: NULL session"); return NAN; }
+    if (!context && session->model->vm->order > 1) {
+        fail(NLM_ERR_ARGUMENT, "nlm_score_padded: NULL context");
+        return NAN;
+    }
     return g_vt->score_padded(session->cs, context ? context : none, word);
 }
 
@@ -446,8 +488,19 @@ NLM_API double nlm_score_sequence(nlm_session* session, const int32_t* context, 
     int32_t* hist = stack;
     int i, total_len;
     double sum = 0, v;
+    if (!session) { fail(NLM_ERR_ARGUMENT, "nlm_score_sequence: NULL session"); return NAN; }
     if (nctx < 0) nctx = 0;
     if (n <= 0) return 0;
+    if (!words || (nctx && !context)) {
+        fail(NLM_ERR_ARGUMENT, "nlm_score_sequence: NULL words or context");
+        return NAN;
+    }
+    if (nctx > INT_MAX - n) { fail(NLM_ERR_ARGUMENT, "nlm_score_sequence: too long"); return NAN; }
+    /* only the last order-1 context ids matter */
+    if (nctx > session->model->vm->order - 1) {
+        context += nctx - (session->model->vm->order - 1);
+        nctx = session->model->vm->order - 1;
+    }
     total_len = nctx + n;
     if (total_len > 256) {
         hist = (int32_t*)malloc(sizeof(int32_t) * (size_t)total_len);

@@ -15,6 +15,13 @@
  *                               entry, prints "vocab=<V> order=<n> state=<n-1> checksum=<hex>".
  *   test_capi partial MODEL     prints future-cost and sequence scores for a few cases (one
  *                               "name value" per line) for the Python test to check.
+ *   test_capi contracts MODEL   exercises the documented contracts on odd input: out-of-range
+ *                               ids in every scoring entry (scored as <unk>), NULL pointers,
+ *                               calls out of order, the model freed before its session; prints
+ *                               "name value" lines.
+ *   test_capi replace MODEL     begins sentence 0 and scores, prints "ready", waits for a line on
+ *                               stdin (the test overwrites the model meanwhile), begins sentence 1
+ *                               and prints "begin=<status> score=<value> message=<...>".
  */
 #include <math.h>
 #include <pthread.h>
@@ -247,11 +254,95 @@ static int cmd_partial(const char* path, int argc, char** argv) {
     return 0;
 }
 
+static int cmd_contracts(const char* path) {
+    nlm_model* m;
+    nlm_session* s;
+    int32_t V, ctx[16], unk_ctx[16], ids[3];
+    int rc = nlm_model_load(path, &m), n, i;
+    double a, b;
+    if (rc != NLM_OK) die("load", rc);
+    rc = nlm_session_new(m, NULL, &s);
+    if (rc != NLM_OK) die("session", rc);
+    V = nlm_model_vocab_size(m);
+    n = nlm_model_state_size(m);
+    printf("end_before_begin %d\n", nlm_session_end(s));
+    nlm_session_begin(s, 0);
+    /* out-of-range ids in a padded context and as the word are read as <unk> */
+    for (i = 0; i < n; i++) {
+        ctx[i] = (i % 3 == 0) ? V + 7 : (i % 3 == 1) ? -5 : 2147483647;
+        unk_ctx[i] = NLM_UNK;
+    }
+    a = nlm_score_padded(s, ctx, V + 100);
+    b = nlm_score_padded(s, unk_ctx, NLM_UNK);
+    printf("padded_bad %.17g\npadded_unk %.17g\n", a, b);
+    a = nlm_score_padded(s, ctx, -2147483647 - 1);
+    printf("padded_bad_min %.17g\n", a);
+    ids[0] = V; ids[1] = -1; ids[2] = 1 << 30;
+    printf("score_bad %.17g\n", nlm_score(s, ids, 3, V + 1));
+    ids[0] = NLM_UNK; ids[1] = NLM_UNK; ids[2] = NLM_UNK;
+    printf("score_unk %.17g\n", nlm_score(s, ids, 3, NLM_UNK));
+    ids[0] = V; ids[1] = -1; ids[2] = 1 << 30;
+    printf("sequence_bad %.17g\n", nlm_score_sequence(s, ids, 3, ids, 3, NULL));
+    printf("partial_bad %.17g\n", nlm_score_partial(s, ids, 2, V * 2, 1));
+    /* NULL pointers: NaN and an NLM_ERR_ARGUMENT message, never a crash */
+    printf("null_session %g\n", nlm_score(NULL, ids, 1, 5));
+    printf("null_session_message %s\n", nlm_last_error());
+    printf("null_context %g\n", nlm_score(s, NULL, 2, 5));
+    printf("null_padded_session %g\n", nlm_score_padded(NULL, ctx, 5));
+    printf("null_partial %g\n", nlm_score_partial(NULL, ids, 1, 5, 1));
+    printf("null_sequence_words %g\n", nlm_score_sequence(s, ids, 1, NULL, 2, NULL));
+    printf("null_begin %d\n", nlm_session_begin(NULL, 0));
+    printf("null_stats %d\n", nlm_session_stats(s, NULL));
+    printf("null_word_id %d\n", (int)nlm_word_id(NULL, "the", 3));
+    printf("null_vocab_word %d\n", nlm_vocab_word(m, V, NULL) == NULL);
+    printf("null_load %d\n", nlm_model_load(NULL, NULL));
+    {
+        nlm_session* s2;
+        printf("null_session_new %d\n", nlm_session_new(NULL, NULL, &s2) == NLM_ERR_ARGUMENT && s2 == NULL);
+    }
+    nlm_session_end(s);
+    printf("end_twice %d\n", nlm_session_end(s));
+    /* the model freed before its session: released with the last session, still usable */
+    nlm_model_free(m);
+    nlm_session_begin(s, 1);
+    printf("after_model_free %.17g\n", nlm_score_padded(s, unk_ctx, NLM_UNK));
+    nlm_session_end(s);
+    nlm_session_free(s);
+    printf("done 1\n");
+    return 0;
+}
+
+static int cmd_replace(const char* path) {
+    nlm_model* m;
+    nlm_session* s;
+    int32_t ctx[16] = {0};
+    char line[64];
+    int rc = nlm_model_load(path, &m);
+    double v;
+    if (rc != NLM_OK) die("load", rc);
+    rc = nlm_session_new(m, NULL, &s);
+    if (rc != NLM_OK) die("session", rc);
+    nlm_session_begin(s, 0);
+    v = nlm_score(s, ctx, 0, 5);
+    nlm_session_end(s);
+    printf("ready %.17g\n", v);
+    fflush(stdout);
+    if (!fgets(line, sizeof line, stdin)) return 1;
+    rc = nlm_session_begin(s, 1);
+    v = nlm_score(s, ctx, 0, 5);
+    printf("begin=%d score=%g message=%s\n", rc, v, rc == NLM_OK ? "" : nlm_last_error());
+    nlm_session_free(s);
+    nlm_model_free(m);
+    return 0;
+}
+
 int main(int argc, char** argv) {
     if (argc >= 4 && !strcmp(argv[1], "score")) return cmd_score(argc, argv);
     if (argc == 3 && !strcmp(argv[1], "load")) return cmd_load(argv[2]);
     if (argc == 3 && !strcmp(argv[1], "vocab")) return cmd_vocab(argv[2]);
     if (argc >= 4 && !strcmp(argv[1], "partial")) return cmd_partial(argv[2], argc - 3, argv + 3);
-    fprintf(stderr, "usage: test_capi score|load|vocab|partial MODEL ...\n");
+    if (argc == 3 && !strcmp(argv[1], "contracts")) return cmd_contracts(argv[2]);
+    if (argc == 3 && !strcmp(argv[1], "replace")) return cmd_replace(argv[2]);
+    fprintf(stderr, "usage: test_capi score|load|vocab|partial|contracts|replace MODEL ...\n");
     return 2;
 }
