@@ -85,9 +85,14 @@ def format_number(value: float) -> str:
 
 def _number(token: str, path: str, lineno: int, what: str) -> float:
     try:
-        return float(token)
+        value = float(token)
     except ValueError:
         raise InputError(path, lineno, f"{what}: {token!r} is not a number") from None
+    if not math.isfinite(value):
+        raise InputError(path, lineno, f"{what} is {token!r}: feature values and totals must be "
+                         "finite numbers (a decoder wrote nan/inf; fix or drop that line, or "
+                         "use --skip-bad)")
+    return value
 
 
 # -- parsing --------------------------------------------------------------------------------
@@ -112,6 +117,7 @@ def _parse_moses_features(text: str, path: str, lineno: int) -> List[Tuple[str, 
     # fast path for well-formed fields; anything odd is re-parsed by the checking parser
     feats: List[Tuple[str, List[float]]] = []
     values: Any = None           # None before the first label: a value there fails below
+    acc = 0.0                    # sum of the values: not finite iff one is nan/inf (or huge)
     try:
         for tok in text.split():
             last = tok[-1]
@@ -121,9 +127,11 @@ def _parse_moses_features(text: str, path: str, lineno: int) -> List[Tuple[str, 
                 values = []
                 feats.append((tok[:-1], values))
             else:
-                values.append(float(tok))
+                v = float(tok)
+                acc += v
+                values.append(v)
         else:
-            if values is None or values:
+            if (values is None or values) and acc - acc == 0.0:
                 return feats
     except (ValueError, AttributeError):
         pass
@@ -215,7 +223,9 @@ def check_line(line: str, fmt: str, path: str = "<input>", lineno: int = 0) -> T
         try:
             sid = int(fields[0])
             if len(fields) > 3 and fields[3].strip():
-                float(fields[3])                  # the total must be a number
+                total = float(fields[3])          # the total must be a finite number
+                if total - total != 0.0:
+                    raise ValueError
             if sid >= 0:
                 return sid, fields[1]
         except ValueError:
