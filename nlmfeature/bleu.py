@@ -23,14 +23,13 @@ Tuning needs two more sentence-level scores, both from the same statistics:
 """
 from __future__ import annotations
 
-import gzip
-import io
 from collections import Counter
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .errors import InputError
+from .textio import read_lines
 
 #: Maximum n-gram order.
 ORDER = 4
@@ -66,28 +65,6 @@ def _closest(hyp_len: int, ref_lens: Sequence[int]) -> int:
         elif diff == best_diff and rl < best_len:
             best_len = rl
     return best_len
-
-
-def _read_lines(path: str) -> List[str]:
-    """Lines of a UTF-8 (optionally gzipped) text file, without the newline."""
-    try:
-        if path.endswith(".gz"):
-            with gzip.open(path, "rb") as fh:
-                raw = fh.read()
-        else:
-            with open(path, "rb") as fh:
-                raw = fh.read()
-    except OSError as exc:
-        raise InputError(path, 0, f"cannot read the reference file: {exc.strerror or exc}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
-        raise InputError(path, line, "is not valid UTF-8; convert the references to UTF-8") from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [l.rstrip("\r") for l in lines]
 
 
 class References:
@@ -137,7 +114,7 @@ class References:
 
         Raises :class:`InputError` naming the file when the files differ in line count.
         """
-        streams = [_read_lines(p) for p in paths]
+        streams = [read_lines(p) for p in paths]
         for p, s in zip(paths[1:], streams[1:]):
             if len(s) != len(streams[0]):
                 raise InputError(p, len(s), f"has {len(s)} lines but {paths[0]} has "

@@ -22,18 +22,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .errors import InputError, NLMFeatureError
-from .kbest import iter_lines
+from .textio import read_lines
 
 #: log(0) as sacrebleu computes it (``sacrebleu.utils.my_log``)
 _LOG_ZERO = -9999999999.0
 
 
 # -- inputs ------------------------------------------------------------------------------------
-def read_text(path: str) -> List[str]:
-    """All lines of a UTF-8 text file (plain, .gz or -), without newlines."""
-    return [line for _, line in iter_lines(path)]
-
-
 def check_lengths(system_paths: Sequence[str], systems: Sequence[List[str]],
                   ref_paths: Sequence[str], refs: Sequence[List[str]]) -> None:
     """Raise :class:`InputError` unless every system and reference has the same line count."""
@@ -223,8 +218,8 @@ def evaluate(system_paths: Sequence[str], ref_paths: Sequence[str], tokenize: st
         raise NLMFeatureError("give at least one reference with --ref")
     if not 1 <= len(system_paths) <= 2:
         raise NLMFeatureError("give one system output, or two to compare them")
-    systems = [read_text(p) for p in system_paths]
-    refs = [read_text(p) for p in ref_paths]
+    systems = [read_lines(p) for p in system_paths]
+    refs = [read_lines(p) for p in ref_paths]
     check_lengths(system_paths, systems, ref_paths, refs)
     mets = make_metrics(tokenize, lowercase, chrf_word_order, metrics)
     results: List[SystemResult] = []

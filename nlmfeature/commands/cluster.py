@@ -6,7 +6,8 @@ import json
 import sys
 import time
 
-from ..clusters import brown_clusters, frequency_binning_ami, read_tokens, write_paths
+from ..clusters import brown_clusters, frequency_binning_ami, write_paths
+from ..textio import read_tokens
 from ..errors import NLMFeatureError
 
 

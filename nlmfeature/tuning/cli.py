@@ -116,9 +116,9 @@ def cmd_optimise(args: argparse.Namespace) -> int:
     print(f"after: {summary}")
     print(f"time: reading {t1 - t0:.1f}s, optimising {t2 - t1:.1f}s; weights written to {args.out}")
     if args.output_1best:
-        from ..kbest import open_text
+        from ..atomicfile import open_output
 
-        with open_text(args.output_1best, "wt") as f:
+        with open_output(args.output_1best) as f:
             for text in pool.texts(best_rows):
                 f.write(text + "\n")
     return 0
@@ -187,9 +187,9 @@ def cmd_bleu(args: argparse.Namespace) -> int:
 
         hyps = first_hypotheses(args.input)
     else:
-        from ..kbest import iter_lines
+        from ..textio import read_lines
 
-        hyps = [line for _, line in iter_lines(args.input)]
+        hyps = read_lines(args.input, stream=True)
     if len(hyps) != len(refs):
         raise NLMFeatureError(f"{args.input}: {len(hyps)} sentences but the references have "
                               f"{len(refs)}")
