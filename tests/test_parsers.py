@@ -172,3 +172,244 @@ def test_native_loops_refuse_inconsistent_offsets_and_orders():
     with pytest.raises(ValueError, match="stats"):
         _mert.mira_epoch(F, stats[:, :4].copy(), offsets, np.arange(len(offsets) - 1),
                          w.copy(), w.copy(), np.zeros(10), 0.01, 0.999, False, 0)
+
+
+# -- issue 10 case 5: absurd sentence ids with --one-best ------------------------------------
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    from helpers import make_model
+    return make_model(tmp_path_factory.mktemp("m"), "lbl3.nlm", order=3, word_width=8)
+
+
+def rescore_cli(args, timeout=60):
+    return run_python(f"""
+        import sys
+        from nlmfeature.rescore import main
+        sys.exit(main({list(args)!r}))
+    """, timeout=timeout)
+
+
+@pytest.mark.parametrize("sentences", [None, 3])
+def test_one_best_refuses_an_absurd_sentence_id_without_writing(model, tmp_path, sentences):
+    lines = real_lines(MOSES)[:250]                   # sentences 0, 1, 2 (and 3)
+    lines = [l for l in lines if l.split("|||")[0].strip() in ("0", "1", "2")]
+    bad = lines[-1].split("|||")
+    bad[0] = "1000000000000 "
+    lines.append("|||".join(bad))
+    kb = tmp_path / "huge-id.100best"
+    kb.write_text("\n".join(lines) + "\n")
+    w = tmp_path / "w.ini"
+    w.write_text(open(os.path.join(KBEST, "multi30k-dev.iter2.moses.ini")).read())
+    out = tmp_path / "out"
+    out.mkdir()
+    args = ["-m", model, "-i", str(kb), "--weights", str(w), "--one-best",
+            str(out / "one"), "-o", str(out / "k.gz"), "-q"]
+    if sentences is not None:
+        args += ["--sentences", str(sentences)]
+    r = rescore_cli(args, timeout=60)                 # on main: gigabytes, then killed
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"{kb}:{len(lines)}: sentence id 1000000000000" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert os.listdir(out) == []                      # no partial output, no temporary file
+
+
+def test_one_best_pads_a_plausible_gap_and_counts_it(model, tmp_path):
+    from nlmfeature.rescore import rescore
+    lines = [l for l in real_lines(MOSES) if l.split("|||")[0].strip() in ("0", "2")]
+    moved = [("7" + l[1:]) if l.startswith("2 ") else l for l in lines]
+    kb = tmp_path / "gap.100best"
+    kb.write_text("\n".join(moved) + "\n")
+    w = tmp_path / "w.ini"
+    w.write_text(open(os.path.join(KBEST, "multi30k-dev.iter2.moses.ini")).read())
+    one = tmp_path / "one"
+    msgs = []
+    st = rescore(str(kb), None, [model], weights_path=str(w), one_best=str(one),
+                 progress=False, log=msgs.append)
+    assert st.missing_count == 6 and st.missing == [1, 2, 3, 4, 5, 6]
+    best = one.read_text().split("\n")[:-1]
+    assert len(best) == 8 and best[0] and best[7] and best[1:7] == [""] * 6
+
+
+# -- issue 10 case 6: corrupt and truncated compressed input -----------------------------------
+def corrupted(data: bytes, where: float) -> bytes:
+    i = int(len(data) * where)
+    return data[:i] + bytes(b ^ 0x5A for b in data[i:i + 64]) + data[i + 64:]
+
+
+def broken_gzip(damage: str) -> bytes:
+    """The real list as two gzip members (as rescoring writes them) with the second damaged:
+    an invalid deflate block type (zlib.error) or cut in the middle (EOFError)."""
+    raw = gzip.decompress(open(MOSES, "rb").read())
+    half = raw.index(b"\n", len(raw) // 2) + 1
+    first, second = gzip.compress(raw[:half]), bytearray(gzip.compress(raw[half:]))
+    if damage == "corrupt":
+        second[10] |= 0b110                           # BTYPE 11: invalid block type
+    else:
+        second = second[:len(second) // 2]
+    return first + bytes(second)
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "truncated"])
+def test_broken_gzip_gives_file_and_line_not_a_zlib_traceback(tmp_path, damage):
+    bad = tmp_path / "broken.100best.gz"
+    bad.write_bytes(broken_gzip(damage))
+    with pytest.raises(InputError) as err:
+        list(read_kbest(str(bad)))
+    msg = str(err.value)
+    want = "corrupt compressed data" if damage == "corrupt" else "ends early"
+    assert msg.startswith(f"{bad}:") and "cannot read further" in msg and want in msg, msg
+    line = int(msg.split(":")[1])
+    assert 300 < line <= 687                          # where the damage was met, not line 0
+    # the same through the rescoring CLI: exit status 2, one line, no traceback
+    r = rescore_cli(["-m", os.path.join(ROOT, "tests", "data", "nonexistent.nlm"), "-i",
+                     str(bad), "-q"])
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("ext", [".bz2", ".xz"])
+def test_other_compressions_read_like_plain_and_fail_cleanly(tmp_path, ext):
+    import bz2
+    import lzma
+    mod = bz2 if ext == ".bz2" else lzma
+    raw = gzip.decompress(open(MOSES, "rb").read())
+    good = tmp_path / ("list" + ext)
+    good.write_bytes(mod.compress(raw))
+    assert [h for h in read_kbest(str(good))] == [h for h in read_kbest(MOSES)]
+    from nlmfeature.textio import iter_lines
+    packed = mod.compress(raw)
+    for name, data in (("corrupt", corrupted(packed, 0.6)), ("cut", packed[:len(packed) // 2])):
+        bad = tmp_path / (name + ext)
+        bad.write_bytes(data)
+        # xz decodes some damage to junk bytes before its check fails: either error names the line
+        with pytest.raises(InputError, match=rf"{name}{ext}:\d+: (cannot read further|not valid "
+                                             "UTF-8)"):
+            list(iter_lines(str(bad)))
+
+
+def test_broken_gzip_references_and_weights(tmp_path):
+    from nlmfeature.bleu import References
+    from nlmfeature.weights import read_weights
+    ref = tmp_path / "ref.gz"
+    ref.write_bytes(gzip.compress(open(REG_REF, "rb").read())[:-30])
+    with pytest.raises(InputError, match=r"ref.gz:\d+: cannot read further"):
+        References.from_files([str(ref)])
+    w = tmp_path / "w.ini.gz"
+    w.write_bytes(corrupted(gzip.compress(open(os.path.join(KBEST,
+                                                            "multi30k-dev.iter2.moses.ini"),
+                                                "rb").read()), 0.3))
+    with pytest.raises(InputError, match=r"w.ini.gz:\d+: cannot read further"):
+        read_weights(str(w))
+
+
+# -- non-regular files ---------------------------------------------------------------------------
+READERS = {
+    "kbest": "from nlmfeature.kbest import read_kbest; list(read_kbest(P))",
+    "references": "from nlmfeature.bleu import References; References.from_files([P])",
+    "weights": "from nlmfeature.weights import read_weights; read_weights(P)",
+    "clusters": "from nlmfeature.clusters import read_paths; read_paths(P)",
+    "corpus": "from nlmfeature.training.corpus import read_lines; read_lines(P)",
+}
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+@pytest.mark.parametrize("kind", ["dev-zero", "directory", "fifo"])
+def test_non_regular_inputs_are_refused_at_once(tmp_path, reader, kind):
+    """On main, /dev/zero was read without end (one endless line) and a FIFO without a
+    writer blocked in open(): each reader gets 20 s here before the case counts as a hang."""
+    if kind == "dev-zero":
+        path = "/dev/zero"
+    elif kind == "directory":
+        path = str(tmp_path)
+    else:
+        path = str(tmp_path / "pipe")
+        os.mkfifo(path)
+    expected = {"dev-zero": "is a character device", "directory": "is a directory",
+                "fifo": "is a named pipe"}[kind]
+    if kind == "fifo" and reader == "kbest":
+        pytest.skip("a k-best list may be streamed through a FIFO (see the next test)")
+    code = f"""
+        from nlmfeature.errors import InputError
+        P = {path!r}
+        try:
+            {READERS[reader]}
+        except InputError as exc:
+            print(exc)
+    """
+    try:
+        r = run_python(code, timeout=20)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{reader} on {kind} did not return within 20 s")
+    assert r.returncode == 0 and r.stdout.startswith(f"{path}: {expected}"), (r.stdout,
+                                                                              r.stderr[-500:])
+
+
+def test_a_kbest_list_streams_through_a_fifo(tmp_path):
+    import threading
+    fifo = str(tmp_path / "kbest.fifo")
+    os.mkfifo(fifo)
+    data = gzip.decompress(open(MOSES, "rb").read())
+
+    def writer():
+        with open(fifo, "wb") as f:
+            f.write(data)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    got = list(read_kbest(fifo))
+    t.join(10)
+    assert got == list(read_kbest(MOSES))
+
+
+def test_line_length_is_bounded(tmp_path, monkeypatch):
+    from nlmfeature import textio
+    monkeypatch.setattr(textio, "MAX_LINE", 1 << 16)
+    lines = real_lines(MOSES)[:5]
+    lines[3] = lines[3] + " " + "x" * 200_000          # no newline for 200 KB
+    path = tmp_path / "long.100best"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError, match=r"long.100best:4: line longer than"):
+        list(read_kbest(str(path)))
+
+
+# -- outputs: checked before the work, atomic, nothing left behind ---------------------------
+@pytest.mark.parametrize("where", ["directory", "missing-dir", "read-only-dir"])
+def test_rescore_checks_its_outputs_before_any_work(model, tmp_path, where):
+    if where == "read-only-dir" and os.geteuid() == 0:
+        pytest.skip("root can write into a read-only directory")
+    target = {"directory": tmp_path, "missing-dir": tmp_path / "nope" / "out.gz",
+              "read-only-dir": tmp_path / "ro" / "out.gz"}[where]
+    if where == "read-only-dir":
+        (tmp_path / "ro").mkdir(mode=0o500)
+    from nlmfeature.atomicfile import OutputError
+    from nlmfeature.rescore import rescore
+    # the model does not exist: an output error first proves the check comes before loading
+    with pytest.raises(OutputError, match=str(target)):
+        rescore(MOSES, str(target), [str(tmp_path / "no-such-model.nlm")], progress=False)
+    with pytest.raises(OutputError, match="--one-best"):
+        rescore(MOSES, None, [str(tmp_path / "no-such-model.nlm")], weights_path=None,
+                one_best=str(target), progress=False)
+
+
+def test_atomic_writer_leaves_nothing_on_interrupt(tmp_path):
+    from nlmfeature.atomicfile import atomic_open, open_output
+    target = tmp_path / "kept.txt"
+    target.write_text("old\n")
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_open(str(target)) as f:
+            f.write(b"new, half written")
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        with open_output(str(tmp_path / "kept.txt")) as f:
+            f.write("new, half written")
+            raise KeyboardInterrupt
+    assert target.read_text() == "old\n" and os.listdir(tmp_path) == ["kept.txt"]
+    with open_output(str(target)) as f:
+        f.write("new\n")
+    assert target.read_text() == "new\n" and os.listdir(tmp_path) == ["kept.txt"]
+    assert oct(os.stat(target).st_mode & 0o777) == oct(0o666 & ~_umask())
+
+
+def _umask() -> int:
+    m = os.umask(0)
+    os.umask(m)
+    return m
