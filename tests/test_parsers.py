@@ -413,3 +413,61 @@ def _umask() -> int:
     m = os.umask(0)
     os.umask(m)
     return m
+
+
+# -- query logs: forged headers, bombs, non-regular files ------------------------------------
+def _packed(header: dict, body: bytes = b"") -> bytes:
+    import json
+    import lzma
+    import struct
+    head = json.dumps(header).encode()
+    return lzma.compress(struct.pack("<Q", len(head)) + head + body)
+
+
+def test_query_log_forgeries_are_clear_errors_in_bounded_memory(tmp_path):
+    import json
+    import lzma
+    import resource
+    import struct
+    from nlmfeature import querylog
+    from nlmfeature.errors import NLMFeatureError
+    full = querylog.read_packed(querylog.BUNDLED_MOSES_STREAM)
+    # a small real log: the first 500 recorded lookups as two sentences
+    header = {"format": querylog.PACKED_FORMAT, "version": querylog.PACKED_VERSION,
+              "order": full.order, "words": full.words, "sentence_ids": [0, 1],
+              "sentence_lookups": [200, 300], "recording_model_checksum": full.checksum,
+              "note": ""}
+    body = np.ascontiguousarray(full.ids[:500], dtype="<i4").tobytes()
+    real = querylog.QueryLog(full.order, full.words, full.ids[:500], np.array([0, 1]),
+                             np.array([0, 200]))
+    small = tmp_path / "small.qlog.xz"
+    small.write_bytes(_packed(header, body))
+    cases = {
+        # a small file whose header claims 10^12 lookups of zeros (a decompression bomb)
+        "bomb": _packed(dict(header, sentence_ids=[0], sentence_lookups=[10**12]), b"\0" * 4096),
+        "order-zero": _packed(dict(header, order=0), body),
+        "order-text": _packed(dict(header, order="5"), body),
+        "lengths-negative": _packed(dict(header, sentence_lookups=[-1] * len(header["sentence_ids"])), body),
+        "lengths-short": _packed(dict(header, sentence_lookups=header["sentence_lookups"][:-1]), body),
+        "words-not-list": _packed(dict(header, words={"a": 1}), body),
+        "header-huge": lzma.compress(struct.pack("<Q", 1 << 60) + b"{}"),
+        "header-not-object": lzma.compress(struct.pack("<Q", 2) + b"[]"),
+        "more-body": _packed(header, body + b"\0" * 40),
+        "truncated": small.read_bytes()[:len(small.read_bytes()) // 2],
+    }
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for name, data in cases.items():
+        path = tmp_path / f"{name}.qlog.xz"
+        path.write_bytes(data)
+        with pytest.raises(NLMFeatureError, match=str(path)):
+            querylog.read_packed(str(path))
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000   # KiB
+    for special in ("/dev/zero", str(tmp_path)):
+        with pytest.raises(NLMFeatureError, match="cannot read the query log"):
+            querylog.read_packed(special)
+        with pytest.raises(NLMFeatureError, match="cannot read the query log"):
+            querylog.read_raw(special, real.words)
+    good = tmp_path / "good.qlog.xz"
+    good.write_bytes(_packed(header, body))
+    again = querylog.read_packed(str(good))
+    assert np.array_equal(again.ids, real.ids) and again.words == real.words
