@@ -42,6 +42,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tupl
 
 import numpy as np
 
+from .atomicfile import check_output
 from .textio import iter_lines, read_head, read_tokens
 from .errors import InputError, NLMFeatureError
 from .vocab import Vocabulary
@@ -102,9 +103,11 @@ def train_kenlm(text: str, out: str, order: int = 5, vocab: Optional[Vocabulary]
     modified Kneser-Ney needs).  ``binary``, if given, also writes a KenLM binary there.
     Files are written atomically.  Returns ``out``.
     """
+    for path, what in ((out, "ARPA output"), (binary, "KenLM binary output")):
+        if path:
+            check_output(path, what)    # before lmplz runs
     lmplz = find_tool("lmplz")
     out_dir = os.path.dirname(os.path.abspath(out))
-    os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".kenlm.") as tmp:
         corpus = os.path.join(tmp, "corpus.txt")
         with open(corpus, "w", encoding="utf-8") as dst:

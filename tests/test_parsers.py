@@ -471,3 +471,32 @@ def test_query_log_forgeries_are_clear_errors_in_bounded_memory(tmp_path):
     good.write_bytes(_packed(header, body))
     again = querylog.read_packed(str(good))
     assert np.array_equal(again.ids, real.ids) and again.words == real.words
+
+
+@pytest.mark.parametrize("command", ["train", "cluster", "convert", "querylog-pack", "tune",
+                                     "perplexity-kenlm"])
+@pytest.mark.parametrize("where", ["directory", "missing-dir"])
+def test_every_writing_command_checks_its_output_first(tmp_path, capsys, command, where):
+    """The input named here does not exist: only a check made before the work can report the
+    output (on main, train ran a whole epoch first and left hidden temporary files)."""
+    from nlmfeature.cli import main as nlm_main
+    from nlmfeature.tuning.cli import main as tune_main
+    out = str(tmp_path) if where == "directory" else str(tmp_path / "no" / "such" / "out")
+    missing = str(tmp_path / "missing-input")
+    argv = {
+        "train": ["train", "--train", missing, "--model-out", out],
+        "cluster": ["cluster", "--text", missing, "--out", out, "--quiet"],
+        "convert": ["convert", missing, out],
+        "querylog-pack": ["querylog", "pack", missing, "--model", missing, "--out", out],
+        "perplexity-kenlm": ["perplexity", "--model", missing, "--test", missing,
+                             "--kenlm-train", missing, "--kenlm", out],
+        "tune": ["optimise", "--nbest", missing, "--ref", missing, "--out", out,
+                 "--init", missing, "--quiet"],
+    }[command]
+    before = set(os.listdir(tmp_path))
+    code = (tune_main if command == "tune" else nlm_main)(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    want = "is a directory" if where == "directory" else "does not exist"
+    assert out in err and want in err and "missing-input" not in err, err
+    assert set(os.listdir(tmp_path)) == before

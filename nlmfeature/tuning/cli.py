@@ -81,6 +81,12 @@ def _optimiser_settings(args: argparse.Namespace) -> dict:
 
 # -- optimise -------------------------------------------------------------------------------
 def cmd_optimise(args: argparse.Namespace) -> int:
+    from ..atomicfile import check_output
+
+    for path, flag in ((args.out, "--out"), (args.save_pool, "--save-pool"),
+                       (args.output_1best, "--output-1best")):
+        if path:
+            check_output(path, flag)      # before reading lists and optimising
     t0 = time.time()
     refs = References.from_files(args.ref, tokenize=args.tokenize, lowercase=args.lowercase)
     pool = KbestPool(refs)
