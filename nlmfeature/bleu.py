@@ -178,20 +178,26 @@ class References:
         return out
 
 
-def corpus_bleu(stats: np.ndarray, smooth: str = "exp") -> np.ndarray:
-    """BLEU (0..100) from summed statistics; vectorised over any leading dimensions.
+def corpus_bleu(stats: np.ndarray, smooth: str = "exp", max_order: int = ORDER) -> np.ndarray:
+    """BLEU (0..100) from summed sufficient statistics: the package's one BLEU formula
+    (statistics first, score second, as sacrebleu's ``BLEU``), used by tuning, evaluation
+    and bootstrap resampling alike; vectorised over any leading dimensions.
 
-    ``stats`` has shape (..., 10); the result has shape (...) (a numpy float for one vector).
-    ``smooth`` is sacrebleu's ``smooth_method``: ``'exp'`` (its default, so this equals
-    ``sacrebleu.corpus_bleu``) or ``'none'``.  A score is 0 when nothing matches or a total is 0.
+    ``stats`` has shape (..., 2 + 2 * max_order): ``[hyp_len, ref_len, correct_1..n,
+    total_1..n]`` (sacrebleu's layout, :data:`NUM_STATS` columns for the default order 4);
+    the result has shape (...) (a numpy float for one vector).  ``smooth`` is sacrebleu's
+    ``smooth_method``: ``'exp'`` (its default, so this equals ``sacrebleu.corpus_bleu`` and
+    ``BLEU.compute_bleu``) or ``'none'``.  As in sacrebleu (no effective order), a score is 0
+    when nothing matches, when the hypothesis is empty or when an order has no n-grams.
     """
     s = np.asarray(stats, dtype=np.float64)
-    if s.shape[-1] != NUM_STATS:
-        raise ValueError(f"statistics need {NUM_STATS} columns, got shape {s.shape}")
+    if s.shape[-1] != 2 + 2 * max_order:
+        raise ValueError(f"statistics of order {max_order} need {2 + 2 * max_order} columns, "
+                         f"got shape {s.shape}")
     hyp = s[..., HYP_LEN]
     ref = s[..., REF_LEN]
-    c = s[..., CORRECT]
-    t = s[..., TOTAL]
+    c = s[..., 2:2 + max_order]
+    t = s[..., 2 + max_order:2 + 2 * max_order]
     dead = (t <= 0).any(axis=-1) | (c <= 0).all(axis=-1)
     t_safe = np.where(t > 0, t, 1.0)
     if smooth == "exp":
@@ -204,7 +210,7 @@ def corpus_bleu(stats: np.ndarray, smooth: str = "exp") -> np.ndarray:
     else:
         raise ValueError(f"unknown smoothing {smooth!r} (use 'exp' or 'none')")
     with np.errstate(divide="ignore", invalid="ignore"):
-        logp = np.log(np.where(prec > 0, prec * 100.0, 1.0)).sum(axis=-1) / ORDER
+        logp = np.log(np.where(prec > 0, prec * 100.0, 1.0)).sum(axis=-1) / max_order
         hyp_safe = np.where(hyp > 0, hyp, 1.0)
         bp = np.where(hyp < ref, np.where(hyp > 0, np.exp(1.0 - ref / hyp_safe), 0.0), 1.0)
     score = bp * np.exp(logp)
