@@ -13,7 +13,6 @@ starts; nlmfeature/data/streams), with and without the caches ("cache x").
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import multiprocessing as mp
 import os
@@ -23,6 +22,9 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
+
+from .kbest import sentence_id
+from .textio import iter_lines
 
 DEFAULT_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
 
@@ -45,25 +47,21 @@ def _rss_mb() -> float:
 
 
 def _read(path: str, limit: Optional[int] = None) -> List[List[str]]:
-    opener = gzip.open if path.endswith(".gz") else open
     out = []
-    with opener(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            out.append(line.split())
-            if limit and len(out) >= limit:
-                break
+    for _, line in iter_lines(path):
+        out.append(line.split())
+        if limit and len(out) >= limit:
+            break
     return out
 
 
 def _nbest_stream(path: str, limit: int) -> List[Tuple[int, List[str]]]:
     """(sentence id, hypothesis tokens) of a Moses n-best list: a decoder-like query stream."""
     out = []
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            fields = line.split(" ||| ")
-            out.append((int(fields[0]), fields[1].split()))
-            if len(out) >= limit:
-                break
+    for lineno, line in iter_lines(path):
+        out.append((sentence_id(line, path, lineno), line.split("|||")[1].split()))
+        if len(out) >= limit:
+            break
     return out
 
 

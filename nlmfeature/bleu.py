@@ -23,14 +23,13 @@ Tuning needs two more sentence-level scores, both from the same statistics:
 """
 from __future__ import annotations
 
-import gzip
-import io
 from collections import Counter
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .errors import InputError
+from .textio import read_lines
 
 #: the BLEU tokeniser of tuning and evaluation unless told otherwise: ``none``, since the
 #: decoders' k-best lists and 1-best outputs are tokenised text (sacrebleu's ``13a`` would
@@ -72,28 +71,6 @@ def _closest(hyp_len: int, ref_lens: Sequence[int]) -> int:
         elif diff == best_diff and rl < best_len:
             best_len = rl
     return best_len
-
-
-def _read_lines(path: str) -> List[str]:
-    """Lines of a UTF-8 (optionally gzipped) text file, without the newline."""
-    try:
-        if path.endswith(".gz"):
-            with gzip.open(path, "rb") as fh:
-                raw = fh.read()
-        else:
-            with open(path, "rb") as fh:
-                raw = fh.read()
-    except OSError as exc:
-        raise InputError(path, 0, f"cannot read the reference file: {exc.strerror or exc}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
-        raise InputError(path, line, "is not valid UTF-8; convert the references to UTF-8") from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [l.rstrip("\r") for l in lines]
 
 
 class References:
@@ -143,7 +120,7 @@ class References:
 
         Raises :class:`InputError` naming the file when the files differ in line count.
         """
-        streams = [_read_lines(p) for p in paths]
+        streams = [read_lines(p) for p in paths]
         for p, s in zip(paths[1:], streams[1:]):
             if len(s) != len(streams[0]):
                 raise InputError(p, len(s), f"has {len(s)} lines but {paths[0]} has "
@@ -207,20 +184,26 @@ class References:
         return out
 
 
-def corpus_bleu(stats: np.ndarray, smooth: str = "exp") -> np.ndarray:
-    """BLEU (0..100) from summed statistics; vectorised over any leading dimensions.
+def corpus_bleu(stats: np.ndarray, smooth: str = "exp", max_order: int = ORDER) -> np.ndarray:
+    """BLEU (0..100) from summed sufficient statistics: the package's one BLEU formula
+    (statistics first, score second, as sacrebleu's ``BLEU``), used by tuning, evaluation
+    and bootstrap resampling alike; vectorised over any leading dimensions.
 
-    ``stats`` has shape (..., 10); the result has shape (...) (a numpy float for one vector).
-    ``smooth`` is sacrebleu's ``smooth_method``: ``'exp'`` (its default, so this equals
-    ``sacrebleu.corpus_bleu``) or ``'none'``.  A score is 0 when nothing matches or a total is 0.
+    ``stats`` has shape (..., 2 + 2 * max_order): ``[hyp_len, ref_len, correct_1..n,
+    total_1..n]`` (sacrebleu's layout, :data:`NUM_STATS` columns for the default order 4);
+    the result has shape (...) (a numpy float for one vector).  ``smooth`` is sacrebleu's
+    ``smooth_method``: ``'exp'`` (its default, so this equals ``sacrebleu.corpus_bleu`` and
+    ``BLEU.compute_bleu``) or ``'none'``.  As in sacrebleu (no effective order), a score is 0
+    when nothing matches, when the hypothesis is empty or when an order has no n-grams.
     """
     s = np.asarray(stats, dtype=np.float64)
-    if s.shape[-1] != NUM_STATS:
-        raise ValueError(f"statistics need {NUM_STATS} columns, got shape {s.shape}")
+    if s.shape[-1] != 2 + 2 * max_order:
+        raise ValueError(f"statistics of order {max_order} need {2 + 2 * max_order} columns, "
+                         f"got shape {s.shape}")
     hyp = s[..., HYP_LEN]
     ref = s[..., REF_LEN]
-    c = s[..., CORRECT]
-    t = s[..., TOTAL]
+    c = s[..., 2:2 + max_order]
+    t = s[..., 2 + max_order:2 + 2 * max_order]
     dead = (t <= 0).any(axis=-1) | (c <= 0).all(axis=-1)
     t_safe = np.where(t > 0, t, 1.0)
     if smooth == "exp":
@@ -233,7 +216,7 @@ def corpus_bleu(stats: np.ndarray, smooth: str = "exp") -> np.ndarray:
     else:
         raise ValueError(f"unknown smoothing {smooth!r} (use 'exp' or 'none')")
     with np.errstate(divide="ignore", invalid="ignore"):
-        logp = np.log(np.where(prec > 0, prec * 100.0, 1.0)).sum(axis=-1) / ORDER
+        logp = np.log(np.where(prec > 0, prec * 100.0, 1.0)).sum(axis=-1) / max_order
         hyp_safe = np.where(hyp > 0, hyp, 1.0)
         bp = np.where(hyp < ref, np.where(hyp > 0, np.exp(1.0 - ref / hyp_safe), 0.0), 1.0)
     score = bp * np.exp(logp)

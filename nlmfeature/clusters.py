@@ -28,43 +28,21 @@ of them into one extra class instead, and ``unknown="error"`` refuses them.
 """
 from __future__ import annotations
 
-import gzip
-import io
 import os
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import textio
+from .atomicfile import atomic_open
+from .textio import iter_lines
 from .errors import InputError, NLMFeatureError
 from .vocab import Vocabulary
 
 LN2 = float(np.log(2.0))
-
-
-# ---------------------------------------------------------------------------------------
-# text
-# ---------------------------------------------------------------------------------------
-def open_text(path: str) -> io.TextIOBase:
-    """Open a UTF-8 text file for reading, gunzipping ``*.gz`` files."""
-    if path.endswith(".gz"):
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
-    return open(path, encoding="utf-8")
-
-
-def iter_lines(path: str) -> Iterator[str]:
-    """Lines of a UTF-8 text file (see :func:`nlmfeature.textio.iter_lines`)."""
-    for _, line in textio.iter_lines(path):
-        yield line
-
-
-def read_tokens(path: str) -> List[List[str]]:
-    """Whitespace-tokenised lines of a text file; raises :class:`InputError` (file:line) on
-    text that is not UTF-8."""
-    return [line.split() for line in iter_lines(path)]
+#: counts in a paths file are below this (they become int64 / float64 arrays)
+MAX_COUNT = 1 << 62
 
 
 # ---------------------------------------------------------------------------------------
@@ -87,63 +65,44 @@ def read_paths(path: str) -> List[PathEntry]:
     """
     entries: List[PathEntry] = []
     seen: Dict[str, int] = {}
-    try:
-        f = open(path, encoding="utf-8")
-    except OSError as exc:
-        raise InputError(path, 0, f"cannot read the class file: {exc.strerror or exc}") from None
-    with f:
-        lineno = 0
-        try:
-            for lineno, line in enumerate(f, 1):
-                line = line.rstrip("\r\n")
-                if not line.strip():
-                    continue
-                fields = line.split("\t")
-                if len(fields) not in (2, 3):
-                    raise InputError(path, lineno, f"expected 'bitstring<TAB>word<TAB>count' "
-                                     f"(Liang's paths format), found {len(fields)} tab-separated "
-                                     f"field(s): {line[:80]!r}")
-                bits, word = fields[0], fields[1]
-                if bits.strip("01"):
-                    raise InputError(path, lineno, f"the cluster bitstring {bits[:40]!r} must "
-                                     "consist of 0s and 1s")
-                if not word or any(c.isspace() for c in word):
-                    raise InputError(path, lineno, f"the word {word!r} is empty or contains "
-                                     "white space")
-                count = 0
-                if len(fields) == 3:
-                    try:
-                        count = int(fields[2])
-                    except ValueError:
-                        count = -1
-                    if count < 0:
-                        raise InputError(path, lineno, f"the count {fields[2]!r} is not a "
-                                         "non-negative integer")
-                if word in seen:
-                    raise InputError(path, lineno, f"the word {word!r} is listed twice (first "
-                                     f"on line {seen[word]})")
-                seen[word] = lineno
-                entries.append(PathEntry(bits, word, count))
-        except UnicodeDecodeError as exc:
-            raise InputError(path, lineno + 1, f"not valid UTF-8 ({exc.reason})") from None
+    for lineno, line in iter_lines(path):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) not in (2, 3):
+            raise InputError(path, lineno, f"expected 'bitstring<TAB>word<TAB>count' "
+                             f"(Liang's paths format), found {len(fields)} tab-separated "
+                             f"field(s): {line[:80]!r}")
+        bits, word = fields[0], fields[1]
+        if bits.strip("01"):
+            raise InputError(path, lineno, f"the cluster bitstring {bits[:40]!r} must "
+                             "consist of 0s and 1s")
+        if not word or any(c.isspace() for c in word):
+            raise InputError(path, lineno, f"the word {word!r} is empty or contains "
+                             "white space")
+        count = 0
+        if len(fields) == 3:
+            try:
+                count = int(fields[2])
+            except ValueError:
+                count = -1
+            if not 0 <= count < MAX_COUNT:
+                raise InputError(path, lineno, f"the count {fields[2][:40]!r} is not a "
+                                 f"non-negative integer below 2^62")
+        if word in seen:
+            raise InputError(path, lineno, f"the word {word!r} is listed twice (first "
+                             f"on line {seen[word]})")
+        seen[word] = lineno
+        entries.append(PathEntry(bits, word, count))
     if not entries:
         raise InputError(path, 0, "the class file lists no words")
     return entries
 
 
 def write_paths(path: str, entries: Iterable[PathEntry]) -> None:
-    """Write a paths file atomically (temp file + rename), in the order given."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".paths.", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for e in entries:
-                f.write(f"{e.bits}\t{e.word}\t{e.count}\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write a paths file atomically (:mod:`nlmfeature.atomicfile`), in the order given."""
+    with atomic_open(path) as f:
+        f.write("".join(f"{e.bits}\t{e.word}\t{e.count}\n" for e in entries).encode("utf-8"))
 
 
 def classes_of_paths(entries: Sequence[PathEntry]) -> Tuple[List[str], Dict[str, int]]:

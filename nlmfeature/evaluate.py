@@ -21,20 +21,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .bleu import DEFAULT_TOKENIZE
+from .bleu import DEFAULT_TOKENIZE, corpus_bleu
 from .errors import InputError, NLMFeatureError
-from .kbest import iter_lines
+from .textio import read_lines
 
-#: log(0) as sacrebleu computes it (``sacrebleu.utils.my_log``)
-_LOG_ZERO = -9999999999.0
 
 
 # -- inputs ------------------------------------------------------------------------------------
-def read_text(path: str) -> List[str]:
-    """All lines of a UTF-8 text file (plain, .gz or -), without newlines."""
-    return [line for _, line in iter_lines(path)]
-
-
 def check_lengths(system_paths: Sequence[str], systems: Sequence[List[str]],
                   ref_paths: Sequence[str], refs: Sequence[List[str]]) -> None:
     """Raise :class:`InputError` unless every system and reference has the same line count."""
@@ -81,27 +74,6 @@ def sentence_stats(metric: Any, hyps: Sequence[str], refs: Sequence[Sequence[str
     return np.asarray(extract(list(hyps), [list(r) for r in refs]), dtype=np.float64)
 
 
-def bleu_from_stats(stats: np.ndarray, max_order: int = 4) -> np.ndarray:
-    """Corpus BLEU (0-100) of summed statistics, one row per corpus (M, 2 + 2*max_order):
-    ``[sys_len, ref_len, correct_1..n, total_1..n]``; sacrebleu's ``exp`` smoothing, no
-    effective order (its ``corpus_score`` defaults)."""
-    s = np.atleast_2d(stats).astype(np.float64)
-    sys_len, ref_len = s[:, 0], s[:, 1]
-    correct, total = s[:, 2:2 + max_order], s[:, 2 + max_order:2 + 2 * max_order]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        bp = np.where(sys_len < ref_len,
-                      np.where(sys_len > 0, np.exp(1 - ref_len / np.where(sys_len > 0, sys_len, 1)),
-                               0.0), 1.0)
-        zero = correct == 0
-        smooth = np.cumprod(np.where(zero, 2.0, 1.0), axis=1)
-        prec = np.where(zero, 100.0 / (smooth * total), 100.0 * correct / total)
-        # an order with no n-grams ends the precisions: it and all later ones count as log(0)
-        ended = np.cumsum(total == 0, axis=1) > 0
-        logp = np.where(ended | (prec <= 0), _LOG_ZERO, np.log(np.where(prec > 0, prec, 1.0)))
-    score = bp * np.exp(logp.sum(axis=1) / max_order)
-    return np.where(correct.any(axis=1), score, 0.0)
-
-
 def chrf_from_stats(stats: np.ndarray, beta: int = 2, eps_smoothing: bool = False) -> np.ndarray:
     """chrF (0-100) of summed statistics, one row per corpus: ``[hyp, ref, match]`` per order
     (character orders then word orders), as sacrebleu's ``CHRF._compute_f_score``."""
@@ -131,7 +103,7 @@ def scores_from_stats(name: str, metric: Any, stats: np.ndarray) -> np.ndarray:
     if name == "bleu":
         if metric.smooth_method != "exp" or metric.effective_order:
             raise NLMFeatureError("vectorised BLEU supports sacrebleu's corpus defaults only")
-        return bleu_from_stats(stats, metric.max_ngram_order)
+        return corpus_bleu(np.atleast_2d(stats), max_order=metric.max_ngram_order)
     return chrf_from_stats(stats, metric.beta, metric.eps_smoothing)
 
 
@@ -224,8 +196,8 @@ def evaluate(system_paths: Sequence[str], ref_paths: Sequence[str], tokenize: st
         raise NLMFeatureError("give at least one reference with --ref")
     if not 1 <= len(system_paths) <= 2:
         raise NLMFeatureError("give one system output, or two to compare them")
-    systems = [read_text(p) for p in system_paths]
-    refs = [read_text(p) for p in ref_paths]
+    systems = [read_lines(p) for p in system_paths]
+    refs = [read_lines(p) for p in ref_paths]
     check_lengths(system_paths, systems, ref_paths, refs)
     mets = make_metrics(tokenize, lowercase, chrf_word_order, metrics)
     results: List[SystemResult] = []

@@ -27,21 +27,14 @@ Only ``moses-old`` writes ``label:``; ``moses`` writes ``Label=`` for both Moses
 """
 from __future__ import annotations
 
-import gzip
-import io
 import math
-import os
 import re
-import sys
-import tempfile
 from dataclasses import dataclass, field
-from typing import IO, Any, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
 from .errors import InputError
-from .textio import iter_lines  # noqa: F401  (re-exported: k-best users read lines here)
+from .textio import iter_lines
 
-#: zlib level of the .gz files written (4: about 3x faster than gzip's 9, ~10% larger)
-GZIP_LEVEL = 4
 #: k-best formats :func:`read_kbest` and :func:`format_hypothesis` understand
 FORMATS = ("moses", "moses-old", "cdec")
 SEP = "|||"
@@ -85,9 +78,14 @@ def format_number(value: float) -> str:
 
 def _number(token: str, path: str, lineno: int, what: str) -> float:
     try:
-        return float(token)
+        value = float(token)
     except ValueError:
         raise InputError(path, lineno, f"{what}: {token!r} is not a number") from None
+    if not math.isfinite(value):
+        raise InputError(path, lineno, f"{what} is {token!r}: feature values and totals must be "
+                         "finite numbers (a decoder wrote nan/inf; fix or drop that line, or "
+                         "use --skip-bad)")
+    return value
 
 
 # -- parsing --------------------------------------------------------------------------------
@@ -112,6 +110,7 @@ def _parse_moses_features(text: str, path: str, lineno: int) -> List[Tuple[str, 
     # fast path for well-formed fields; anything odd is re-parsed by the checking parser
     feats: List[Tuple[str, List[float]]] = []
     values: Any = None           # None before the first label: a value there fails below
+    acc = 0.0                    # sum of the values: not finite iff one is nan/inf (or huge)
     try:
         for tok in text.split():
             last = tok[-1]
@@ -121,9 +120,11 @@ def _parse_moses_features(text: str, path: str, lineno: int) -> List[Tuple[str, 
                 values = []
                 feats.append((tok[:-1], values))
             else:
-                values.append(float(tok))
+                v = float(tok)
+                acc += v
+                values.append(v)
         else:
-            if values is None or values:
+            if (values is None or values) and acc - acc == 0.0:
                 return feats
     except (ValueError, AttributeError):
         pass
@@ -215,7 +216,9 @@ def check_line(line: str, fmt: str, path: str = "<input>", lineno: int = 0) -> T
         try:
             sid = int(fields[0])
             if len(fields) > 3 and fields[3].strip():
-                float(fields[3])                  # the total must be a number
+                total = float(fields[3])          # the total must be a finite number
+                if total - total != 0.0:
+                    raise ValueError
             if sid >= 0:
                 return sid, fields[1]
         except ValueError:
@@ -270,148 +273,6 @@ def format_hypothesis(hyp: Hypothesis, fmt: str) -> str:
     return " ||| ".join(fields)
 
 
-# -- files ----------------------------------------------------------------------------------
-class _AtomicBytes(io.BufferedWriter):
-    """Binary file written to a temporary name next to the target and renamed over it by a
-    clean :meth:`close`; after :meth:`discard` (or an exception inside ``with``) the
-    temporary file is removed instead."""
-
-    def __init__(self, path: str) -> None:
-        directory = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
-                                   dir=directory)
-        super().__init__(io.FileIO(fd, "wb"), buffer_size=1 << 16)
-        self._target = path
-        self._tmp = tmp
-        self._failed = False
-
-    def discard(self) -> None:
-        """Do not create the target: closing removes the temporary file."""
-        self._failed = True
-
-    def __exit__(self, exc_type, exc, tb):  # type: ignore[override]
-        if exc_type is not None:
-            self._failed = True
-        return super().__exit__(exc_type, exc, tb)
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        try:
-            super().close()
-        finally:
-            if self._failed:
-                if os.path.exists(self._tmp):
-                    os.unlink(self._tmp)
-            else:
-                os.chmod(self._tmp, 0o666 & ~_umask())
-                os.replace(self._tmp, self._target)
-
-
-class _AtomicWriter(io.TextIOWrapper):
-    """UTF-8 text (gzip-compressed for ``compress``) written atomically via :class:`_AtomicBytes`."""
-
-    def __init__(self, path: str, compress: bool) -> None:
-        raw = _AtomicBytes(path)
-        self._raw_file = raw
-        binary: IO[bytes] = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0,
-                                          compresslevel=GZIP_LEVEL) if compress else raw
-        super().__init__(binary, encoding="utf-8", newline="\n")
-
-    def discard(self) -> None:
-        """Do not create the target file (see :meth:`_AtomicBytes.discard`)."""
-        self._raw_file.discard()
-
-    def __exit__(self, exc_type, exc, tb):  # type: ignore[override]
-        if exc_type is not None:
-            self._raw_file.discard()
-        return super().__exit__(exc_type, exc, tb)
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        try:
-            super().close()       # flushes (and ends the gzip stream)
-        finally:
-            self._raw_file.close()
-
-
-class _StdStream(io.TextIOWrapper):
-    """UTF-8 text view of standard input/output whose ``close`` only flushes."""
-
-    _detached = False
-
-    def close(self) -> None:
-        if not self._detached:
-            self.flush()
-            self.detach()
-            self._detached = True
-
-    @property
-    def closed(self) -> bool:  # type: ignore[override]
-        return self._detached or super().closed
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def open_text(path: str, mode: str = "rt") -> IO[str]:
-    """Open a UTF-8 text file: ``.gz`` is (de)compressed, ``-`` is standard input/output.
-
-    ``mode`` is ``"rt"``/``"r"`` or ``"wt"``/``"w"``.  Files opened for writing are written
-    atomically: to a temporary file renamed over ``path`` when closed without an exception
-    (use ``with``), so readers never see half a file.  Raises :class:`InputError` when a file
-    cannot be opened.
-    """
-    writing = mode in ("w", "wt")
-    if not writing and mode not in ("r", "rt"):
-        raise ValueError(f"open_text: mode must be 'rt' or 'wt', not {mode!r}")
-    try:
-        if path == "-":
-            stream = sys.stdout if writing else sys.stdin
-            if not hasattr(stream, "buffer"):   # replaced by a text-only stream (tests)
-                return stream
-            return _StdStream(stream.buffer, encoding="utf-8", newline="\n" if writing else None)
-        if writing:
-            return _AtomicWriter(path, path.endswith(".gz"))
-        if path.endswith(".gz"):
-            return gzip.open(path, "rt", encoding="utf-8")
-        return open(path, encoding="utf-8")
-    except OSError as exc:
-        raise InputError(path, 0, f"cannot open for {'writing' if writing else 'reading'}: "
-                         f"{exc.strerror or exc}") from None
-
-
-def open_bytes(path: str) -> IO[bytes]:
-    """A binary file written atomically (``-``: standard output, not closed).  Call its
-    ``discard()`` (when present) to drop a half-written file.  For writers that produce
-    their own gzip members (concatenated members form one valid ``.gz`` file)."""
-    if path == "-":
-        return _StdBytes(sys.stdout.buffer)
-    try:
-        return _AtomicBytes(path)
-    except OSError as exc:
-        raise InputError(path, 0, f"cannot open for writing: {exc.strerror or exc}") from None
-
-
-class _StdBytes:
-    """Standard output's binary buffer behind a close() that only flushes."""
-
-    def __init__(self, buf: IO[bytes]) -> None:
-        self._buf = buf
-
-    def write(self, data: bytes) -> int:
-        return self._buf.write(data)
-
-    def close(self) -> None:
-        self._buf.flush()
-
-
-
-
 # -- reading --------------------------------------------------------------------------------
 class KBestReader:
     """Iterator of :class:`Hypothesis` over a k-best file (see :func:`read_kbest`).
@@ -439,7 +300,7 @@ class KBestReader:
         return next(self._it)
 
     def _generate(self) -> Iterator[Hypothesis]:
-        for lineno, line in iter_lines(self.path):
+        for lineno, line in iter_lines(self.path, stream=True):
             self.lines = lineno
             if not line.strip():
                 self._bad(InputError(self.path, lineno, "empty line in a k-best list"))
@@ -463,7 +324,8 @@ class KBestReader:
 def read_kbest(path: str, fmt: str = "auto", skip_bad: bool = False) -> KBestReader:
     """Stream the hypotheses of a k-best file (constant memory).
 
-    ``path``: plain, ``.gz`` or ``-`` (standard input).  ``fmt``: ``moses`` (``Name=`` labels
+    ``path``: plain, compressed (``.gz``, ``.bz2``, ``.xz``), ``-`` (standard input) or a
+    named pipe (read with :func:`nlmfeature.textio.iter_lines`).  ``fmt``: ``moses`` (``Name=`` labels
     with one or more values, or old-style ``d: lm: tm: w:``), ``moses-old``, ``cdec``
     (``name=value`` tokens) or ``auto`` (decided from the first line).  A malformed line
     raises :class:`InputError` with the file and line number, unless ``skip_bad``: then it

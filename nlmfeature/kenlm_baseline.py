@@ -42,7 +42,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tupl
 
 import numpy as np
 
-from .clusters import iter_lines, open_text, read_tokens
+from .atomicfile import check_output
+from .textio import iter_lines, read_head, read_tokens
 from .errors import InputError, NLMFeatureError
 from .forward import vocab_log_scores
 from .vocab import Vocabulary
@@ -86,18 +87,7 @@ def import_kenlm():
 
 def is_arpa(path: str) -> bool:
     """Whether a KenLM model file is an ARPA text file (rather than a KenLM binary)."""
-    try:
-        with (open_gz_bytes(path)) as f:
-            head = f.read(4096)
-    except OSError:
-        return False
-    return b"\\data\\" in head
-
-
-def open_gz_bytes(path: str):
-    import gzip
-
-    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+    return b"\\data\\" in read_head(path, 4096)
 
 
 def map_oov(tokens: Sequence[str], vocab: Optional[Vocabulary], unk: str = UNK_TOKEN) -> List[str]:
@@ -118,13 +108,15 @@ def train_kenlm(text: str, out: str, order: int = 5, vocab: Optional[Vocabulary]
     modified Kneser-Ney needs).  ``binary``, if given, also writes a KenLM binary there.
     Files are written atomically.  Returns ``out``.
     """
+    for path, what in ((out, "ARPA output"), (binary, "KenLM binary output")):
+        if path:
+            check_output(path, what)    # before lmplz runs
     lmplz = find_tool("lmplz")
     out_dir = os.path.dirname(os.path.abspath(out))
-    os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".kenlm.") as tmp:
         corpus = os.path.join(tmp, "corpus.txt")
         with open(corpus, "w", encoding="utf-8") as dst:
-            for lineno, line in enumerate(iter_lines(text), 1):
+            for lineno, line in iter_lines(text):
                 toks = line.split()
                 bad = [t for t in toks if t in ("<s>", "</s>")]
                 if bad:
@@ -170,11 +162,6 @@ class TokenScores:
 def perplexity(logprob: np.ndarray) -> float:
     """exp(-mean natural-log probability)."""
     return float(math.exp(-float(np.mean(logprob)))) if len(logprob) else float("nan")
-
-
-def read_sentences(path: str) -> List[List[str]]:
-    """Tokenised lines of a text file (``.gz`` allowed); every line is a sentence."""
-    return read_tokens(path)
 
 
 def oov_mask(sentences: Sequence[Sequence[str]], vocab: Vocabulary) -> np.ndarray:
@@ -362,49 +349,51 @@ class ArpaDistribution:
         if unk_token != "<unk>":
             to_id.pop("<unk>", None)
         order = 0
-        try:
-            f = open_text(path)
-        except OSError as exc:
-            raise NLMFeatureError(f"{path}: cannot read the ARPA file: {exc}") from None
-        with f:
-            lineno = 0
-            for lineno, line in enumerate(f, 1):
-                line = line.strip()
-                if not line:
-                    continue
-                if line.startswith("\\"):
-                    if line.endswith("-grams:"):
+        for lineno, line in iter_lines(path):     # the ARPA file
+            line = line.strip()
+            if not line:
+                continue
+            if line.startswith("\\"):
+                if line.endswith("-grams:"):
+                    try:
                         order = int(line[1:line.index("-")])
-                    elif line == "\\end\\":
-                        break
-                    continue
-                if order == 0:
-                    continue
-                parts = line.split("\t")
-                if len(parts) < 2:
-                    raise InputError(path, lineno, "not an ARPA n-gram line "
-                                     "(log10prob<TAB>n-gram[<TAB>backoff])")
+                    except ValueError:
+                        raise InputError(path, lineno, f"bad ARPA section header {line[:40]!r}"
+                                         ) from None
+                elif line == "\\end\\":
+                    break
+                continue
+            if order == 0:
+                continue
+            parts = line.split("\t")
+            if len(parts) < 2:
+                raise InputError(path, lineno, "not an ARPA n-gram line "
+                                 "(log10prob<TAB>n-gram[<TAB>backoff])")
+            try:
                 lp = float(parts[0])
-                words = tuple(parts[1].split(" "))
                 bo = float(parts[2]) if len(parts) > 2 else 0.0
-                if order == 1:
-                    w = words[0]
-                    if w == "<unk>":
-                        unk_lp = lp
-                    i = to_id.get(w)
-                    if i is not None:
-                        uni[i] = lp
-                    if bo and words in needed:
-                        self.bo[words] = bo
-                    continue
+            except ValueError:
+                raise InputError(path, lineno, "an ARPA probability or backoff weight is not a "
+                                 "number") from None
+            words = tuple(parts[1].split(" "))
+            if order == 1:
+                w = words[0]
+                if w == "<unk>":
+                    unk_lp = lp
+                i = to_id.get(w)
+                if i is not None:
+                    uni[i] = lp
                 if bo and words in needed:
                     self.bo[words] = bo
-                ctx = words[:-1]
-                if ctx in needed:
-                    i = to_id.get(words[-1])
-                    if i is not None:
-                        ids, lps = self.cont.setdefault(ctx, ([], []))
-                        ids.append(i); lps.append(lp)
+                continue
+            if bo and words in needed:
+                self.bo[words] = bo
+            ctx = words[:-1]
+            if ctx in needed:
+                i = to_id.get(words[-1])
+                if i is not None:
+                    ids, lps = self.cont.setdefault(ctx, ([], []))
+                    ids.append(i); lps.append(lp)
         if order == 0:
             raise NLMFeatureError(f"{path}: not an ARPA file (KenLM binaries cannot be read "
                                   "here: pass the ARPA file for log-linear interpolation)")

@@ -14,11 +14,11 @@ import mmap
 import os
 import stat
 import struct
-import tempfile
 from typing import Any, Dict, Mapping, Tuple
 
 import numpy as np
 
+from .atomicfile import atomic_open
 from .errors import ModelFileError
 
 MAGIC = b"NLMFEAT\x00"
@@ -383,39 +383,28 @@ def write_model(path: str, header: Header, arrays: Mapping[str, np.ndarray],
             break
         data_start = _align(PREAMBLE_SIZE + len(hdr))
     total = data_start + offset
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".nlm-", suffix=".tmp", dir=directory)
-    try:
-        digest = hashlib.blake2b(digest_size=8)
-        with os.fdopen(fd, "wb") as f:
-            f.write(b"\0" * PREAMBLE_SIZE)
+    digest = hashlib.blake2b(digest_size=8)
+    with atomic_open(path) as f:      # temp file, fsync, rename; removed on any failure
+        f.write(b"\0" * PREAMBLE_SIZE)
 
-            def put(b: bytes) -> None:
-                digest.update(b)
-                f.write(b)
+        def put(b: bytes) -> None:
+            digest.update(b)
+            f.write(b)
 
-            put(hdr)
-            put(b"\0" * (data_start - PREAMBLE_SIZE - len(hdr)))
-            pos = data_start
-            for off, arr in blobs:
-                start = data_start + off
-                if start > pos:
-                    put(b"\0" * (start - pos))
-                put(memoryview(arr).cast("B"))
-                pos = start + arr.nbytes
-            if total > pos:
-                put(b"\0" * (total - pos))
-            f.seek(0)
-            f.write(PREAMBLE.pack(MAGIC, FORMAT_VERSION, 0, PREAMBLE_SIZE, len(hdr), total,
-                                  digest.digest(), b"\0" * 16))
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        put(hdr)
+        put(b"\0" * (data_start - PREAMBLE_SIZE - len(hdr)))
+        pos = data_start
+        for off, arr in blobs:
+            start = data_start + off
+            if start > pos:
+                put(b"\0" * (start - pos))
+            put(memoryview(arr).cast("B"))
+            pos = start + arr.nbytes
+        if total > pos:
+            put(b"\0" * (total - pos))
+        f.seek(0)
+        f.write(PREAMBLE.pack(MAGIC, FORMAT_VERSION, 0, PREAMBLE_SIZE, len(hdr), total,
+                              digest.digest(), b"\0" * 16))
     return digest.hexdigest()
 
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import io
 import os
-import tempfile
 from typing import Any, Dict, List, Optional, TextIO, Tuple
 
 import numpy as np
 
 from .architecture import precompute_tables
+from .atomicfile import atomic_write_text
 from .errors import InputError
 from .vocab import SPECIALS, Vocabulary
 
@@ -315,8 +315,4 @@ def write_nplm(path: str, header: Dict[str, Any], arrays: Arrays, words: List[st
     mat("output_weights", arrays["output.weight"])
     mat("output_biases", arrays["output.bias"])
     out.write("\\end\n")
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".nplm-", dir=directory)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(out.getvalue())
-    os.replace(tmp, path)
+    atomic_write_text(path, out.getvalue())

@@ -28,7 +28,8 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from .atomicfile import atomic_write_bytes
-from .errors import NLMFeatureError
+from .errors import InputError, NLMFeatureError
+from .textio import check_input
 
 RAW_MAGIC = b"NLMQLOG1"
 PACKED_FORMAT = "nlmfeature-querylog"
@@ -75,8 +76,13 @@ class QueryLog:
 def read_raw(path: str, words: Sequence[str]) -> QueryLog:
     """A raw ``queries.*.bin`` recording; ``words`` is the recording model's vocabulary
     (``model.vocab.words``), checked against the vocabulary size in the file."""
-    with open(path, "rb") as f:
-        data = f.read()
+    try:
+        check_input(path)
+        with open(path, "rb") as f:
+            data = f.read()
+    except (InputError, OSError) as exc:
+        raise NLMFeatureError(f"{path}: cannot read the query log: "
+                              f"{getattr(exc, 'message', None) or exc}") from None
     if len(data) < _RAW_HEADER.size:
         raise NLMFeatureError(f"{path}: truncated query log (shorter than its {_RAW_HEADER.size}-byte header)")
     magic, order, vocab_size, _, _, checksum = _RAW_HEADER.unpack_from(data)
@@ -126,34 +132,88 @@ def pack(log: QueryLog, out: str, note: str = "") -> int:
 def read_packed(path: str) -> QueryLog:
     """A ``.qlog.xz`` file written by :func:`pack`."""
     try:
+        check_input(path)
         with open(path, "rb") as f:
-            payload = lzma.decompress(f.read())
-    except FileNotFoundError:
-        raise NLMFeatureError(f"{path}: no such query log")
-    except lzma.LZMAError as exc:
+            size = os.fstat(f.fileno()).st_size
+            take = _bounded_xz(f)
+            head = take(8)
+            if len(head) < 8:
+                raise NLMFeatureError(f"{path}: truncated query log")
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER_BYTES:
+                raise NLMFeatureError(f"{path}: header of {n} bytes (more than "
+                                      f"{MAX_HEADER_BYTES}): not a query log, or corrupt")
+            try:
+                header = json.loads(take(n).decode("utf-8"))
+            except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+                raise NLMFeatureError(f"{path}: bad query-log header ({exc})") from None
+            order, words, sids, lengths = _check_header(path, header)
+            want = 4 * order * sum(lengths.tolist())     # exact (no int64 wrap-around)
+            if want > MAX_RATIO * max(size, 1):
+                raise NLMFeatureError(f"{path}: its header claims {want} bytes of lookups from a "
+                                      f"{size}-byte file (more than {MAX_RATIO}:1): corrupt")
+            body = take(want)
+            if len(body) != want or take(1):
+                raise NLMFeatureError(f"{path}: holds {'fewer' if len(body) != want else 'more'} "
+                                      f"lookups than its header says ({want // (4 * order)})")
+    except (InputError, OSError) as exc:
+        raise NLMFeatureError(f"{path}: cannot read the query log: "
+                              f"{getattr(exc, 'message', None) or exc}") from None
+    except (lzma.LZMAError, EOFError) as exc:
         raise NLMFeatureError(f"{path}: corrupt query log ({exc})") from None
-    if len(payload) < 8:
-        raise NLMFeatureError(f"{path}: truncated query log")
-    (n,) = struct.unpack_from("<Q", payload)
-    try:
-        header = json.loads(payload[8:8 + n].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise NLMFeatureError(f"{path}: bad query-log header ({exc})") from None
-    if header.get("format") != PACKED_FORMAT or header.get("version") != PACKED_VERSION:
-        raise NLMFeatureError(f"{path}: not a version-{PACKED_VERSION} {PACKED_FORMAT} file")
-    order = int(header["order"])
-    body = payload[8 + n:]
-    lengths = np.asarray(header["sentence_lookups"], dtype=np.int64)
-    if len(body) != 4 * order * int(lengths.sum()):
-        raise NLMFeatureError(f"{path}: holds {len(body) // (4 * order)} lookups, its header says "
-                              f"{int(lengths.sum())}")
     ids = np.frombuffer(body, dtype="<i4").reshape(-1, order).astype(np.int32)
-    words = header["words"]
     if ids.size and (ids.min() < 0 or ids.max() >= len(words)):
         raise NLMFeatureError(f"{path}: ids outside its vocabulary")
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    return QueryLog(order, words, ids, np.asarray(header["sentence_ids"], dtype=np.int64), starts,
-                    header.get("note", ""), header.get("recording_model_checksum", ""))
+    return QueryLog(order, words, ids, sids, starts, str(header.get("note", "")),
+                    str(header.get("recording_model_checksum", "")))
+
+
+#: largest JSON header of a packed log (the vocabulary and per-sentence lists)
+MAX_HEADER_BYTES = 1 << 28
+#: largest decompressed/compressed size ratio believed (xz on real logs: ~10-40)
+MAX_RATIO = 2000
+
+
+def _bounded_xz(f):
+    """``take(n)``: the next ``n`` decompressed bytes of the xz file ``f`` (fewer at its end),
+    decompressing no more than asked (a forged header cannot make it inflate without bound)."""
+    dec = lzma.LZMADecompressor()
+
+    def take(n: int) -> bytes:
+        out = bytearray()
+        while len(out) < n and not dec.eof:
+            chunk = b""
+            if dec.needs_input:
+                chunk = f.read(1 << 16)
+                if not chunk:
+                    raise EOFError("the compressed stream ends early (truncated file?)")
+            out += dec.decompress(chunk, max_length=n - len(out))
+        return bytes(out)
+    return take
+
+
+def _check_header(path: str, header) -> Tuple[int, List[str], np.ndarray, np.ndarray]:
+    """(order, words, sentence ids, lookups per sentence) of a packed log's header, checked."""
+    def bad(what: str) -> NLMFeatureError:
+        return NLMFeatureError(f"{path}: bad query-log header: {what}")
+    if not isinstance(header, dict):
+        raise bad("not a JSON object")
+    if header.get("format") != PACKED_FORMAT or header.get("version") != PACKED_VERSION:
+        raise NLMFeatureError(f"{path}: not a version-{PACKED_VERSION} {PACKED_FORMAT} file")
+    order = header.get("order")
+    if type(order) is not int or not 2 <= order <= 16:
+        raise bad(f"order {order!r} is not an integer in 2..16")
+    words = header.get("words")
+    if not isinstance(words, list) or not words or not all(isinstance(w, str) for w in words):
+        raise bad("'words' is not a non-empty list of strings")
+    sids, lengths = header.get("sentence_ids"), header.get("sentence_lookups")
+    for name, v in (("sentence_ids", sids), ("sentence_lookups", lengths)):
+        if not isinstance(v, list) or not all(type(x) is int and 0 <= x < 1 << 62 for x in v):
+            raise bad(f"'{name}' is not a list of non-negative integers")
+    if len(sids) != len(lengths):
+        raise bad(f"{len(sids)} sentence ids but {len(lengths)} lookup counts")
+    return order, words, np.asarray(sids, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
 
 
 def map_to_model(log: QueryLog, model) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:

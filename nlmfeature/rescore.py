@@ -27,16 +27,25 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Deque, Iterator, List, Optional, Sequence, Set, Tuple
 
+from .atomicfile import GZIP_LEVEL, check_output, open_output
 from .errors import InputError, NLMFeatureError
-from .kbest import (FORMATS, GZIP_LEVEL, SEP, Hypothesis, detect_format, format_number,
-                    check_line, iter_lines, open_bytes, open_text, parse_line,
-                    sentence_id)
+from .kbest import (FORMATS, SEP, Hypothesis, check_line, detect_format, format_number,
+                    parse_line, sentence_id)
+from .textio import check_input, iter_lines
 from .weights import Weights, read_weights
 
 #: characters a feature name may not contain (``_`` makes Moses' mert treat it as sparse)
 _BAD_NAME = re.compile(r"[_=:|\s]")
 #: at most this many skipped-line messages are printed with --skip-bad
 MAX_REPORTED = 5
+#: without --sentences, --one-best pads at most this many missing sentence ids in all with
+#: empty lines (a list whose ids jump further is refused: a corrupt id such as 10^12 would
+#: otherwise write a terabyte of empty lines)
+MAX_MISSING = 100_000
+#: largest --sentences accepted
+MAX_SENTENCES = 100_000_000
+#: missing sentence ids listed in the summary
+SHOWN_MISSING = 20
 
 
 # -- configuration ---------------------------------------------------------------------------
@@ -293,11 +302,16 @@ class Chunker:
     after another sentence is an :class:`InputError`; so is a decreasing id when
     ``strict_order`` (needed for a 1-best file, whose lines follow the ids).  ``sids`` lists
     the sentence ids in file order (for the 1-best writer).
+
+    For a 1-best output (``strict_order``), ``sentences`` (the set size, if known) bounds the
+    ids; without it the ids may skip at most :data:`MAX_MISSING` sentences in all.
     """
 
     def __init__(self, path: str, chunk_size: int, skip_bad: bool, strict_order: bool,
-                 warn) -> None:
+                 warn, sentences: Optional[int] = None) -> None:
         self.path = path
+        self.max_sentences = sentences
+        self.missing = 0
         self.chunk_size = chunk_size
         self.skip_bad = skip_bad
         self.strict_order = strict_order
@@ -319,7 +333,7 @@ class Chunker:
     def chunks(self) -> Iterator[List[Tuple[int, str]]]:
         chunk: List[Tuple[int, str]] = []
         prev = -1
-        for lineno, line in iter_lines(self.path):
+        for lineno, line in iter_lines(self.path, stream=True):
             self.lines = lineno
             if not line.strip():
                 self._bad(InputError(self.path, lineno, "empty line in a k-best list"))
@@ -341,9 +355,14 @@ class Chunker:
                                          "sorted ids (sort the list with a stable sort)")
                     self.warn(f"{self.path}:{lineno}: {msg}")
                 elif sid > prev + 1:
+                    self._check_gap(sid, prev, lineno)
                     gap = (f"{prev + 1}" if sid == prev + 2 else f"{prev + 1}..{sid - 1}")
                     self.warn(f"{self.path}:{lineno}: sentence id(s) {gap} missing "
                               f"(before id {sid})")
+                if self.strict_order and self.max_sentences is not None \
+                        and sid >= self.max_sentences:
+                    raise InputError(self.path, lineno, f"sentence id {sid} but --sentences is "
+                                     f"{self.max_sentences} (ids 0..{self.max_sentences - 1})")
                 self.seen.add(sid)
                 self.sentences += 1
                 if len(chunk) >= self.chunk_size:
@@ -357,6 +376,18 @@ class Chunker:
             yield chunk
 
 
+    def _check_gap(self, sid: int, prev: int, lineno: int) -> None:
+        """With a 1-best output, refuse an id that would pad absurdly many empty lines."""
+        if not self.strict_order or self.max_sentences is not None:
+            return
+        self.missing += sid - prev - 1
+        if self.missing > MAX_MISSING:
+            raise InputError(self.path, lineno, f"sentence id {sid} follows {prev}: the 1-best "
+                             f"output would need {self.missing} empty lines for missing ids "
+                             f"(more than {MAX_MISSING}); is the id corrupt?  If the set really "
+                             "has that many sentences, give --sentences")
+
+
 # -- driver -----------------------------------------------------------------------------------
 @dataclass
 class RescoreStats:
@@ -365,7 +396,8 @@ class RescoreStats:
     hypotheses: int = 0
     sentences: int = 0
     skipped: int = 0
-    missing: List[int] = field(default_factory=list)
+    missing: List[int] = field(default_factory=list)   #: the first missing ids (a few)
+    missing_count: int = 0                             #: how many ids were missing
     unweighted: Set[str] = field(default_factory=set)
     format: str = ""
     tokens: int = 0                                  #: hypothesis tokens (without </s>)
@@ -444,6 +476,13 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
     bad options."""
     log = log or (lambda msg: print(msg, file=sys.stderr))
     lp_names, ov_names = feature_names(len(cfg_models), names, oov_feature, oov_names)
+    if sentences is not None and not 0 <= sentences <= MAX_SENTENCES:
+        raise NLMFeatureError(f"--sentences must be in 0..{MAX_SENTENCES}, not {sentences}")
+    # inputs and outputs are checked before any work (loading models, reading the list)
+    check_input(input_path, stream=True)
+    for path, what in ((output_path, "output"), (one_best, "--one-best output")):
+        if path:
+            check_output(path, what)
     weights = read_weights(weights_path) if weights_path else None
     if one_best and weights is None:
         raise NLMFeatureError("--one-best needs --weights (the 1-best is chosen by the weighted "
@@ -463,7 +502,8 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
 
     stats = RescoreStats()
     chunker = Chunker(input_path, chunk_size, skip_bad, strict_order=one_best is not None,
-                      warn=lambda m: log(f"nlmfeature-rescore: warning: {m}"))
+                      warn=lambda m: log(f"nlmfeature-rescore: warning: {m}"),
+                      sentences=sentences)
     chunk_iter = chunker.chunks()
     # the format is decided from the first line before any chunk is processed
     first = next(chunk_iter, None)
@@ -484,8 +524,8 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
     if progress:
         from .progress import progress as progress_report
         bar = progress_report(unit=" hyp", unit_scale=True, desc="rescoring")
-    out = open_bytes(output_path) if output_path else None
-    best_out = open_text(one_best, "wt") if one_best else None
+    out = open_output(output_path, binary=True) if output_path else None
+    best_out = open_output(one_best) if one_best else None
     next_sid = 0
     checked_oov = False
     warned_oov: Set[int] = set()
@@ -496,6 +536,21 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
             if msg and k not in warned_oov:
                 warned_oov.add(k)
                 log(f"nlmfeature-rescore: warning: {msg}")
+
+    def pad(upto: int) -> None:     # empty 1-best lines for ids next_sid .. upto-1
+        nonlocal next_sid
+        n = upto - next_sid
+        if n <= 0:
+            return
+        stats.missing.extend(range(next_sid, min(upto, next_sid + SHOWN_MISSING
+                                                 - len(stats.missing))))
+        stats.missing_count += n
+        while n > 0:
+            step = min(n, 1 << 16)
+            best_out.write("\n" * step)
+            n -= step
+        next_sid = upto
+
     skipped_messages: List[str] = []        # from the workers; the chunker keeps its own
     try:
         for chunk, res in _chunk_results(all_chunks(), cfg, jobs):
@@ -505,10 +560,7 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
                 out.write(res.data)
             if best_out is not None:
                 for sid, text in res.best:
-                    while next_sid < sid:
-                        stats.missing.append(next_sid)
-                        best_out.write("\n")
-                        next_sid += 1
+                    pad(sid)
                     best_out.write(text + "\n")
                     next_sid = sid + 1
             stats.hypotheses += res.hypotheses
@@ -523,10 +575,7 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
             if bar is not None:
                 bar.update(len(chunk))
         if best_out is not None and sentences is not None:
-            while next_sid < sentences:
-                stats.missing.append(next_sid)
-                best_out.write("\n")
-                next_sid += 1
+            pad(sentences)
         if stats.hypotheses == 0:
             raise InputError(input_path, 0, f"no valid k-best lines ({stats.skipped + chunker.skipped}"
                              " skipped as malformed)")
@@ -541,18 +590,16 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
         for f in (out, best_out):
             if f is not None:
                 f.close()
-    if sentences is not None and next_sid > sentences and best_out is not None:
-        log(f"nlmfeature-rescore: warning: the list has sentence ids up to {next_sid - 1} but "
-            f"--sentences is {sentences}")
     stats.sentences = chunker.sentences
     stats.skipped += chunker.skipped
     if stats.skipped:
         for m in (chunker.messages + skipped_messages)[:MAX_REPORTED]:
             log(f"nlmfeature-rescore: skipped {m}")
         log(f"nlmfeature-rescore: skipped {stats.skipped} malformed line(s) of {input_path}")
-    if stats.missing:
-        shown = ", ".join(map(str, stats.missing[:20])) + (" ..." if len(stats.missing) > 20 else "")
-        log(f"nlmfeature-rescore: warning: {len(stats.missing)} sentence id(s) missing from "
+    if stats.missing_count:
+        shown = ", ".join(map(str, stats.missing)) + (" ..." if stats.missing_count >
+                                                      len(stats.missing) else "")
+        log(f"nlmfeature-rescore: warning: {stats.missing_count} sentence id(s) missing from "
             f"{input_path} ({shown}): empty 1-best line(s) written for them")
     warn_oov(stats)
     stats.unweighted -= set(lp_names + ov_names)     # already reported above
@@ -610,7 +657,9 @@ def build_parser(sub: Optional[argparse._SubParsersAction] = None) -> argparse.A
                    help="with --weights: replace each line's total score by the weighted sum")
     p.add_argument("--sentences", type=int, metavar="N",
                    help="number of input sentences: with --one-best, ids missing at the end of "
-                        "the list also get empty lines")
+                        "the list also get empty lines, and an id >= N is an error.  Without it "
+                        f"at most {MAX_MISSING} missing ids are padded (a list whose ids jump "
+                        "further, e.g. a corrupt id, is refused)")
     p.add_argument("--skip-bad", action="store_true",
                    help="skip malformed lines (counted and reported at the end) instead of "
                         "stopping with an error naming the file and line")

@@ -64,7 +64,7 @@ def parse_weight_line(line: str, path: str = "<weights>", lineno: int = 0
 def read_weights(path: str) -> Weights:
     """Read a moses.ini or plain weights file (see the module doc); ``.gz`` allowed.
     Raises :class:`InputError` naming the file and line of anything malformed."""
-    from .kbest import iter_lines
+    from .textio import iter_lines
 
     weights: Weights = {}
     where: Dict[str, int] = {}
@@ -111,9 +111,9 @@ def format_weights(weights: Weights) -> str:
 
 def write_weights(path: str, weights: Weights) -> None:
     """Write ``weights`` atomically as ``Name= v1 v2 ...`` lines (``.gz`` compresses)."""
-    from .kbest import open_text
+    from .atomicfile import open_output
 
-    with open_text(path, "wt") as f:
+    with open_output(path) as f:
         f.write(format_weights(weights))
 
 

@@ -142,3 +142,25 @@ def test_reference_files_must_agree_in_length(tmp_path):
     assert "bad.txt:2" in str(exc.value)
     with pytest.raises(InputError):
         References.from_files([str(tmp_path / "missing.txt")])
+
+
+@pytest.mark.parametrize("order", [1, 2, 3, 4])
+def test_one_bleu_for_tuning_and_evaluation_equals_sacrebleu(order):
+    """The statistics-first model of sacrebleu: statistics from sacrebleu's own extractor
+    (13a, two references, real WMT21 outputs), summed over resampled corpora, scored by the
+    package's one formula, equal to sacrebleu's corpus score of the same sentences."""
+    from nlmfeature.evaluate import scores_from_stats, sentence_stats
+    data = os.path.join(os.path.dirname(__file__), "data", "kbest")
+    read = lambda name: open(os.path.join(data, name), encoding="utf-8").read().splitlines()
+    hyps = read("wmt21-de-en.200.hyp.UEdin.en")
+    refs = [read("wmt21-de-en.200.ref.A.en"), read("wmt21-de-en.200.ref.B.en")]
+    metric = BLEU(max_ngram_order=order)
+    st = sentence_stats(metric, hyps, refs)
+    rng = np.random.default_rng(order)
+    for k in (1, 2, 5, 200):
+        idx = rng.integers(0, len(hyps), size=k)
+        want = metric.corpus_score([hyps[i] for i in idx], [[r[i] for i in idx] for r in refs])
+        assert float(corpus_bleu(st[idx].sum(0), max_order=order)) == pytest.approx(
+            want.score, abs=1e-9)
+        assert float(scores_from_stats("bleu", metric, st[idx].sum(0))[0]) == pytest.approx(
+            want.score, abs=1e-9)

@@ -13,7 +13,8 @@ from nlmfeature import clusters
 from nlmfeature.clusters import (PathEntry, average_mutual_information, bigram_counts,
                                  brown_clusters, class_of_word, classes_of_paths,
                                  frequency_binning_ami, load_class_of_word, paths_ami, read_paths,
-                                 read_tokens, write_paths)
+                                 write_paths)
+from nlmfeature.textio import read_tokens
 from nlmfeature.cli import main
 from nlmfeature.errors import InputError, NLMFeatureError
 from nlmfeature.outputs import class_arrays

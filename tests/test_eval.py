@@ -10,7 +10,8 @@ import sacrebleu
 from sacrebleu.metrics import BLEU, CHRF
 
 from nlmfeature.errors import InputError
-from nlmfeature.evaluate import (bleu_from_stats, chrf_from_stats, evaluate, main,
+from nlmfeature.bleu import corpus_bleu
+from nlmfeature.evaluate import (chrf_from_stats, evaluate, main,
                                  paired_bootstrap, resample_indices, resampled_sums,
                                  sentence_stats)
 
@@ -44,10 +45,10 @@ def test_scores_equal_sacrebleu(refs, tokenize, lowercase):
 
 
 def test_vectorised_scores_equal_sacrebleu_on_resamples():
-    """bleu_from_stats / chrf_from_stats against sacrebleu's scalar code on 300 resampled
+    """corpus_bleu (the one BLEU) / chrf_from_stats against sacrebleu's scalar code on 300 resampled
     corpora, including tiny ones where n-gram orders have no matches or no n-grams."""
     refs = [lines(REF_A), lines(REF_B)]
-    for metric, fn in ((BLEU(), lambda s, m: bleu_from_stats(s)),
+    for metric, fn in ((BLEU(), lambda s, m: corpus_bleu(s)),
                        (CHRF(), lambda s, m: chrf_from_stats(s, m.beta, m.eps_smoothing))):
         st = sentence_stats(metric, lines(FAIR), refs)
         rng = np.random.default_rng(0)

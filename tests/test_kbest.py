@@ -8,8 +8,10 @@ import os
 import pytest
 
 from nlmfeature.errors import InputError
+from nlmfeature.atomicfile import open_output
 from nlmfeature.kbest import (Hypothesis, detect_format, format_hypothesis, group_by_sentence,
-                              iter_lines, open_text, parse_line, read_kbest)
+                              parse_line, read_kbest)
+from nlmfeature.textio import iter_lines
 from nlmfeature.weights import format_weights, read_weights, weights_for, write_weights
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "kbest")
@@ -89,7 +91,7 @@ def test_gzip_and_plain_writing_are_atomic(tmp_path):
     hyps = list(read_kbest(MOSES))
     for name in ("out.gz", "out.txt"):
         target = tmp_path / name
-        with open_text(str(target), "wt") as f:
+        with open_output(str(target)) as f:
             for h in hyps[:50]:
                 f.write(format_hypothesis(h, "moses") + "\n")
             assert not target.exists()          # only the temporary file exists until close
@@ -97,7 +99,7 @@ def test_gzip_and_plain_writing_are_atomic(tmp_path):
     with gzip.open(tmp_path / "out.gz", "rt") as f:
         assert f.readline().startswith("0 ||| a group of men")
     with pytest.raises(RuntimeError):
-        with open_text(str(tmp_path / "failed.gz"), "wt") as f:
+        with open_output(str(tmp_path / "failed.gz")) as f:
             f.write("partial\n")
             raise RuntimeError("boom")
     assert os.listdir(tmp_path) == sorted(os.listdir(tmp_path)) and \

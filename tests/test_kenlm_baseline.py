@@ -16,7 +16,8 @@ from nlmfeature.errors import NLMFeatureError
 from nlmfeature.kenlm_baseline import (LN10, UNK_TOKEN, ArpaDistribution, KenLMScorer, LogLinear,
                                        find_tool, interpolate, linear_logprob, map_oov,
                                        nlm_log_distribution, nlm_ngrams, nlm_token_scores,
-                                       perplexity, read_sentences, train_kenlm)
+                                       perplexity, train_kenlm)
+from nlmfeature.textio import read_tokens as read_sentences
 
 
 def _kenlm_ready() -> str:

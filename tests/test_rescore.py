@@ -10,7 +10,8 @@ import pytest
 import nlmfeature
 from helpers import make_model
 from nlmfeature.errors import InputError, NLMFeatureError
-from nlmfeature.kbest import iter_lines, read_kbest
+from nlmfeature.kbest import read_kbest
+from nlmfeature.textio import iter_lines
 from nlmfeature.rescore import feature_names, main, rescore, sentence_logprobs
 from nlmfeature.weights import read_weights
 

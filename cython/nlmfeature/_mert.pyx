@@ -24,6 +24,27 @@ cdef enum:
     NSTATS = 10
 
 
+cdef Py_ssize_t _check_offsets(const int64_t[::1] offsets, Py_ssize_t N) except -1:
+    """Number of sentences after checking that ``offsets`` splits rows ``0..N-1`` into
+    consecutive non-empty runs (``offsets[0] == 0``, strictly increasing, last ``== N``).
+    Every loop below indexes raw buffers through ``offsets``: nothing reaches them unchecked."""
+    cdef Py_ssize_t S = offsets.shape[0] - 1, s
+    cdef bint ok = 1
+    if S < 0:
+        raise ValueError("offsets must have at least one entry (0)")
+    with nogil:
+        if offsets[0] != 0 or offsets[S] != N:
+            ok = 0
+        for s in range(S):
+            if offsets[s + 1] <= offsets[s]:
+                ok = 0
+                break
+    if not ok:
+        raise ValueError(f"offsets must rise strictly from 0 to the number of rows ({N}): every "
+                         "sentence needs at least one row")
+    return S
+
+
 def matvec(const double[:, ::1] F, const double[::1] w):
     """``F @ w`` for a tall, narrow ``F`` (N, D) in one thread (no BLAS thread start-up, which
     costs far more than the arithmetic on a busy machine)."""
@@ -44,7 +65,7 @@ def matvec(const double[:, ::1] F, const double[::1] w):
 
 def one_best(const double[:, ::1] F, const double[::1] w, const int64_t[::1] offsets):
     """Row of the first model-best hypothesis (``F @ w`` maximal) of every sentence."""
-    cdef Py_ssize_t S = offsets.shape[0] - 1, D = F.shape[1], s, j, d
+    cdef Py_ssize_t S = _check_offsets(offsets, F.shape[0]), D = F.shape[1], s, j, d
     cdef int64_t best
     cdef double top, acc
     if w.shape[0] != D:
@@ -68,7 +89,7 @@ def one_best(const double[:, ::1] F, const double[::1] w, const int64_t[::1] off
 
 def segment_argmax(const double[::1] scores, const int64_t[::1] offsets):
     """Row index (int64) of the first maximum of ``scores`` within each sentence."""
-    cdef Py_ssize_t S = offsets.shape[0] - 1, s, j, best
+    cdef Py_ssize_t S = _check_offsets(offsets, scores.shape[0]), s, j, best
     cdef double top
     out = np.empty(S, dtype=np.int64)
     cdef int64_t[::1] o = out
@@ -92,17 +113,23 @@ cdef struct SlopeRow:
 cdef int _cmp_slope(const void* a, const void* b) noexcept nogil:
     cdef const SlopeRow* x = <const SlopeRow*> a
     cdef const SlopeRow* y = <const SlopeRow*> b
-    if x.slope < y.slope:
-        return -1
-    if x.slope > y.slope:
-        return 1
+    # a total order even with NaN (NaN after every number): glibc's qsort given an
+    # inconsistent comparator (NaN compares "equal" to everything) writes outside the array
+    cdef bint xn = x.slope != x.slope, yn = y.slope != y.slope
+    if xn != yn:
+        return 1 if xn else -1
+    if not xn:
+        if x.slope < y.slope:
+            return -1
+        if x.slope > y.slope:
+            return 1
     return (x.row > y.row) - (x.row < y.row)
 
 
 def slope_order(const double[::1] slope, const int64_t[::1] offsets):
     """Rows sentence by sentence, each sentence's rows by increasing slope (ties: row index);
     the ``order`` argument of :func:`envelope`."""
-    cdef Py_ssize_t S = offsets.shape[0] - 1, N = slope.shape[0], s, p, n
+    cdef Py_ssize_t N = slope.shape[0], S = _check_offsets(offsets, N), s, p, n
     out = np.empty(N, dtype=np.int64)
     cdef int64_t[::1] o = out
     cdef SlopeRow* buf = <SlopeRow*> malloc(max(N, 1) * sizeof(SlopeRow))
@@ -122,6 +149,23 @@ def slope_order(const double[::1] slope, const int64_t[::1] offsets):
     return out
 
 
+cdef int _check_order(const int64_t[::1] order, const int64_t[::1] offsets) except -1:
+    """``order`` must list, sentence by sentence, rows of that sentence only."""
+    cdef Py_ssize_t S = offsets.shape[0] - 1, s, p
+    cdef int64_t bad = -1
+    with nogil:
+        for s in range(S):
+            for p in range(offsets[s], offsets[s + 1]):
+                if order[p] < offsets[s] or order[p] >= offsets[s + 1]:
+                    bad = p
+                    break
+            if bad >= 0:
+                break
+    if bad >= 0:
+        raise ValueError(f"order[{bad}] = {order[bad]} is not a row of its sentence")
+    return 0
+
+
 def envelope(const double[::1] slope, const double[::1] icpt, const int64_t[::1] offsets,
              const int64_t[::1] order):
     """Upper envelope of the lines ``icpt[j] + slope[j] * x`` of every sentence.
@@ -134,7 +178,10 @@ def envelope(const double[::1] slope, const double[::1] icpt, const int64_t[::1]
     breakpoint (sentence by sentence, x increasing within a sentence) its position ``x`` and
     the rows that are best just left (``old``) and right (``new``) of it.
     """
-    cdef Py_ssize_t S = offsets.shape[0] - 1, N = slope.shape[0]
+    cdef Py_ssize_t N = slope.shape[0], S = _check_offsets(offsets, N)
+    if icpt.shape[0] != N or order.shape[0] != N:
+        raise ValueError(f"slope, icpt and order must have the same length ({N})")
+    _check_order(order, offsets)
     first_a = np.empty(S, dtype=np.int64)
     x_a = np.empty(N, dtype=np.float64)
     old_a = np.empty(N, dtype=np.int64)
@@ -190,7 +237,9 @@ def envelope_unsorted(const double[::1] slope, const double[::1] icpt,
     """:func:`envelope` without a sort: per sentence, from the line on top as x -> -inf, the
     next envelope line is the one crossing the current line leftmost (ties: the steeper one,
     then the earlier row).  O(k * h) per sentence (h = envelope size, usually small)."""
-    cdef Py_ssize_t S = offsets.shape[0] - 1, N = slope.shape[0]
+    cdef Py_ssize_t N = slope.shape[0], S = _check_offsets(offsets, N)
+    if icpt.shape[0] != N:
+        raise ValueError(f"slope and icpt must have the same length ({N})")
     first_a = np.empty(S, dtype=np.int64)
     x_a = np.empty(N, dtype=np.float64)
     old_a = np.empty(N, dtype=np.int64)
@@ -216,7 +265,10 @@ def envelope_unsorted(const double[::1] slope, const double[::1] icpt,
                 nxt = -1
                 best_x = INFINITY
                 for j in range(lo, hi):
-                    if slope[j] <= mc:
+                    # only strictly steeper lines: each step raises the slope, so a sentence
+                    # of k rows has at most k - 1 breakpoints (NaN slopes never qualify, and
+                    # a NaN current slope ends the walk) and nb never exceeds N
+                    if not slope[j] > mc:
                         continue
                     x = (bc - icpt[j]) / (slope[j] - mc)
                     if x < last_x:
@@ -271,6 +323,19 @@ def mira_epoch(const double[:, ::1] F, const int32_t[:, ::1] stats, const int64_
     """
     cdef Py_ssize_t D = F.shape[1], ii, j, d, k
     cdef Py_ssize_t nsent = sentence_order.shape[0]
+    # bounds checks are off below: check every index source first
+    cdef Py_ssize_t S = _check_offsets(offsets, F.shape[0])
+    if stats.shape[0] != F.shape[0] or stats.shape[1] != NSTATS:
+        raise ValueError(f"stats must be ({F.shape[0]}, {NSTATS}), not "
+                         f"({stats.shape[0]}, {stats.shape[1]})")
+    if w.shape[0] != D or total.shape[0] != D:
+        raise ValueError(f"w and total must have {D} entries (the feature columns)")
+    if bg.shape[0] != NSTATS:
+        raise ValueError(f"bg must have {NSTATS} entries")
+    for ii in range(nsent):
+        if not 0 <= sentence_order[ii] < S:
+            raise ValueError(f"sentence_order[{ii}] = {sentence_order[ii]} is not a sentence "
+                             f"(0..{S - 1})")
     cdef int64_t s, hope, fear, model, updates = 0
     cdef double score, bleu, hope_s = 0, fear_s = 0, model_s = 0
     cdef double hope_bleu, fear_bleu, loss, norm, eta, sum_loss = 0.0, diff

@@ -5,7 +5,9 @@ import argparse
 import json
 import time
 
-from ..clusters import brown_clusters, frequency_binning_ami, read_tokens, write_paths
+from ..clusters import brown_clusters, frequency_binning_ami, write_paths
+from ..atomicfile import check_output
+from ..textio import read_tokens
 from ..errors import NLMFeatureError
 
 
@@ -49,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         raise NLMFeatureError(f"--min-count must be at least 1 (got {args.min_count})")
     if args.threads < 1:
         raise NLMFeatureError(f"--threads must be at least 1 (got {args.threads})")
+    check_output(args.out, "--out")           # before hours of clustering
     lines = read_tokens(args.text)
     start = time.perf_counter()
     bar = None

@@ -4,9 +4,11 @@ from __future__ import annotations
 import argparse
 
 from ..architecture import drop_tables, precompute_tables
+from ..atomicfile import check_output
 from ..model import save
 from ..modelfile import read_model
 from ..nplm import read_nplm
+from ..textio import check_input, read_head
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,12 +30,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _detect(path: str) -> str:
-    with open(path, "rb") as f:
-        head = f.read(8)
+    check_input(path)                 # not a directory, FIFO or device
+    head = read_head(path, 8)
     return "nplm" if head.startswith(b"\\config") else "nlm"
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output(args.output, "output model")
     fmt = _detect(args.input) if args.fmt == "auto" else args.fmt
     if fmt == "nplm":
         header, arrays = read_nplm(args.input, normalise=args.normalise, tables=False)

@@ -11,8 +11,9 @@ import numpy as np
 
 from ..errors import NLMFeatureError
 from ..kenlm_baseline import (VOCAB_MISMATCH_WARN, KenLMScorer, LogLinear, interpolate, is_arpa,
-                              nlm_ngrams, nlm_token_scores, read_sentences, spaced_subset,
-                              train_kenlm)
+                              nlm_ngrams, nlm_token_scores, spaced_subset, train_kenlm)
+from ..atomicfile import check_output
+from ..textio import read_tokens
 from ..model import load
 
 OOV_NOTE = ("Tokens: every word plus one </s> per sentence. OOV = word outside the neural "
@@ -75,9 +76,11 @@ def _row(name: str, logprob: np.ndarray, oov: np.ndarray, exclude: bool, **extra
 def run(args: argparse.Namespace) -> int:
     if args.weight is not None and not 0.0 <= args.weight <= 1.0:
         raise NLMFeatureError(f"--weight must be in [0, 1] (got {args.weight})")
+    if args.kenlm_train:              # the ARPA written after training KenLM: check it first
+        check_output(args.kenlm or f"{args.model}.kenlm{args.kenlm_order}.arpa", "KenLM output")
     model = load(args.model)
-    test = read_sentences(args.test)
-    valid = read_sentences(args.valid) if args.valid else None
+    test = read_tokens(args.test)
+    valid = read_tokens(args.valid) if args.valid else None
     kenlm_path: Optional[str] = args.kenlm
     if args.kenlm_train:
         kenlm_path = kenlm_path or f"{args.model}.kenlm{args.kenlm_order}.arpa"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..atomicfile import check_output
 from ..model import load
 from .. import querylog
 
@@ -33,6 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_pack(args: argparse.Namespace) -> int:
+    check_output(args.out, "--out")
     model = load(args.model)
     log = querylog.read_raw(args.raw, model.vocab.words)
     if args.sentences:

@@ -6,7 +6,7 @@ import math
 import sys
 
 from ..model import load
-from .common import read_lines
+from ..textio import iter_lines
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     model = load(args.model, verify=not args.no_verify)
     scale = 1 / math.log(10) if args.log10 else 1.0
     out = sys.stdout
-    for line in read_lines(args.input):
+    for _, line in iter_lines(args.input, stream=True):
         toks = line.split()
         scores = model.score_sentence(toks) * scale
         if args.per_word:

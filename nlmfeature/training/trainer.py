@@ -39,7 +39,7 @@ import numpy as np
 
 from .. import modelfile
 from ..architecture import ModelSpec, precompute_tables, random_model, set_null_embedding
-from ..atomicfile import atomic_open
+from ..atomicfile import atomic_open, check_output
 from ..errors import InputError, NLMFeatureError
 from ..model import Model
 from ..vocab import Vocabulary
@@ -255,6 +255,9 @@ class Trainer:
             raise NLMFeatureError("no training text given")
         if not cfg.model_out:
             raise NLMFeatureError("no --model-out given")
+        # the model and its checkpoint are written after minutes or hours: check them now
+        check_output(cfg.model_out, "--model-out")
+        check_output(checkpoint_path(cfg.model_out), "checkpoint")
         try:
             self.estimator = cfg.estimator()
             spec = cfg.spec().normalised()

@@ -80,6 +80,12 @@ def _optimiser_settings(args: argparse.Namespace) -> dict:
 
 # -- optimise -------------------------------------------------------------------------------
 def cmd_optimise(args: argparse.Namespace) -> int:
+    from ..atomicfile import check_output
+
+    for path, flag in ((args.out, "--out"), (args.save_pool, "--save-pool"),
+                       (args.output_1best, "--output-1best")):
+        if path:
+            check_output(path, flag)      # before reading lists and optimising
     t0 = time.time()
     refs = References.from_files(args.ref, tokenize=args.tokenize, lowercase=args.lowercase)
     pool = KbestPool(refs)
@@ -115,9 +121,9 @@ def cmd_optimise(args: argparse.Namespace) -> int:
     print(f"after: {summary}")
     print(f"time: reading {t1 - t0:.1f}s, optimising {t2 - t1:.1f}s; weights written to {args.out}")
     if args.output_1best:
-        from ..kbest import open_text
+        from ..atomicfile import open_output
 
-        with open_text(args.output_1best, "wt") as f:
+        with open_output(args.output_1best) as f:
             for text in pool.texts(best_rows):
                 f.write(text + "\n")
     return 0
@@ -186,9 +192,9 @@ def cmd_bleu(args: argparse.Namespace) -> int:
 
         hyps = first_hypotheses(args.input)
     else:
-        from ..kbest import iter_lines
+        from ..textio import read_lines
 
-        hyps = [line for _, line in iter_lines(args.input)]
+        hyps = read_lines(args.input, stream=True)
     if len(hyps) != len(refs):
         raise NLMFeatureError(f"{args.input}: {len(hyps)} sentences but the references have "
                               f"{len(refs)}")

@@ -15,7 +15,9 @@ import re
 from typing import Dict, List, Optional, Sequence
 
 from ..errors import InputError
-from ..kbest import format_number, iter_lines, open_text
+from ..atomicfile import open_output
+from ..kbest import format_number
+from ..textio import iter_lines, read_lines
 
 _SECTION = re.compile(r"^\s*\[([^\]]+)\]\s*$")
 
@@ -51,7 +53,7 @@ def moses_ini_lines(path: str, weights: Dict[str, List[float]],
     ``NLMFeature``) to ``{key: value}`` options to set on its lines.
     """
     feature_options = feature_options or {}
-    lines = [line for _, line in iter_lines(path)]
+    lines = read_lines(path)
     out: List[str] = []
     section = None
     done = set()
@@ -96,7 +98,7 @@ def rewrite_moses_ini(src: str, dst: str, weights: Dict[str, List[float]],
                       feature_options: Optional[Dict[str, Dict[str, str]]] = None) -> None:
     """Write a copy of moses.ini ``src`` to ``dst`` with ``weights`` (and feature options)."""
     lines = moses_ini_lines(src, weights, feature_options)
-    with open_text(dst, "wt") as f:
+    with open_output(dst) as f:
         f.write("\n".join(lines) + "\n")
 
 
@@ -136,13 +138,13 @@ def rewrite_cdec_ini(src: str, dst: str,
                 for k, v in feature_options[name].items():
                     line = _set_flag(line, k, v)
         out.append(line)
-    with open_text(dst, "wt") as f:
+    with open_output(dst) as f:
         f.write("\n".join(out) + "\n")
 
 
 def write_cdec_weights(path: str, weights: Dict[str, List[float]]) -> None:
     """Write a cdec weights file: ``name value`` per line (``Label_i`` for multi-valued)."""
-    with open_text(path, "wt") as f:
+    with open_output(path) as f:
         for label, vals in weights.items():
             if len(vals) == 1:
                 f.write(f"{label} {format_number(vals[0])}\n")

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from ..atomicfile import atomic_open
 from ..bleu import NUM_STATS, References
 from ..errors import InputError
 from ..kbest import Hypothesis, group_by_sentence, read_kbest
@@ -375,16 +375,8 @@ class KbestPool:
             sources=np.array(self.sources, dtype=np.str_),
             ref_digest=np.array([self.reference_digest()], dtype=np.str_),
         )
-        directory = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(prefix=".pool.", suffix=".npz", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, **data)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with atomic_open(path, suffix=".npz") as f:
+            np.savez(f, **data)
 
     @classmethod
     def load(cls, path: str, refs: References) -> "KbestPool":

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import tempfile
 import time
@@ -33,10 +32,11 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from ..atomicfile import atomic_write_text
+from ..atomicfile import atomic_write_bytes, atomic_write_text, open_output
 from ..bleu import DEFAULT_TOKENIZE, References, corpus_bleu
 from ..errors import InputError, NLMFeatureError
-from ..kbest import format_number, group_by_sentence, open_text, read_kbest
+from ..kbest import format_number, group_by_sentence, read_kbest
+from ..textio import iter_lines, open_binary, read_lines
 from ..weights import read_weights, write_weights
 from . import optimise_pool
 from .config import rewrite_cdec_ini, rewrite_moses_ini, write_cdec_weights
@@ -100,9 +100,8 @@ class DriverState:
     @classmethod
     def load(cls, path: str) -> "DriverState":
         try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-        except (OSError, ValueError) as exc:
+            data = json.loads("\n".join(read_lines(path)))
+        except ValueError as exc:
             raise InputError(path, 0, f"cannot read the tuning state ({exc}); delete the work "
                              "directory to start afresh") from None
         if data.get("version") != STATE_VERSION:
@@ -242,10 +241,10 @@ class Driver:
                                    f"{err_path}")
             listing = tmp if self.s.decoder == "moses" else stdout_tmp
             n = 0
-            with open(listing, encoding="utf-8") as src, open_text(out, "wt") as dst:
-                for line in src:
+            with open_output(out) as dst:
+                for _, line in iter_lines(listing):
                     if "|||" in line:      # cdec also prints other lines on stdout
-                        dst.write(line if line.endswith("\n") else line + "\n")
+                        dst.write(line + "\n")
                         n += 1
             if n == 0:
                 os.unlink(out)
@@ -294,8 +293,8 @@ class Driver:
             rewrite_moses_ini(self.s.config, final, weights)
         else:
             final = self.path("cdec.ini")
-            shutil.copyfile(self.s.config, final + ".tmp")
-            os.replace(final + ".tmp", final)
+            with open_binary(self.s.config) as src:
+                atomic_write_bytes(final, src.read())
             write_cdec_weights(self.path("weights.final"), weights)
         write_weights(self.path("weights.final.txt"), weights)
         return final
@@ -306,9 +305,8 @@ class Driver:
         path = self.path("log.tsv")
         rows = []
         if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                rows = [l for l in f.read().splitlines()[1:]
-                        if l and not l.startswith(f"{entry['iteration']}\t")]
+            rows = [l for l in read_lines(path)[1:]
+                    if l and not l.startswith(f"{entry['iteration']}\t")]
         w = " ".join(f"{l}= {' '.join(format_number(v) for v in vals)}"
                      for l, vals in entry["weights"].items())
         rows.append("\t".join([str(entry["iteration"]), f"{entry['dev_bleu']:.4f}",
