@@ -26,6 +26,7 @@ COMMAND_MODULES: List[str] = [
     ".commands.perplexity",
     ".commands.train",
     ".commands.querylog",
+    ".prepare",
 ]
 
 
