@@ -554,7 +554,8 @@ def run(args: argparse.Namespace) -> int:
         raise NLMFeatureError("--tunings must be at least 1")
     work = os.path.abspath(args.workdir)
     os.makedirs(work, exist_ok=True)
-    label = (f"Moses {os.path.basename(args.system)}, {args.algorithm} x{args.tunings}, "
+    label = (f"Moses {os.path.basename(args.system)}, {args.algorithm} x{args.tunings} "
+             f"(<= {args.max_iterations} iterations), "
              + (f"QUICK: tuned on the first {args.quick_sentences} {args.dev} sentences"
                 if args.quick else f"tuned on all of {args.dev}")
              + (f"; tests cut to {args.test_sentences} sentences" if args.test_sentences else ""))
@@ -710,8 +711,8 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
                    help="tuning runs per system, seeds 1..N (default 3)")
     p.add_argument("--algorithm", default="mert", choices=("mert", "mira"),
                    help="optimiser of nlmfeature-tune (default mert)")
-    p.add_argument("--max-iterations", type=int, default=10,
-                   help="decoding iterations per tuning at most (default 10)")
+    p.add_argument("--max-iterations", type=int, default=None,
+                   help="decoding iterations per tuning at most (default 10; 6 with --quick)")
     p.add_argument("--nbest-size", type=int, default=100, help="k-best size while tuning (100)")
     p.add_argument("--final-weights", choices=FINAL_WEIGHTS, default=FINAL_WEIGHTS_DEFAULT,
                    help="which weights of a tuning the headline scores use (both are always "
@@ -741,4 +742,6 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     if not args.test:
         args.test = ["test"]
+    if args.max_iterations is None:
+        args.max_iterations = 6 if args.quick else 10
     return run(args)
