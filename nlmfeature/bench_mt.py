@@ -475,17 +475,17 @@ def collect(scorers: Dict[str, Scorer], runs: Dict[str, List[Dict[str, str]]], s
 
 def format_table(title: str, res: dict) -> str:
     lines = [title,
-             f"{'set':<8} {'metric':<11} {'KenLM only':>22} {'KenLM + NLM':>22} {'diff':>7} "
+             f"{'set':<8} {'metric':<11} {'KenLM only':>25} {'KenLM + NLM':>25} {'diff':>7} "
              f"{'p':>6}"]
     for name, entry in res.items():
         for metric in ("bleu", "detok_bleu", "chrf"):
             e = entry[metric]
-            cell = lambda s: f"{s['mean']:.2f} ± {s['sd']:.2f} ({s['min']:.1f}-{s['max']:.1f})"  # noqa: E731
-            lines.append(f"{name:<8} {metric:<11} {cell(e['base']):>22} {cell(e['nlm']):>22} "
+            cell = lambda s: f"{s['mean']:.2f} ± {s['sd']:.2f} ({s['min']:.2f}-{s['max']:.2f})"  # noqa: E731
+            lines.append(f"{name:<8} {metric:<11} {cell(e['base']):>25} {cell(e['nlm']):>25} "
                          f"{e['difference']:+7.2f} {e['p_value']:6.3f}")
         if "seconds_per_sentence" in entry:
             s = entry["seconds_per_sentence"]
-            lines.append(f"{name:<8} {'s/sentence':<11} {s['base']:>22.4f} {s['nlm']:>22.4f} "
+            lines.append(f"{name:<8} {'s/sentence':<11} {s['base']:>25.4f} {s['nlm']:>25.4f} "
                          f"{'x' + format(s['ratio'], '.2f'):>7}")
     return "\n".join(lines)
 
@@ -516,7 +516,8 @@ def plot(path: str, doc: dict) -> Optional[str]:
     ax.set_ylim(max(0, lo - 5), max(base + nlm) + 2 if labels else 1)
     ax.set_ylabel("BLEU (tokenised, mean ± sd over tunings)")
     ax.legend()
-    ax.set_title(doc["label"], fontsize=9)
+    ax.set_title("test and dev BLEU", fontsize=10)
+    fig.suptitle(doc["label"], fontsize=9)
     ax = axes[1]
     for side, style in (("base", "-"), ("nlm", "--")):
         for run in doc.get("decoding", {}).get("tunings", {}).get(side, []):
@@ -524,10 +525,11 @@ def plot(path: str, doc: dict) -> Optional[str]:
             ax.plot(its, [i["dev_bleu"] for i in run["iterations"]], style, marker="o",
                     label=f"{'KenLM' if side == 'base' else '+NLM'} seed {run['seed']}")
     ax.set_xlabel("tuning iteration")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_ylabel("decoder dev BLEU")
     ax.set_title("dev BLEU of every tuning iteration")
     ax.legend(fontsize=7)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     fig.savefig(path + ".tmp.png", dpi=100)
     plt.close(fig)
     os.replace(path + ".tmp.png", path)
