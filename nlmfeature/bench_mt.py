@@ -229,12 +229,14 @@ def train_model(args: argparse.Namespace, work: str, dev_ref: str) -> str:
     from . import cli
 
     path = os.path.join(work, "nlm.nlm")
-    if os.path.exists(path) and not os.path.exists(path + ".ckpt.npz"):
+    done = path + ".recipe"            # written when training finished: the recipe it used
+    if os.path.exists(path) and os.path.exists(done) and open(done).read().strip() == args.recipe:
         return path
     train = os.path.join(args.system, "train.tok.lc.en.gz")
     argv = ["train", "--train", train, "--test-set", dev_ref, "--model-out", path,
             "--threads", str(args.threads), "--no-progress"] + shlex.split(args.recipe)
     _quiet_call(cli.main, argv, "nlmfeature")
+    _write(done, [args.recipe])
     return path
 
 
@@ -528,7 +530,8 @@ def plot(path: str, doc: dict) -> Optional[str]:
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_ylabel("decoder dev BLEU")
     ax.set_title("dev BLEU of every tuning iteration")
-    ax.legend(fontsize=7)
+    if ax.get_lines():
+        ax.legend(fontsize=7)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     fig.savefig(path + ".tmp.png", dpi=100)
     plt.close(fig)
@@ -642,7 +645,8 @@ def run(args: argparse.Namespace) -> int:
     from .atomicfile import atomic_write_text
 
     atomic_write_text(json_path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    note = plot(args.plot or os.path.join(work, "bench-mt.png"), doc)
+    note = (plot(args.plot or os.path.join(work, "bench-mt.png"), doc)
+            if "decoding" in doc or "rescoring" in doc else "nothing measured: no plot")
     if args.json:
         print(json.dumps(doc, indent=1, sort_keys=True))
         return 0
