@@ -47,6 +47,7 @@ COMMAND_MODULES: List[str] = [
     ".rescore",
     ".evaluate",
     ".tuning.cli",
+    ".prepare",
 ]
 
 #: the help of the ``-q`` flag added to commands that do not define their own

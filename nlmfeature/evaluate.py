@@ -189,14 +189,24 @@ class SystemResult:
 def evaluate(system_paths: Sequence[str], ref_paths: Sequence[str], tokenize: str = DEFAULT_TOKENIZE,
              lowercase: bool = False, metrics: Sequence[str] = ("bleu", "chrf"),
              chrf_word_order: int = 0, bootstrap: int = 1000, seed: Optional[int] = 12345,
-             sentence_level: bool = False) -> Tuple[List[SystemResult], List[Comparison]]:
+             sentence_level: bool = False,
+             detok: Optional[str] = None) -> Tuple[List[SystemResult], List[Comparison]]:
     """Score 1 or 2 systems against the references; with 2, compare them (the first is the
-    baseline).  Raises :class:`InputError` on unreadable or misaligned files."""
+    baseline).  ``detok`` (a language code such as ``"en"``) first detokenises the system
+    outputs with sacremoses' Moses detokenizer, for BLEU as papers report it (raw references,
+    ``tokenize="13a"``).  Raises :class:`InputError` on unreadable or misaligned files."""
     if not ref_paths:
         raise NLMFeatureError("give at least one reference with --ref")
     if not 1 <= len(system_paths) <= 2:
         raise NLMFeatureError("give one system output, or two to compare them")
+    if detok is not None and not isinstance(detok, str):
+        raise TypeError(f"evaluate: detok must be a language code (str) or None, not "
+                        f"{type(detok).__name__}")
     systems = [read_lines(p) for p in system_paths]
+    if detok:
+        from .prepare import detokenise
+
+        systems = [list(detokenise(lines, detok)) for lines in systems]
     refs = [read_lines(p) for p in ref_paths]
     check_lengths(system_paths, systems, ref_paths, refs)
     mets = make_metrics(tokenize, lowercase, chrf_word_order, metrics)
@@ -275,6 +285,15 @@ def build_parser(sub: Optional[argparse._SubParsersAction] = None) -> argparse.A
                    help="random seed of the resampling (default 12345, as sacrebleu)")
     p.add_argument("--sentence-level", action="store_true",
                    help="also print each sentence's BLEU (effective order, exp smoothing) and chrF")
+    p.add_argument("--detok", nargs="?", const="en", default=None, metavar="LANG",
+                   help="BLEU as papers report it: detokenise the (Moses-tokenised) system "
+                        "outputs with sacremoses (language LANG, default en) and score them "
+                        "against raw, untokenised references with --tokenize (13a by default). "
+                        "Add --lowercase when the outputs are lowercased")
+    p.add_argument("--tok-ref", action="append", default=[], metavar="REF",
+                   help="with --detok: also score the outputs as they are against these "
+                        "tokenised references (--tokenize none), printed beside the "
+                        "detokenised scores")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--width", type=int, default=2, metavar="N",
                    help="decimals of the printed scores (default 2)")
@@ -322,19 +341,41 @@ def run(args: argparse.Namespace) -> int:
     if args.tokenize not in BLEU.TOKENIZERS:
         raise NLMFeatureError(f"unknown --tokenize {args.tokenize!r}; choose from "
                               f"{', '.join(BLEU.TOKENIZERS)}")
-    results, comps = evaluate(args.systems, args.ref, args.tokenize, args.lowercase, metrics,
-                              args.chrf_word_order, args.bootstrap, args.seed,
-                              args.sentence_level)
+    if args.tok_ref and not args.detok:
+        raise NLMFeatureError("--tok-ref goes with --detok (the tokenised scores beside the "
+                              "detokenised ones)")
+    runs = [("detokenised" if args.detok else "", args.ref, args.tokenize, args.detok)]
+    if args.tok_ref:
+        runs.append(("tokenised", args.tok_ref, "none", None))
+    reports = []
+    for label, refs, tokenize, detok in runs:
+        results, comps = evaluate(args.systems, refs, tokenize, args.lowercase, metrics,
+                                  args.chrf_word_order, args.bootstrap, args.seed,
+                                  args.sentence_level, detok=detok)
+        reports.append((label, results, comps))
     if args.json:
-        doc = {
-            "systems": [{"path": r.path, "scores": r.scores, "signatures": r.signatures,
-                         **({"sentence_scores": r.sentence_scores} if args.sentence_level else {})}
-                        for r in results],
-            "comparisons": [c.__dict__ for c in comps],
-        }
+        docs = {}
+        for label, results, comps in reports:
+            docs[label or "scores"] = {
+                "systems": [{"path": r.path, "scores": r.scores, "signatures": r.signatures,
+                             **({"sentence_scores": r.sentence_scores}
+                                if args.sentence_level else {})}
+                            for r in results],
+                "comparisons": [c.__dict__ for c in comps],
+            }
+        doc = docs.get("scores") or {**docs["detokenised"], "detokenise": args.detok,
+                                     **({"tokenised": docs["tokenised"]}
+                                        if "tokenised" in docs else {})}
         print(json.dumps(doc, indent=1, ensure_ascii=False))
     else:
-        sys.stdout.write(_report_text(results, comps, args.width, args.sentence_level))
+        for label, results, comps in reports:
+            if label == "detokenised":
+                sys.stdout.write(f"== detokenised (sacremoses, {args.detok}) against "
+                                 f"{', '.join(args.ref)}, --tokenize {args.tokenize}\n")
+            elif label:
+                sys.stdout.write(f"== tokenised against {', '.join(args.tok_ref)}, "
+                                 "--tokenize none\n")
+            sys.stdout.write(_report_text(results, comps, args.width, args.sentence_level))
     return 0
 
 

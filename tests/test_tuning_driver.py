@@ -139,6 +139,23 @@ def test_driver_iteration_merges_optimises_and_writes_config(tmp_path):
     assert float(rows[1].split("\t")[1]) == pytest.approx(state.history[0]["dev_bleu"], abs=1e-3)
 
 
+@pytest.mark.parametrize("rule", ["last", "best"])
+def test_final_weights_rule(tmp_path, rule):
+    """'last' keeps the last optimiser output, 'best' the weights whose decode scored the best
+    dev BLEU (iteration 1 decoded the config's weights, iteration 2 run1's output)."""
+    wd = tmp_path / "work"
+    seed_lists(wd, [1, 2])
+    state = Driver(settings_for(wd, max_iterations=2, final_weights=rule), log=lambda m: None).run()
+    decoded = {1: read_weights(INI1), 2: read_weights(str(wd / "run1.weights.out"))}
+    dev = {h["iteration"]: h["dev_bleu"] for h in state.history}
+    best_it = max(dev, key=lambda k: (dev[k], -k))
+    assert read_weights(str(wd / "weights.best.txt")) == decoded[best_it]
+    assert read_weights(str(wd / "weights.last.txt")) == read_weights(str(wd / "run2.weights.out"))
+    expected = decoded[best_it] if rule == "best" else read_weights(str(wd / "run2.weights.out"))
+    assert read_weights(str(wd / "moses.ini")) == expected
+    assert read_weights(str(wd / "weights.final.txt")) == expected
+
+
 def test_driver_resumes_after_interruption(tmp_path):
     wd = tmp_path / "work"
     seed_lists(wd, [1])

@@ -5,7 +5,7 @@ import argparse
 import importlib
 
 #: modules that add a ``bench`` sub-subcommand through ``register(bench_subparsers)``
-BENCH_MODULES = ["..bench_query", "..bench_train"]
+BENCH_MODULES = ["..bench_query", "..bench_train", "..bench_mt"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -20,6 +20,7 @@ from ..errors import NLMFeatureError
 from ..weights import read_weights, write_weights
 from . import ALGORITHMS, optimise_pool
 from .data import KbestPool
+from .driver import FINAL_WEIGHTS, FINAL_WEIGHTS_DEFAULT
 
 
 def _err(msg: str) -> None:
@@ -154,6 +155,11 @@ def _driver_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-key", default="persistent-cache",
                    help="option name of the persistent cache on the feature line, written as "
                         "key=DIR for Moses and --key DIR for cdec (default: persistent-cache)")
+    p.add_argument("--final-weights", choices=FINAL_WEIGHTS, default=FINAL_WEIGHTS_DEFAULT,
+                   help="weights of the tuned config: 'last' (the last optimiser output, as "
+                        "mert-moses.pl) or 'best' (those whose decode scored the best dev BLEU, "
+                        "mert-moses.pl --return-best-dev); both are written as "
+                        "weights.last.txt / weights.best.txt (default: %(default)s)")
     p.add_argument("--decoder-arg", action="append", default=[], metavar="ARG",
                    help="extra argument passed to the decoder (repeatable)")
     _add_bleu_options(p)
@@ -171,7 +177,8 @@ def cmd_driver(args: argparse.Namespace) -> int:
         algorithm=args.algorithm, threads=args.threads, persistent_cache=args.persistent_cache,
         nlm_features=args.nlm_feature, cache_key=args.cache_key,
         tokenize=args.tokenize, lowercase=args.lowercase, min_change=args.min_change,
-        decoder_args=args.decoder_arg, optimiser=_optimiser_settings(args))
+        decoder_args=args.decoder_arg, optimiser=_optimiser_settings(args),
+        final_weights=args.final_weights)
     state = Driver(settings, log=_err, progress=not args.quiet).run()
     best = max(state.history, key=lambda h: h.get("dev_bleu", -1))
     print(f"finished after {len(state.history)} iteration(s): {state.stop_reason}")

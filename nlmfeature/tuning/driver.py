@@ -14,7 +14,10 @@ Iteration k (1, 2, ...) in the work directory:
    ``runK.weights.out``;
 5. stop when no weight moved by ``min_change`` (1e-5, mert-moses.pl's test, on L1-normalised
    weights) or after ``max_iterations``; then the tuned config (``moses.ini`` / ``cdec.ini`` +
-   ``weights.final``) is written.
+   ``weights.final``) is written with the final weights chosen by ``final_weights``:
+   ``"last"`` (the last optimiser output, mert-moses.pl's default) or ``"best"`` (the weights
+   whose decode gave the best dev BLEU, mert-moses.pl's ``--return-best-dev``).  Both are
+   also written as ``weights.last.txt`` and ``weights.best.txt``.
 
 ``state.json`` is rewritten atomically after every step; rerunning the same command continues
 where it stopped (a decode that was interrupted is redone).  ``log.tsv`` has one line per
@@ -44,6 +47,9 @@ from .data import KbestPool
 
 STATE_VERSION = 1
 Weights = Dict[str, List[float]]
+#: which weights a finished run keeps (``nlmfeature-tune --final-weights``): "last" or "best"
+FINAL_WEIGHTS = ("last", "best")
+FINAL_WEIGHTS_DEFAULT = "last"
 
 
 class DecoderError(NLMFeatureError):
@@ -74,6 +80,7 @@ class DriverSettings:
     min_change: float = 1e-5
     decoder_args: List[str] = field(default_factory=list)
     optimiser: dict = field(default_factory=dict)
+    final_weights: str = FINAL_WEIGHTS_DEFAULT     # "last" or "best" (module doc)
 
     def identity(self) -> dict:
         """The settings that must not change when a run is resumed."""
@@ -127,6 +134,26 @@ def weights_converged(old: Weights, new: Weights, labels: List[str], tol: float 
     if a.shape != b.shape:
         return False
     return bool(np.all(np.abs(a - b) < tol))
+
+
+def decoded_weights(state: "DriverState", initial: Weights) -> List[Weights]:
+    """The weights each logged iteration decoded with: the initial ones for iteration 1, the
+    previous iteration's optimiser output after that."""
+    out: List[Weights] = []
+    prev = initial
+    for h in sorted(state.history, key=lambda h: h["iteration"]):
+        out.append(prev)
+        prev = h.get("weights", prev)
+    return out
+
+
+def best_decoded(state: "DriverState", initial: Weights) -> tuple:
+    """(iteration, dev BLEU, weights) of the iteration whose decode scored the best dev BLEU
+    (the earliest of equals)."""
+    hist = sorted(state.history, key=lambda h: h["iteration"])
+    used = decoded_weights(state, initial)
+    best = max(range(len(hist)), key=lambda i: (hist[i].get("dev_bleu", -1.0), -i))
+    return hist[best]["iteration"], float(hist[best].get("dev_bleu", float("nan"))), used[best]
 
 
 def first_hypotheses(path: str) -> List[str]:
@@ -372,8 +399,14 @@ class Driver:
                     state.step = "start"
                 state.save(self.state_path)
             if state.step == "optimised":
-                final = self.write_final(state.weights)
+                it, dev, best = best_decoded(state, self.initial_state().weights)
+                write_weights(self.path("weights.last.txt"), state.weights)
+                write_weights(self.path("weights.best.txt"), best)
+                chosen = state.weights if self.s.final_weights == "last" else best
+                final = self.write_final(chosen)
                 state.step = "done"
                 state.save(self.state_path)
-                self.log(f"done: {state.stop_reason}; tuned config {final}")
+                which = ("the last optimiser output" if self.s.final_weights == "last" else
+                         f"the best decoded weights (iteration {it}, dev BLEU {dev:.2f})")
+                self.log(f"done: {state.stop_reason}; tuned config {final} with {which}")
                 return state
