@@ -72,7 +72,7 @@ setup(
     ext_modules=_extensions(),
     python_requires=">=3.9",
     install_requires=["numpy>=1.24", "sacrebleu>=2.0", "sacremoses>=0.1", "tqdm>=4.0"],
-    extras_require={"test": ["pytest>=7"], "kenlm": ["kenlm"]},
+    extras_require={"test": ["pytest>=7"], "kenlm": ["kenlm"], "plot": ["matplotlib"]},
     entry_points={
         "console_scripts": [
             "nlmfeature=nlmfeature.cli:main",
