@@ -144,6 +144,14 @@ class Model:
         """Whether scores are exact log-probabilities (softmax, class- and tree-factored)."""
         return self.output_type != "unnormalised"
 
+    @property
+    def reverse(self) -> bool:
+        """Whether this is a right-to-left model (``nlmfeature train --reverse``): it reads
+        sentences backwards, and the sentence-level methods (:meth:`sentence_ngrams`,
+        :meth:`score_sentence`, :meth:`perplexity`, ``nlmfeature-rescore``) reverse the tokens
+        for it.  For k-best rescoring only: decoders extend hypotheses left to right."""
+        return bool(self.header.get("metadata", {}).get("reverse", False))
+
     def describe(self) -> Dict[str, Any]:
         """Architecture summary (what ``nlmfeature info`` prints)."""
         h = self.header
@@ -180,8 +188,10 @@ class Model:
     def sentence_ngrams(self, sentence: Tokens, bos: bool = True, eos: bool = True,
                         ) -> Tuple[np.ndarray, np.ndarray]:
         """(contexts (N, n-1), words (N,)) of a sentence: every word and ``</s>``, each after
-        ``<s>`` and the words before it (``bos``), padded as :meth:`pad` does."""
-        ids = self.ids(_tokens(sentence))
+        ``<s>`` and the words before it (``bos``), padded as :meth:`pad` does.  A right-to-left
+        model (:attr:`reverse`) gets the words last to first."""
+        toks = _tokens(sentence)
+        ids = self.ids(toks[::-1] if self.reverse else toks)
         v = self.vocab
         if eos:
             ids = np.append(ids, np.int32(v.eos))
@@ -356,6 +366,8 @@ class Model:
         for line in lines:
             toks = _tokens(line)
             c, w = self.sentence_ngrams(toks)
+            if self.reverse:
+                toks = toks[::-1]
             n_sent += 1
             oov_mask = np.zeros(len(w), dtype=bool)
             oov_mask[:-1] = np.array([t not in self.vocab or t == "<unk>" for t in toks], dtype=bool) \

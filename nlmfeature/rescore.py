@@ -247,6 +247,8 @@ def sentence_logprobs(model: Any, sentences: Sequence[Sequence[str]],
 
     if not sentences:
         return []
+    if getattr(model, "reverse", False):   # a right-to-left model reads the words backwards
+        sentences = [s[::-1] for s in sentences]
     vocab = model.vocab
     c = model.order - 1
     lengths = np.fromiter((len(s) + 1 for s in sentences), dtype=np.int64, count=len(sentences))

@@ -25,7 +25,9 @@ from nlmfeature.training.trainer import TrainConfig, Trainer, checkpoint_path, h
 def config(tmp_path, name="m.nlm", **kw) -> TrainConfig:
     base = dict(train=BROWN_TRAIN, test_set=BROWN_VALID, model_out=str(tmp_path / name), order=4,
                 word_width=24, diagonal_contexts=True, output="class", classes=16, noise_samples=5,
-                iterations=2, minibatch_size=128, threads=1, progress=False, seed=3)
+                iterations=2, minibatch_size=128, threads=1, progress=False, seed=3,
+                # the mechanics tests below pin these (the CLI defaults differ: see test_defaults_*)
+                direct_order=0, lambda_lbl=0.0, patience=0, evals_per_epoch=1)
     base.update(kw)
     return TrainConfig(**base)
 
@@ -191,7 +193,7 @@ def _checkpoint_params(path):
 
 def test_resume_mid_epoch_equals_uninterrupted_run(tmp_path):
     full = config(tmp_path, "full.nlm", iterations=2, eval_every=100)
-    train(full, quiet)
+    r_full = train(full, quiet)
     part = config(tmp_path, "part.nlm", iterations=2, eval_every=100, max_updates=137)
     train(part, quiet)
     _, meta = _checkpoint_params(checkpoint_path(part.model_out))
@@ -200,12 +202,15 @@ def test_resume_mid_epoch_equals_uninterrupted_run(tmp_path):
     res = Trainer(part, quiet)
     out = res.run()
     assert out.resumed_from == checkpoint_path(part.model_out)
-    a, ma = _checkpoint_params(checkpoint_path(full.model_out))
-    b, mb = _checkpoint_params(checkpoint_path(part.model_out))
-    assert ma["step"] == mb["step"] and ma["history"] == mb["history"]
-    for k in a:
-        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    # a finished run removes its checkpoint; the models are the same
+    assert not os.path.exists(checkpoint_path(full.model_out))
+    assert not os.path.exists(checkpoint_path(part.model_out))
+    assert out.history == r_full.history
+    a, b = nlmfeature.load(full.model_out), nlmfeature.load(part.model_out)
+    for k in ("embeddings", "output.weight", "class.weight", "branch0.weights"):
+        np.testing.assert_array_equal(a.arrays[k], b.arrays[k], err_msg=k)
     # a checkpoint of other settings is refused with advice
+    train(config(tmp_path, "part.nlm", iterations=2, eval_every=100, max_updates=5), quiet)
     other = config(tmp_path, "part.nlm", iterations=2, word_width=16)
     with pytest.raises(NLMFeatureError, match="other settings"):
         train(other, quiet)
@@ -340,17 +345,31 @@ def test_bench_train_quick_runs(tmp_path, capsys):
     assert res["summary"]["best_neural"] in rows
 
 
-def test_lr_decay_returns_to_best_parameters(tmp_path):
-    cfg = config(tmp_path, step_size=1.0, eval_every=40, lr_decay=0.5, iterations=2)
-    tr = Trainer(cfg, quiet)
-    tr.run()
-    ppl = [h["perplexity"] for h in tr.history]
-    worse = sum(1 for i in range(1, len(ppl)) if ppl[i] >= min(ppl[:i]))
-    assert worse >= 1, ppl
-    assert tr.opt.lr == pytest.approx(1.0 * 0.5 ** worse)
-    # the model on disk is the best evaluation's
-    model = nlmfeature.load(cfg.model_out)
+def test_lr_decay_acts_only_when_stalled_and_never_ends_worse(tmp_path):
+    """--lr-decay F: after --patience evaluations without improvement, back to the best
+    parameters with the step size x F (at most --max-decays times), instead of stopping."""
+    common = dict(step_size=1.0, eval_every=20, iterations=3, patience=2)
+    plain = Trainer(config(tmp_path, "plain.nlm", **common), quiet)
+    r_plain = plain.run()
+    dec = Trainer(config(tmp_path, "decay.nlm", lr_decay=0.5, max_decays=2, **common), quiet)
+    r_dec = dec.run()
+    ppl = [h["perplexity"] for h in dec.history]
+    # a single noisy evaluation does not cut the step: a cut needs 2 bad evaluations in a row
+    bad = 0
+    cuts = 0
+    for i in range(1, len(ppl)):
+        bad = 0 if ppl[i] < min(ppl[:i]) else bad + 1
+        if bad == 2:
+            cuts += 1
+            bad = 0
+    assert dec.decays >= 1 and dec.decays == min(cuts, 2) and dec.opt.lr == pytest.approx(0.5 ** dec.decays)
+    # it only goes on from where early stopping would have stopped with the best parameters
+    assert r_dec.best_perplexity <= r_plain.best_perplexity + 1e-9
+    assert dec.history[:len(plain.history)] == plain.history
+    model = nlmfeature.load(dec.cfg.model_out)
     assert model.perplexity(read_lines(BROWN_VALID)).perplexity == pytest.approx(min(ppl), rel=1e-5)
+    with pytest.raises(NLMFeatureError, match="--lr-decay acts when --patience"):
+        Trainer(config(tmp_path, lr_decay=0.5, patience=0), quiet)
 
 
 def test_ctrl_c_leaves_a_checkpoint_and_the_run_resumes(tmp_path):
@@ -381,3 +400,48 @@ def test_ctrl_c_leaves_a_checkpoint_and_the_run_resumes(tmp_path):
     assert f"resuming from {ck}" in again.stderr
     _, meta2 = _checkpoint_params(ck)
     assert meta2["step"] == meta["step"] + 3
+
+
+def test_defaults_are_the_measured_recipe_with_early_stopping(tmp_path, capsys):
+    """`nlmfeature train` with only the data flags: NCE log-bilinear (diagonal contexts, 200
+    wide, direct features of orders 1-3), four evaluations per epoch, early stopping, and no
+    checkpoint left behind by the finished run."""
+    from nlmfeature.cli import main
+
+    out = tmp_path / "default.nlm"
+    assert main(["train", "--train", BROWN_TRAIN, "--test-set", BROWN_VALID, "--model-out", str(out),
+                 "--threads", "1", "--no-progress", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    d = TrainConfig()
+    assert res["estimator"] == "nce"
+    model = nlmfeature.load(str(out))
+    h = model.header
+    assert h["arch"] == "lbl" and h["embed_dim"] == d.word_width == 200 and h["branches"][0]["diagonal"]
+    assert h["output"]["type"] == "unnormalised" and h["direct"]["order"] == 3
+    # four held-out evaluations per epoch; stopped early, after 4 without improvement
+    ppl = [e["perplexity"] for e in res["history"]]
+    assert [e["epoch"] for e in res["history"][:4]] == pytest.approx([0.25, 0.5, 0.75, 1.0], abs=0.01)
+    assert res["epochs"] < d.iterations
+    assert min(ppl[-4:]) >= min(ppl[:-4]) and res["best_perplexity"] == pytest.approx(min(ppl))
+    assert not os.path.exists(checkpoint_path(str(out)))
+    # what --model-out holds is the best evaluation's model (raw unnormalised scores)
+    assert model.perplexity(read_lines(BROWN_VALID)).perplexity == pytest.approx(min(ppl), rel=1e-5)
+
+
+def test_right_to_left_model_reads_sentences_backwards(tmp_path):
+    from nlmfeature.rescore import sentence_logprobs
+
+    cfg = config(tmp_path, "r2l.nlm", reverse=True, iterations=1)
+    res = train(cfg, quiet)
+    model = nlmfeature.load(cfg.model_out)
+    assert model.reverse and model.header["metadata"]["reverse"] is True
+    lines = read_lines(BROWN_VALID)
+    # the held-out perplexity of training (reversed text) is what the library reports
+    assert model.perplexity(lines).perplexity == pytest.approx(res.best_perplexity, rel=1e-5)
+    sents = [l.split() for l in lines[:50]]
+    got = sentence_logprobs(model, sents)
+    assert got == pytest.approx([model.sentence_logprob(s) for s in sents], rel=1e-5, abs=1e-4)
+    # ... which is the left-to-right scoring of the reversed words
+    model.header["metadata"]["reverse"] = False
+    assert got == pytest.approx([model.sentence_logprob(s[::-1]) for s in sents], rel=1e-5, abs=1e-4)
+    assert got != pytest.approx([model.sentence_logprob(s) for s in sents], rel=1e-3)

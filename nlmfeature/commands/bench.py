@@ -5,11 +5,11 @@ import argparse
 import importlib
 
 #: modules that add a ``bench`` sub-subcommand through ``register(bench_subparsers)``
-BENCH_MODULES = ["..bench_query", "..bench_train", "..bench_mt"]
+BENCH_MODULES = ["..bench_query", "..bench_train", "..bench_mt", "..bench_memory"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmarks (query speed, training speed)",
+    p = sub.add_parser("bench", help="benchmarks (query speed, training speed, memory against quality)",
                        description="Benchmarks on the shared real data; they print tables "
                                    "(or JSON with --json).")
     bench_sub = p.add_subparsers(dest="bench", metavar="BENCHMARK")

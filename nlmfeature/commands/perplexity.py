@@ -107,7 +107,11 @@ def run(args: argparse.Namespace) -> int:
             notes.append("the neural model's output layer is unnormalised: its perplexity and "
                          "the linear interpolation use raw scores; the log-linear one is "
                          "renormalised exactly")
-        if valid is not None or args.weight is not None:
+        if model.reverse:
+            notes.append("right-to-left model (trained with --reverse): its perplexity is over the "
+                         "same text read backwards; token-by-token interpolation with the left-to-right "
+                         "KenLM model is not defined, so none is reported")
+        elif valid is not None or args.weight is not None:
             keep = ~nlm.oov if ex else slice(None)
             if valid is not None:
                 vn = nlm_token_scores(model, valid)

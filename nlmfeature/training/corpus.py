@@ -122,8 +122,9 @@ def read_corpus(path: str) -> List[List[str]]:
     return sents
 
 
-def read_heldout(path: str, vocab: Vocabulary, order: int) -> Tuple[NgramData, int]:
-    """N-grams of a held-out text and the number of out-of-vocabulary tokens.
+def read_heldout(path: str, vocab: Vocabulary, order: int, reverse: bool = False) -> Tuple[NgramData, int]:
+    """N-grams of a held-out text (of its sentences read backwards if ``reverse``) and the
+    number of out-of-vocabulary tokens.
 
     Raises :class:`InputError` when the file is empty or holds only unknown words (its
     perplexity would say nothing about the model)."""
@@ -137,6 +138,8 @@ def read_heldout(path: str, vocab: Vocabulary, order: int) -> Tuple[NgramData, i
         raise InputError(path, 0, f"every one of the {n_tok} test-set tokens is outside the "
                          f"{len(vocab)}-word vocabulary: is this the right file (same language, "
                          "same tokenisation)?")
+    if reverse:
+        sents = [s[::-1] for s in sents]
     return ngrams(sents, vocab, order), oov
 
 

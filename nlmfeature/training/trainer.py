@@ -55,52 +55,64 @@ CHECKPOINT_VERSION = 1
 
 @dataclass
 class TrainConfig:
-    """Every setting of a training run (the ``nlmfeature train`` flags)."""
+    """Every setting of a training run (the ``nlmfeature train`` flags, whose defaults are
+    these).  The defaults are the recipe measured best on real data (docs/training.md,
+    "Choosing the defaults"): a log-bilinear model with diagonal context matrices, 200-wide
+    embeddings, NCE (unnormalised, self-normalised output) with 10 noise samples, direct
+    n-gram features of orders 1-3, minibatches of 250 with L2 20, four held-out evaluations
+    per epoch and early stopping after four without improvement."""
 
     train: str = ""
     model_out: str = ""
     test_set: Optional[str] = None
     # vocabulary
     min_count: int = 2
+    reverse: bool = False
     max_vocab: Optional[int] = None
     # architecture
     arch: str = "lbl"
     order: int = 5
-    word_width: int = 100
+    word_width: int = 200
     hidden: int = 0
-    diagonal_contexts: bool = False
+    diagonal_contexts: bool = True
     activation: str = "identity"
     hidden_layers: List[int] = field(default_factory=list)
     branches: int = 1
     combine: str = "none"
-    output: str = "class"
+    output: str = "unnormalised"
     classes: int = 100
     class_file: Optional[str] = None
     class_fallback: str = "nearest"
-    direct_order: int = 0
-    hash_space: int = 0
-    min_ngram_freq: int = 1
+    direct_order: int = 3
+    hash_space: int = 1 << 22
+    min_ngram_freq: int = 2
     # estimator and optimiser
-    noise_samples: int = 0
+    noise_samples: Optional[int] = None     # None: 10 (NCE), or 0 for tree / --self-normalise
     self_normalise: float = 0.0
-    minibatch_size: int = 1000
-    iterations: int = 10
+    minibatch_size: int = 250
+    iterations: int = 20
     step_size: float = 0.05
-    lambda_lbl: float = 0.0
+    lambda_lbl: float = 20.0
     lr_decay: float = 1.0
+    max_decays: int = 2
     dropout: float = 0.0
     init_scale: float = 0.01
     # running
     threads: int = 2
     seed: int = 1
     eval_every: int = 0
-    patience: int = 0
+    evals_per_epoch: int = 4
+    patience: int = 4
     max_minutes: float = 0.0
     max_updates: int = 0
     checkpoint_minutes: float = 10.0
     resume: bool = True
     tables: bool = True
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.noise_samples is None:
+            self.noise_samples = 0 if self.output == "tree" or self.self_normalise else 10
 
     def spec(self) -> ModelSpec:
         """The architecture to build."""
@@ -109,7 +121,7 @@ class TrainConfig:
                          hidden_layers=list(self.hidden_layers), branches=self.branches,
                          combine=self.combine, output=self.output,
                          classes=self.classes if self.output == "class" else 0,
-                         direct_order=self.direct_order, hash_space=self.hash_space)
+                         direct_order=min(self.direct_order, self.order), hash_space=self.hash_space)
 
     def estimator(self) -> str:
         """The estimator these settings select (raises ValueError for impossible pairs)."""
@@ -140,7 +152,8 @@ class TrainConfig:
     def fingerprint(self) -> str:
         """Hash of the settings that must not change when a run is resumed."""
         keep = {k: v for k, v in asdict(self).items()
-                if k not in ("iterations", "threads", "eval_every", "patience", "max_minutes", "max_updates",
+                if k not in ("iterations", "threads", "eval_every", "evals_per_epoch", "patience", "max_decays",
+                             "max_minutes", "max_updates",
                              "checkpoint_minutes", "resume", "tables", "progress", "model_out")}
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -269,16 +282,25 @@ class Trainer:
             raise NLMFeatureError("--minibatch-size must be >= 1 and --iterations >= 0")
         if not 0 <= cfg.dropout < 1:
             raise NLMFeatureError("--dropout must be in [0, 1)")
-        if cfg.direct_order and not 1 <= cfg.direct_order <= cfg.order:
-            raise NLMFeatureError("--direct-order must be between 1 and --order")
+        if cfg.direct_order < 0:
+            raise NLMFeatureError("--direct-order must be >= 0")
+        if cfg.patience < 0 or cfg.evals_per_epoch < 1 or cfg.eval_every < 0:
+            raise NLMFeatureError("--patience and --eval-every must be >= 0, --evals-per-epoch >= 1")
+        if not 0 < cfg.lr_decay <= 1:
+            raise NLMFeatureError("--lr-decay must be in (0, 1]")
+        if cfg.lr_decay < 1 and not (cfg.patience and cfg.test_set):
+            raise NLMFeatureError("--lr-decay acts when --patience evaluations in a row on --test-set "
+                                  "do not improve: give --test-set and --patience >= 1")
         sents = read_corpus(cfg.train)
+        if cfg.reverse:
+            sents = [s[::-1] for s in sents]
         self.vocab, self.counts = build_vocabulary(sents, cfg.min_count, cfg.max_vocab)
         self.data = ngrams(sents, self.vocab, cfg.order)
         del sents
         self.heldout: Optional[NgramData] = None
         self.heldout_oov = 0
         if cfg.test_set:
-            self.heldout, self.heldout_oov = read_heldout(cfg.test_set, self.vocab, cfg.order)
+            self.heldout, self.heldout_oov = read_heldout(cfg.test_set, self.vocab, cfg.order, cfg.reverse)
         class_of_word = None
         if cfg.output == "class" and cfg.class_file:
             class_of_word = class_partition(cfg.class_file, self.vocab, self.counts, cfg.class_fallback)
@@ -324,6 +346,7 @@ class Trainer:
         self.best = math.inf
         self.best_epoch = 0.0
         self.bad_evals = 0
+        self.decays = 0
         self.history: List[Dict[str, float]] = []
         self.train_seconds = 0.0
         self.trained_words = 0
@@ -351,7 +374,8 @@ class Trainer:
                          "epochs": round(self.epoch + self.batch / max(1, self.batches_per_epoch), 4),
                          "heldout_perplexity": None if math.isinf(self.best) else self.best,
                          "train": os.path.basename(self.cfg.train), "seed": self.cfg.seed,
-                         "noise_samples": self.cfg.noise_samples, "self_normalise": self.cfg.self_normalise}
+                         "noise_samples": self.cfg.noise_samples, "self_normalise": self.cfg.self_normalise,
+                         "reverse": bool(self.cfg.reverse)}
         return modelfile.write_model(self.cfg.model_out, h, a)
 
     # -- checkpoints --------------------------------------------------------------------
@@ -359,7 +383,7 @@ class Trainer:
         """Write everything needed to resume, atomically (no pickle)."""
         meta = {"version": CHECKPOINT_VERSION, "fingerprint": self.cfg.fingerprint(), "epoch": self.epoch,
                 "batch": self.batch, "step": self.step, "best": self.best if not math.isinf(self.best) else None,
-                "best_epoch": self.best_epoch, "bad_evals": self.bad_evals, "history": self.history,
+                "best_epoch": self.best_epoch, "bad_evals": self.bad_evals, "decays": self.decays, "history": self.history,
                 "vocab_size": len(self.vocab), "train_seconds": self.train_seconds,
                 "trained_words": self.trained_words, "lr": self.opt.lr}
         arrays = {"meta": np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)}
@@ -394,6 +418,7 @@ class Trainer:
         self.epoch, self.batch, self.step = meta["epoch"], meta["batch"], meta["step"]
         self.best = math.inf if meta["best"] is None else meta["best"]
         self.best_epoch, self.bad_evals = meta["best_epoch"], meta["bad_evals"]
+        self.decays = meta.get("decays", 0)
         self.history = meta["history"]
         self.train_seconds = meta.get("train_seconds", 0.0)
         self.trained_words = meta.get("trained_words", 0)
@@ -405,6 +430,16 @@ class Trainer:
     @property
     def batches_per_epoch(self) -> int:
         return max(1, math.ceil(len(self.data) / self.cfg.minibatch_size))
+
+    @property
+    def eval_interval(self) -> int:
+        """Minibatches between held-out evaluations inside an epoch (0: only at epoch ends)."""
+        if self.heldout is None:
+            return 0
+        if self.cfg.eval_every:
+            return self.cfg.eval_every
+        e = self.cfg.evals_per_epoch   # the last of the e evaluations is the epoch end's
+        return math.ceil(self.batches_per_epoch / e) if e > 1 and self.batches_per_epoch >= e else 0
 
     def _evaluate(self, tag: str) -> float:
         ep = self.epoch + self.batch / self.batches_per_epoch
@@ -424,10 +459,16 @@ class Trainer:
                 self._keep_best()
         else:
             self.bad_evals += 1
-            if self.cfg.lr_decay < 1 and self.best_params:
+            if (self.cfg.patience and self.bad_evals >= self.cfg.patience and self.cfg.lr_decay < 1
+                    and self.decays < self.cfg.max_decays and self.best_params):
+                # newbob: only when the held-out perplexity has stalled (--patience evaluations
+                # in a row), not at the first noisy evaluation
                 self._restore_best()
                 self.opt.lr *= self.cfg.lr_decay
-                note = f"; back to the best parameters, step size now {self.opt.lr:.3g}"
+                self.decays += 1
+                self.bad_evals = 0
+                note = (f"; {self.cfg.patience} evaluations without improvement: back to the best "
+                        f"parameters, step size now {self.opt.lr:.3g} (decay {self.decays}/{self.cfg.max_decays})")
         self.log(f"{tag}: epoch {ep:.2f}  held-out perplexity {ppl:.2f}"
                  f"{'  (best: model written)' if improved else f'  (best {self.best:.2f}{note})'}"
                  f"  [{time.time() - t0:.1f}s]")
@@ -473,6 +514,7 @@ class Trainer:
             old_handler = signal.signal(signal.SIGINT, self._interrupt)
         except ValueError:  # not the main thread
             pass
+        every = self.eval_interval
         deadline = time.time() + cfg.max_minutes * 60 if cfg.max_minutes else math.inf
         last_ck = time.time()
         updates = 0
@@ -511,7 +553,7 @@ class Trainer:
                         if not math.isinf(self.best):
                             post["held-out ppl"] = f"{self.history[-1]['perplexity']:.1f}"
                         bar.set_postfix(post, refresh=False)
-                    if cfg.eval_every and self.batch % cfg.eval_every == 0 and self.batch < nb:
+                    if every and self.batch % every == 0 and self.batch < nb:
                         self._evaluate("minibatch")
                         self.save_checkpoint()
                         last_ck = time.time()
@@ -548,6 +590,11 @@ class Trainer:
                     self._evaluate("time limit")
             if not os.path.exists(cfg.model_out):
                 self.write_model()
+            if stop_reason == "time limit":
+                self.save_checkpoint()
+                self.log(f"checkpoint written to {ck}; run the same command again to train on")
+            elif stop_reason not in ("interrupted", "update limit") and os.path.exists(ck):
+                os.unlink(ck)   # a finished run: nothing left to resume
         finally:
             if bar is not None:
                 bar.close()
