@@ -567,7 +567,8 @@ def build_parser(sub: Optional[argparse._SubParsersAction] = None) -> argparse.A
     subcommand of ``nlmfeature`` (the same flags)."""
     p = (sub.add_parser if sub is not None else argparse.ArgumentParser)(
         *(["rescore"] if sub is not None else []),
-        **({"help": "append NLM features to Moses / cdec k-best lists; rerank to the 1-best"}
+        **({"help": "append NLM features (NLM0= log-prob, NLMOOV0= OOV count) to Moses / cdec "
+                  "k-best lists, streaming, gzip in/out; rerank to the 1-best"}
            if sub is not None else {"prog": "nlmfeature-rescore"}),
         description="Append neural-LM features (sentence natural-log probability, optionally an "
                     "OOV count) to every hypothesis of a Moses or cdec k-best list; optionally "
