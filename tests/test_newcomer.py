@@ -39,6 +39,7 @@ def test_score_splits_a_string_context_on_white_space(lm):
     assert s != pytest.approx(lm.score(list("the jury"), "said"), abs=1e-6)
     assert lm.score("", "said") == lm.score([], "said")
     assert np.array_equal(lm.ids("the jury"), lm.ids(["the", "jury"]))
+    assert np.array_equal(lm.vocab.ids("the jury"), lm.ids(["the", "jury"]))
 
 
 @pytest.mark.parametrize("context,word,error", [
