@@ -44,9 +44,9 @@ COMMAND_MODULES: List[str] = [
     ".commands.perplexity",
     ".commands.train",
     ".commands.querylog",
-    ".rescore",
-    ".evaluate",
-    ".tuning.cli",
+    ".commands.rescore",
+    ".commands.eval",
+    ".commands.tune",
 ]
 
 #: the help of the ``-q`` flag added to commands that do not define their own

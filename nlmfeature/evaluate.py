@@ -311,11 +311,6 @@ def build_parser(sub: Optional[argparse._SubParsersAction] = None) -> argparse.A
     return p
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``nlmfeature eval`` (see :mod:`nlmfeature.cli`)."""
-    build_parser(sub)
-
-
 def _report_text(results: List[SystemResult], comps: List[Comparison], width: int,
                  sentence_level: bool) -> str:
     lines: List[str] = []

@@ -622,11 +622,6 @@ def build_parser(sub: Optional[argparse._SubParsersAction] = None) -> argparse.A
     return p
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``nlmfeature rescore`` (see :mod:`nlmfeature.cli`)."""
-    build_parser(sub)
-
-
 def run(args: argparse.Namespace) -> int:
     """Run ``nlmfeature rescore`` on parsed arguments."""
     if args.jobs < 1 or args.chunk_size < 1 or args.batch_size < 1:

@@ -268,11 +268,6 @@ def build_parser(outer: Optional[argparse._SubParsersAction] = None) -> argparse
     return parser
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``nlmfeature tune`` (see :mod:`nlmfeature.cli`)."""
-    build_parser(sub)
-
-
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``nlmfeature-tune`` (= ``nlmfeature tune``)."""
     from ..cli import finish, run
