@@ -437,11 +437,11 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
             chunk_size: int = 2000, batch_size: int = 8192, weights_path: Optional[str] = None,
             one_best: Optional[str] = None, update_total: bool = False,
             sentences: Optional[int] = None, skip_bad: bool = False, verify: bool = True,
-            progress: bool = True, log=None) -> RescoreStats:
+            progress: bool = True, log=None, prog: str = "nlmfeature rescore") -> RescoreStats:
     """Rescore ``input_path`` into ``output_path`` (either may be ``-``; ``.gz`` compresses;
     ``None`` output writes no k-best list).  See the module docstring; returns statistics.
     Raises :class:`InputError` (file:line) on malformed input, :class:`NLMFeatureError` on
-    bad options."""
+    bad options.  Messages on ``log`` (default: standard error) start with ``prog``."""
     log = log or (lambda msg: print(msg, file=sys.stderr))
     lp_names, ov_names = feature_names(len(cfg_models), names, oov_feature, oov_names)
     weights = read_weights(weights_path) if weights_path else None
@@ -453,7 +453,7 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
     if weights is not None:
         absent = [n for n in lp_names + ov_names if n not in weights]
         if absent:
-            log(f"nlmfeature-rescore: warning: {weights_path} has no weight for the new "
+            log(f"{prog}: warning: {weights_path} has no weight for the new "
                 f"feature(s) {absent}: they do not change the ranking")
     if fmt != "auto" and fmt not in FORMATS:
         raise NLMFeatureError(f"unknown --format {fmt!r}")
@@ -463,7 +463,7 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
 
     stats = RescoreStats()
     chunker = Chunker(input_path, chunk_size, skip_bad, strict_order=one_best is not None,
-                      warn=lambda m: log(f"nlmfeature-rescore: warning: {m}"))
+                      warn=lambda m: log(f"{prog}: warning: {m}"))
     chunk_iter = chunker.chunks()
     # the format is decided from the first line before any chunk is processed
     first = next(chunk_iter, None)
@@ -495,7 +495,7 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
             msg = oov_warning(path, o, st.tokens)
             if msg and k not in warned_oov:
                 warned_oov.add(k)
-                log(f"nlmfeature-rescore: warning: {msg}")
+                log(f"{prog}: warning: {msg}")
     skipped_messages: List[str] = []        # from the workers; the chunker keeps its own
     try:
         for chunk, res in _chunk_results(all_chunks(), cfg, jobs):
@@ -542,22 +542,22 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
             if f is not None:
                 f.close()
     if sentences is not None and next_sid > sentences and best_out is not None:
-        log(f"nlmfeature-rescore: warning: the list has sentence ids up to {next_sid - 1} but "
+        log(f"{prog}: warning: the list has sentence ids up to {next_sid - 1} but "
             f"--sentences is {sentences}")
     stats.sentences = chunker.sentences
     stats.skipped += chunker.skipped
     if stats.skipped:
         for m in (chunker.messages + skipped_messages)[:MAX_REPORTED]:
-            log(f"nlmfeature-rescore: skipped {m}")
-        log(f"nlmfeature-rescore: skipped {stats.skipped} malformed line(s) of {input_path}")
+            log(f"{prog}: skipped {m}")
+        log(f"{prog}: skipped {stats.skipped} malformed line(s) of {input_path}")
     if stats.missing:
         shown = ", ".join(map(str, stats.missing[:20])) + (" ..." if len(stats.missing) > 20 else "")
-        log(f"nlmfeature-rescore: warning: {len(stats.missing)} sentence id(s) missing from "
+        log(f"{prog}: warning: {len(stats.missing)} sentence id(s) missing from "
             f"{input_path} ({shown}): empty 1-best line(s) written for them")
     warn_oov(stats)
     stats.unweighted -= set(lp_names + ov_names)     # already reported above
     if stats.unweighted:
-        log(f"nlmfeature-rescore: warning: no weight for feature(s) {sorted(stats.unweighted)} "
+        log(f"{prog}: warning: no weight for feature(s) {sorted(stats.unweighted)} "
             f"in {weights_path}; counted as weight 0")
     return stats
 
@@ -630,7 +630,7 @@ def run(args: argparse.Namespace) -> int:
     st = rescore(args.input, output, args.model, args.name, args.oov_feature, args.oov_name,
                  args.format, args.jobs, args.chunk_size, args.batch_size, args.weights,
                  args.one_best, args.update_total, args.sentences, args.skip_bad,
-                 not args.no_verify, progress=not args.quiet)
+                 not args.no_verify, progress=not args.quiet, prog=args.prog_name)
     if not args.quiet:
         print(f"{args.prog_name}: {st.hypotheses} hypotheses of {st.sentences} sentences "
               f"({st.format} format)", file=sys.stderr)
