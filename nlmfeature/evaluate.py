@@ -255,7 +255,8 @@ def build_parser(sub: Optional[argparse._SubParsersAction] = None) -> argparse.A
     ``nlmfeature`` (the same flags)."""
     p = (sub.add_parser if sub is not None else argparse.ArgumentParser)(
         *(["eval"] if sub is not None else []),
-        **({"help": "BLEU and chrF of system outputs, paired bootstrap significance"}
+        **({"help": "sacrebleu BLEU and chrF with signatures; with two systems the "
+                  "paired-bootstrap p-value of the difference"}
            if sub is not None else {"prog": "nlmfeature-eval"}),
         description="Corpus BLEU and chrF of one system output (sacrebleu, with signatures); "
                     "with two, paired bootstrap resampling gives the p-value of the difference "
@@ -299,11 +300,6 @@ def build_parser(sub: Optional[argparse._SubParsersAction] = None) -> argparse.A
                    help="decimals of the printed scores (default 2)")
     p.set_defaults(func=run)
     return p
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``nlmfeature eval`` (see :mod:`nlmfeature.cli`)."""
-    build_parser(sub)
 
 
 def _report_text(results: List[SystemResult], comps: List[Comparison], width: int,

@@ -471,11 +471,11 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
             chunk_size: int = 2000, batch_size: int = 8192, weights_path: Optional[str] = None,
             one_best: Optional[str] = None, update_total: bool = False,
             sentences: Optional[int] = None, skip_bad: bool = False, verify: bool = True,
-            progress: bool = True, log=None) -> RescoreStats:
+            progress: bool = True, log=None, prog: str = "nlmfeature rescore") -> RescoreStats:
     """Rescore ``input_path`` into ``output_path`` (either may be ``-``; ``.gz`` compresses;
     ``None`` output writes no k-best list).  See the module docstring; returns statistics.
     Raises :class:`InputError` (file:line) on malformed input, :class:`NLMFeatureError` on
-    bad options."""
+    bad options.  Messages on ``log`` (default: standard error) start with ``prog``."""
     log = log or (lambda msg: print(msg, file=sys.stderr))
     lp_names, ov_names = feature_names(len(cfg_models), names, oov_feature, oov_names)
     if sentences is not None and not 0 <= sentences <= MAX_SENTENCES:
@@ -494,7 +494,7 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
     if weights is not None:
         absent = [n for n in lp_names + ov_names if n not in weights]
         if absent:
-            log(f"nlmfeature-rescore: warning: {weights_path} has no weight for the new "
+            log(f"{prog}: warning: {weights_path} has no weight for the new "
                 f"feature(s) {absent}: they do not change the ranking")
     if fmt != "auto" and fmt not in FORMATS:
         raise NLMFeatureError(f"unknown --format {fmt!r}")
@@ -504,7 +504,7 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
 
     stats = RescoreStats()
     chunker = Chunker(input_path, chunk_size, skip_bad, strict_order=one_best is not None,
-                      warn=lambda m: log(f"nlmfeature-rescore: warning: {m}"),
+                      warn=lambda m: log(f"{prog}: warning: {m}"),
                       sentences=sentences)
     chunk_iter = chunker.chunks()
     # the format is decided from the first line before any chunk is processed
@@ -537,7 +537,7 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
             msg = oov_warning(path, o, st.tokens)
             if msg and k not in warned_oov:
                 warned_oov.add(k)
-                log(f"nlmfeature-rescore: warning: {msg}")
+                log(f"{prog}: warning: {msg}")
 
     def pad(upto: int) -> None:     # empty 1-best lines for ids next_sid .. upto-1
         nonlocal next_sid
@@ -596,17 +596,17 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
     stats.skipped += chunker.skipped
     if stats.skipped:
         for m in (chunker.messages + skipped_messages)[:MAX_REPORTED]:
-            log(f"nlmfeature-rescore: skipped {m}")
-        log(f"nlmfeature-rescore: skipped {stats.skipped} malformed line(s) of {input_path}")
+            log(f"{prog}: skipped {m}")
+        log(f"{prog}: skipped {stats.skipped} malformed line(s) of {input_path}")
     if stats.missing_count:
         shown = ", ".join(map(str, stats.missing)) + (" ..." if stats.missing_count >
                                                       len(stats.missing) else "")
-        log(f"nlmfeature-rescore: warning: {stats.missing_count} sentence id(s) missing from "
+        log(f"{prog}: warning: {stats.missing_count} sentence id(s) missing from "
             f"{input_path} ({shown}): empty 1-best line(s) written for them")
     warn_oov(stats)
     stats.unweighted -= set(lp_names + ov_names)     # already reported above
     if stats.unweighted:
-        log(f"nlmfeature-rescore: warning: no weight for feature(s) {sorted(stats.unweighted)} "
+        log(f"{prog}: warning: no weight for feature(s) {sorted(stats.unweighted)} "
             f"in {weights_path}; counted as weight 0")
     return stats
 
@@ -616,7 +616,8 @@ def build_parser(sub: Optional[argparse._SubParsersAction] = None) -> argparse.A
     subcommand of ``nlmfeature`` (the same flags)."""
     p = (sub.add_parser if sub is not None else argparse.ArgumentParser)(
         *(["rescore"] if sub is not None else []),
-        **({"help": "append NLM features to Moses / cdec k-best lists; rerank to the 1-best"}
+        **({"help": "append NLM features (NLM0= log-prob, NLMOOV0= OOV count) to Moses / cdec "
+                  "k-best lists, streaming, gzip in/out; rerank to the 1-best"}
            if sub is not None else {"prog": "nlmfeature-rescore"}),
         description="Append neural-LM features (sentence natural-log probability, optionally an "
                     "OOV count) to every hypothesis of a Moses or cdec k-best list; optionally "
@@ -672,11 +673,6 @@ def build_parser(sub: Optional[argparse._SubParsersAction] = None) -> argparse.A
     return p
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``nlmfeature rescore`` (see :mod:`nlmfeature.cli`)."""
-    build_parser(sub)
-
-
 def run(args: argparse.Namespace) -> int:
     """Run ``nlmfeature rescore`` on parsed arguments."""
     if args.jobs < 1 or args.chunk_size < 1 or args.batch_size < 1:
@@ -685,7 +681,7 @@ def run(args: argparse.Namespace) -> int:
     st = rescore(args.input, output, args.model, args.name, args.oov_feature, args.oov_name,
                  args.format, args.jobs, args.chunk_size, args.batch_size, args.weights,
                  args.one_best, args.update_total, args.sentences, args.skip_bad,
-                 not args.no_verify, progress=not args.quiet)
+                 not args.no_verify, progress=not args.quiet, prog=args.prog_name)
     if not args.quiet:
         print(f"{args.prog_name}: {st.hypotheses} hypotheses of {st.sentences} sentences "
               f"({st.format} format)", file=sys.stderr)

@@ -92,7 +92,10 @@ class Vocabulary:
         return self._index.get(word, self.unk)
 
     def ids(self, words: Iterable[str]) -> np.ndarray:
-        """Ids of ``words`` as an int32 array (unknown words -> ``<unk>``)."""
+        """Ids of ``words`` as an int32 array (unknown words -> ``<unk>``); a string is split
+        on white space (not iterated character by character)."""
+        if isinstance(words, str):
+            words = words.split()
         get, unk = self._index.get, self.unk
         return np.fromiter((get(w, unk) for w in words), dtype=np.int32)
 

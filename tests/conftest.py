@@ -15,4 +15,4 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if counts:
         text = ", ".join(f"{n} {k}" for k, n in counts.items())
         hint = " (set MOSES_ROOT / CDEC_ROOT to run them)" if counts.get("skipped") else ""
-        terminalreporter.write_line(f"decoder tests (Moses / cdec shims): {text}{hint}")
+        terminalreporter.write_line(f"decoder tests (need a built Moses / cdec): {text}{hint}")

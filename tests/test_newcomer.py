@@ -39,6 +39,7 @@ def test_score_splits_a_string_context_on_white_space(lm):
     assert s != pytest.approx(lm.score(list("the jury"), "said"), abs=1e-6)
     assert lm.score("", "said") == lm.score([], "said")
     assert np.array_equal(lm.ids("the jury"), lm.ids(["the", "jury"]))
+    assert np.array_equal(lm.vocab.ids("the jury"), lm.ids(["the", "jury"]))
 
 
 @pytest.mark.parametrize("context,word,error", [
@@ -139,11 +140,14 @@ def test_readme_test_command_is_what_ci_runs():
 def test_decoder_tests_are_marked(pytestconfig):
     assert any(m.startswith("decoder:") for m in pytestconfig.getini("markers"))
     r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "decoder",
-                        "tests/test_moses_shim.py", "tests/test_cdec_shim.py", "tests/test_bleu.py"],
+                        "tests/test_moses_shim.py", "tests/test_cdec_shim.py", "tests/test_bleu.py",
+                        "tests/test_tuning_driver.py"],
                        capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=300)
     ids = [l for l in r.stdout.splitlines() if "::" in l]
-    assert ids and all("shim" in i for i in ids), r.stdout
+    assert ids and all("shim" in i or "real_moses" in i or "real_cdec" in i for i in ids), r.stdout
     assert any("moses_shim" in i for i in ids) and any("cdec_shim" in i for i in ids)
+    assert {i.split("::")[1] for i in ids if "tuning_driver" in i} == \
+        {"test_driver_with_real_moses", "test_driver_with_real_cdec"}
 
 
 # -- silent nonsense -------------------------------------------------------------------------------

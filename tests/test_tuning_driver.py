@@ -245,6 +245,7 @@ def test_cli_bad_input_exits_with_message(tmp_path, capsys):
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.decoder
 @pytest.mark.skipif(not os.path.exists(os.path.join(os.environ.get("MOSES_ROOT", "/nonexistent"),
                                                     "bin", "moses")),
                     reason="needs MOSES_ROOT with a built bin/moses")
@@ -273,6 +274,7 @@ CDEC_TEST = os.path.join(os.environ.get("CDEC_ROOT", "/nonexistent"), "tests", "
                          "australia")
 
 
+@pytest.mark.decoder
 @pytest.mark.skipif(not (os.path.exists(CDEC_BIN) and os.path.isdir(CDEC_TEST)),
                     reason="needs CDEC_ROOT with build/decoder/cdec and its system tests")
 def test_driver_with_real_cdec(tmp_path):

@@ -12,7 +12,8 @@ from ..textio import check_input, read_head
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("convert", help="import an NPLM model or re-write an nlmfeature model",
+    p = sub.add_parser("convert", help="import an NPLM text model (identical scores) or re-write a "
+                                                   "model (tables, float16)",
                        description="Convert INPUT to an nlmfeature model file OUTPUT (written atomically). "
                                    "NPLM text models (from trainNeuralNetwork) keep NPLM's scores exactly.")
     p.add_argument("input", help="source model")

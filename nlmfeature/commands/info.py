@@ -10,7 +10,8 @@ from ..model import load
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("info", help="describe a model file",
+    p = sub.add_parser("info", help="describe a model file (architecture, sizes, checksum; "
+                                   "--vocab lists the vocabulary)",
                        description="Print the architecture, sizes and checksum of a model; "
                                    "verifies the file's checksum.")
     p.add_argument("model", help="nlmfeature model file (.nlm)")

@@ -15,7 +15,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "'pack' makes a portable .qlog.xz of one; 'info' describes a packed one. "
                                    "`nlmfeature bench query --decoder-stream FILE` replays it.")
     qs = p.add_subparsers(dest="querylog_command", required=True, metavar="{pack,info}")
-    pk = qs.add_parser("pack", help="raw recording -> portable .qlog.xz",
+    pk = qs.add_parser("pack", help="pack a raw decoder recording (NLMFEATURE_QUERY_LOG) into a "
+                                     "portable .qlog.xz",
                        description="Convert a raw queries.*.bin recording into a self-contained, "
                                    "xz-compressed .qlog.xz (vocabulary as words, lookups per sentence).")
     pk.add_argument("raw", help="a raw recording DIR/queries.<pid>.<n>.bin")
@@ -24,7 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     pk.add_argument("--sentences", type=int, default=0, help="keep only the first N sentences (default all)")
     pk.add_argument("--note", default="", help="provenance text stored in the file (system, command, data)")
     pk.set_defaults(func=run_pack)
-    inf = qs.add_parser("info", help="describe a .qlog.xz",
+    inf = qs.add_parser("info", help="describe a .qlog.xz: lookups, distinct n-grams and contexts "
+                                      "(what per-sentence caches can save)",
                         description="Print the sentences, lookups and the fractions of distinct n-grams, "
                                     "contexts and (with a class-factored --model) (context, class) pairs: "
                                     "what exact per-sentence caches can at best save.")

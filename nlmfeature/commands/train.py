@@ -46,7 +46,8 @@ def _layers(text: str):
 def register(sub: argparse._SubParsersAction) -> None:
     from ..training.trainer import TrainConfig as D   # the defaults live there, once
 
-    p = sub.add_parser("train", help="train a model on tokenised text (NCE, class NCE, ML)",
+    p = sub.add_parser("train", help="train a model on tokenised text (NCE, class NCE, ML with "
+                                     "AdaGrad; OxLM flag names)",
                        description="Train a feed-forward neural language model on tokenised text "
                                    "(one sentence per line, plain or .gz) and write it in the "
                                    "nlmfeature model format.",

@@ -224,7 +224,8 @@ def build_parser(outer: Optional[argparse._SubParsersAction] = None) -> argparse
     sub.required = True
 
     p = sub.add_parser("optimise", aliases=["optimize"],
-                       help="optimise weights over k-best lists already decoded",
+                       help="tune weights on accumulated k-best lists: MERT (Och's line search, "
+                            "restarts), batch MIRA (as kbmira) or PRO",
                        description="Optimise weights over accumulated k-best lists (merged, "
                                    "duplicates removed) and write them as 'Name= v ...' lines.")
     p.add_argument("--nbest", action="append", required=True, metavar="KBEST",
@@ -250,7 +251,8 @@ def build_parser(outer: Optional[argparse._SubParsersAction] = None) -> argparse
     _add_optimiser_options(p)
     p.set_defaults(func=cmd_optimise)
 
-    p = sub.add_parser("moses", help="tune a Moses config with the decoder in the loop",
+    p = sub.add_parser("moses", help="tune a Moses config with the decoder in the loop, like "
+                                    "mert-moses.pl: resumable, --persistent-cache for the NLM",
                        description="Decode the dev set with Moses, merge k-best lists, "
                                    "optimise, repeat (like mert-moses.pl); resumable.")
     p.add_argument("--moses", required=True, metavar="BIN", help="Moses executable (moses-cmd)")
@@ -258,7 +260,8 @@ def build_parser(outer: Optional[argparse._SubParsersAction] = None) -> argparse
     _driver_common(p)
     p.set_defaults(func=cmd_driver, decoder="moses")
 
-    p = sub.add_parser("cdec", help="tune a cdec config with the decoder in the loop",
+    p = sub.add_parser("cdec", help="tune a cdec config with the decoder in the loop: "
+                                   "resumable, --persistent-cache for the NLM",
                        description="Decode the dev set with cdec, merge k-best lists, optimise, "
                                    "repeat; resumable.")
     p.add_argument("--cdec", required=True, metavar="BIN", help="cdec executable")
@@ -276,11 +279,6 @@ def build_parser(outer: Optional[argparse._SubParsersAction] = None) -> argparse
     _add_bleu_options(p)
     p.set_defaults(func=cmd_bleu)
     return parser
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``nlmfeature tune`` (see :mod:`nlmfeature.cli`)."""
-    build_parser(sub)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
