@@ -32,6 +32,10 @@ from typing import Callable, Dict, List, Optional
 
 from .errors import NLMFeatureError
 
+from .atomicfile import open_output
+from .kbest import sentence_id
+from .textio import iter_lines
+
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "demo")
 #: the README of a source checkout (the package's parent folder)
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
@@ -47,14 +51,14 @@ def default_workdir() -> str:
 
 def _subset(src: str, dst: str, sentences: int, kbest: bool) -> str:
     """The first ``sentences`` sentences of a k-best list (by id) or a reference file."""
-    with gzip.open(src, "rt", encoding="utf-8") as f, gzip.open(dst, "wt", encoding="utf-8") as out:
-        for i, line in enumerate(f):
+    with open_output(dst) as out:
+        for lineno, line in iter_lines(src):
             if kbest:
-                if int(line.split(" |||", 1)[0]) >= sentences:
+                if sentence_id(line, src, lineno) >= sentences:
                     break
-            elif i >= sentences:
+            elif lineno > sentences:
                 break
-            out.write(line)
+            out.write(line + "\n")
     return dst
 
 

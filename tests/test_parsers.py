@@ -500,3 +500,36 @@ def test_every_writing_command_checks_its_output_first(tmp_path, capsys, command
     want = "is a directory" if where == "directory" else "does not exist"
     assert out in err and want in err and "missing-input" not in err, err
     assert set(os.listdir(tmp_path)) == before
+
+
+# -- saved k-best pools (tuning state) ------------------------------------------------------------
+def test_damaged_pool_files_are_input_errors(tmp_path):
+    from nlmfeature.bleu import References
+    from nlmfeature.tuning.data import KbestPool
+    refs = References.from_files([REG_REF])
+    pool = KbestPool(refs)
+    pool.add_file(REG)
+    good = tmp_path / "pool.npz"
+    pool.save(str(good))
+    z = dict(np.load(good, allow_pickle=False))
+    damaged = {
+        "offsets-past-end": dict(z, offsets=z["offsets"] + 5),
+        "offsets-falling": dict(z, offsets=z["offsets"][::-1].copy()),
+        "nan-features": dict(z, features=np.where(np.arange(z["features"].size).reshape(
+            z["features"].shape) == 7, np.nan, z["features"])),
+        "stats-short": dict(z, stats=z["stats"][:, :4]),
+        "text-offsets": dict(z, text_offsets=z["text_offsets"] * 2),
+        "no-features": {k: v for k, v in z.items() if k != "features"},
+    }
+    for name, arrays in damaged.items():
+        path = tmp_path / f"{name}.npz"
+        np.savez(path, **arrays)
+        with pytest.raises(InputError, match=rf"{name}.npz: .*(damaged|cannot read)"):
+            KbestPool.load(str(path), refs)
+    cut = tmp_path / "cut.npz"
+    cut.write_bytes(good.read_bytes()[:1000])
+    for path in (cut, tmp_path):
+        with pytest.raises(InputError, match=str(path)):
+            KbestPool.load(str(path), refs)
+    again = KbestPool.load(str(good), refs)
+    assert np.array_equal(again.arrays().features, pool.arrays().features)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import gzip
 import json
 import os
 import re
@@ -37,6 +36,8 @@ import sys
 import tempfile
 import time
 from typing import Dict, List, Optional, Tuple
+
+from nlmfeature import textio
 
 SYSTEM = "/work/shared/data/moses/lexicalized-reordering-fr-en"
 PARALLEL = "/work/shared/data/parallel/europarl-fr-en-10k"
@@ -55,10 +56,8 @@ def find_moses(root: str) -> str:
 
 
 def read_lines(path: str, n: Optional[int] = None, skip: int = 0) -> List[str]:
-    op = gzip.open if path.endswith(".gz") else open
-    with op(path, "rt", encoding="utf-8") as f:
-        lines = [l.rstrip("\n") for l in f]
-    lines = lines[skip:]
+    """Lines ``skip .. skip+n`` of a text file (the package's reader)."""
+    lines = textio.read_lines(path)[skip:]
     return lines[:n] if n else lines
 
 

@@ -32,7 +32,9 @@ from typing import Dict, List, Optional
 import numpy as np
 import sacrebleu
 
+from nlmfeature.atomicfile import open_output
 from nlmfeature.bleu import References
+from nlmfeature.textio import read_lines
 from nlmfeature.tuning import optimise_pool
 from nlmfeature.tuning.data import KbestPool
 from nlmfeature.tuning.mert import LineSearcher, l1_normalise
@@ -72,11 +74,8 @@ def moses_side(iters: List[int], init: np.ndarray, work: str, tools: Dict[str, s
     """Run Moses' extractor (once per list), mert and kbmira; yields result rows."""
     ref = os.path.join(work, "dev.ref")
     if not os.path.exists(ref):
-        import gzip
-
-        with gzip.open(os.path.join(DATA, "dev.ref.en.gz"), "rt", encoding="utf-8") as f, \
-                open(ref, "w", encoding="utf-8") as out:
-            out.write(f.read())
+        with open_output(ref) as out:
+            out.write("".join(l + "\n" for l in read_lines(os.path.join(DATA, "dev.ref.en.gz"))))
     for i in iters:
         if i not in extracted:
             extracted[i] = run([tools["extractor"], "--sctype", "BLEU", "--scconfig", "case:true",
@@ -131,11 +130,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--workdir", help="directory for Moses' files (default: a temporary one)")
     args = ap.parse_args(argv)
 
-    import gzip
-
-    with gzip.open(os.path.join(DATA, "dev.ref.en.gz"), "rt", encoding="utf-8") as f:
-        ref_lines = f.read().splitlines()
-    refs = References([ref_lines])
+    refs = References.from_files([os.path.join(DATA, "dev.ref.en.gz")])
     tools = {}
     if not args.no_moses:
         for name in ("extractor", "mert", "kbmira"):

@@ -149,6 +149,13 @@ def slope_order(const double[::1] slope, const int64_t[::1] offsets):
     return out
 
 
+def _envelope_outputs(Py_ssize_t S, Py_ssize_t N):
+    """Output arrays of the envelopes: first row per sentence; breakpoints x, old, new (at
+    most N - S of them: each sentence of k rows has at most k - 1)."""
+    return (np.empty(S, dtype=np.int64), np.empty(N, dtype=np.float64),
+            np.empty(N, dtype=np.int64), np.empty(N, dtype=np.int64))
+
+
 cdef int _check_order(const int64_t[::1] order, const int64_t[::1] offsets) except -1:
     """``order`` must list, sentence by sentence, rows of that sentence only."""
     cdef Py_ssize_t S = offsets.shape[0] - 1, s, p
@@ -182,10 +189,7 @@ def envelope(const double[::1] slope, const double[::1] icpt, const int64_t[::1]
     if icpt.shape[0] != N or order.shape[0] != N:
         raise ValueError(f"slope, icpt and order must have the same length ({N})")
     _check_order(order, offsets)
-    first_a = np.empty(S, dtype=np.int64)
-    x_a = np.empty(N, dtype=np.float64)
-    old_a = np.empty(N, dtype=np.int64)
-    new_a = np.empty(N, dtype=np.int64)
+    first_a, x_a, old_a, new_a = _envelope_outputs(S, N)
     cdef int64_t[::1] first = first_a, old = old_a, new = new_a
     cdef double[::1] xs = x_a
     cdef int64_t* stack = <int64_t*> malloc(max(N, 1) * sizeof(int64_t))
@@ -240,10 +244,7 @@ def envelope_unsorted(const double[::1] slope, const double[::1] icpt,
     cdef Py_ssize_t N = slope.shape[0], S = _check_offsets(offsets, N)
     if icpt.shape[0] != N:
         raise ValueError(f"slope and icpt must have the same length ({N})")
-    first_a = np.empty(S, dtype=np.int64)
-    x_a = np.empty(N, dtype=np.float64)
-    old_a = np.empty(N, dtype=np.int64)
-    new_a = np.empty(N, dtype=np.int64)
+    first_a, x_a, old_a, new_a = _envelope_outputs(S, N)
     cdef int64_t[::1] first = first_a, old = old_a, new = new_a
     cdef double[::1] xs = x_a
     cdef Py_ssize_t s, j, nb = 0

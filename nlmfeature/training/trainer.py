@@ -268,9 +268,6 @@ class Trainer:
             raise NLMFeatureError("no training text given")
         if not cfg.model_out:
             raise NLMFeatureError("no --model-out given")
-        # the model and its checkpoint are written after minutes or hours: check them now
-        check_output(cfg.model_out, "--model-out")
-        check_output(checkpoint_path(cfg.model_out), "checkpoint")
         try:
             self.estimator = cfg.estimator()
             spec = cfg.spec().normalised()
@@ -608,7 +605,11 @@ class Trainer:
 
 
 def train(cfg: TrainConfig, log: Callable[[str], None] = None) -> TrainResult:
-    """Train a model as ``cfg`` says (see :class:`TrainConfig`)."""
+    """Train a model as ``cfg`` says (see :class:`TrainConfig`).  The outputs (the model and
+    its checkpoint) are checked before the corpus is read and the work starts."""
+    if cfg.model_out:
+        check_output(cfg.model_out, "--model-out")
+        check_output(checkpoint_path(cfg.model_out), "checkpoint")
     return Trainer(cfg, log).run()
 
 

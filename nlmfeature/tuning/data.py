@@ -29,6 +29,7 @@ from ..atomicfile import atomic_open
 from ..bleu import NUM_STATS, References
 from ..errors import InputError
 from ..kbest import Hypothesis, group_by_sentence, read_kbest
+from ..textio import check_input
 
 #: version of the .npz layout written by :meth:`KbestPool.save`
 POOL_VERSION = 1
@@ -74,6 +75,26 @@ class _LineTagger:
         for hyp in self.reader:
             self.linenos.append(self.reader.lineno)
             yield hyp
+
+
+def _check_pool_arrays(path: str, feats: np.ndarray, stats: np.ndarray, offsets: np.ndarray,
+                       text_offsets: np.ndarray, text_bytes: int, dim: int) -> None:
+    """Raise :class:`InputError` unless a loaded pool's arrays are consistent (the native
+    optimisers index through ``offsets`` without bounds checks)."""
+    def bad(what: str) -> InputError:
+        return InputError(path, 0, f"damaged k-best pool: {what}; delete it to rebuild")
+    n = len(feats)
+    if feats.ndim != 2 or feats.shape[1] != dim:
+        raise bad(f"features of shape {feats.shape}, expected (N, {dim})")
+    if not np.all(np.isfinite(feats)):
+        raise bad("non-finite feature values")
+    if stats.shape != (n, NUM_STATS) or (stats < 0).any():
+        raise bad(f"statistics of shape {stats.shape}, expected ({n}, {NUM_STATS}), non-negative")
+    if offsets.ndim != 1 or offsets[0] != 0 or offsets[-1] != n or np.any(np.diff(offsets) < 0):
+        raise bad("sentence offsets do not rise from 0 to the number of rows")
+    if (text_offsets.shape != (n + 1,) or text_offsets[0] != 0 or text_offsets[-1] != text_bytes
+            or np.any(np.diff(text_offsets) < 0)):
+        raise bad("text offsets do not match the stored texts")
 
 
 class KbestPool:
@@ -381,29 +402,43 @@ class KbestPool:
     @classmethod
     def load(cls, path: str, refs: References) -> "KbestPool":
         """Read a pool saved by :meth:`save`; ``refs`` must be the references it was built with."""
+        check_input(path)
         try:
             z = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
+        except Exception as exc:          # OSError, ValueError, zipfile.BadZipFile, ...
             raise InputError(path, 0, f"cannot read the k-best pool: {exc}") from None
-        with z:
-            if int(z["version"][0]) != POOL_VERSION:
-                raise InputError(path, 0, f"pool version {int(z['version'][0])}, expected "
-                                 f"{POOL_VERSION}; delete it to rebuild from the k-best lists")
-            pool = cls(refs)
-            if str(z["ref_digest"][0]) != pool.reference_digest():
-                raise InputError(path, 0, "the pool was built with other references or BLEU "
-                                 "options; delete it (or use the original --ref) to continue")
-            feats, stats, offsets = z["features"], z["stats"], z["offsets"]
-            tb, toff = z["text_bytes"].tobytes(), z["text_offsets"]
-            pool.labels = [(str(l), int(k)) for l, k in zip(z["label_names"], z["label_sizes"])]
-            col = 0
-            for label, k in pool.labels:
-                pool._label_col[label] = (col, k)
-                col += k
-            pool.dim = col
-            pool.sources = [str(s) for s in z["sources"]]
+        try:
+            return cls._from_npz(path, z, refs)
+        except (KeyError, ValueError, TypeError, IndexError, EOFError, OSError) as exc:
+            raise InputError(path, 0, f"damaged k-best pool ({type(exc).__name__}: {exc}); "
+                             "delete it to rebuild from the k-best lists") from None
+        finally:
+            z.close()
+
+    @classmethod
+    def _from_npz(cls, path: str, z, refs: References) -> "KbestPool":
+        """The pool stored in the open ``.npz`` ``z``, every array checked first."""
+        if int(z["version"][0]) != POOL_VERSION:
+            raise InputError(path, 0, f"pool version {int(z['version'][0])}, expected "
+                             f"{POOL_VERSION}; delete it to rebuild from the k-best lists")
+        pool = cls(refs)
+        if str(z["ref_digest"][0]) != pool.reference_digest():
+            raise InputError(path, 0, "the pool was built with other references or BLEU "
+                             "options; delete it (or use the original --ref) to continue")
+        feats, stats, offsets = z["features"], z["stats"], z["offsets"]
+        tb, toff = z["text_bytes"].tobytes(), z["text_offsets"]
+        pool.labels = [(str(l), int(k)) for l, k in zip(z["label_names"], z["label_sizes"])]
+        if any(k < 1 for _, k in pool.labels):
+            raise InputError(path, 0, "damaged k-best pool: a label without values")
+        col = 0
+        for label, k in pool.labels:
+            pool._label_col[label] = (col, k)
+            col += k
+        pool.dim = col
+        pool.sources = [str(s) for s in z["sources"]]
         if len(offsets) != pool.num_sentences + 1:
             raise InputError(path, 0, "pool sentence count differs from the references")
+        _check_pool_arrays(path, feats, stats, offsets, toff, len(tb), pool.dim)
         for s in range(pool.num_sentences):
             for r in range(int(offsets[s]), int(offsets[s + 1])):
                 vec = np.array(feats[r], dtype=np.float64)
