@@ -263,24 +263,27 @@ def _check_tree(V: int, N: int, arrays: Mapping[str, np.ndarray]) -> None:
     root = pn[starts[0]]
     if np.any(pn[starts] != root):
         raise ValueError("tree paths do not all start at the same root")
+    # step (node, direction) -> where it leads: the next node, or -1-w for word w's leaf
     key = pn.astype(np.int64) * 2 + (sg > 0)
     child = np.empty(len(pn), dtype=np.int64)
     child[:-1] = pn[1:]
-    child[ends - 1] = -1 - np.arange(V)  # the last step of a path leads to the word (a leaf)
-    order = np.argsort(key, kind="stable")
-    k, c = key[order], child[order]
-    first = np.ones(len(k), dtype=bool)
-    first[1:] = k[1:] != k[:-1]
-    if np.any(c != c[np.flatnonzero(first)[np.cumsum(first) - 1]]):
+    child[ends - 1] = -1 - np.arange(V)
+    none = np.iinfo(np.int64).min
+    table = np.full(2 * N, none, dtype=np.int64)
+    table[key] = child
+    if np.any(table[key] != child):
         raise ValueError("tree paths disagree: one step leads to two different places")
-    uk, uc = k[first], c[first]
-    inner = np.unique(pn)
-    if len(uk) != 2 * len(inner) or len(uc) != len(np.unique(uc)):
-        raise ValueError("tree paths do not form a full binary tree (a node lacks a child or "
-                         "has two parents)")
-    kids = uc[uc >= 0]
-    if root in kids or len(kids) != len(inner) - 1 or not np.array_equal(np.sort(kids), np.setdiff1d(inner, [root])):
-        raise ValueError("tree paths do not form a tree (a cycle, or a node without a parent)")
+    used = np.zeros(N, dtype=bool)
+    used[pn] = True
+    if np.any((table[0::2] != none) != used) or np.any((table[1::2] != none) != used):
+        raise ValueError("tree paths do not form a full binary tree (an inner node lacks a child)")
+    kids = table[table >= 0]
+    parents = np.bincount(kids, minlength=N)
+    want = used.astype(np.int64)
+    want[root] = 0
+    if not np.array_equal(parents, want):
+        raise ValueError("tree paths do not form a tree (a node with two parents, a cycle, or "
+                         "a node without a parent)")
 
 
 def _check_tables(h: Header, arrays: Mapping[str, np.ndarray]) -> None:

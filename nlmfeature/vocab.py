@@ -7,6 +7,7 @@ the words, usually by decreasing frequency.  A vocabulary is stored in the model
 """
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence
 
@@ -17,6 +18,8 @@ BOS = "<s>"
 EOS = "</s>"
 NULL = "<null>"
 SPECIALS = (UNK, BOS, EOS, NULL)
+#: characters that str.isspace() calls white space (the regex class misses a few of them)
+_SPACE = re.compile("[\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]")
 
 
 class Vocabulary:
@@ -24,13 +27,16 @@ class Vocabulary:
 
     def __init__(self, words: Sequence[str]) -> None:
         words = list(words)
-        index: Dict[str, int] = {}
-        for i, w in enumerate(words):
-            if not isinstance(w, str) or not w or any(c.isspace() for c in w):
-                raise ValueError(f"vocabulary entry {i} ({w!r}) is empty or contains white space")
-            if w in index:
-                raise ValueError(f"vocabulary entry {i} ({w!r}) is a duplicate")
-            index[w] = i
+        index: Dict[str, int] = {w: i for i, w in enumerate(words)}
+        if len(index) != len(words) or not all(isinstance(w, str) and w for w in words) \
+                or _SPACE.search("".join(words)):  # the common case in one pass of C loops
+            index = {}
+            for i, w in enumerate(words):
+                if not isinstance(w, str) or not w or any(c.isspace() for c in w):
+                    raise ValueError(f"vocabulary entry {i} ({w!r}) is empty or contains white space")
+                if w in index:
+                    raise ValueError(f"vocabulary entry {i} ({w!r}) is a duplicate")
+                index[w] = i
         missing = [s for s in SPECIALS if s not in index]
         if missing:
             raise ValueError(f"vocabulary lacks the special tokens {missing}")
@@ -57,8 +63,9 @@ class Vocabulary:
     def from_arrays(cls, offsets: np.ndarray, data: np.ndarray) -> "Vocabulary":
         """Decode the ``vocab.offsets`` / ``vocab.bytes`` arrays of a model file."""
         raw = bytes(data)
+        offs = np.asarray(offsets).tolist()
         try:
-            words = [raw[offsets[i]:offsets[i + 1]].decode("utf-8") for i in range(len(offsets) - 1)]
+            words = [raw[a:b].decode("utf-8") for a, b in zip(offs[:-1], offs[1:])]
         except UnicodeDecodeError as exc:
             raise ValueError(f"vocabulary is not valid UTF-8: {exc}") from None
         return cls(words)

@@ -103,7 +103,12 @@ def build_library(package_dir: str, temp_dir: str, force: bool = False, verbose:
     shutil.copy2(os.path.join(CAPI_DIR, "nlmfeature.h"), os.path.join(inc_dir, "nlmfeature.h"))
     target = os.path.join(lib_dir, LIB_NAME)
     sources = [os.path.join(CAPI_DIR, s) for s in SOURCES + HEADERS]
-    if not force and not _newer(target, sources + [__file__]):
+    # the library embeds the interpreter that builds it: another one (a venv) or other
+    # sanitizers mean a rebuild even when the sources are older
+    stamp = json.dumps({"python": build_python(), "sanitize": sanitizers()})
+    stamp_path = target + ".build"
+    old_stamp = open(stamp_path).read() if os.path.exists(stamp_path) else ""
+    if not force and old_stamp == stamp and not _newer(target, sources + [__file__]):
         return target
     if not sysconfig.get_config_var("Py_ENABLE_SHARED"):
         print("warning: this Python has no shared libpython; libnlmfeature.so (the C library for "
@@ -128,6 +133,8 @@ def build_library(package_dir: str, temp_dir: str, force: bool = False, verbose:
         print(" ".join(shlex.quote(c) for c in cmd))
     subprocess.check_call(cmd)
     os.replace(tmp, target)
+    with open(stamp_path, "w") as f:
+        f.write(stamp)
     return target
 
 

@@ -32,7 +32,17 @@
  *
  * ERRORS: functions return NLM_OK (0) or a negative nlm_status; the message of the last
  * failure on the calling thread is nlm_last_error().  Bad model paths or files are errors,
- * never aborts.
+ * never aborts: a model file is validated completely at load (checksum, header, every
+ * array and derived table), so nothing a file holds can make scoring read out of bounds.
+ * Scoring functions return NaN (and set nlm_last_error) for a NULL session, or a NULL
+ * context/words array with a non-zero length; they never crash on any id value.
+ *
+ * REPLACING A MODEL FILE: a loaded model is memory-mapped.  Write the new model next to the
+ * old one and rename it over it (mv new.nlm live.nlm; nlmfeature's own writers do this):
+ * running processes keep the old file until they reload.  Never overwrite a loaded file in
+ * place (cp new.nlm live.nlm): nlm_session_begin notices it (file size or modification time
+ * changed), returns NLM_ERR_MODEL, and the session scores NaN from then on -- but a process
+ * that is inside a sentence when the file shrinks can still die of SIGBUS.
  */
 #ifndef NLMFEATURE_H
 #define NLMFEATURE_H
@@ -141,7 +151,8 @@ void nlm_load_options_init(nlm_load_options* o);
 int nlm_model_load(const char* path, nlm_model** out);
 int nlm_model_load_ex(const char* path, const nlm_load_options* options, nlm_model** out);
 
-/** Release a model.  Free its sessions first.  NULL is ignored. */
+/** Release a model.  NULL is ignored.  If sessions of the model are still alive, the model
+ *  is released when the last of them is freed (they keep working until then). */
 void nlm_model_free(nlm_model* model);
 
 /** n: the model scores a word given the n-1 words before it. */
@@ -189,7 +200,9 @@ void nlm_session_free(nlm_session* session);
 /** Start sentence `sentence_id`: empties the per-sentence caches and, with a persistent
  *  cache, loads that sentence's stored scores (ids >= 0 only).  A corrupt or foreign cache
  *  file is ignored with a warning on stderr and rewritten at the end.  Implicitly ends an
- *  open sentence. */
+ *  open sentence.  Returns NLM_ERR_MODEL if the model file was overwritten in place since
+ *  it was loaded (see REPLACING A MODEL FILE above): the session then scores NaN and
+ *  stores nothing in the persistent cache.  NLM_ERR_ARGUMENT for a NULL session. */
 int nlm_session_begin(nlm_session* session, int64_t sentence_id);
 
 /** End the sentence: with a persistent cache, merges its new scores into the sentence's
@@ -209,7 +222,9 @@ double nlm_score(nlm_session* session, const int32_t* context, int n, int32_t wo
 double nlm_score_partial(nlm_session* session, const int32_t* context, int n, int32_t word,
                          int sentence_start);
 
-/** Score with an already padded context of exactly order-1 ids (no padding logic). */
+/** Score with an already padded context of exactly order-1 ids (no padding logic).  Ids
+ *  outside [0, vocab size), in the context or as the word, are read as <unk>, as in every
+ *  scoring function.  context may be NULL only for order-1 models. */
 double nlm_score_padded(nlm_session* session, const int32_t* context, int32_t word);
 
 /** Sum of the scores of `n` words after `context` (nctx ids, padded as nlm_score does): the

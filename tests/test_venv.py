@@ -1,0 +1,88 @@
+"""libnlmfeature built inside a virtualenv starts that venv's interpreter (its sys.prefix,
+its site-packages and numpy), not the base Python the venv was made from (issue 10 case 12).
+
+The package is installed into a fresh ``python -m venv`` with ``pip install
+--no-build-isolation`` from a copy of this checkout that includes its build directory, so
+the Cython extensions already built are reused and only libnlmfeature is compiled (~30 s).
+A ``.pth`` probe in the venv's site-packages records the embedded interpreter's sys.prefix:
+``site`` runs it only if the library really started the venv's Python."""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import nlmfeature
+from helpers import BROWN_VALID, make_model, read_lines
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SOURCE = os.path.join(ROOT, "tests", "c", "test_capi.c")
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None or not os.path.isdir(os.path.join(ROOT, "build")),
+                                reason="needs a C compiler and a built checkout (python setup.py build_ext)")
+
+
+def _clean_env(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "NLMFEATURE"))}
+    env.update(PATH="/usr/bin:/bin", HOME="/nonexistent", **extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory):
+    d = tmp_path_factory.mktemp("venv")
+    src = d / "src"
+    keep = ("setup.py", "pyproject.toml", "README.md", "nlmfeature", "cython", "build")
+    os.makedirs(src)
+    for name in keep:
+        p = os.path.join(ROOT, name)
+        if os.path.isdir(p):
+            shutil.copytree(p, src / name, symlinks=True, ignore=shutil.ignore_patterns(
+                "__pycache__", "*.egg-info", "lib", "include", "*.so.tmp*"))
+        elif os.path.exists(p):
+            shutil.copy2(p, src / name)
+    env_dir = d / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(env_dir)],
+                   check=True, timeout=120)
+    py = str(env_dir / "bin" / "python")
+    p = subprocess.run([py, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", "--no-index",
+                        str(src)], capture_output=True, text=True, timeout=900, cwd=str(d))
+    assert p.returncode == 0, p.stdout + p.stderr
+    site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    with open(os.path.join(site, "nlm_venv_probe.pth"), "w") as f:
+        f.write("import os, sys; p = os.environ.get('NLM_VENV_PROBE'); "
+                "p and open(p, 'w').write(sys.prefix + '\\n' + sys.executable)\n")
+    return {"dir": str(env_dir), "python": py, "site": site}
+
+
+def test_library_built_in_a_venv_runs_the_venvs_python(venv, tmp_path):
+    py = venv["python"]
+    # the installed package (not this checkout) answers: run from elsewhere
+    flags = subprocess.run([py, "-m", "nlmfeature.cli", "config", "--cflags", "--libs"], capture_output=True,
+                           text=True, check=True, cwd=str(tmp_path)).stdout
+    assert venv["site"] in flags, flags
+    exe = str(tmp_path / "test_capi")
+    args = shlex.split(flags)
+    subprocess.run(["cc", "-O1", *[a for a in args if not a.startswith("-l")], SOURCE, "-o", exe,
+                    *[a for a in args if a.startswith("-l")], "-lpthread", "-lm"], check=True)
+    model = make_model(tmp_path, "m.nlm", order=4, min_count=4)
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(read_lines(BROWN_VALID, 10)) + "\n", encoding="utf-8")
+    probe = tmp_path / "probe.txt"
+    p = subprocess.run([exe, "score", model, str(text), "--threads", "2"], capture_output=True, text=True,
+                       timeout=300, cwd=str(tmp_path), env=_clean_env(NLM_VENV_PROBE=str(probe)))
+    assert p.returncode == 0, p.stderr
+    assert probe.exists(), "the library did not start the venv's interpreter (its site-packages were not set up)"
+    prefix, executable = probe.read_text().splitlines()
+    assert os.path.realpath(prefix) == os.path.realpath(venv["dir"]), (prefix, executable)
+    got = [[float(x) for x in line.split()] for line in p.stdout.splitlines()]
+    m = nlmfeature.load(model)
+    for a, line in zip(got, read_lines(str(text))):
+        assert np.allclose(a, m.score_sentence(line), atol=1e-6)
+    assert len(got) == 10
