@@ -21,6 +21,7 @@ case $mode in
   *) echo "usage: tools/sanitize.sh asan|tsan [DIR]" >&2; exit 2 ;;
 esac
 dir=${2:-/tmp/nlmfeature-$mode}
+shift; [ $# -gt 0 ] && shift  # the rest: extra pytest arguments
 mkdir -p "$dir"
 # the sources (tracked and new files), not the build products
 (cd "$src" && git ls-files -co --exclude-standard | tar -cf - -T -) | tar -xf - -C "$dir"
