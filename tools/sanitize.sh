@@ -21,6 +21,7 @@ case $mode in
   *) echo "usage: tools/sanitize.sh asan|tsan [DIR]" >&2; exit 2 ;;
 esac
 dir=${2:-/tmp/nlmfeature-$mode}
+shift; [ $# -gt 0 ] && shift  # the rest: extra pytest arguments
 mkdir -p "$dir"
 # the sources (tracked and new files), not the build products
 (cd "$src" && git ls-files -co --exclude-standard | tar -cf - -T -) | tar -xf - -C "$dir"
@@ -38,18 +39,21 @@ if [ "$mode" = asan ]; then
   if grep -q -e "ERROR: AddressSanitizer" -e "runtime error:" asan.log; then status=1; fi
   exit $status
 fi
-# tsan: the C test program from 8 threads
-flags=$(python3 -m nlmfeature.cli config --cflags --libs)
-cc -O1 -g -fsanitize=thread $(echo "$flags" | tr ' ' '\n' | grep -v '^-l') tests/c/test_capi.c -o test_capi_tsan \
-  $(echo "$flags" | tr ' ' '\n' | grep '^-l') -lpthread -lm
-python3 - <<'PY'
+# tsan: the C test program from 8 threads.  Python steps run on the normal build of the
+# source checkout (a Python process cannot dlopen the TSan runtime); the program itself
+# carries the runtime and loads the instrumented library and extensions.
+cc -O1 -g -fsanitize=thread -I"$dir/nlmfeature/include" tests/c/test_capi.c -o test_capi_tsan \
+  -L"$dir/nlmfeature/lib" -Wl,-rpath,"$dir/nlmfeature/lib" -lnlmfeature -lpthread -lm
+(cd "$src" && python3 - "$dir" <<'PY'
 import sys
 sys.path.insert(0, "tests")
 from helpers import make_model, read_lines, BROWN_VALID
-make_model(".", "tsan-class.nlm", order=4, output="class", classes=30, min_count=4)
-make_model(".", "tsan-unnorm.nlm", order=5, min_count=4)
-open("tsan-text.txt", "w").write("\n".join(read_lines(BROWN_VALID, 60)) + "\n")
+d = sys.argv[1]
+make_model(d, "tsan-class.nlm", order=4, output="class", classes=30, min_count=4)
+make_model(d, "tsan-unnorm.nlm", order=5, min_count=4)
+open(d + "/tsan-text.txt", "w").write("\n".join(read_lines(BROWN_VALID, 60)) + "\n")
 PY
+)
 export TSAN_OPTIONS="halt_on_error=0 report_signal_unsafe=0 history_size=4"
 status=0
 for m in tsan-class.nlm tsan-unnorm.nlm; do
