@@ -550,3 +550,15 @@ def test_block_reader_gives_the_same_lines_at_any_block_size(tmp_path, monkeypat
     bad.write_bytes(("\n".join(lines[:30]) + "\n").encode() + b"caf\xe9\n" + b"tail")
     with pytest.raises(InputError, match=r"bad.txt:31: not valid UTF-8"):
         list(textio.iter_lines(str(bad)))
+
+
+def test_standard_input_streams_a_compressed_list_through_rescore(model, tmp_path):
+    """``-i -``: standard input is read in blocks as they arrive (a decoder's pipe)."""
+    out = tmp_path / "out.100best"
+    r = subprocess.run([sys.executable, "-m", "nlmfeature.rescore", "-m", model, "-i", "-",
+                        "-o", str(out), "-q"], cwd=ROOT, input=gzip.decompress(
+                            open(MOSES, "rb").read()), capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-1000:]
+    got = list(read_kbest(str(out)))
+    assert [h.text for h in got] == [h.text for h in read_kbest(MOSES)]
+    assert all(h.features[-1][0] == "NLM0" for h in got)
