@@ -120,13 +120,26 @@ class AtomicFile(io.BufferedWriter):
                     if os.path.exists(self.tmp):
                         os.unlink(self.tmp)
                 else:
-                    try:
-                        os.chmod(self.tmp, 0o666 & ~_umask())
-                        os.replace(self.tmp, self.target)
-                    except BaseException:
-                        if os.path.exists(self.tmp):
-                            os.unlink(self.tmp)
-                        raise
+                    install(self.tmp, self.target, synced=True)
+
+
+def install(tmp: str, target: str, synced: bool = False) -> None:
+    """Move the finished file ``tmp`` (in ``target``'s directory) over ``target``: fsync
+    (unless ``synced``), usual permissions, ``os.replace``; ``tmp`` is removed on failure.
+    For files another program wrote (e.g. KenLM's ``lmplz``)."""
+    try:
+        if not synced:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 @contextlib.contextmanager

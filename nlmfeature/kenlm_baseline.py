@@ -42,7 +42,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tupl
 
 import numpy as np
 
-from .atomicfile import check_output
+from .atomicfile import check_output, install
 from .textio import iter_lines, read_head, read_tokens
 from .errors import InputError, NLMFeatureError
 from .forward import vocab_log_scores
@@ -136,8 +136,8 @@ def train_kenlm(text: str, out: str, order: int = 5, vocab: Optional[Vocabulary]
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             if proc.returncode != 0:
                 raise NLMFeatureError("build_binary failed:\n" + proc.stderr[-2000:])
-            os.replace(bin_tmp, binary)
-        os.replace(arpa_tmp, out)
+            install(bin_tmp, binary)
+        install(arpa_tmp, out)
     return out
 
 

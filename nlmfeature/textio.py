@@ -29,6 +29,8 @@ from .errors import InputError
 
 #: longest line accepted, in bytes (a k-best line of a 500-word hypothesis is ~20 KB)
 MAX_LINE = 64 << 20
+#: bytes read at a time
+CHUNK = 1 << 20
 #: compressed formats, by file name ending
 COMPRESSED = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 #: what a broken compressed stream raises (gzip: BadGzipFile (an OSError) or zlib.error)
@@ -101,31 +103,54 @@ def iter_lines(path: str, stream: bool = False) -> Iterator[Tuple[int, str]]:
 
     ``stream``: also accept a FIFO (for commands whose input is a stream, such as a k-best
     list piped from a decoder); ``-`` (standard input) is always accepted.
+
+    The bytes are read in blocks of whole lines, decoded and split at once (a block that is
+    not UTF-8 is decoded line by line to name the line); a trailing ``\r`` is dropped.
     """
     f = open_binary(path, stream)
     lineno = 0
     try:
-        readline = f.readline
+        read = getattr(f, "read1", f.read)      # read1: what is there (a pipe need not fill)
+        rest = b""
         while True:
             try:
-                raw = readline(MAX_LINE)
+                data = read(CHUNK)
             except _STREAM_ERRORS as exc:   # e.g. a truncated or corrupt compressed file
                 raise InputError(path, lineno + 1, f"cannot read further: {_reason(exc)}"
                                  ) from None
-            if not raw:
+            if not data:
+                if rest:
+                    yield lineno + 1, _decode(rest, path, lineno + 1).rstrip("\r")
                 return
-            lineno += 1
-            if len(raw) >= MAX_LINE and not raw.endswith(b"\n"):
-                raise InputError(path, lineno, f"line longer than {MAX_LINE >> 20} MiB: not a "
-                                 "text file of this kind?")
+            buf = rest + data if rest else data
+            cut = buf.rfind(b"\n")
+            if cut < 0:
+                rest = buf
+                if len(rest) > MAX_LINE:
+                    raise InputError(path, lineno + 1, f"line longer than {MAX_LINE >> 20} MiB: "
+                                     "not a text file of this kind?")
+                continue
+            rest = buf[cut + 1:]
             try:
-                yield lineno, raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as exc:
-                raise InputError(path, lineno, f"not valid UTF-8 ({exc.reason} at byte "
-                                 f"{exc.start}); convert the file to UTF-8 (e.g. with iconv)"
-                                 ) from None
+                lines = buf[:cut].decode("utf-8").split("\n")
+            except UnicodeDecodeError:
+                lines = [_decode(raw, path, lineno + k + 1)
+                         for k, raw in enumerate(buf[:cut].split(b"\n"))]
+            if b"\r" in buf:
+                lines = [line.rstrip("\r") for line in lines]
+            for line in lines:
+                lineno += 1
+                yield lineno, line
     finally:
         f.close()
+
+
+def _decode(raw: bytes, path: str, lineno: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(path, lineno, f"not valid UTF-8 ({exc.reason} at byte {exc.start}); "
+                         "convert the file to UTF-8 (e.g. with iconv)") from None
 
 
 def _reason(exc: BaseException) -> str:

@@ -363,6 +363,7 @@ def test_a_kbest_list_streams_through_a_fifo(tmp_path):
 def test_line_length_is_bounded(tmp_path, monkeypatch):
     from nlmfeature import textio
     monkeypatch.setattr(textio, "MAX_LINE", 1 << 16)
+    monkeypatch.setattr(textio, "CHUNK", 1 << 12)
     lines = real_lines(MOSES)[:5]
     lines[3] = lines[3] + " " + "x" * 200_000          # no newline for 200 KB
     path = tmp_path / "long.100best"
@@ -533,3 +534,31 @@ def test_damaged_pool_files_are_input_errors(tmp_path):
             KbestPool.load(str(path), refs)
     again = KbestPool.load(str(good), refs)
     assert np.array_equal(again.arrays().features, pool.arrays().features)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 4096, 1 << 20])
+def test_block_reader_gives_the_same_lines_at_any_block_size(tmp_path, monkeypatch, chunk):
+    """Lines split across read blocks, CRLF endings, a last line without newline and a bad
+    byte are handled alike whatever the block size."""
+    from nlmfeature import textio
+    monkeypatch.setattr(textio, "CHUNK", chunk)
+    lines = real_lines(MOSES)[:40]
+    path = tmp_path / "crlf.txt"
+    path.write_bytes(("\r\n".join(lines[:20]) + "\n" + "\n".join(lines[20:])).encode())
+    assert [l for _, l in textio.iter_lines(str(path))] == lines
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(("\n".join(lines[:30]) + "\n").encode() + b"caf\xe9\n" + b"tail")
+    with pytest.raises(InputError, match=r"bad.txt:31: not valid UTF-8"):
+        list(textio.iter_lines(str(bad)))
+
+
+def test_standard_input_streams_a_compressed_list_through_rescore(model, tmp_path):
+    """``-i -``: standard input is read in blocks as they arrive (a decoder's pipe)."""
+    out = tmp_path / "out.100best"
+    r = subprocess.run([sys.executable, "-m", "nlmfeature.rescore", "-m", model, "-i", "-",
+                        "-o", str(out), "-q"], cwd=ROOT, input=gzip.decompress(
+                            open(MOSES, "rb").read()), capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-1000:]
+    got = list(read_kbest(str(out)))
+    assert [h.text for h in got] == [h.text for h in read_kbest(MOSES)]
+    assert all(h.features[-1][0] == "NLM0" for h in got)

@@ -35,7 +35,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from ..atomicfile import atomic_write_bytes, atomic_write_text, open_output
+from ..atomicfile import atomic_write_bytes, atomic_write_text, install, open_output
 from ..bleu import DEFAULT_TOKENIZE, References, corpus_bleu
 from ..errors import InputError, NLMFeatureError
 from ..kbest import format_number, group_by_sentence, read_kbest
@@ -277,7 +277,7 @@ class Driver:
                 os.unlink(out)
                 raise DecoderError(f"{cmd[0]} produced no k-best lines; see {err_path}")
             if self.s.decoder == "moses":
-                os.replace(stdout_tmp, self.path(f"run{k}.out"))
+                install(stdout_tmp, self.path(f"run{k}.out"))
         finally:
             for t in (tmp, stdout_tmp):
                 if os.path.exists(t):

@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""Time the k-best readers on a real 100-best list, optionally side by side with another tree.
+
+    python3 tools/bench_kbest_read.py                       # this tree
+    python3 tools/bench_kbest_read.py --baseline /tmp/base  # paired: a checkout of another
+                                                            # revision (built or with its .so)
+
+Prints, per tree, the best of ``--repeat`` runs (trees alternate, so load on the machine
+hits both alike) of: ``textio.iter_lines`` (decompress + decode), ``read_kbest`` (full
+parse) and ``check_line`` (the check rescoring uses), over every line of the list.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+LIST = "/work/shared/data/nbest/moses-multi30k-de-en/dev.iter1.100best.gz"
+CHILD = r'''
+import sys, time, json
+sys.path.insert(0, sys.argv[1])
+from nlmfeature.kbest import read_kbest, check_line
+try:
+    from nlmfeature.textio import iter_lines
+except ImportError:
+    from nlmfeature.kbest import iter_lines
+KB = sys.argv[2]
+t = time.perf_counter(); n = sum(1 for _ in iter_lines(KB)); a = time.perf_counter() - t
+t = time.perf_counter(); f = sum(len(h.features) for h in read_kbest(KB)); b = time.perf_counter() - t
+t = time.perf_counter(); s = sum(check_line(l, "moses", KB, i)[0] for i, l in iter_lines(KB))
+c = time.perf_counter() - t
+print(json.dumps([a, b, c, n, f, s]))
+'''
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--list", default=LIST, help=f"k-best list to read (default {LIST})")
+    ap.add_argument("--baseline", metavar="TREE", help="another source tree to time alongside")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per tree (best is shown)")
+    args = ap.parse_args()
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    trees = [here] + ([os.path.abspath(args.baseline)] if args.baseline else [])
+    runs = {t: [] for t in trees}
+    for _ in range(args.repeat):
+        for tree in trees:
+            out = subprocess.run([sys.executable, "-c", CHILD, tree, args.list], cwd="/",
+                                 capture_output=True, text=True, check=True)
+            runs[tree].append(json.loads(out.stdout))
+    for tree, rs in runs.items():
+        best = [min(r[i] for r in rs) for i in range(3)]
+        print(f"{tree}: {rs[0][3]} lines  iter_lines {best[0]:.3f} s  read_kbest {best[1]:.3f} s  "
+              f"check_line {best[2]:.3f} s  (checksums {rs[0][4]} {rs[0][5]})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
