@@ -196,7 +196,7 @@ def evaluate(system_paths: Sequence[str], ref_paths: Sequence[str], tokenize: st
         raise NLMFeatureError("give at least one reference with --ref")
     if not 1 <= len(system_paths) <= 2:
         raise NLMFeatureError("give one system output, or two to compare them")
-    systems = [read_lines(p) for p in system_paths]
+    systems = [read_lines(p, stream=True) for p in system_paths]   # a pipe is fine
     refs = [read_lines(p) for p in ref_paths]
     check_lengths(system_paths, systems, ref_paths, refs)
     mets = make_metrics(tokenize, lowercase, chrf_word_order, metrics)
