@@ -426,7 +426,6 @@ def _packed(header: dict, body: bytes = b"") -> bytes:
 
 
 def test_query_log_forgeries_are_clear_errors_in_bounded_memory(tmp_path):
-    import json
     import lzma
     import resource
     import struct
