@@ -31,15 +31,31 @@ class OutputError(NLMFeatureError):
     """An output path cannot be written (a directory, in a missing directory, no permission)."""
 
 
-def check_output(path: str, what: str = "output") -> None:
+def _stream_target(path: str) -> bool:
+    """Whether ``path`` is an existing character device or FIFO (``/dev/null``,
+    ``/dev/stdout``, a named pipe): written directly, since it cannot be replaced."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
+def check_output(path: str, what: str = "output", stream: bool = False) -> None:
     """Raise :class:`OutputError` unless a file can be written at ``path`` (``-``, standard
-    output, always can).  Call it before the work that produces the file.  Nothing is left
-    behind: the check creates and removes a temporary file in the target directory."""
+    output, always can; with ``stream``, so can an existing character device or FIFO such as
+    ``/dev/null``, which :func:`open_output` writes directly).  Call it before the work that
+    produces the file.  Nothing is left behind: the check creates and removes a temporary
+    file in the target directory."""
     if path == "-":
         return
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"an output path must be a str, not {type(path).__name__}")
     path = os.fspath(path)
+    if stream and _stream_target(path):
+        if not os.access(path, os.W_OK):
+            raise OutputError(f"{what} {path}: not writable")
+        return
     if not path or path.endswith(os.sep):
         raise OutputError(f"{what} {path!r}: not a file name")
     try:
@@ -52,7 +68,7 @@ def check_output(path: str, what: str = "output") -> None:
         raise OutputError(f"{what} {path} is a directory; give a file name")
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise OutputError(f"{what} {path} exists and is not a regular file (an atomic write "
-                          "would replace it)")
+                          "would replace it; this output cannot go to a device or pipe)")
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise OutputError(f"{what} {path}: the directory {directory} does not exist; create it "
@@ -80,6 +96,9 @@ class AtomicFile(io.BufferedWriter):
     permissions (0666 minus the umask).  Seekable, as a plain file."""
 
     def __init__(self, path: str, suffix: str = ".tmp") -> None:
+        if os.path.exists(path) and not os.path.isfile(path):
+            raise OutputError(f"{path} exists and is not a regular file: an atomic write would "
+                              "replace it")
         directory = os.path.dirname(os.path.abspath(path))
         fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=suffix,
                                    dir=directory)
@@ -233,10 +252,25 @@ class _StdBytes:
         self.close()
 
 
+class _DirectBytes(_StdBytes):
+    """A device or FIFO written directly (closing closes it)."""
+
+    def close(self) -> None:
+        self._buf.close()
+
+
+class _DirectText(io.TextIOWrapper):
+    """Text written directly to a device or FIFO (nothing to discard)."""
+
+    def discard(self) -> None:
+        pass
+
+
 def open_output(path: str, binary: bool = False):
     """An output file written atomically: UTF-8 text (``.gz``: gzip-compressed), or raw bytes
     with ``binary`` (for writers that compress their own gzip members: concatenated members
-    form one valid ``.gz`` file).  ``-`` is standard output (flushed, not closed).  Use it in
+    form one valid ``.gz`` file).  ``-`` is standard output (flushed, not closed); an existing
+    character device or FIFO (``/dev/null``, a named pipe) is written directly.  Use it in
     ``with`` or call ``discard()`` before ``close()`` on failure.  Raises
     :class:`OutputError` when the file cannot be created."""
     if path == "-":
@@ -245,6 +279,17 @@ def open_output(path: str, binary: bool = False):
         if not hasattr(sys.stdout, "buffer"):   # replaced by a text-only stream (tests)
             return sys.stdout
         return _StdText(sys.stdout.buffer, encoding="utf-8", newline="\n")
+    if _stream_target(path):
+        try:
+            raw = open(path, "wb")
+        except OSError as exc:
+            raise OutputError(f"{path}: cannot open for writing: {exc.strerror or exc}") from None
+        if binary:
+            return _DirectBytes(raw)
+        if path.endswith(".gz"):
+            raw = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0,
+                                compresslevel=GZIP_LEVEL)
+        return _DirectText(raw, encoding="utf-8", newline="\n")
     check_output(path)
     try:
         return AtomicFile(path) if binary else _TextOutput(path, path.endswith(".gz"))

@@ -24,7 +24,7 @@ Tuning needs two more sentence-level scores, both from the same statistics:
 from __future__ import annotations
 
 from collections import Counter
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 

@@ -202,7 +202,7 @@ def evaluate(system_paths: Sequence[str], ref_paths: Sequence[str], tokenize: st
     if detok is not None and not isinstance(detok, str):
         raise TypeError(f"evaluate: detok must be a language code (str) or None, not "
                         f"{type(detok).__name__}")
-    systems = [read_lines(p) for p in system_paths]
+    systems = [read_lines(p, stream=True) for p in system_paths]   # a pipe is fine
     if detok:
         from .prepare import detokenise
 

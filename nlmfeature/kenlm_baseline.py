@@ -43,7 +43,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tupl
 import numpy as np
 
 from .atomicfile import check_output, install
-from .textio import iter_lines, read_head, read_tokens
+from .textio import iter_lines, read_head
 from .errors import InputError, NLMFeatureError
 from .forward import vocab_log_scores
 from .vocab import Vocabulary

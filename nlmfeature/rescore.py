@@ -484,7 +484,7 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
     check_input(input_path, stream=True)
     for path, what in ((output_path, "output"), (one_best, "--one-best output")):
         if path:
-            check_output(path, what)
+            check_output(path, what, stream=True)     # /dev/null or a pipe is fine
     weights = read_weights(weights_path) if weights_path else None
     if one_best and weights is None:
         raise NLMFeatureError("--one-best needs --weights (the 1-best is chosen by the weighted "

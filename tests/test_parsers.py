@@ -426,7 +426,6 @@ def _packed(header: dict, body: bytes = b"") -> bytes:
 
 
 def test_query_log_forgeries_are_clear_errors_in_bounded_memory(tmp_path):
-    import json
     import lzma
     import resource
     import struct
@@ -562,3 +561,23 @@ def test_standard_input_streams_a_compressed_list_through_rescore(model, tmp_pat
     got = list(read_kbest(str(out)))
     assert [h.text for h in got] == [h.text for h in read_kbest(MOSES)]
     assert all(h.features[-1][0] == "NLM0" for h in got)
+
+
+def test_rescore_writes_into_a_pipe_without_replacing_it(model, tmp_path):
+    """``-o /dev/null`` or a named pipe: written directly (on main the atomic writer renamed
+    a regular file over it: as root, ``-o /dev/null`` replaced the device)."""
+    import stat
+    import threading
+    fifo = str(tmp_path / "out.fifo")
+    os.mkfifo(fifo)
+    got = []
+    t = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()), daemon=True)
+    t.start()
+    r = rescore_cli(["-m", model, "-i", MOSES, "-o", fifo, "-q"], timeout=60)
+    t.join(20)
+    assert r.returncode == 0, r.stderr[-1000:]
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and os.listdir(tmp_path) == ["out.fifo"]
+    assert got and got[0].count(b"\n") == 687 and b"NLM0=" in got[0]
+    from nlmfeature.atomicfile import OutputError, atomic_write_bytes
+    with pytest.raises(OutputError, match="not a regular file"):
+        atomic_write_bytes(fifo, b"a model must not go into a pipe")

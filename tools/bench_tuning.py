@@ -130,7 +130,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--workdir", help="directory for Moses' files (default: a temporary one)")
     args = ap.parse_args(argv)
 
-    refs = References.from_files([os.path.join(DATA, "dev.ref.en.gz")])
+    ref_lines = read_lines(os.path.join(DATA, "dev.ref.en.gz"))
+    refs = References([ref_lines])
     tools = {}
     if not args.no_moses:
         for name in ("extractor", "mert", "kbmira"):

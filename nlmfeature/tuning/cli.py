@@ -83,10 +83,10 @@ def _optimiser_settings(args: argparse.Namespace) -> dict:
 def cmd_optimise(args: argparse.Namespace) -> int:
     from ..atomicfile import check_output
 
-    for path, flag in ((args.out, "--out"), (args.save_pool, "--save-pool"),
-                       (args.output_1best, "--output-1best")):
+    for path, flag, stream in ((args.out, "--out", True), (args.save_pool, "--save-pool", False),
+                               (args.output_1best, "--output-1best", True)):
         if path:
-            check_output(path, flag)      # before reading lists and optimising
+            check_output(path, flag, stream)   # before reading lists and optimising
     t0 = time.time()
     refs = References.from_files(args.ref, tokenize=args.tokenize, lowercase=args.lowercase)
     pool = KbestPool(refs)
