@@ -332,6 +332,9 @@ def validate_structure(h: Header, arrays: Mapping[str, np.ndarray], strict: bool
             if required:
                 raise ValueError(f"array {name!r} is missing")
             continue
+        if not required:  # an optional array (bias, tables) the header says is absent
+            raise ValueError(f"array {name!r} is present but the header says the model has none "
+                             "('bias' / 'precomputed' is false)")
         _check_array(name, arrays[name], dtype, shape)
     extra = set(arrays) - set(spec)
     if extra and strict:
