@@ -55,6 +55,12 @@ DEFAULT_RECIPE = ("--order 5 --min-count 2 --word-width 200 --diagonal-contexts 
                   "--patience 2 --seed 1")
 
 
+def threading_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
 def _log(msg: str) -> None:
     print(f"[bench mt {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -247,18 +253,38 @@ def decode(moses: str, ini: str, src: str, out: str, threads: int, kbest: int = 
     if os.path.exists(out) and (not kbest or os.path.exists(kbest_out)):
         meta = out + ".seconds"
         return float(open(meta).read()) if os.path.exists(meta) else 0.0
+    import tempfile
+
     cmd = [moses, "-config", ini, "-input-file", src, "-threads", str(threads)]
+    # temporary names of this process only: an interrupted run's decoder cannot write into them
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(out) + ".", dir=os.path.dirname(out))
+    os.close(fd)
+    ktmp = None
     if kbest:
-        cmd += ["-n-best-list", kbest_out + ".tmp", str(kbest), "distinct"]
+        fd, ktmp = tempfile.mkstemp(prefix="." + os.path.basename(kbest_out) + ".",
+                                    dir=os.path.dirname(kbest_out))
+        os.close(fd)
+        cmd += ["-n-best-list", ktmp, str(kbest), "distinct"]
     t0 = time.time()
-    with open(out + ".tmp", "wb") as f, open(out + ".log", "wb") as err:
-        proc = subprocess.run(cmd, stdout=f, stderr=err)
-    if proc.returncode != 0:
-        raise NLMFeatureError(f"{moses} failed (status {proc.returncode}); see {out}.log")
-    seconds = time.time() - t0
-    if kbest:
-        os.replace(kbest_out + ".tmp", kbest_out)
-    os.replace(out + ".tmp", out)
+    try:
+        with open(tmp, "wb") as f, open(out + ".log", "wb") as err:
+            proc = subprocess.Popen(cmd, stdout=f, stderr=err)
+            try:
+                status = proc.wait()
+            except BaseException:       # Ctrl-C / SIGTERM: the decoder goes too
+                proc.kill()
+                proc.wait()
+                raise
+        if status != 0:
+            raise NLMFeatureError(f"{moses} failed (status {status}); see {out}.log")
+        seconds = time.time() - t0
+        if ktmp:
+            os.replace(ktmp, kbest_out)
+        os.replace(tmp, out)
+    finally:
+        for t in (tmp, ktmp):
+            if t and os.path.exists(t):
+                os.unlink(t)
     with open(out + ".seconds", "w") as f:
         f.write(f"{seconds:.3f}\n")
     return seconds
@@ -745,7 +771,16 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run, test=None)
 
 
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt
+
+
 def _run(args: argparse.Namespace) -> int:
+    import signal
+
+    if threading_main():
+        # `kill` stops like Ctrl-C: the running decoder is killed, finished steps stay
+        signal.signal(signal.SIGTERM, _interrupted)
     if not args.test:
         args.test = ["test"]
     if args.max_iterations is None:
