@@ -57,7 +57,7 @@ CHECKPOINT_VERSION = 1
 class TrainConfig:
     """Every setting of a training run (the ``nlmfeature train`` flags, whose defaults are
     these).  The defaults are the recipe measured best on real data (docs/training.md,
-    "Choosing the defaults"): a log-bilinear model with diagonal context matrices, 200-wide
+    "Choosing the defaults"): an 8-gram log-bilinear model with diagonal context matrices, 200-wide
     embeddings, NCE (unnormalised, self-normalised output) with 10 noise samples, direct
     n-gram features of orders 1-3, minibatches of 250 with L2 20, four held-out evaluations
     per epoch and early stopping after four without improvement."""
@@ -71,7 +71,7 @@ class TrainConfig:
     max_vocab: Optional[int] = None
     # architecture
     arch: str = "lbl"
-    order: int = 5
+    order: int = 8
     word_width: int = 200
     hidden: int = 0
     diagonal_contexts: bool = True
