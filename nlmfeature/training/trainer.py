@@ -504,6 +504,9 @@ class Trainer:
         N, B = len(self.data), cfg.minibatch_size
         nb = self.batches_per_epoch
         l2 = cfg.lambda_lbl * B / N
+        if self.heldout is None:
+            self.log(f"warning: no --test-set, so no early stopping: all {cfg.iterations} epochs run and the "
+                     "last is kept (it may over-fit; a held-out text picks the best evaluation)")
         self.log(f"training {self.estimator} on {N} n-grams ({len(self.vocab)} words, "
                  f"{int(self.counts[self.vocab.unk])} <unk> tokens), {cfg.iterations} epochs of {nb} minibatches")
         old_handler = None
