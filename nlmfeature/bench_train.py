@@ -53,7 +53,8 @@ CONFIGS: Dict[str, Dict[str, Any]] = {
     "nplm-150-750-150-nce": dict(NPLM, output="unnormalised", noise_samples=10),
     "nplm-150-750-150-nce+direct": dict(NPLM, output="unnormalised", noise_samples=10, **DIRECT),
 }
-COMMON = dict(order=5, min_count=4, minibatch_size=250, step_size=0.05, lambda_lbl=20.0, init_scale=0.01)
+COMMON = dict(order=5, min_count=4, minibatch_size=250, step_size=0.05, lambda_lbl=20.0, init_scale=0.01,
+              direct_order=0)  # the "+direct" configurations set their own
 #: untimed minibatches before a speed measurement
 WARMUP_UPDATES = 20
 #: held-out evaluations per epoch (the best one is kept)

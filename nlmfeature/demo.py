@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         out = steps.run(f"tune on dev (MERT) {label} the neural features", "nlmfeature-tune", tune_cli.main,
                         ["optimise", "--nbest", kbest, "--ref", dev_ref, "--init", w(start),
                          "--algorithm", "mert", "--restarts", str(args.restarts), "--seed", "1",
-                         "--jobs", jobs, "--out", w(f"{name}.weights")])
+                         "--jobs", jobs, "--out", w(f"{name}.weights")] + (["--quiet"] if args.quiet else []))
         dev_bleu[name] = _after_bleu(out)
     for name in ("base", "nlm"):
         note = " (the NLM features have no weight there: the baseline)" if name == "base" else ""

@@ -314,7 +314,7 @@ def test_cli_train(tmp_path, capsys):
 
     out = tmp_path / "cli.nlm"
     rc = main(["train", "--train", BROWN_TRAIN, "--test-set", BROWN_VALID, "--model-out", str(out),
-               "--order", "3", "--word-width", "16", "--diagonal-contexts", "--classes", "12",
+               "--order", "3", "--word-width", "16", "--diagonal-contexts", "--output", "class", "--classes", "12",
                "--noise-samples", "4", "--iterations", "1", "--threads", "1", "--no-progress", "--json"])
     assert rc == 0
     res = json.loads(capsys.readouterr().out)
@@ -380,7 +380,7 @@ def test_ctrl_c_leaves_a_checkpoint_and_the_run_resumes(tmp_path):
 
     out = tmp_path / "int.nlm"
     cmd = [sys.executable, "-m", "nlmfeature.cli", "train", "--train", BROWN_TRAIN, "--test-set", BROWN_VALID,
-           "--model-out", str(out), "--order", "3", "--word-width", "16", "--classes", "10",
+           "--model-out", str(out), "--order", "3", "--word-width", "16", "--output", "class", "--classes", "10", "--direct-order", "0",
            "--noise-samples", "3", "--iterations", "50", "--minibatch-size", "8", "--threads", "1",
            "--no-progress"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

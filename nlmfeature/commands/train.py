@@ -27,7 +27,7 @@ resuming: a checkpoint MODEL_OUT.ckpt.npz is written at every evaluation, every
   give the same model.
 
 defaults: the recipe measured best on real data (docs/training.md, "Choosing the defaults"):
-  log-bilinear, diagonal contexts, 200-wide embeddings, NCE with 10 noise samples
+  8-gram log-bilinear, diagonal contexts, 200-wide embeddings, NCE with 10 noise samples
   (unnormalised output), direct n-gram features of orders 1-3, minibatch 250, L2 20,
   4 held-out evaluations per epoch, early stop after 4 without improvement.  So:
   nlmfeature train --train train.txt.gz --test-set valid.txt.gz --model-out lm.nlm

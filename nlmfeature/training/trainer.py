@@ -57,7 +57,7 @@ CHECKPOINT_VERSION = 1
 class TrainConfig:
     """Every setting of a training run (the ``nlmfeature train`` flags, whose defaults are
     these).  The defaults are the recipe measured best on real data (docs/training.md,
-    "Choosing the defaults"): a log-bilinear model with diagonal context matrices, 200-wide
+    "Choosing the defaults"): an 8-gram log-bilinear model with diagonal context matrices, 200-wide
     embeddings, NCE (unnormalised, self-normalised output) with 10 noise samples, direct
     n-gram features of orders 1-3, minibatches of 250 with L2 20, four held-out evaluations
     per epoch and early stopping after four without improvement."""
@@ -71,7 +71,7 @@ class TrainConfig:
     max_vocab: Optional[int] = None
     # architecture
     arch: str = "lbl"
-    order: int = 5
+    order: int = 8
     word_width: int = 200
     hidden: int = 0
     diagonal_contexts: bool = True
@@ -504,6 +504,9 @@ class Trainer:
         N, B = len(self.data), cfg.minibatch_size
         nb = self.batches_per_epoch
         l2 = cfg.lambda_lbl * B / N
+        if self.heldout is None:
+            self.log(f"warning: no --test-set, so no early stopping: all {cfg.iterations} epochs run and the "
+                     "last is kept (it may over-fit; a held-out text picks the best evaluation)")
         self.log(f"training {self.estimator} on {N} n-grams ({len(self.vocab)} words, "
                  f"{int(self.counts[self.vocab.unk])} <unk> tokens), {cfg.iterations} epochs of {nb} minibatches")
         old_handler = None
