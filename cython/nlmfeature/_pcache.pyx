@@ -836,7 +836,8 @@ cdef void warn(PStore* ps, const char* path, const char* why) noexcept nogil:
 
 
 cdef int map_sentence(PStore* ps, int64_t sid, int touch) noexcept nogil:
-    """Map the base and delta files of sentence ``sid`` into the store's views."""
+    """Map the base and delta files of sentence ``sid`` into the store's views (``touch``:
+    at sentence begin: mark them used, warn about and count unusable ones)."""
     cdef char path[PATH_MAX_LEN]
     cdef int k, r, f
     cdef const char* why = NULL
@@ -849,13 +850,15 @@ cdef int map_sentence(PStore* ps, int64_t sid, int touch) noexcept nogil:
         if r == 0:
             continue
         if r < 0:
-            warn(ps, path, why)
-            ps.dirty = 1
-            ps.files_ignored += 1
+            if touch:
+                warn(ps, path, why)
+                ps.dirty = 1
+                ps.files_ignored += 1
             continue
         view_regions(<const unsigned char*>ps.maps[f], &ps.view.ngram[f], &ps.view.ctx[f], &ps.view.cls[f])
-        ps.loaded += ps.view.ngram[f].count + ps.view.ctx[f].count + ps.view.cls[f].count
-        ps.files_read += 1
+        if touch:
+            ps.loaded += ps.view.ngram[f].count + ps.view.ctx[f].count + ps.view.cls[f].count
+            ps.files_read += 1
         ps.view.nfiles = f + 1
     return 0
 

@@ -753,7 +753,10 @@ cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t w) noexcep
     slot = table_insert(&s.ngram_cache, key, &found)
     if found:
         s.lookups += 1
-        return tv_get(&s.ngram_cache, table_at(&s.ngram_cache, slot), 0)
+        p = table_at(&s.ngram_cache, slot)
+        if s.store != NULL and tv_disk(p):  # an entry that came from the persistent cache
+            s.store.ngram_hits += 1
+        return tv_get(&s.ngram_cache, p, 0)
     if s.store != NULL and store_probe(s.store.ngram, s.store.nfiles, key, 0, &v):
         s.lookups += 1
         s.store.ngram_hits += 1
