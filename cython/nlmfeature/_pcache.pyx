@@ -179,6 +179,7 @@ ctypedef struct PStore:
     int active
     int off                   # the model file changed: no reading or writing any more
     int dirty                 # a file was ignored: rewrite the base at the end
+    int files_mapped          # files of the current sentence
     int64_t sentence_id
     int64_t est_bytes         # estimate of the directory's size (-1: unknown)
     int64_t written_since_scan
@@ -195,7 +196,7 @@ ctypedef struct PStore:
     int64_t loaded
     int64_t written
     int64_t bytes_written
-    int64_t last[6]           # counters at the previous sentence end (per-sentence stats lines)
+    int64_t last[7]           # counters at the previous sentence end (per-sentence stats lines)
 
 # ---------------------------------------------------------------------------------------
 # file helpers
@@ -875,12 +876,15 @@ cdef int pc_begin(SessionC* s, int64_t sentence_id) noexcept nogil:
     ps.sentence_id = sentence_id
     ps.active = 1
     ps.dirty = 0
+    ps.files_mapped = 0
     if ps.off or sentence_id < 0:
         return 0
     if model_file_changed(ps, 0):
         switch_off(ps)
         return 0
-    return map_sentence(ps, sentence_id, 1)
+    map_sentence(ps, sentence_id, 1)
+    ps.files_mapped = ps.view.nfiles
+    return 0
 
 
 cdef int write_sentence(SessionC* s, int64_t* entries, int64_t* nbytes) noexcept nogil:
@@ -951,20 +955,24 @@ cdef int64_t count_new(SessionC* s) noexcept nogil:
 
 
 cdef void print_stats(SessionC* s, PStore* ps) noexcept nogil:
-    cdef int64_t now[6]
+    """NLMFEATURE_CACHE_STATS=1: one line per sentence with what each level found on disk
+    (the decoder benchmark's hit rates)."""
+    cdef int64_t now[7]
     now[0] = s.lookups
     now[1] = s.ngram_cache.hits
     now[2] = ps.view.ngram_hits
-    now[3] = ps.view.ctx_hits
-    now[4] = ps.view.class_hits
-    now[5] = ps.bytes_written
-    fprintf(stderr, "nlmfeature: cache sentence %lld lookups=%lld ngram_hits=%lld persistent_ngram_hits=%lld "
-            "persistent_context_hits=%lld persistent_class_hits=%lld context_misses=%lld class_misses=%lld "
-            "bytes_written=%lld\n", <long long>ps.sentence_id, <long long>(now[0] - ps.last[0]),
-            <long long>(now[1] - ps.last[1]), <long long>(now[2] - ps.last[2]),
-            <long long>(now[3] - ps.last[3]), <long long>(now[4] - ps.last[4]),
-            <long long>s.ctx_cache.count, <long long>s.class_cache.count,
-            <long long>(now[5] - ps.last[5]))
+    now[3] = ps.view.ngram_found
+    now[4] = ps.view.ctx_hits
+    now[5] = ps.view.class_hits
+    now[6] = ps.bytes_written
+    fprintf(stderr, "nlmfeature: cache sentence %lld lookups=%lld ngram_hits=%lld persistent_hits=%lld "
+            "ngrams=%lld ngrams_on_disk=%lld contexts=%lld contexts_on_disk=%lld class_pairs=%lld "
+            "class_pairs_on_disk=%lld files=%d bytes_written=%lld\n", <long long>ps.sentence_id,
+            <long long>(now[0] - ps.last[0]), <long long>(now[1] - ps.last[1]),
+            <long long>(now[2] - ps.last[2]), <long long>s.ngram_cache.count,
+            <long long>(now[3] - ps.last[3]), <long long>s.ctx_cache.count,
+            <long long>(now[4] - ps.last[4]), <long long>s.class_cache.count,
+            <long long>(now[5] - ps.last[5]), ps.files_mapped, <long long>(now[6] - ps.last[6]))
     memcpy(ps.last, now, sizeof(now))
 
 
@@ -981,9 +989,9 @@ cdef int pc_end(SessionC* s) noexcept nogil:
         unmap_all(ps)
         return 0
     if not ps.dirty and count_new(s) == 0:
-        unmap_all(ps)
         if ps.print_stats:
             print_stats(s, ps)
+        unmap_all(ps)
         return 0
     if model_file_changed(ps, 0):  # scores of this sentence may come from other weights
         switch_off(ps)

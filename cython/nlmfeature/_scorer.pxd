@@ -128,9 +128,10 @@ ctypedef struct StoreC:
     TableC ngram[NLM_STORE_MAX_FILES]
     TableC ctx[NLM_STORE_MAX_FILES]
     TableC cls[NLM_STORE_MAX_FILES]
-    int64_t ngram_hits        # lookups answered from the files, per level
-    int64_t ctx_hits
-    int64_t class_hits
+    int64_t ngram_hits        # lookups answered by entries from the files (also repeats)
+    int64_t ngram_found       # distinct n-grams of the sentence found in the files
+    int64_t ctx_hits          # context normalisers found in the files
+    int64_t class_hits        # within-class normalisers found in the files
 
 ctypedef struct SessionC:
     const ModelC* model

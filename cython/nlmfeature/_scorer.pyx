@@ -760,6 +760,7 @@ cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t w) noexcep
     if s.store != NULL and store_probe(s.store.ngram, s.store.nfiles, key, 0, &v):
         s.lookups += 1
         s.store.ngram_hits += 1
+        s.store.ngram_found += 1
         s.ngram_cache.misses -= 1
         s.ngram_cache.hits += 1
         if slot >= 0:
