@@ -7,34 +7,16 @@ Everything a decoder does per sentence and per n-gram goes through :data:`VTABLE
 PyCapsule holding a C struct of pointers to ``nogil`` functions (see
 ``nlmfeature/capi/nlm_vtable.h``), so decoder threads never take the GIL.
 """
-from libc.errno cimport errno
 from libc.stdint cimport int32_t, int64_t, uintptr_t
-from libc.stdio cimport FILE, fopen, fwrite, fclose, fprintf, snprintf, stderr
-from libc.stdlib cimport calloc, free, getenv
-from libc.string cimport memcpy, memset, strncpy, strerror
+from libc.stdlib cimport calloc, free
+from libc.string cimport memcpy, strncpy
 from cpython.pycapsule cimport PyCapsule_New, PyCapsule_GetPointer
 
 cimport numpy as cnp
 import numpy as np
 
-from nlmfeature._scorer cimport (ModelC, SessionC, nlm_vocab_find, nlm_score_padded,
-                                 nlm_pad_context, NLM_MAX_ORDER)
-from nlmfeature._pcache cimport pc_session_new, pc_session_free, pc_begin, pc_end, pc_stats
-
-cdef extern from "<unistd.h>" nogil:
-    int c_getpid "getpid"()
-
-cdef extern from "<sys/stat.h>" nogil:
-    int c_mkdir "mkdir"(const char* path, unsigned int mode)
-
-cdef extern from *:
-    """
-    static unsigned long long nlm_qlog_counter = 0;
-    static unsigned long long nlm_qlog_next(void) {
-        return __atomic_fetch_add(&nlm_qlog_counter, 1, __ATOMIC_RELAXED);
-    }
-    """
-    unsigned long long nlm_qlog_next() nogil
+from nlmfeature._scorer cimport ModelC, SessionC, nlm_vocab_find, nlm_pad_context, NLM_MAX_ORDER
+from nlmfeature._pcache cimport pc_session_new, pc_session_free, pc_begin, pc_end, pc_stats, pc_lookup
 
 cnp.import_array()
 
@@ -81,71 +63,25 @@ OUTPUT_CODES = {"unnormalised": 0, "softmax": 1, "class": 2, "tree": 3}
 # nogil entry points
 # ---------------------------------------------------------------------------------------
 
-cdef void open_query_log(SessionC* s, const nlm_vt_model* m) noexcept nogil:
-    """NLMFEATURE_QUERY_LOG=DIR: record every lookup of this session in
-    DIR/queries.<pid>.<n>.bin (see ``nlmfeature.querylog``), for replay by
-    ``nlmfeature bench query --decoder-stream`` after ``nlmfeature querylog pack``.
-    Recording costs one buffered write per lookup."""
-    cdef const char* d = getenv("NLMFEATURE_QUERY_LOG")
-    cdef char path[4096]
-    cdef int32_t head[4]
-    if d == NULL or d[0] == 0:
-        return
-    c_mkdir(d, 0o777)
-    snprintf(path, 4096, "%s/queries.%d.%llu.bin", d, c_getpid(), nlm_qlog_next())
-    s.query_log = fopen(path, "wb")
-    if s.query_log == NULL:
-        fprintf(stderr, "nlmfeature: warning: cannot record queries in %s: %s\n", path, strerror(errno))
-        return
-    fwrite(b"NLMQLOG1", 1, 8, <FILE*>s.query_log)
-    head[0] = m.order
-    head[1] = m.vocab_size
-    head[2] = 0
-    head[3] = 0
-    fwrite(head, 4, 4, <FILE*>s.query_log)
-    fwrite(m.checksum, 1, 8, <FILE*>s.query_log)
-
-
 cdef void* vt_session_new(const nlm_vt_model* m, const nlm_vt_session_opts* o, char* err,
                           size_t errlen) noexcept nogil:
     cdef SessionC* s = pc_session_new(<const ModelC*>m.model_c, m.checksum, m.checksum_hex, m.path,
                                       o.cache_entries, o.ngram_cache_entries, o.persistent_dir,
                                       o.persistent_max_bytes, o.quiet, o.context_cache,
                                       o.persistent_policy, err, errlen)
-    if s != NULL:
-        open_query_log(s, m)
     return <void*>s
 
 
 cdef void vt_session_free(void* s) noexcept nogil:
-    cdef SessionC* c = <SessionC*>s
-    if c != NULL and c.query_log != NULL:
-        fclose(<FILE*>c.query_log)
-        c.query_log = NULL
-    pc_session_free(c)
+    pc_session_free(<SessionC*>s)
 
 
 cdef int vt_begin(void* s, int64_t sid) noexcept nogil:
-    cdef SessionC* c = <SessionC*>s
-    cdef int32_t key[NLM_MAX_ORDER + 1]
-    if c.query_log != NULL:
-        # a sentence marker: order int32, the first -1, the second the sentence id
-        memset(key, 0, sizeof(key))
-        key[0] = -1
-        key[1] = <int32_t>sid
-        fwrite(key, 4, c.model.order, <FILE*>c.query_log)
-    return pc_begin(c, sid)
+    return pc_begin(<SessionC*>s, sid)
 
 
 cdef int vt_end(void* s) noexcept nogil:
     return pc_end(<SessionC*>s)
-
-
-cdef inline double vt_lookup(SessionC* c, const int32_t* ctx, int32_t w) noexcept nogil:
-    if c.query_log != NULL:
-        fwrite(ctx, 4, c.model.ctx_len, <FILE*>c.query_log)
-        fwrite(&w, 4, 1, <FILE*>c.query_log)
-    return nlm_score_padded(c, ctx, w)
 
 
 cdef double vt_score(void* s, const int32_t* ids, int n, int32_t w) noexcept nogil:
@@ -154,7 +90,7 @@ cdef double vt_score(void* s, const int32_t* ids, int n, int32_t w) noexcept nog
     nlm_pad_context(c.model, ids, n, ctx)
     if w < 0 or w >= c.model.vocab_size:
         w = c.model.unk
-    return vt_lookup(c, ctx, w)
+    return pc_lookup(c, ctx, w)
 
 
 cdef double vt_score_padded(void* s, const int32_t* ctx, int32_t w) noexcept nogil:
@@ -165,7 +101,7 @@ cdef double vt_score_padded(void* s, const int32_t* ctx, int32_t w) noexcept nog
         w = c.model.unk
     for i in range(c.model.ctx_len):
         safe[i] = ctx[i] if 0 <= ctx[i] < c.model.vocab_size else c.model.unk
-    return vt_lookup(c, safe, w)
+    return pc_lookup(c, safe, w)
 
 
 cdef void vt_stats(void* s, int64_t* out, int n) noexcept nogil:

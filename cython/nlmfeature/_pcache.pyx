@@ -47,7 +47,7 @@ cimport cython
 from libc.errno cimport errno, ENOENT, EEXIST, EINTR
 from libc.math cimport isnan, NAN
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
-from libc.stdio cimport fprintf, stderr, snprintf, rename
+from libc.stdio cimport FILE, fopen, fwrite, fclose, fprintf, stderr, snprintf, rename
 from libc.stdlib cimport getenv, calloc, free, malloc, realloc, qsort
 from libc.string cimport memcpy, memset, strlen, strerror, strcmp
 from posix.stat cimport struct_stat, fstat, stat, S_ISDIR, S_ISREG
@@ -59,7 +59,7 @@ cdef extern from "../../nlmfeature/capi/nlmfeature.h":
 
 from nlmfeature._scorer cimport (ModelC, SessionC, StoreC, TableC, nlm_session_new,
                                  nlm_session_free, nlm_session_begin, nlm_score_padded,
-                                 nlm_score, splitmix64, key_hash, table_at, table_live,
+                                 nlm_pad_context, splitmix64, key_hash, table_at, table_live,
                                  tv_get, tv_disk, nlm_alloc_lines, nlm_ngram_cache_pays,
                                  NLM_MAX_ORDER, NLM_STORE_MAX_FILES, OUT_SOFTMAX, OUT_CLASS)
 
@@ -755,6 +755,7 @@ cdef SessionC* pc_session_new(const ModelC* m, const unsigned char* checksum, co
         return NULL
     if context_cache >= 0 and s.cache_enabled:
         s.ctx_cache_enabled = context_cache
+    open_query_log(s, checksum)
     if not use:
         return s
     ps = <PStore*>nlm_alloc_lines(sizeof(PStore))
@@ -799,6 +800,40 @@ cdef SessionC* pc_session_new(const ModelC* m, const unsigned char* checksum, co
     return s
 
 
+cdef void open_query_log(SessionC* s, const unsigned char* checksum) noexcept nogil:
+    """NLMFEATURE_QUERY_LOG=DIR: record every lookup of this session in
+    DIR/queries.<pid>.<n>.bin (see ``nlmfeature.querylog``), for replay by
+    ``nlmfeature bench query --decoder-stream`` after ``nlmfeature querylog pack``.
+    Recording costs one buffered write per lookup."""
+    cdef const char* d = getenv("NLMFEATURE_QUERY_LOG")
+    cdef char path[PATH_MAX_LEN]
+    cdef int32_t head[4]
+    if d == NULL or d[0] == 0:
+        return
+    make_dirs(d)
+    snprintf(path, PATH_MAX_LEN, "%s/queries.%d.%llu.bin", d, c_getpid(), nlm_pcache_next())
+    s.query_log = fopen(path, "wb")
+    if s.query_log == NULL:
+        fprintf(stderr, "nlmfeature: warning: cannot record queries in %s: %s\n", path, strerror(errno))
+        return
+    fwrite(b"NLMQLOG1", 1, 8, <FILE*>s.query_log)
+    head[0] = s.model.order
+    head[1] = s.model.vocab_size
+    head[2] = 0
+    head[3] = 0
+    fwrite(head, 4, 4, <FILE*>s.query_log)
+    fwrite(checksum, 1, 8, <FILE*>s.query_log)
+
+
+cdef double pc_lookup(SessionC* s, const int32_t* ctx, int32_t w) noexcept nogil:
+    """The core score of one n-gram (``ctx`` padded, ids valid), recorded first when the
+    session has a query log: the C API's and :class:`CachedScorer`'s one entry."""
+    if s.query_log != NULL:
+        fwrite(ctx, 4, s.model.ctx_len, <FILE*>s.query_log)
+        fwrite(&w, 4, 1, <FILE*>s.query_log)
+    return nlm_score_padded(s, ctx, w)
+
+
 cdef void unmap_all(PStore* ps) noexcept nogil:
     cdef int f
     for f in range(ps.view.nfiles):
@@ -810,6 +845,9 @@ cdef void pc_session_free(SessionC* s) noexcept nogil:
     cdef PStore* ps
     if s == NULL:
         return
+    if s.query_log != NULL:
+        fclose(<FILE*>s.query_log)
+        s.query_log = NULL
     if s.store != NULL:
         ps = <PStore*>s.store
         if ps.active:
@@ -867,6 +905,13 @@ cdef int map_sentence(PStore* ps, int64_t sid, int touch) noexcept nogil:
 cdef int pc_begin(SessionC* s, int64_t sentence_id) noexcept nogil:
     """Start a sentence: empties the per-sentence caches and maps the sentence's files."""
     cdef PStore* ps = <PStore*>s.store
+    cdef int32_t key[NLM_MAX_ORDER + 1]
+    if s.query_log != NULL:
+        # a sentence marker: order int32, the first -1, the second the sentence id
+        memset(key, 0, sizeof(key))
+        key[0] = -1
+        key[1] = <int32_t>sentence_id
+        fwrite(key, 4, s.model.order, <FILE*>s.query_log)
     if ps != NULL and ps.active:
         pc_end(s)
     nlm_session_begin(s, sentence_id)
@@ -1181,7 +1226,11 @@ cdef class CachedScorer:
     def score_ids(self, const int32_t[::1] history, int32_t word) -> float:
         """Score ``word`` (id) after ``history`` (ids, oldest first; padded as the core does)."""
         cdef int32_t dummy = 0
-        return nlm_score(self.s, &history[0] if history.shape[0] else &dummy, history.shape[0], word)
+        cdef int32_t ctx[NLM_MAX_ORDER]
+        nlm_pad_context(self.s.model, &history[0] if history.shape[0] else &dummy, history.shape[0], ctx)
+        if word < 0 or word >= self.s.model.vocab_size:
+            word = self.s.model.unk
+        return pc_lookup(self.s, ctx, word)
 
     def score(self, context, str word) -> float:
         """Natural-log score of ``word`` after the words ``context`` (oldest first)."""
@@ -1210,7 +1259,7 @@ cdef class CachedScorer:
                     ctx[j] = base[i * c + j]
                     if ctx[j] < 0 or ctx[j] >= V:
                         ctx[j] = unk
-                o[i] = nlm_score_padded(self.s, ctx, w)
+                o[i] = pc_lookup(self.s, ctx, w)
         return out
 
     def score_sentence(self, sentence):
