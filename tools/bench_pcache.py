@@ -37,7 +37,6 @@ scripts for filtering (``$MOSES_ROOT/scripts``) and KenLM's ``build_binary`` (on
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import re
@@ -50,6 +49,9 @@ from typing import Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, REPO)  # this checkout's package (the one the measured Moses loads)
+from nlmfeature.atomicfile import atomic_write_text  # noqa: E402
+from nlmfeature.textio import iter_lines  # noqa: E402
 SHARED = os.path.join(REPO, "..", "shared", "data")
 SYSTEM = os.path.join(SHARED, "moses", "multi30k-de-en")
 NBEST = os.path.join(SHARED, "nbest", "moses-multi30k-de-en")
@@ -57,10 +59,13 @@ PY = [sys.executable]
 
 
 def read_lines(path: str, n: Optional[int] = None) -> List[str]:
-    op = gzip.open if path.endswith(".gz") else open
-    with op(path, "rt", encoding="utf-8") as f:
-        lines = [l.rstrip("\n") for l in f]
-    return lines[:n] if n else lines
+    """The first ``n`` lines (all if 0/None), through the package's one text reader."""
+    out = []
+    for _, line in iter_lines(path):
+        if n and len(out) >= n:
+            break
+        out.append(line)
+    return out
 
 
 def find_build_binary() -> str:
@@ -297,8 +302,7 @@ def main(argv=None) -> int:
                       f"({tot_c / tot_n:.2f}x); n-gram-level bound {bound:.2f}x; unchanged weights "
                       f"{rows[-1]['cost_ratio']:.2f}x")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2, default=str)
+        atomic_write_text(args.json, json.dumps(results, indent=2, default=str) + "\n")
     return 0
 
 

@@ -262,13 +262,31 @@ cdef inline int64_t region_bytes(int64_t slots, int key_len, int nd) noexcept no
     return (slots * region_stride(key_len, nd) * 4 + 63) // 64 * 64
 
 
+ctypedef struct RegionDesc:
+    uint32_t key_len
+    uint32_t nd
+    uint64_t slots
+    uint64_t count
+    uint64_t max_probe
+
+
+cdef inline void read_region(const unsigned char* h, int i, RegionDesc* r) noexcept nogil:
+    """Region ``i``'s descriptor from a file header (5 little-endian fields)."""
+    memcpy(&r.key_len, h + REGIONS_AT + 32 * i, 4)
+    memcpy(&r.nd, h + REGIONS_AT + 32 * i + 4, 4)
+    memcpy(&r.slots, h + REGIONS_AT + 32 * i + 8, 8)
+    memcpy(&r.count, h + REGIONS_AT + 32 * i + 16, 8)
+    memcpy(&r.max_probe, h + REGIONS_AT + 32 * i + 24, 8)
+
+
 cdef const char* check_header(const unsigned char* h, int64_t size, int order, int ctx_key_len,
                               const unsigned char* checksum, int64_t sentence_id) noexcept nogil:
     """NULL if the 192-byte header ``h`` describes a valid file of ``size`` bytes for this
     model and sentence, else the reason.  Reads nothing beyond the header."""
-    cdef uint32_t version, order_, klen, nd
+    cdef uint32_t version, order_
     cdef int64_t sid, total = HEADER_BYTES
-    cdef uint64_t fsize, slots, count, maxp, stored
+    cdef uint64_t fsize, stored
+    cdef RegionDesc r
     cdef int i
     cdef int want_k[3]
     cdef int want_nd[3]
@@ -298,17 +316,13 @@ cdef const char* check_header(const unsigned char* h, int64_t size, int order, i
     if sid != sentence_id:
         return "written for another sentence id"
     for i in range(N_REGIONS):
-        memcpy(&klen, h + REGIONS_AT + 32 * i, 4)
-        memcpy(&nd, h + REGIONS_AT + 32 * i + 4, 4)
-        memcpy(&slots, h + REGIONS_AT + 32 * i + 8, 8)
-        memcpy(&count, h + REGIONS_AT + 32 * i + 16, 8)
-        memcpy(&maxp, h + REGIONS_AT + 32 * i + 24, 8)
-        if klen != <uint32_t>want_k[i] or nd != <uint32_t>want_nd[i]:
+        read_region(h, i, &r)
+        if r.key_len != <uint32_t>want_k[i] or r.nd != <uint32_t>want_nd[i]:
             return "region layout does not match the model"
-        if slots > (1ULL << 40) or (slots & (slots - 1)) != 0 or 2 * count > slots or maxp > slots \
-                or (slots and not maxp) or (count and not slots):
+        if r.slots > (1ULL << 40) or (r.slots & (r.slots - 1)) != 0 or 2 * r.count > r.slots or \
+                r.max_probe > r.slots or (r.slots and not r.max_probe) or (r.count and not r.slots):
             return "region sizes are inconsistent"
-        total += region_bytes(<int64_t>slots, klen, nd)
+        total += region_bytes(<int64_t>r.slots, r.key_len, r.nd)
     if <int64_t>fsize != size or total != size:
         return "truncated or extended (size does not match the header)"
     return NULL
@@ -325,30 +339,25 @@ cdef inline int memcmp_(const unsigned char* a, const unsigned char* b, int n) n
 cdef void view_regions(const unsigned char* base, TableC* ngram, TableC* ctx, TableC* cls) noexcept nogil:
     """Fill the three read-only table views of a checked, mapped file."""
     cdef int64_t at = HEADER_BYTES
-    cdef uint32_t klen, nd
-    cdef uint64_t slots, count, maxp
+    cdef RegionDesc r
     cdef int i
     cdef TableC* out3[3]
     out3[0] = ngram
     out3[1] = ctx
     out3[2] = cls
     for i in range(N_REGIONS):
-        memcpy(&klen, base + REGIONS_AT + 32 * i, 4)
-        memcpy(&nd, base + REGIONS_AT + 32 * i + 4, 4)
-        memcpy(&slots, base + REGIONS_AT + 32 * i + 8, 8)
-        memcpy(&count, base + REGIONS_AT + 32 * i + 16, 8)
-        memcpy(&maxp, base + REGIONS_AT + 32 * i + 24, 8)
+        read_region(base, i, &r)
         memset(out3[i], 0, sizeof(TableC))
-        out3[i][0].key_len = klen
-        out3[i][0].nd = nd
-        out3[i][0].stride = region_stride(klen, nd)
-        out3[i][0].capacity = slots
-        out3[i][0].count = count
-        out3[i][0].limit = count
-        out3[i][0].max_probe = maxp
+        out3[i][0].key_len = r.key_len
+        out3[i][0].nd = r.nd
+        out3[i][0].stride = region_stride(r.key_len, r.nd)
+        out3[i][0].capacity = r.slots
+        out3[i][0].count = r.count
+        out3[i][0].limit = r.count
+        out3[i][0].max_probe = r.max_probe
         out3[i][0].generation = 1
-        out3[i][0].slots = <int32_t*>(base + at) if slots else NULL
-        at += region_bytes(slots, klen, nd)
+        out3[i][0].slots = <int32_t*>(base + at) if r.slots else NULL
+        at += region_bytes(r.slots, r.key_len, r.nd)
 
 
 cdef int map_file(const char* path, int order, int ctx_key_len, const unsigned char* checksum,
