@@ -17,14 +17,14 @@ the k-best lists for ``nlmfeature-tune optimise`` (the same algorithm) to get th
 weights.  At the end the last weights are decoded once more with the cache ("unchanged
 weights", as a resumed or repeated tuning run does).
 
-Printed per iteration: the NLM's cost (decode time beyond the KenLM-only decode; Moses'
-summed per-sentence translation times, so model loading is left out) without and with the
-cache and their ratio, the share of each level found on disk (n-gram scores: share of
+Printed per iteration: the decoders' CPU seconds (user + system of the Moses process, one
+decoder thread: steady on a shared machine, where wall time is not), the NLM's cost (CPU time
+beyond the KenLM-only decode) without and with the cache and their ratio, the share of each level found on disk (n-gram scores: share of
 lookups; context normalisers: share of distinct contexts; within-class normalisers: share
 of distinct (context, class) pairs; from ``NLMFEATURE_CACHE_STATS=1``), the share of the
 iteration's distinct n-grams already on disk (the n-gram-level bound: if only n-gram
 scores were reused, at best ``1 - share`` of the work would remain), the cache directory's
-size and the wall times.
+size, whether both NLM decodes gave identical 100-best lists, dev BLEU; wall times in the JSON.
 
 Needs a Moses binary with NLMFeature compiled in (``--moses`` or ``$MOSES_ROOT/bin/moses``;
 it must load this checkout's libnlmfeature: see ``--help`` of ``--moses``), the Moses
@@ -40,6 +40,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -128,9 +129,12 @@ def write_ini(path: str, head: List[str], weights: List[str], nlm: Optional[str]
 
 def run_moses(moses: str, ini: str, src: str, nbest: str, threads: int, env: Dict[str, str]) -> Dict:
     cmd = [moses, "-f", ini, "-i", src, "-threads", str(threads), "-n-best-list", nbest, "100", "distinct"]
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     if p.returncode != 0:
         raise RuntimeError(f"moses failed ({' '.join(cmd)}):\n{p.stderr[-3000:]}")
     trans = sum(float(m.group(1)) for m in re.finditer(r"Translation took ([0-9.]+) seconds total", p.stderr))
@@ -140,7 +144,7 @@ def run_moses(moses: str, ini: str, src: str, nbest: str, threads: int, env: Dic
             for kv in line.split()[4:]:
                 k, v = kv.split("=")
                 st[k] = st.get(k, 0) + int(v)
-    return {"wall": wall, "translation": trans, "stats": st, "output": p.stdout,
+    return {"wall": wall, "cpu": cpu, "translation": trans, "stats": st, "output": p.stdout,
             "notes": [l for l in p.stderr.splitlines() if l.startswith("nlmfeature:") and "cache sentence" not in l]}
 
 
@@ -263,22 +267,24 @@ def main(argv=None) -> int:
                 nb = os.path.join(work, f"{tag}.pc.nbest")
                 rc = run_moses(moses, ini_c, src, nb, args.threads, env)
                 same = nbest_body(nb) == nbest_body(os.path.join(work, f"{tag}.nlm.nbest"))
-                cost_n = rn["translation"] - rk["translation"]
-                cost_c = rc["translation"] - rk["translation"]
+                cost_n = rn["cpu"] - rk["cpu"]
+                cost_c = rc["cpu"] - rk["cpu"]
                 lv = level_rates(rc["stats"])
                 disk = du(pc)
                 b = bleu(rc["output"].splitlines(), refs)
-                row = {"iteration": it, "unchanged_weights": final, "kenlm_seconds": rk["translation"],
-                       "nlm_seconds": rn["translation"], "nlm_cache_seconds": rc["translation"],
+                row = {"iteration": it, "unchanged_weights": final, "kenlm_seconds": rk["cpu"],
+                       "nlm_seconds": rn["cpu"], "nlm_cache_seconds": rc["cpu"],
                        "wall_seconds": {"kenlm": rk["wall"], "nlm": rn["wall"], "nlm_cache": rc["wall"]},
+                       "translation_seconds": {"kenlm": rk["translation"], "nlm": rn["translation"],
+                                               "nlm_cache": rc["translation"]},
                        "nlm_cost_seconds": cost_n, "nlm_cost_cache_seconds": cost_c,
                        "cost_ratio": cost_c / cost_n if cost_n > 0 else float("nan"),
                        "levels": lv, "ngram_level_bound": 1 - lv["distinct_ngrams_on_disk"],
                        "disk_bytes": disk, "identical_nbest": same, "bleu": b, "stats": rc["stats"],
                        "notes": rc["notes"], "weights": list(weights)}
                 rows.append(row)
-                print(f"{('same' if final else str(it)):>4s} {rk['translation']:8.2f} {rn['translation']:7.2f} "
-                      f"{rc['translation']:8.2f} {cost_n:8.2f} {cost_c:8.2f} {row['cost_ratio']:6.2f} "
+                print(f"{('same' if final else str(it)):>4s} {rk['cpu']:8.2f} {rn['cpu']:7.2f} "
+                      f"{rc['cpu']:8.2f} {cost_n:8.2f} {cost_c:8.2f} {row['cost_ratio']:6.2f} "
                       f"{lv['ngram_lookups_from_disk']:6.3f} {lv['distinct_ngrams_on_disk']:6.3f} "
                       f"{lv['contexts_on_disk']:6.3f} {lv['class_pairs_on_disk']:6.3f} "
                       f"{row['ngram_level_bound']:6.3f} {disk / 1e6:8.1f} {('yes' if same else 'NO'):>4s} {b:6.2f}",
