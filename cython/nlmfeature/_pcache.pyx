@@ -966,8 +966,10 @@ cdef int write_sentence(SessionC* s, int64_t* entries, int64_t* nbytes) noexcept
     if not ps.dirty and stat(path, &st) == 0:
         for k in range(1, MAX_DELTAS + 1):
             file_path(ps, ps.sentence_id, k, dpath)
+            if stat(dpath, &st) == 0:
+                continue
             e = write_file(ps, dpath, src, nsrc, 0, entries, nbytes)
-            if e != EEXIST:
+            if e != EEXIST:  # (EEXIST: a writer that could not take the lock was faster)
                 return e
     # merge: what is on disk now (re-mapped under the lock) and the new entries
     unmap_all(ps)
