@@ -197,10 +197,10 @@ def main(argv=None) -> int:
     ap.add_argument("--model", action="append", default=[], metavar="NAME=PATH", required=True,
                     help="an NLM to add to the system (repeatable), e.g. class=class.nlm")
     ap.add_argument("--moses", default=None,
-                    help="Moses executable with NLMFeature (default $MOSES_ROOT/bin/moses). It loads "
-                         "the libnlmfeature it was linked with (check with ldd) and imports the "
-                         "nlmfeature package found on its embedded interpreter's path: run this "
-                         "script from the checkout you measure, which puts it first on PYTHONPATH")
+                    help="Moses executable with NLMFeature (default $MOSES_ROOT/bin/moses).  It is run "
+                         "with LD_LIBRARY_PATH and PYTHONPATH pointing at this checkout, so it loads "
+                         "this checkout's libnlmfeature (which imports its own package), whatever "
+                         "tree Moses was linked against (check with ldd)")
     ap.add_argument("--moses-root", default=os.environ.get("MOSES_ROOT"),
                     help="mosesdecoder tree: its scripts filter the tables (default $MOSES_ROOT)")
     ap.add_argument("--system", default=SYSTEM,
@@ -235,8 +235,11 @@ def main(argv=None) -> int:
         f.write("\n".join(refs) + "\n")
     ini0 = prepare_system(args.system, args.moses_root, src, work)
     head, weights0 = split_ini(ini0)
+    # this checkout's library and package (Moses' RUNPATH names the tree it was built against)
     env = dict(os.environ, NLMFEATURE_CACHE_STATS="1",
-               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               LD_LIBRARY_PATH=os.path.join(REPO, "nlmfeature", "lib") + os.pathsep
+               + os.environ.get("LD_LIBRARY_PATH", ""))
     env.pop("NLMFEATURE_PERSISTENT_CACHE", None)
     n = len(refs)
     label = f"first {n} dev sentences" if args.sentences and n < 1014 else f"{n} dev sentences"
@@ -283,6 +286,9 @@ def main(argv=None) -> int:
                        "disk_bytes": disk, "identical_nbest": same, "bleu": b, "stats": rc["stats"],
                        "notes": rc["notes"], "weights": list(weights)}
                 rows.append(row)
+                results["runs"][key] = rows
+                if args.json:  # after every iteration: a long run leaves its figures behind
+                    atomic_write_text(args.json, json.dumps(results, indent=2, default=str) + "\n")
                 print(f"{('same' if final else str(it)):>4s} {rk['cpu']:8.2f} {rn['cpu']:7.2f} "
                       f"{rc['cpu']:8.2f} {cost_n:8.2f} {cost_c:8.2f} {row['cost_ratio']:6.2f} "
                       f"{lv['ngram_lookups_from_disk']:6.3f} {lv['distinct_ngrams_on_disk']:6.3f} "
