@@ -71,10 +71,11 @@ def test_scores_equal_the_model_and_survive_a_round_trip(model_paths, tmp_path, 
 
 
 @pytest.mark.parametrize("kind", ["class", "softmax"])
-def test_context_normalisers_are_reused_for_new_ngrams(model_paths, tmp_path, kind):
+def test_context_normalisers_are_reused_for_new_ngrams(model_paths, tmp_path, kind, monkeypatch):
     """A second pass over changed sentences (as after a tuning step): n-grams never scored
-    before get their context's normalisers (class: also within-class ones) from the files,
-    and every score is still exact."""
+    before get their context's normalisers (class: also within-class ones, which are written
+    on request) from the files, and every score is still exact."""
+    monkeypatch.setenv("NLMFEATURE_PERSISTENT_CACHE_CLASS", "1")
     m = nlmfeature.load(model_paths[kind])
     run_pass(CachedScorer(m, tmp_path), LINES)
     changed = [" ".join(reversed(l.split()[:3])) + " " + l for l in LINES]
@@ -119,8 +120,12 @@ def test_bounded_ngram_table_still_scores_and_stores_what_fits(model_paths, tmp_
     assert len(cf.scores) == 5
 
 
-def test_file_contents_are_exact(model_paths, tmp_path):
+def test_file_contents_are_exact(model_paths, tmp_path, monkeypatch):
     m = nlmfeature.load(model_paths["class"])
+    s = CachedScorer(m, tmp_path)
+    run_pass(s, LINES[:2], ids=[20, 21])
+    assert not len(read_cache_file(os.path.join(s.directory, "20.nlmc")).class_keys)  # by default
+    monkeypatch.setenv("NLMFEATURE_PERSISTENT_CACHE_CLASS", "1")
     s = CachedScorer(m, tmp_path)
     run_pass(s, LINES[:5], ids=[10, 11, 12, 13, 14])
     for i, line in enumerate(LINES[:5]):

@@ -23,18 +23,18 @@ another checksum, and a model file changed under a running process switches its 
 File format (little-endian; see docs/c-api.md)::
 
     0    8 bytes  magic "NLMPCAC2"
-    8    uint32   format version (2)
+    8    uint32   format version (3)
     12   uint32   model order n
     16   8 bytes  model checksum (raw)
     24   int64    sentence id
     32   uint64   file size
     40   3 x 32   regions (n-gram, context, class): uint32 key length, uint32 doubles per
-                  slot, uint64 slots (a power of two, or 0), uint64 entries, uint64 longest probe
+                  slot, uint64 slots (entries / 0.7, or 0), uint64 entries, uint64 longest probe
     136  uint64   checksum of the data (bytes 192 .. end)
     184  uint64   checksum of bytes 0 .. 183
     192  regions, each ``slots * (1 + key length + 2 * doubles)`` int32, padded to 64 bytes:
-         slot = [1 (0: empty), key..., values (float64)], at ``key_hash(key) & (slots-1)`` or
-         the next slots (linear probing), exactly as nlmfeature._scorer's TableC.
+         slot = [1 (0: empty), key..., values (float64)], at ``nlm_home(key_hash(key), slots)``
+         or the next slots (linear probing), exactly as nlmfeature._scorer's TableC.
 
 A file that is not a regular file, truncated, corrupt, of another version, model or sentence
 is ignored with a warning on stderr (only its header is read before it is rejected) and
@@ -57,7 +57,7 @@ cdef extern from "../../nlmfeature/capi/nlmfeature.h":
     enum:
         NLM_DEFAULT_CACHE_ENTRIES
 
-from nlmfeature._scorer cimport (ModelC, SessionC, StoreC, TableC, nlm_session_new,
+from nlmfeature._scorer cimport (ModelC, SessionC, StoreC, TableC, nlm_home, nlm_session_new,
                                  nlm_session_free, nlm_session_begin, nlm_score_padded,
                                  nlm_pad_context, splitmix64, key_hash, table_at, table_live,
                                  tv_get, tv_disk, nlm_alloc_lines, nlm_ngram_cache_pays,
@@ -148,9 +148,10 @@ cdef enum:
     HEADER_CHECKSUM_AT = 184
     PATH_MAX_LEN = 4096
     MAX_DELTAS = 4            # delta files per sentence before they are merged into the base
+    FILE_LOAD_PERCENT = 70    # most entries per 100 slots in a file's regions
     N_REGIONS = 3
 cdef const char* MAGIC = b"NLMPCAC2"
-cdef uint32_t FORMAT_VERSION = 2
+cdef uint32_t FORMAT_VERSION = 3
 cdef int64_t C_DEFAULT_MAX_BYTES = 4LL << 30
 cdef int64_t C_DEFAULT_NGRAM_ENTRIES = 1 << 20
 #: default bound on a persistent cache directory (bytes)
@@ -180,6 +181,7 @@ ctypedef struct PStore:
     int off                   # the model file changed: no reading or writing any more
     int dirty                 # a file was ignored: rewrite the base at the end
     int files_mapped          # files of the current sentence
+    int keep_class            # also write within-class normalisers (NLMFEATURE_PERSISTENT_CACHE_CLASS=1)
     int64_t sentence_id
     int64_t est_bytes         # estimate of the directory's size (-1: unknown)
     int64_t written_since_scan
@@ -319,8 +321,8 @@ cdef const char* check_header(const unsigned char* h, int64_t size, int order, i
         read_region(h, i, &r)
         if r.key_len != <uint32_t>want_k[i] or r.nd != <uint32_t>want_nd[i]:
             return "region layout does not match the model"
-        if r.slots > (1ULL << 40) or (r.slots & (r.slots - 1)) != 0 or 2 * r.count > r.slots or \
-                r.max_probe > r.slots or (r.slots and not r.max_probe) or (r.count and not r.slots):
+        if r.slots > (1ULL << 40) or r.count >= r.slots + (r.slots == 0) or \
+                r.max_probe > r.slots or (r.slots and not r.max_probe):
             return "region sizes are inconsistent"
         total += region_bytes(<int64_t>r.slots, r.key_len, r.nd)
     if <int64_t>fsize != size or total != size:
@@ -445,7 +447,7 @@ cdef int64_t fill_region(int32_t* slots, int64_t cap, int key_len, int nd, const
                          int nsrc, int64_t* count, int64_t* maxp) noexcept nogil:
     """Insert the wanted entries of ``src`` into an empty region (generation 1)."""
     cdef int stride = region_stride(key_len, nd), k
-    cdef uint64_t mask = <uint64_t>cap - 1, h
+    cdef uint64_t h
     cdef int64_t i, probes
     cdef const int32_t* p
     cdef int32_t* q
@@ -457,7 +459,7 @@ cdef int64_t fill_region(int32_t* slots, int64_t cap, int key_len, int nd, const
             p = table_at(src[k].t, i)
             if not wanted(src[k].t, p, src[k].only_new):
                 continue
-            h = key_hash(p + 1, key_len) & mask
+            h = nlm_home(key_hash(p + 1, key_len), cap)
             probes = 1
             dup = 0
             while slots[h * stride] != 0:
@@ -465,7 +467,7 @@ cdef int64_t fill_region(int32_t* slots, int64_t cap, int key_len, int nd, const
                 if memcmp_(<const unsigned char*>(q + 1), <const unsigned char*>(p + 1), 4 * key_len) == 0:
                     dup = 1
                     break
-                h = (h + 1) & mask
+                h = 0 if h + 1 == <uint64_t>cap else h + 1
                 probes += 1
             if dup:
                 continue
@@ -512,11 +514,8 @@ cdef int write_file(PStore* ps, const char* path, Source** src, int* nsrc, int r
     nds[2] = 1
     for i in range(N_REGIONS):
         n[i] = count_wanted(src[i], nsrc[i])
-        slots[i] = 0
-        if n[i]:
-            slots[i] = 8
-            while slots[i] < 2 * n[i]:
-                slots[i] *= 2
+        # load <= FILE_LOAD: a probe that misses (new n-grams probe every file) stays short
+        slots[i] = (n[i] * 100 + FILE_LOAD_PERCENT - 1) // FILE_LOAD_PERCENT + 1 if n[i] else 0
         size += region_bytes(slots[i], key_lens[i], nds[i])
     buf = <unsigned char*>calloc(1, size)
     if buf == NULL:
@@ -784,6 +783,11 @@ cdef SessionC* pc_session_new(const ModelC* m, const unsigned char* checksum, co
     ps.max_bytes = max_bytes if max_bytes > 0 else C_DEFAULT_MAX_BYTES
     memcpy(ps.checksum, checksum, 8)
     ps.view.probe_context = s.cache_enabled and (m.output_type == OUT_SOFTMAX or m.output_type == OUT_CLASS)
+    # Within-class normalisers are read when a file has them but written only on request:
+    # in Moses tuning loops only 5-8% of the (context, class) pairs a sentence still needs
+    # were on disk, while they made up ~40% of the files (tools/bench_pcache.py)
+    ps.keep_class = getenv("NLMFEATURE_PERSISTENT_CACHE_CLASS") != NULL and \
+        strcmp(getenv("NLMFEATURE_PERSISTENT_CACHE_CLASS"), "1") == 0
     n = strlen(persistent_dir)
     if n + 64 >= PATH_MAX_LEN:
         set_err(err, errlen, "persistent cache directory path is too long: ", persistent_dir, 0)
@@ -961,7 +965,7 @@ cdef int write_sentence(SessionC* s, int64_t* entries, int64_t* nbytes) noexcept
     srcs[2][0].t = &s.class_cache
     nsrc[0] = 1 if s.ngram_cache_enabled else 0
     nsrc[1] = 1 if (ps.view.probe_context and s.ctx_cache_enabled) else 0
-    nsrc[2] = 1 if ps.view.probe_context else 0
+    nsrc[2] = 1 if (ps.view.probe_context and ps.keep_class) else 0
     file_path(ps, ps.sentence_id, 0, path)
     if not ps.dirty and stat(path, &st) == 0:
         for k in range(1, MAX_DELTAS + 1):
@@ -1005,9 +1009,10 @@ cdef int64_t count_new(SessionC* s) noexcept nogil:
             src[n].t = &s.ctx_cache
             src[n].only_new = 1
             n += 1
-        src[n].t = &s.class_cache
-        src[n].only_new = 1
-        n += 1
+        if ps.keep_class:
+            src[n].t = &s.class_cache
+            src[n].only_new = 1
+            n += 1
     return count_wanted(src, n)
 
 

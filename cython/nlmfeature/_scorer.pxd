@@ -98,7 +98,8 @@ cdef enum:
 # The disk bit marks values that came from the persistent cache.  ``fval_len`` > 0 adds a
 # dense float array of ``fval_len`` per entry (hidden vectors), indexed by the entry number
 # kept in the slot and handed out in insertion order, so one sentence's vectors stay together.
-# Tables start small and double while a sentence fills them (load <= 1/2) up to ``limit``
+# A key's home slot is ``nlm_home(key_hash(key), capacity)``.  In memory, tables start
+# small and double while a sentence fills them (load <= 1/2) up to ``limit``
 # entries; then they are cleared (``clear_when_full``) or stop taking new keys.  Clearing is
 # O(1): the (31-bit) generation is bumped.  A read-only view of a file (``max_probe`` > 0)
 # has generation 1 and stops probing after the longest probe its writer made.
@@ -108,7 +109,7 @@ ctypedef struct TableC:
     int fval_len              # floats per entry in ``fvals`` (0: none)
     int stride                # int32 words per slot
     int clear_when_full
-    int64_t capacity          # slots, a power of two (0: not allocated yet)
+    int64_t capacity          # slots (0: not allocated yet); powers of two in memory
     int64_t limit             # entries allowed
     int64_t count
     int64_t max_probe         # > 0: longest probe sequence (read-only file views)
@@ -174,6 +175,23 @@ cdef void table_free(TableC* t) noexcept nogil
 cdef void table_clear(TableC* t) noexcept nogil
 cdef int64_t table_find(const TableC* t, const int32_t* key) noexcept nogil
 cdef int64_t table_insert(TableC* t, const int32_t* key, int* found) noexcept nogil
+
+cdef extern from *:
+    """
+    /* home slot of hash h in a table of n slots (any n, not only powers of two): the high
+       64 bits of h * n (Lemire's fast range reduction) */
+    static inline unsigned long long nlm_home(unsigned long long h, unsigned long long n) {
+        return (unsigned long long)(((unsigned __int128)h * n) >> 64);
+    }
+    """
+    uint64_t nlm_home(uint64_t h, uint64_t n) nogil
+
+
+cdef inline uint64_t table_next(const TableC* t, uint64_t slot) noexcept nogil:
+    """The slot after ``slot`` (linear probing, wrapping around)."""
+    slot += 1
+    return 0 if slot == <uint64_t>t.capacity else slot
+
 
 cdef inline int32_t* table_at(const TableC* t, int64_t slot) noexcept nogil:
     return t.slots + slot * <int64_t>t.stride

@@ -345,7 +345,7 @@ cdef int table_grow(TableC* t) noexcept nogil:
     cdef int64_t cap = t.capacity * 2 if t.capacity else 1024
     cdef int32_t* slots = <int32_t*>alloc_table(cap * t.stride * sizeof(int32_t))
     cdef int64_t room, had, i
-    cdef uint64_t mask = <uint64_t>cap - 1, h
+    cdef uint64_t h
     cdef int32_t* src
     cdef float* fv
     if slots == NULL:
@@ -364,9 +364,9 @@ cdef int table_grow(TableC* t) noexcept nogil:
     for i in range(t.capacity):
         src = t.slots + i * t.stride
         if table_live(t, src):
-            h = key_hash(src + 1, t.key_len) & mask
+            h = nlm_home(key_hash(src + 1, t.key_len), cap)
             while slots[h * t.stride] != 0:
-                h = (h + 1) & mask
+                h = 0 if h + 1 == <uint64_t>cap else h + 1
             memcpy(slots + h * t.stride, src, t.stride * sizeof(int32_t))
     # live entries keep generation and flag; empty slots are 0 (never a generation)
     free(t.slots)
@@ -403,20 +403,19 @@ cdef inline int key_same(const int32_t* p, const int32_t* key, int n) noexcept n
 
 cdef int64_t table_find(const TableC* t, const int32_t* key) noexcept nogil:
     """Slot of ``key``, or -1."""
-    cdef uint64_t mask, slot
+    cdef uint64_t slot
     cdef const int32_t* p
     cdef int64_t probes = t.max_probe if t.max_probe > 0 else t.capacity
     if t.capacity == 0:
         return -1
-    mask = <uint64_t>t.capacity - 1
-    slot = key_hash(key, t.key_len) & mask
+    slot = nlm_home(key_hash(key, t.key_len), t.capacity)
     while probes > 0:
         p = table_at(t, slot)
         if not table_live(t, p):
             return -1
         if key_same(p, key, t.key_len):
             return <int64_t>slot
-        slot = (slot + 1) & mask
+        slot = table_next(t, slot)
         probes -= 1
     return -1
 
@@ -425,12 +424,11 @@ cdef int64_t table_insert(TableC* t, const int32_t* key, int* found) noexcept no
     """Slot of ``key``; inserted (values undefined, disk bit clear, ``found`` = 0) when
     absent.  A full table is cleared first (``clear_when_full``) or takes no new key (-1);
     -1 also when out of memory."""
-    cdef uint64_t mask, slot
+    cdef uint64_t slot
     cdef int32_t* p
     found[0] = 0
     if t.capacity:
-        mask = <uint64_t>t.capacity - 1
-        slot = key_hash(key, t.key_len) & mask
+        slot = nlm_home(key_hash(key, t.key_len), t.capacity)
         while True:
             p = table_at(t, slot)
             if not table_live(t, p):
@@ -439,7 +437,7 @@ cdef int64_t table_insert(TableC* t, const int32_t* key, int* found) noexcept no
                 found[0] = 1
                 t.hits += 1
                 return <int64_t>slot
-            slot = (slot + 1) & mask
+            slot = table_next(t, slot)
     t.misses += 1
     if t.count >= t.limit:
         if not t.clear_when_full:
@@ -452,10 +450,9 @@ cdef int64_t table_insert(TableC* t, const int32_t* key, int* found) noexcept no
                 return -1
             table_clear(t)  # out of memory: start the table again
             t.clears += 1
-    mask = <uint64_t>t.capacity - 1
-    slot = key_hash(key, t.key_len) & mask
+    slot = nlm_home(key_hash(key, t.key_len), t.capacity)
     while table_live(t, table_at(t, slot)):
-        slot = (slot + 1) & mask
+        slot = table_next(t, slot)
     p = table_at(t, slot)
     p[0] = <int32_t>t.generation
     memcpy(p + 1, key, t.key_len * sizeof(int32_t))
