@@ -33,6 +33,9 @@
 
 #include <nlmfeature.h>
 
+#define NLM_STR_(x) #x
+#define NLM_STR(x) NLM_STR_(x)
+
 namespace {
 
 enum { kMaxContext = 15 };
@@ -63,7 +66,7 @@ void Usage() {
       "  --name NAME               feature name (default NLM)\n"
       "  --persistent-cache DIR    keep n-gram scores per sentence id in DIR (tuning)\n"
       "  --persistent-cache-max S  disk bound of DIR, e.g. 500M, 2G (default 4G)\n"
-      "  --cache-entries N         per-sentence context cache bound (default 65536)\n"
+      "  --cache-entries N         per-sentence context cache bound (default " NLM_STR(NLM_DEFAULT_CACHE_ENTRIES) ")\n"
       "  --oov-feature             also fire NAME_OOV: rule words unknown to the model\n"
       "  --stats                   print cache statistics per sentence to stderr\n";
 }

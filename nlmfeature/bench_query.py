@@ -25,6 +25,7 @@ import numpy as np
 
 from .kbest import sentence_id
 from .textio import iter_lines
+from .model import DEFAULT_CACHE_ENTRIES
 
 DEFAULT_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
 
@@ -144,7 +145,7 @@ def _measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
             c2, w2 = c2[:limit], w2[:limit]
             s2 = s2[s2 < limit]
     if c2 is not None:
-        cached = model.session(cfg["cache"] or (1 << 18))
+        cached = model.session(cfg["cache"] or DEFAULT_CACHE_ENTRIES)
         res["decoder_stream_cached_per_s"], _ = _timed(cached, c2, w2, s2, cfg["seconds"])
         st = cached.stats()
         n = max(1, st["lookups"])
@@ -258,9 +259,9 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--models", default="", help=f"comma-separated subset of {','.join(MODELS)}")
     p.add_argument("--outputs", default="", help=f"comma-separated subset of {','.join(OUTPUTS)}")
     p.add_argument("--seconds", type=float, default=2.0, help="minimum timing per measurement (default 2)")
-    p.add_argument("--cache-entries", type=int, default=1 << 18,
-                   help="per-sentence cache bound per session; 0 disables caching (default 262144, the "
-                        "library's default)")
+    p.add_argument("--cache-entries", type=int, default=DEFAULT_CACHE_ENTRIES,
+                   help="per-sentence cache bound per session; 0 disables caching (default "
+                        f"{DEFAULT_CACHE_ENTRIES}, the library's NLM_DEFAULT_CACHE_ENTRIES)")
     p.add_argument("--max-lookups", type=int, default=2000,
                    help="softmax rows only: stream prefix length (exact softmax is slow; default 2000)")
     p.add_argument("--decoder-stream", default="moses",

@@ -24,14 +24,14 @@ import numpy as np
 
 from . import modelfile
 from .errors import InputError
-from ._scorer import NativeModel, Session
+from ._scorer import DEFAULT_CACHE_ENTRIES as _DEFAULT_CACHE_ENTRIES, NativeModel, Session
 from .textio import iter_lines
 from .vocab import Vocabulary
 
 Tokens = Union[str, Sequence[str]]
 
 #: default bound on the entries of each per-sentence cache of a session
-DEFAULT_CACHE_ENTRIES = 1 << 18
+DEFAULT_CACHE_ENTRIES = _DEFAULT_CACHE_ENTRIES  # NLM_DEFAULT_CACHE_ENTRIES of nlmfeature.h
 
 
 @dataclass

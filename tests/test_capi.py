@@ -17,11 +17,13 @@ import pytest
 import nlmfeature
 from helpers import BROWN_VALID, make_model, read_lines
 from nlmfeature.commands import config as nlmconfig
-from nlmfeature.pcache import read_cache_file
+from nlmfeature.pcache import read_sentence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(HERE, "c", "test_capi.c")
 TEXT_LINES = 120  # sentences of the real Brown validation text used by most tests
+# the persistent-cache tests use the cheap unnormalised model, which the automatic policy skips
+ALWAYS = dict(os.environ, NLMFEATURE_PERSISTENT_CACHE="always")
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
 
@@ -141,8 +143,8 @@ def test_partial_contexts_use_null_and_bos_padding(binary, models):
 
 def test_persistent_cache_round_trip(binary, models, text, tmp_path):
     d = str(tmp_path / "pc")
-    first, st1, _ = run_score(binary, models["unnormalised"], text, "--threads", "2", "--pcache", d)
-    second, st2, _ = run_score(binary, models["unnormalised"], text, "--threads", "2", "--pcache", d)
+    first, st1, _ = run_score(binary, models["unnormalised"], text, "--threads", "2", "--pcache", d, env=ALWAYS)
+    second, st2, _ = run_score(binary, models["unnormalised"], text, "--threads", "2", "--pcache", d, env=ALWAYS)
     assert first == second  # bit-identical through the files
     assert_same(second, python_scores(models["unnormalised"], text))
     assert sum(s["files_written"] for s in st1) >= TEXT_LINES
@@ -161,7 +163,7 @@ def _check_files_hold(model_path, d, text):
     """Every sentence's file holds exactly the sentence's n-grams with the model's scores."""
     m = nlmfeature.load(model_path)
     for i, line in enumerate(read_lines(text)):
-        cf = read_cache_file(os.path.join(d, m.checksum, f"{i}.nlmc"))
+        cf = read_sentence(os.path.join(d, m.checksum), i)
         ctx, words = m.sentence_ngrams(line)
         want = {tuple(c) + (w,) for c, w in zip(ctx.tolist(), words.tolist())}
         got = {tuple(k): v for k, v in zip(cf.keys.tolist(), cf.scores.tolist())}
@@ -178,7 +180,8 @@ def test_concurrent_writer_processes_merge(binary, models, text, tmp_path):
     d = str(tmp_path / "pc")
     procs = [subprocess.Popen([binary, "score", models["unnormalised"], text, "--threads", "2",
                                "--pcache", d, "--subset", f"{k}/2"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in (0, 1)]
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ALWAYS)
+             for k in (0, 1)]
     for p in procs:
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
@@ -188,7 +191,7 @@ def test_concurrent_writer_processes_merge(binary, models, text, tmp_path):
 
 def test_corrupt_cache_file_is_ignored_and_rewritten(binary, models, text, tmp_path):
     d = str(tmp_path / "pc")
-    run_score(binary, models["unnormalised"], text, "--threads", "1", "--pcache", d)
+    run_score(binary, models["unnormalised"], text, "--threads", "1", "--pcache", d, env=ALWAYS)
     m = nlmfeature.load(models["unnormalised"])
     sub = os.path.join(d, m.checksum)
     # flip a byte inside a score, truncate another file, replace a third with garbage
@@ -199,7 +202,7 @@ def test_corrupt_cache_file_is_ignored_and_rewritten(binary, models, text, tmp_p
     p5 = os.path.join(sub, "5.nlmc")
     open(p5, "r+b").truncate(os.path.getsize(p5) - 9)
     open(os.path.join(sub, "7.nlmc"), "wb").write(b"not a cache file at all")
-    scores, stats, err = run_score(binary, models["unnormalised"], text, "--threads", "1", "--pcache", d)
+    scores, stats, err = run_score(binary, models["unnormalised"], text, "--threads", "1", "--pcache", d, env=ALWAYS)
     assert_same(scores, python_scores(models["unnormalised"], text))
     assert "3.nlmc: corrupted (checksum mismatch)" in err
     assert "5.nlmc: truncated" in err
@@ -210,7 +213,7 @@ def test_corrupt_cache_file_is_ignored_and_rewritten(binary, models, text, tmp_p
 
 def test_changed_model_never_reuses_entries(binary, models, text, tmp_path):
     d = str(tmp_path / "pc")
-    run_score(binary, models["unnormalised"], text, "--threads", "1", "--pcache", d)
+    run_score(binary, models["unnormalised"], text, "--threads", "1", "--pcache", d, env=ALWAYS)
     a = nlmfeature.load(models["unnormalised"])
     b = nlmfeature.load(models["other"])
     assert a.checksum != b.checksum
@@ -218,7 +221,7 @@ def test_changed_model_never_reuses_entries(binary, models, text, tmp_path):
     os.makedirs(os.path.join(d, b.checksum))
     for i in range(3):
         shutil.copy(os.path.join(d, a.checksum, f"{i}.nlmc"), os.path.join(d, b.checksum, f"{i}.nlmc"))
-    scores, stats, err = run_score(binary, models["other"], text, "--threads", "1", "--pcache", d)
+    scores, stats, err = run_score(binary, models["other"], text, "--threads", "1", "--pcache", d, env=ALWAYS)
     assert_same(scores, python_scores(models["other"], text))
     assert stats[0]["persistent_hits"] == 0
     assert stats[0]["files_ignored"] == 3 and "another model" in err

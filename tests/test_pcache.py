@@ -1,9 +1,12 @@
-"""The persistent tuning cache from Python: nlmfeature.pcache.CachedScorer (exact scores,
-round trips, threads sharing a directory, bounded disk use) and `nlmfeature cache`."""
+"""The persistent tuning cache from Python: nlmfeature.pcache.CachedScorer (exact scores at
+every level, round trips, deltas, threads and killed writers sharing a directory, FIFOs and junk,
+changed models, the policy, bounded disk use) and `nlmfeature cache`."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
 import threading
 import time
 
@@ -13,10 +16,12 @@ import pytest
 import nlmfeature
 from helpers import BROWN_VALID, make_model, read_lines
 from nlmfeature.errors import NLMFeatureError
-from nlmfeature.pcache import (CachedScorer, clear, directory_stats, parse_size, prune,
-                               read_cache_file)
+from nlmfeature.pcache import (MAX_DELTA_FILES, CachedScorer, clear, directory_stats, parse_size,
+                               prune, read_cache_file, read_sentence, sentence_files)
 
 LINES = read_lines(BROWN_VALID, 80)
+# the command line of this checkout (not whatever `nlmfeature` is first on PATH)
+NLM = [sys.executable, "-m", "nlmfeature.cli"]
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +43,23 @@ def run_pass(scorer, lines, ids=None):
     return out
 
 
+def listing(directory, mtimes=False):
+    """name -> (inode, size[, mtime_ns]) of every file under ``directory``."""
+    out = {}
+    for root, _, files in os.walk(directory):
+        for f in files:
+            st = os.stat(os.path.join(root, f))
+            out[os.path.join(root, f)] = (st.st_ino, st.st_size) + ((st.st_mtime_ns,) if mtimes else ())
+    return out
+
+
 @pytest.mark.parametrize("kind", ["unnormalised", "class", "softmax"])
 def test_scores_equal_the_model_and_survive_a_round_trip(model_paths, tmp_path, kind):
     m = nlmfeature.load(model_paths[kind])
     want = [m.score_sentence(l) for l in LINES]
-    first = run_pass(CachedScorer(m, tmp_path), LINES)
-    s2 = CachedScorer(m, tmp_path)
+    first = run_pass(CachedScorer(m, tmp_path, policy="always"), LINES)
+    before = listing(tmp_path)
+    s2 = CachedScorer(m, tmp_path, policy="always")
     second = run_pass(s2, LINES)
     for a, b, w in zip(first, second, want):
         assert np.array_equal(a, b)
@@ -51,6 +67,37 @@ def test_scores_equal_the_model_and_survive_a_round_trip(model_paths, tmp_path, 
     st = s2.stats()
     assert st["persistent_hits"] == st["lookups"] == sum(len(w) for w in want)
     assert st["files_read"] == len(LINES) and st["files_written"] == 0
+    assert listing(tmp_path) == before  # nothing new: nothing written (uses only touch the mtime)
+
+
+@pytest.mark.parametrize("kind", ["class", "softmax"])
+def test_context_normalisers_are_reused_for_new_ngrams(model_paths, tmp_path, kind, monkeypatch):
+    """A second pass over changed sentences (as after a tuning step): n-grams never scored
+    before get their context's normalisers (class: also within-class ones, which are written
+    on request) from the files, and every score is still exact."""
+    monkeypatch.setenv("NLMFEATURE_PERSISTENT_CACHE_CLASS", "1")
+    m = nlmfeature.load(model_paths[kind])
+    run_pass(CachedScorer(m, tmp_path), LINES)
+    changed = [" ".join(reversed(l.split()[:3])) + " " + l for l in LINES]
+    s = CachedScorer(m, tmp_path)
+    got = run_pass(s, changed)
+    for g, line in zip(got, changed):
+        np.testing.assert_allclose(g, m.score_sentence(line), atol=1e-6, rtol=0)
+    st = s.stats()
+    assert st["persistent_context_hits"] > 0 and st["persistent_hits"] > 0
+    if kind == "class":
+        assert st["persistent_class_hits"] > 0
+    assert st["persistent_hits"] < st["lookups"]  # the new n-grams were computed...
+    grams = [{tuple(c) + (w,) for c, w in zip(*(a.tolist() for a in m.sentence_ngrams(l)))} for l in LINES]
+    new = [i for i, l in enumerate(changed)
+           if {tuple(c) + (w,) for c, w in zip(*(a.tolist() for a in m.sentence_ngrams(l)))} - grams[i]]
+    assert st["files_written"] == len(new) > len(LINES) // 2  # ...and written as deltas
+    for i in range(len(LINES)):
+        assert len(sentence_files(s.directory, i)) == (2 if i in new else 1)
+    # the third pass finds everything on disk
+    s3 = CachedScorer(m, tmp_path)
+    run_pass(s3, changed)
+    assert s3.stats()["persistent_hits"] == s3.stats()["lookups"] and s3.stats()["files_written"] == 0
 
 
 def test_without_directory_and_with_caches_off(model_paths):
@@ -63,7 +110,7 @@ def test_without_directory_and_with_caches_off(model_paths):
 
 
 def test_bounded_ngram_table_still_scores_and_stores_what_fits(model_paths, tmp_path):
-    m = nlmfeature.load(model_paths["unnormalised"])
+    m = nlmfeature.load(model_paths["class"])
     s = CachedScorer(m, tmp_path, ngram_entries=5)
     s.begin(0)
     got = s.score_sentence(LINES[0])
@@ -73,8 +120,12 @@ def test_bounded_ngram_table_still_scores_and_stores_what_fits(model_paths, tmp_
     assert len(cf.scores) == 5
 
 
-def test_file_contents_are_exact_ngrams(model_paths, tmp_path):
-    m = nlmfeature.load(model_paths["unnormalised"])
+def test_file_contents_are_exact(model_paths, tmp_path, monkeypatch):
+    m = nlmfeature.load(model_paths["class"])
+    s = CachedScorer(m, tmp_path)
+    run_pass(s, LINES[:2], ids=[20, 21])
+    assert not len(read_cache_file(os.path.join(s.directory, "20.nlmc")).class_keys)  # by default
+    monkeypatch.setenv("NLMFEATURE_PERSISTENT_CACHE_CLASS", "1")
     s = CachedScorer(m, tmp_path)
     run_pass(s, LINES[:5], ids=[10, 11, 12, 13, 14])
     for i, line in enumerate(LINES[:5]):
@@ -86,12 +137,18 @@ def test_file_contents_are_exact_ngrams(model_paths, tmp_path):
         assert got.keys() == exact.keys()
         for k in got:
             assert got[k] == pytest.approx(exact[k], abs=1e-6)
+        # one class normaliser per distinct context, one within-class normaliser per (context, class)
+        assert {tuple(c) for c in cf.context_keys.tolist()} == {tuple(c) for c in ctx.tolist()}
+        assert np.isfinite(cf.context_norms[:, 1]).all() and np.isnan(cf.context_norms[:, 0]).all()
+        classes = m.arrays["class.of_word"][words]
+        assert {tuple(k) for k in cf.class_keys.tolist()} == \
+            {tuple(c) + (int(k),) for c, k in zip(ctx.tolist(), classes)}
 
 
 def test_threads_sharing_a_directory_merge(model_paths, tmp_path):
     """Four threads, each with its own scorer, write the same sentences' files at once,
-    each scoring a different quarter of the n-grams; every file ends up with all of them."""
-    m = nlmfeature.load(model_paths["unnormalised"])
+    each scoring a different quarter of the n-grams; every sentence ends up with all of them."""
+    m = nlmfeature.load(model_paths["class"])
     sents = [m.sentence_ngrams(l) for l in LINES]
     errors = []
 
@@ -112,18 +169,37 @@ def test_threads_sharing_a_directory_merge(model_paths, tmp_path):
     for t in threads:
         t.join()
     assert not errors
+    d = os.path.join(str(tmp_path), m.checksum)
     for i, (ctx, words) in enumerate(sents):
-        cf = read_cache_file(os.path.join(str(tmp_path), m.checksum, f"{i}.nlmc"))
+        cf = read_sentence(d, i)
         assert {tuple(k) for k in cf.keys.tolist()} == {tuple(c) + (w,) for c, w in zip(ctx.tolist(), words.tolist())}
-    assert not [f for f in os.listdir(os.path.join(str(tmp_path), m.checksum)) if f.endswith(".tmp")]
+    assert not [f for f in os.listdir(d) if f.endswith(".tmp")]
+
+
+def test_deltas_are_merged_into_the_base(model_paths, tmp_path):
+    """Each pass adds new n-grams; after the delta names are used up, the next writer merges
+    base + deltas + its entries into one base; the union never loses an entry."""
+    m = nlmfeature.load(model_paths["class"])
+    seen = set()
+    for rep in range(MAX_DELTA_FILES + 3):
+        line = " ".join(LINES[0].split()[: 3 + 2 * rep])
+        s = CachedScorer(m, tmp_path)
+        got = run_pass(s, [line])[0]
+        np.testing.assert_allclose(got, m.score_sentence(line), atol=1e-6, rtol=0)
+        ctx, words = m.sentence_ngrams(line)
+        seen |= {tuple(c) + (w,) for c, w in zip(ctx.tolist(), words.tolist())}
+        files = sentence_files(s.directory, 0)
+        assert 1 <= len(files) <= MAX_DELTA_FILES + 1
+        assert {tuple(k) for k in read_sentence(s.directory, 0).keys.tolist()} == seen
+    assert len(sentence_files(s.directory, 0)) < MAX_DELTA_FILES + 1  # a merge happened
 
 
 def test_corrupt_file_warns_and_is_rewritten(model_paths, tmp_path, capfd):
-    m = nlmfeature.load(model_paths["unnormalised"])
+    m = nlmfeature.load(model_paths["class"])
     run_pass(CachedScorer(m, tmp_path), LINES[:3])
     p = os.path.join(str(tmp_path), m.checksum, "1.nlmc")
     data = bytearray(open(p, "rb").read())
-    data[50] ^= 0xFF
+    data[-50] ^= 0xFF
     open(p, "wb").write(bytes(data))
     with pytest.raises(NLMFeatureError, match="checksum mismatch"):
         read_cache_file(p)
@@ -136,14 +212,153 @@ def test_corrupt_file_warns_and_is_rewritten(model_paths, tmp_path, capfd):
     assert len(read_cache_file(p).scores) == len(got[1])
 
 
+_PROBE = """
+import os, sys, resource
+import nlmfeature
+from nlmfeature.pcache import CachedScorer
+def rchar():
+    for line in open("/proc/self/io"):
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+m = nlmfeature.load(sys.argv[1])
+s = CachedScorer(m, sys.argv[2])
+before = rchar()
+for sid in (0, 1):
+    s.begin(sid)
+    s.score_sentence("the jury said")
+    s.end()
+print("READ", rchar() - before, "IGNORED", s.stats()["files_ignored"])
+"""
+
+
+def test_fifo_and_huge_junk_files_do_not_hang_or_get_read(model_paths, tmp_path):
+    """Issue 10 case 9: a FIFO named like a cache file must not block ``begin``; a multi-GB
+    junk file must be rejected by its header, not read whole."""
+    m = nlmfeature.load(model_paths["class"])
+    d = tmp_path / "pc" / m.checksum
+    d.mkdir(parents=True)
+    os.mkfifo(d / "0.nlmc")
+    with open(d / "1.nlmc", "wb") as f:  # 3 GB, sparse
+        f.write(b"junk" * 16)
+        f.truncate(3 << 30)
+    p = subprocess.run([sys.executable, "-c", _PROBE, model_paths["class"], str(tmp_path / "pc")],
+                       capture_output=True, text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(nlmfeature.__file__)))
+    assert p.returncode == 0, p.stderr
+    assert "0.nlmc: not a regular file" in p.stderr
+    assert "1.nlmc: not an nlmfeature cache file" in p.stderr
+    read = int(p.stdout.split()[1])
+    assert read < (1 << 20), f"read {read} bytes"
+    assert p.stdout.split()[3] == "2"
+    # both were replaced by valid files at sentence end (the FIFO by a regular file)
+    assert read_cache_file(str(d / "0.nlmc")).sentence_id == 0
+    assert os.path.getsize(d / "1.nlmc") < (1 << 20)
+
+
+def test_model_changed_under_a_running_process_is_never_cached(model_paths, tmp_path, capfd):
+    """Issue 10 case 10 (the cache's half): a model file overwritten in place keeps its old
+    checksum in the session: nothing is written or read under it any more, and the user is told."""
+    live = tmp_path / "live.nlm"
+    shutil.copyfile(model_paths["class"], live)
+    other = make_model(tmp_path, "other.nlm", order=3, output="class", classes=20, seed=9)
+    assert os.path.getsize(other) == os.path.getsize(live)
+    m = nlmfeature.load(str(live))
+    s = CachedScorer(m, tmp_path / "pc")
+    run_pass(s, LINES[:2])
+    assert s.stats()["files_written"] == 2
+    time.sleep(0.01)
+    with open(other, "rb") as src, open(live, "r+b") as dst:  # cp other.nlm live.nlm
+        dst.write(src.read())
+    before = listing(tmp_path / "pc", mtimes=True)
+    s.begin(5)
+    s.score_sentence(LINES[5])
+    s.end()
+    s.begin(0)
+    s.score_sentence(LINES[0] + " new words")
+    s.end()
+    assert "changed since it was loaded" in capfd.readouterr().err
+    assert s.stats()["files_written"] == 2 and s.stats()["files_read"] == 0
+    assert listing(tmp_path / "pc", mtimes=True) == before  # not even read
+    # a session made after the change (old checksum, new bytes) is off from the start
+    s2 = CachedScorer(m, tmp_path / "pc", quiet=True)
+    run_pass(s2, LINES[:3])
+    assert s2.stats()["files_written"] == 0 and s2.stats()["persistent_hits"] == 0
+
+
+def test_policy_skips_models_faster_than_a_probe(model_paths, tmp_path, capfd, monkeypatch):
+    u = nlmfeature.load(model_paths["unnormalised"])
+    s = CachedScorer(u, tmp_path / "a")
+    assert not s.persistent and s.directory is None
+    run_pass(s, LINES[:2])
+    assert not os.path.exists(tmp_path / "a" / u.checksum)
+    err = capfd.readouterr().err
+    assert "persistent cache" in err and "not used" in err and "NLMFEATURE_PERSISTENT_CACHE=always" in err
+    assert CachedScorer(u, tmp_path / "a", policy="always").persistent
+    monkeypatch.setenv("NLMFEATURE_PERSISTENT_CACHE", "always")
+    assert CachedScorer(u, tmp_path / "a").persistent
+    c = nlmfeature.load(model_paths["class"])
+    assert CachedScorer(c, tmp_path / "a").persistent
+    monkeypatch.setenv("NLMFEATURE_PERSISTENT_CACHE", "never")
+    assert not CachedScorer(c, tmp_path / "a").persistent
+    with pytest.raises(ValueError, match="policy"):
+        CachedScorer(c, tmp_path / "a", policy="sometimes")
+
+
+_WRITER = """
+import sys
+import nlmfeature
+from nlmfeature.pcache import CachedScorer
+m = nlmfeature.load(sys.argv[1])
+s = CachedScorer(m, sys.argv[2], quiet=True)
+lines = open(sys.argv[3]).read().splitlines()
+print("ready", flush=True)
+rep = 0
+while True:
+    for i, line in enumerate(lines):
+        s.begin(i)
+        s.score_sentence(line + " x" * rep)
+        s.end()
+    rep += 1
+"""
+
+
+def test_kill_9_mid_write_leaves_only_valid_files(model_paths, tmp_path):
+    """Writers killed at arbitrary moments (SIGKILL) never leave a partial file under a
+    cache name; the next run scores exactly and pruning removes the stale temporary files."""
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(LINES[:20]) + "\n")
+    d = tmp_path / "pc"
+    root = os.path.dirname(os.path.dirname(nlmfeature.__file__))
+    for delay in (0.3, 0.5, 0.7, 0.9):
+        p = subprocess.Popen([sys.executable, "-c", _WRITER, model_paths["class"], str(d), str(text)],
+                             stdout=subprocess.PIPE, cwd=root)
+        assert p.stdout.readline().strip() == b"ready"
+        time.sleep(delay)
+        p.kill()
+        p.wait()
+    m = nlmfeature.load(model_paths["class"])
+    sub = os.path.join(str(d), m.checksum)
+    names = os.listdir(sub)
+    assert [n for n in names if n.endswith(".nlmc")]
+    for n in names:
+        if n.endswith(".nlmc"):
+            read_cache_file(os.path.join(sub, n))  # raises if any is partial or corrupt
+    s = CachedScorer(m, d)
+    got = run_pass(s, LINES[:20])
+    for g, line in zip(got, LINES[:20]):
+        np.testing.assert_allclose(g, m.score_sentence(line), atol=1e-6, rtol=0)
+    assert s.stats()["files_ignored"] == 0
+    prune(str(d), 1)
+    assert not [n for n in os.listdir(sub) if n.endswith(".tmp")]
+
+
 def test_disk_use_is_bounded_and_least_recently_used_files_go(model_paths, tmp_path):
     m = nlmfeature.load(model_paths["unnormalised"])
     # find the size of one pass, then bound the directory well below it
-    run_pass(CachedScorer(m, tmp_path / "probe"), LINES)
+    run_pass(CachedScorer(m, tmp_path / "probe", policy="always"), LINES)
     full = directory_stats(str(tmp_path / "probe")).bytes
     bound = full // 3
     d = tmp_path / "bounded"
-    s = CachedScorer(m, d, max_bytes=bound, quiet=True)
+    s = CachedScorer(m, d, max_bytes=bound, quiet=True, policy="always")
     now = time.time()
     for i, line in enumerate(LINES):
         s.begin(i)
@@ -168,31 +383,31 @@ def test_disk_use_is_bounded_and_least_recently_used_files_go(model_paths, tmp_p
 def test_cache_command(model_paths, tmp_path):
     d = tmp_path / "pc"
     m = nlmfeature.load(model_paths["unnormalised"])
-    run_pass(CachedScorer(m, d), LINES[:10])
+    run_pass(CachedScorer(m, d, policy="always"), LINES[:10])
     other = nlmfeature.load(model_paths["class"])
     run_pass(CachedScorer(other, d), LINES[:4])
     (d / "README.keep").write_text("not ours")
-    out = subprocess.run(["nlmfeature", "cache", str(d), "--verify"], capture_output=True, text=True)
+    out = subprocess.run(NLM + ["cache", str(d), "--verify"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "files            14" in out.stdout and m.checksum in out.stdout and other.checksum in out.stdout
     bad = os.path.join(str(d), m.checksum, "2.nlmc")
     open(bad, "ab").write(b"x")
-    out = subprocess.run(["nlmfeature", "cache", str(d), "--verify"], capture_output=True, text=True)
+    out = subprocess.run(NLM + ["cache", str(d), "--verify"], capture_output=True, text=True)
     assert out.returncode == 1 and "2.nlmc" in out.stdout
-    out = subprocess.run(["nlmfeature", "cache", str(d), "--clear", "--model", model_paths["class"]],
+    out = subprocess.run(NLM + ["cache", str(d), "--clear", "--model", model_paths["class"]],
                          capture_output=True, text=True)
     assert out.returncode == 0 and "deleted 4 cache files" in out.stdout
     assert not os.path.exists(os.path.join(str(d), other.checksum))
-    out = subprocess.run(["nlmfeature", "cache", str(d), "--clear"], capture_output=True, text=True)
+    out = subprocess.run(NLM + ["cache", str(d), "--clear"], capture_output=True, text=True)
     assert "deleted 10 cache files" in out.stdout
     assert sorted(os.listdir(d)) == ["README.keep"]
     assert directory_stats(str(d)).files == 0
-    out = subprocess.run(["nlmfeature", "cache", str(tmp_path / "missing")], capture_output=True, text=True)
+    out = subprocess.run(NLM + ["cache", str(tmp_path / "missing")], capture_output=True, text=True)
     assert out.returncode == 2 and "no such cache directory" in out.stderr
 
 
 def test_unwritable_directory_is_an_error(model_paths, tmp_path):
-    m = nlmfeature.load(model_paths["unnormalised"])
+    m = nlmfeature.load(model_paths["class"])
     f = tmp_path / "file"
     f.write_text("x")
     with pytest.raises(OSError, match="cannot create the persistent cache directory"):

@@ -15,9 +15,8 @@ from cpython.pycapsule cimport PyCapsule_New, PyCapsule_GetPointer
 cimport numpy as cnp
 import numpy as np
 
-from nlmfeature._scorer cimport ModelC, nlm_vocab_find
-from nlmfeature._pcache cimport (CSession, cs_new, cs_free, cs_begin, cs_end, cs_score,
-                                 cs_score_padded, cs_stats)
+from nlmfeature._scorer cimport ModelC, SessionC, nlm_vocab_find, nlm_pad_context, NLM_MAX_ORDER
+from nlmfeature._pcache cimport pc_session_new, pc_session_free, pc_begin, pc_end, pc_stats, pc_lookup
 
 cnp.import_array()
 
@@ -45,6 +44,7 @@ cdef extern from "../../nlmfeature/capi/nlm_vtable.h":
         int64_t persistent_max_bytes
         int quiet
         int context_cache
+        int persistent_policy
     ctypedef struct nlm_vtable:
         int32_t version
         int32_t stat_count
@@ -65,33 +65,47 @@ OUTPUT_CODES = {"unnormalised": 0, "softmax": 1, "class": 2, "tree": 3}
 
 cdef void* vt_session_new(const nlm_vt_model* m, const nlm_vt_session_opts* o, char* err,
                           size_t errlen) noexcept nogil:
-    return <void*>cs_new(<const ModelC*>m.model_c, m.checksum, m.checksum_hex, o.cache_entries,
-                         o.ngram_cache_entries, o.persistent_dir, o.persistent_max_bytes, o.quiet,
-                         o.context_cache, err, errlen)
+    cdef SessionC* s = pc_session_new(<const ModelC*>m.model_c, m.checksum, m.checksum_hex, m.path,
+                                      o.cache_entries, o.ngram_cache_entries, o.persistent_dir,
+                                      o.persistent_max_bytes, o.quiet, o.context_cache,
+                                      o.persistent_policy, err, errlen)
+    return <void*>s
 
 
 cdef void vt_session_free(void* s) noexcept nogil:
-    cs_free(<CSession*>s)
+    pc_session_free(<SessionC*>s)
 
 
 cdef int vt_begin(void* s, int64_t sid) noexcept nogil:
-    return cs_begin(<CSession*>s, sid)
+    return pc_begin(<SessionC*>s, sid)
 
 
 cdef int vt_end(void* s) noexcept nogil:
-    return cs_end(<CSession*>s)
+    return pc_end(<SessionC*>s)
 
 
-cdef double vt_score(void* s, const int32_t* ctx, int n, int32_t w) noexcept nogil:
-    return cs_score(<CSession*>s, ctx, n, w)
+cdef double vt_score(void* s, const int32_t* ids, int n, int32_t w) noexcept nogil:
+    cdef SessionC* c = <SessionC*>s
+    cdef int32_t ctx[NLM_MAX_ORDER]
+    nlm_pad_context(c.model, ids, n, ctx)
+    if w < 0 or w >= c.model.vocab_size:
+        w = c.model.unk
+    return pc_lookup(c, ctx, w)
 
 
 cdef double vt_score_padded(void* s, const int32_t* ctx, int32_t w) noexcept nogil:
-    return cs_score_padded(<CSession*>s, ctx, w)
+    cdef SessionC* c = <SessionC*>s
+    cdef int32_t safe[NLM_MAX_ORDER]
+    cdef int i
+    if w < 0 or w >= c.model.vocab_size:
+        w = c.model.unk
+    for i in range(c.model.ctx_len):
+        safe[i] = ctx[i] if 0 <= ctx[i] < c.model.vocab_size else c.model.unk
+    return pc_lookup(c, safe, w)
 
 
 cdef void vt_stats(void* s, int64_t* out, int n) noexcept nogil:
-    cs_stats(<CSession*>s, out, n)
+    pc_stats(<SessionC*>s, out, n)
 
 
 cdef int32_t vt_vocab_find(const nlm_vt_model* m, const char* word, size_t n) noexcept nogil:

@@ -1,62 +1,87 @@
 # cython: language_level=3
-"""Cached scoring sessions and the persistent tuning cache.
+"""The persistent tuning cache: a disk bit on the core session's tables.
 
-A :c:type:`CSession` wraps the core per-thread :c:type:`SessionC` with an exact n-gram score
-cache (key: the n-1 padded context ids and the word; no hash-only keys, so a collision can
-never return a wrong score).  With a persistent directory ``DIR`` the cache of sentence ``i``
-is also kept on disk in ``DIR/<model checksum>/<i>.nlmc``: loaded at sentence begin, merged
-with whatever another process wrote meanwhile and written atomically (temporary file +
-rename, under an advisory lock) at sentence end.  Tuning decodes the same dev set many
-times; from the second iteration on most n-gram scores come from these files.
+Tuning decodes the same dev set many times.  With a persistent directory ``DIR`` a core
+:c:type:`SessionC` gets a :c:type:`StoreC` attached: at sentence begin the files of sentence
+``i`` (``DIR/<model checksum>/i.nlmc``, the base, and up to four deltas ``i.<k>.nlmc``) are
+memory-mapped -- nothing is parsed, the files *are* hash tables in the core's slot layout --
+and the session probes them wherever its in-memory tables miss, at every level:
 
-File format (little-endian)::
+* exact n-gram scores (key: the n-1 padded context ids and the word),
+* context normalisers (key: the padded context; log Z of the softmax or of the classes),
+* within-class normalisers (key: the padded context and the class).
 
-    0   8 bytes  magic "NLMPCACH"
-    8   uint32   format version (1)
-    12  uint32   key length K (= model order: n-1 context ids + word)
-    16  8 bytes  model checksum (raw)
-    24  int64    sentence id
-    32  uint64   entry count N
-    40  int32    keys (N, K)
-        float64  scores (N,)
-        uint64   checksum of all preceding bytes (see :func:`data_checksum`)
+Values found on disk enter the in-memory tables with the disk bit set; at sentence end the
+entries without it (computed in this sentence) are written as a new delta file, and only
+when there are any.  When all delta names are taken, the base, the deltas and the new
+entries are merged into a new base.  Files are written to a temporary name and published
+by link (never overwriting) or rename, under an advisory lock on ``DIR/<checksum>/.lock``,
+so several threads and decoder processes may share ``DIR``; a killed writer leaves at most a
+``.tmp`` file, which pruning removes.  Keys are exact, never hashes; a changed model has
+another checksum, and a model file changed under a running process switches its cache off.
 
-A file that is truncated, corrupt, of another version, model or sentence is ignored with a
-warning on stderr and rewritten at sentence end.  The directory is bounded: when its size
-exceeds ``max_bytes`` the least recently used files (by mtime; a load touches the file) are
-deleted until it is under 80% of the bound.
+File format (little-endian; see docs/c-api.md)::
+
+    0    8 bytes  magic "NLMPCAC2"
+    8    uint32   format version (3)
+    12   uint32   model order n
+    16   8 bytes  model checksum (raw)
+    24   int64    sentence id
+    32   uint64   file size
+    40   3 x 32   regions (n-gram, context, class): uint32 key length, uint32 doubles per
+                  slot, uint64 slots (entries / 0.7, or 0), uint64 entries, uint64 longest probe
+    136  uint64   checksum of the data (bytes 192 .. end)
+    184  uint64   checksum of bytes 0 .. 183
+    192  regions, each ``slots * (1 + key length + 2 * doubles)`` int32, padded to 64 bytes:
+         slot = [1 (0: empty), key..., values (float64)], at ``nlm_home(key_hash(key), slots)``
+         or the next slots (linear probing), exactly as nlmfeature._scorer's TableC.
+
+A file that is not a regular file, truncated, corrupt, of another version, model or sentence
+is ignored with a warning on stderr (only its header is read before it is rejected) and
+replaced at sentence end.  The directory is bounded: beyond ``max_bytes`` the least recently
+used files (by mtime; a use touches them) are deleted until it is under 80% of the bound.
 
 Everything here except the Python classes at the bottom runs without the GIL.
 """
 cimport cython
 from libc.errno cimport errno, ENOENT, EEXIST, EINTR
+from libc.math cimport isnan, NAN
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
-from libc.stdio cimport fprintf, stderr, snprintf, rename, FILE, fopen, fwrite, fclose
-from libc.stdlib cimport getenv
-from libc.stdlib cimport calloc, free, malloc, realloc, qsort
-from libc.string cimport memcpy, memset, strlen, strerror, strcmp, strncpy
+from libc.stdio cimport FILE, fopen, fwrite, fclose, fprintf, stderr, snprintf, rename
+from libc.stdlib cimport getenv, calloc, free, malloc, realloc, qsort
+from libc.string cimport memcpy, memset, strlen, strerror, strcmp
 from posix.stat cimport struct_stat, fstat, stat, S_ISDIR, S_ISREG
 from cpython.pycapsule cimport PyCapsule_GetPointer
 
-from nlmfeature._scorer cimport (ModelC, SessionC, nlm_session_new, nlm_session_free,
-                                 nlm_session_begin, nlm_score_padded, nlm_pad_context,
-                                 splitmix64, NLM_MAX_ORDER, NgramTable, nt_alloc, nt_free,
-                                 nt_clear, nt_find, nt_insert, nt_slot, nt_value, nt_set, nt_disk,
-                                 nt_live, nlm_alloc_lines, nlm_clean_ngram)
-from libc.math cimport NAN
+cdef extern from "../../nlmfeature/capi/nlmfeature.h":
+    enum:
+        NLM_DEFAULT_CACHE_ENTRIES
+
+from nlmfeature._scorer cimport (ModelC, SessionC, StoreC, TableC, nlm_home, nlm_session_new,
+                                 nlm_session_free, nlm_session_begin, nlm_score_padded,
+                                 nlm_pad_context, splitmix64, key_hash, table_at, table_live,
+                                 tv_get, tv_disk, nlm_alloc_lines, nlm_ngram_cache_pays,
+                                 NLM_MAX_ORDER, NLM_STORE_MAX_FILES, OUT_SOFTMAX, OUT_CLASS)
 
 import numpy as np
 
 cdef extern from "<fcntl.h>" nogil:
     int c_open "open"(const char* path, int flags, ...)
-    int O_RDONLY, O_WRONLY, O_RDWR, O_CREAT, O_TRUNC, O_EXCL, O_CLOEXEC
+    int O_RDONLY, O_WRONLY, O_RDWR, O_CREAT, O_EXCL, O_CLOEXEC, O_NONBLOCK
 
 cdef extern from "<unistd.h>" nogil:
-    ssize_t c_read "read"(int fd, void* buf, size_t n)
+    ssize_t c_pread "pread"(int fd, void* buf, size_t n, long offset)
     ssize_t c_write "write"(int fd, const void* buf, size_t n)
     int c_close "close"(int fd)
     int c_unlink "unlink"(const char* path)
+    int c_link "link"(const char* old, const char* new)
     int c_getpid "getpid"()
+
+cdef extern from "<sys/mman.h>" nogil:
+    void* mmap(void* addr, size_t length, int prot, int flags, int fd, long offset)
+    int munmap(void* addr, size_t length)
+    int PROT_READ, MAP_SHARED, MAP_POPULATE
+    void* MAP_FAILED
 
 cdef extern from "<sys/stat.h>" nogil:
     int c_mkdir "mkdir"(const char* path, unsigned int mode)
@@ -77,26 +102,103 @@ cdef extern from "<dirent.h>" nogil:
 
 cdef extern from *:
     """
+    #include <sys/stat.h>
     static unsigned long long nlm_pcache_counter = 0;
+    static int nlm_pcache_said_off = 0;
     static unsigned long long nlm_pcache_next(void) {
         return __atomic_fetch_add(&nlm_pcache_counter, 1, __ATOMIC_RELAXED);
     }
+    /* 1 the first time it is called in this process (one "cache is off" line per process) */
+    static int nlm_pcache_first_off(void) {
+        return __atomic_exchange_n(&nlm_pcache_said_off, 1, __ATOMIC_RELAXED) == 0;
+    }
+    static long long nlm_mtime_ns(const struct stat* st) {
+        return (long long)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec;
+    }
+    /* checksum of the data regions: four xxh64-style lanes (memory speed) */
+    static inline unsigned long long nlm_rotl(unsigned long long x, int r) {
+        return (x << r) | (x >> (64 - r));
+    }
+    static unsigned long long nlm_fast_checksum(const unsigned char* p, long long n) {
+        const unsigned long long P1 = 0x9E3779B185EBCA87ULL, P2 = 0xC2B2AE3D27D4EB4FULL;
+        unsigned long long h0 = P1 + P2 + (unsigned long long)n, h1 = P2, h2 = 0, h3 = 0 - P1, w[4];
+        long long i = 0;
+        for (; i + 32 <= n; i += 32) {
+            memcpy(w, p + i, 32);
+            h0 = nlm_rotl(h0 + w[0] * P2, 31) * P1;
+            h1 = nlm_rotl(h1 + w[1] * P2, 31) * P1;
+            h2 = nlm_rotl(h2 + w[2] * P2, 31) * P1;
+            h3 = nlm_rotl(h3 + w[3] * P2, 31) * P1;
+        }
+        for (; i < n; i++) h0 = nlm_rotl(h0 ^ (p[i] * P1), 11) * P2;
+        h0 = nlm_rotl(h0, 1) + nlm_rotl(h1, 7) + nlm_rotl(h2, 12) + nlm_rotl(h3, 18);
+        h0 ^= h0 >> 33; h0 *= P2; h0 ^= h0 >> 29; h0 *= P1; h0 ^= h0 >> 32;
+        return h0;
+    }
     """
     unsigned long long nlm_pcache_next() nogil
+    int nlm_pcache_first_off() nogil
+    long long nlm_mtime_ns(const struct_stat* st) nogil
+    unsigned long long nlm_fast_checksum(const unsigned char* p, long long n) nogil
 
 cdef enum:
-    HEADER_BYTES = 40
+    HEADER_BYTES = 192
+    REGIONS_AT = 40
+    DATA_CHECKSUM_AT = 136
+    HEADER_CHECKSUM_AT = 184
     PATH_MAX_LEN = 4096
-cdef const char* MAGIC = b"NLMPCACH"
-cdef uint32_t FORMAT_VERSION = 1
+    MAX_DELTAS = 4            # delta files per sentence before they are merged into the base
+    FILE_LOAD_PERCENT = 70    # most entries per 100 slots in a file's regions
+    N_REGIONS = 3
+cdef const char* MAGIC = b"NLMPCAC2"
+cdef uint32_t FORMAT_VERSION = 3
 cdef int64_t C_DEFAULT_MAX_BYTES = 4LL << 30
 cdef int64_t C_DEFAULT_NGRAM_ENTRIES = 1 << 20
 #: default bound on a persistent cache directory (bytes)
 DEFAULT_MAX_BYTES = C_DEFAULT_MAX_BYTES
-#: default bound on the n-gram cache entries of one sentence
+#: default bound on the n-gram cache entries of one sentence with a persistent cache
 DEFAULT_NGRAM_ENTRIES = C_DEFAULT_NGRAM_ENTRIES
 FILE_SUFFIX = ".nlmc"
 HEADER_SIZE = HEADER_BYTES
+MAX_DELTA_FILES = MAX_DELTAS
+#: policy names (``NLMFEATURE_PERSISTENT_CACHE`` and ``CachedScorer(policy=...)``)
+POLICIES = {"never": PC_POLICY_NEVER, "auto": PC_POLICY_AUTO, "always": PC_POLICY_ALWAYS}
+
+# The session's side of the store: StoreC (the views the scorer probes) must stay first.
+ctypedef struct PStore:
+    StoreC view
+    const ModelC* model
+    char* root
+    char* dir
+    char* model_path
+    unsigned char checksum[8]
+    int order
+    int ctx_key_len
+    int64_t max_bytes
+    int quiet
+    int print_stats
+    int active
+    int off                   # the model file changed: no reading or writing any more
+    int dirty                 # a file was ignored: rewrite the base at the end
+    int files_mapped          # files of the current sentence
+    int keep_class            # also write within-class normalisers (NLMFEATURE_PERSISTENT_CACHE_CLASS=1)
+    int64_t sentence_id
+    int64_t est_bytes         # estimate of the directory's size (-1: unknown)
+    int64_t written_since_scan
+    uint64_t m_dev
+    uint64_t m_ino
+    int64_t m_size
+    long long m_mtime
+    void* maps[NLM_STORE_MAX_FILES]
+    size_t map_len[NLM_STORE_MAX_FILES]
+    int64_t files_read
+    int64_t files_written
+    int64_t files_ignored
+    int64_t files_pruned
+    int64_t loaded
+    int64_t written
+    int64_t bytes_written
+    int64_t last[7]           # counters at the previous sentence end (per-sentence stats lines)
 
 # ---------------------------------------------------------------------------------------
 # file helpers
@@ -133,86 +235,6 @@ cdef int write_all(int fd, const void* buf, int64_t n) noexcept nogil:
     return 0
 
 
-cdef unsigned char* read_file(const char* path, int64_t* size, int* err, int touch) noexcept nogil:
-    """Whole file in a malloc'd buffer (NULL + err=errno on failure, err=0 if absent...)."""
-    cdef int fd = c_open(path, O_RDONLY | O_CLOEXEC)
-    cdef struct_stat st
-    cdef unsigned char* buf
-    cdef int64_t got = 0
-    cdef ssize_t r
-    if fd < 0:
-        err[0] = errno
-        return NULL
-    if fstat(fd, &st) != 0:
-        err[0] = errno
-        c_close(fd)
-        return NULL
-    buf = <unsigned char*>malloc(st.st_size + 1)
-    if buf == NULL:
-        err[0] = 12  # ENOMEM
-        c_close(fd)
-        return NULL
-    while got < st.st_size:
-        r = c_read(fd, buf + got, st.st_size - got)
-        if r < 0:
-            if errno == EINTR:
-                continue
-            err[0] = errno
-            free(buf)
-            c_close(fd)
-            return NULL
-        if r == 0:
-            break
-        got += r
-    if touch:
-        c_futimens(fd, NULL)  # LRU: a use counts as recent (best effort)
-    c_close(fd)
-    size[0] = got
-    err[0] = 0
-    return buf
-
-
-cdef const char* check_file(const unsigned char* buf, int64_t size, int key_len,
-                            const unsigned char* checksum, int64_t sentence_id,
-                            uint64_t* count) noexcept nogil:
-    """NULL if ``buf`` is a valid cache file for this model/sentence, else the reason."""
-    cdef uint32_t version, klen
-    cdef int64_t sid
-    cdef uint64_t n, stored
-    if size < 8 or memcmp_(buf, <const unsigned char*>MAGIC, 8) != 0:
-        return "not an nlmfeature cache file (bad magic number)"
-    if size < HEADER_BYTES + 8:
-        return "truncated (shorter than a header)"
-    memcpy(&version, buf + 8, 4)
-    memcpy(&klen, buf + 12, 4)
-    memcpy(&sid, buf + 24, 8)
-    memcpy(&n, buf + 32, 8)
-    if version != FORMAT_VERSION:
-        return "written by another cache format version"
-    if klen != <uint32_t>key_len:
-        return "written for a model of another order"
-    if memcmp_(buf + 16, checksum, 8) != 0:
-        return "written for another model (checksum differs)"
-    if sid != sentence_id:
-        return "written for another sentence id"
-    if n > <uint64_t>((size - HEADER_BYTES - 8) // (4 * key_len + 8)) or \
-            <int64_t>(HEADER_BYTES + n * (4 * key_len + 8) + 8) != size:
-        return "truncated or extended (size does not match the entry count)"
-    memcpy(&stored, buf + size - 8, 8)
-    if stored != data_checksum_c(buf, size - 8):
-        return "corrupted (checksum mismatch)"
-    count[0] = n
-    return NULL
-
-
-cdef inline int memcmp_(const unsigned char* a, const unsigned char* b, int n) noexcept nogil:
-    cdef int i
-    for i in range(n):
-        if a[i] != b[i]:
-            return 1
-    return 0
-
-
 cdef int make_dirs(const char* path) noexcept nogil:
     """mkdir -p; 0 on success."""
     cdef char buf[PATH_MAX_LEN]
@@ -231,6 +253,329 @@ cdef int make_dirs(const char* path) noexcept nogil:
         return -1
     if stat(path, &st) != 0 or not S_ISDIR(st.st_mode):
         return -1
+    return 0
+
+
+cdef inline int region_stride(int key_len, int nd) noexcept nogil:
+    return 1 + key_len + 2 * nd
+
+
+cdef inline int64_t region_bytes(int64_t slots, int key_len, int nd) noexcept nogil:
+    return (slots * region_stride(key_len, nd) * 4 + 63) // 64 * 64
+
+
+ctypedef struct RegionDesc:
+    uint32_t key_len
+    uint32_t nd
+    uint64_t slots
+    uint64_t count
+    uint64_t max_probe
+
+
+cdef inline void read_region(const unsigned char* h, int i, RegionDesc* r) noexcept nogil:
+    """Region ``i``'s descriptor from a file header (5 little-endian fields)."""
+    memcpy(&r.key_len, h + REGIONS_AT + 32 * i, 4)
+    memcpy(&r.nd, h + REGIONS_AT + 32 * i + 4, 4)
+    memcpy(&r.slots, h + REGIONS_AT + 32 * i + 8, 8)
+    memcpy(&r.count, h + REGIONS_AT + 32 * i + 16, 8)
+    memcpy(&r.max_probe, h + REGIONS_AT + 32 * i + 24, 8)
+
+
+cdef const char* check_header(const unsigned char* h, int64_t size, int order, int ctx_key_len,
+                              const unsigned char* checksum, int64_t sentence_id) noexcept nogil:
+    """NULL if the 192-byte header ``h`` describes a valid file of ``size`` bytes for this
+    model and sentence, else the reason.  Reads nothing beyond the header."""
+    cdef uint32_t version, order_
+    cdef int64_t sid, total = HEADER_BYTES
+    cdef uint64_t fsize, stored
+    cdef RegionDesc r
+    cdef int i
+    cdef int want_k[3]
+    cdef int want_nd[3]
+    want_k[0] = order
+    want_k[1] = ctx_key_len
+    want_k[2] = order
+    want_nd[0] = 1
+    want_nd[1] = 2
+    want_nd[2] = 1
+    if size < 8 or memcmp_(h, <const unsigned char*>MAGIC, 8) != 0:
+        return "not an nlmfeature cache file (bad magic number)"
+    if size < HEADER_BYTES:
+        return "truncated (shorter than a header)"
+    memcpy(&stored, h + HEADER_CHECKSUM_AT, 8)
+    if stored != data_checksum_c(h, HEADER_CHECKSUM_AT):
+        return "corrupted (header checksum mismatch)"
+    memcpy(&version, h + 8, 4)
+    memcpy(&order_, h + 12, 4)
+    memcpy(&sid, h + 24, 8)
+    memcpy(&fsize, h + 32, 8)
+    if version != FORMAT_VERSION:
+        return "written by another cache format version"
+    if order_ != <uint32_t>order:
+        return "written for a model of another order"
+    if memcmp_(h + 16, checksum, 8) != 0:
+        return "written for another model (checksum differs)"
+    if sid != sentence_id:
+        return "written for another sentence id"
+    for i in range(N_REGIONS):
+        read_region(h, i, &r)
+        if r.key_len != <uint32_t>want_k[i] or r.nd != <uint32_t>want_nd[i]:
+            return "region layout does not match the model"
+        if r.slots > (1ULL << 40) or r.count >= r.slots + (r.slots == 0) or \
+                r.max_probe > r.slots or (r.slots and not r.max_probe):
+            return "region sizes are inconsistent"
+        total += region_bytes(<int64_t>r.slots, r.key_len, r.nd)
+    if <int64_t>fsize != size or total != size:
+        return "truncated or extended (size does not match the header)"
+    return NULL
+
+
+cdef inline int memcmp_(const unsigned char* a, const unsigned char* b, int n) noexcept nogil:
+    cdef int i
+    for i in range(n):
+        if a[i] != b[i]:
+            return 1
+    return 0
+
+
+cdef void view_regions(const unsigned char* base, TableC* ngram, TableC* ctx, TableC* cls) noexcept nogil:
+    """Fill the three read-only table views of a checked, mapped file."""
+    cdef int64_t at = HEADER_BYTES
+    cdef RegionDesc r
+    cdef int i
+    cdef TableC* out3[3]
+    out3[0] = ngram
+    out3[1] = ctx
+    out3[2] = cls
+    for i in range(N_REGIONS):
+        read_region(base, i, &r)
+        memset(out3[i], 0, sizeof(TableC))
+        out3[i][0].key_len = r.key_len
+        out3[i][0].nd = r.nd
+        out3[i][0].stride = region_stride(r.key_len, r.nd)
+        out3[i][0].capacity = r.slots
+        out3[i][0].count = r.count
+        out3[i][0].limit = r.count
+        out3[i][0].max_probe = r.max_probe
+        out3[i][0].generation = 1
+        out3[i][0].slots = <int32_t*>(base + at) if r.slots else NULL
+        at += region_bytes(r.slots, r.key_len, r.nd)
+
+
+cdef int map_file(const char* path, int order, int ctx_key_len, const unsigned char* checksum,
+                  int64_t sentence_id, int64_t max_size, int touch, void** map_out,
+                  size_t* len_out, const char** why) noexcept nogil:
+    """Map a cache file read-only after checking its header and data checksum: 1 mapped,
+    0 absent, -1 unusable (``why`` says why).  Never blocks on a FIFO nor reads more than
+    the header of a file that is not one of ours."""
+    cdef int fd = c_open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC)
+    cdef struct_stat st
+    cdef unsigned char head[HEADER_BYTES]
+    cdef int64_t size
+    cdef ssize_t r
+    cdef void* p
+    cdef uint64_t stored
+    if fd < 0:
+        if errno == ENOENT:
+            return 0
+        why[0] = strerror(errno)
+        return -1
+    if fstat(fd, &st) != 0:
+        why[0] = strerror(errno)
+        c_close(fd)
+        return -1
+    if not S_ISREG(st.st_mode):
+        why[0] = "not a regular file"
+        c_close(fd)
+        return -1
+    size = st.st_size
+    r = c_pread(fd, head, HEADER_BYTES, 0)
+    if r < 0:
+        why[0] = strerror(errno)
+        c_close(fd)
+        return -1
+    why[0] = check_header(head, r if r < HEADER_BYTES else size, order, ctx_key_len, checksum,
+                          sentence_id)
+    if why[0] == NULL and size > max_size:
+        why[0] = "larger than the cache directory's bound"
+    if why[0] != NULL:
+        c_close(fd)
+        return -1
+    # populated: the checksum below reads every page anyway, and a sentence probes all over it
+    p = mmap(NULL, size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0)
+    if p == MAP_FAILED:
+        why[0] = strerror(errno)
+        c_close(fd)
+        return -1
+    memcpy(&stored, head + DATA_CHECKSUM_AT, 8)
+    if stored != nlm_fast_checksum(<const unsigned char*>p + HEADER_BYTES, size - HEADER_BYTES):
+        why[0] = "corrupted (checksum mismatch)"
+        munmap(p, size)
+        c_close(fd)
+        return -1
+    if touch:
+        c_futimens(fd, NULL)  # LRU: a use counts as recent (best effort)
+    c_close(fd)
+    map_out[0] = p
+    len_out[0] = size
+    return 1
+
+# ---------------------------------------------------------------------------------------
+# writing: the entries of several tables (deduplicated) as one file
+# ---------------------------------------------------------------------------------------
+
+ctypedef struct Source:
+    const TableC* t
+    int only_new              # skip entries from disk and entries whose values are all NaN
+
+
+cdef inline int wanted(const TableC* t, const int32_t* p, int only_new) noexcept nogil:
+    cdef int i
+    if not table_live(t, p):
+        return 0
+    if not only_new:
+        return 1
+    if tv_disk(p):
+        return 0
+    for i in range(t.nd):
+        if not isnan(tv_get(t, p, i)):
+            return 1
+    return 0
+
+
+cdef int64_t fill_region(int32_t* slots, int64_t cap, int key_len, int nd, const Source* src,
+                         int nsrc, int64_t* count, int64_t* maxp) noexcept nogil:
+    """Insert the wanted entries of ``src`` into an empty region (generation 1)."""
+    cdef int stride = region_stride(key_len, nd), k
+    cdef uint64_t h
+    cdef int64_t i, probes
+    cdef const int32_t* p
+    cdef int32_t* q
+    cdef int dup
+    count[0] = 0
+    maxp[0] = 0
+    for k in range(nsrc):
+        for i in range(src[k].t.capacity):
+            p = table_at(src[k].t, i)
+            if not wanted(src[k].t, p, src[k].only_new):
+                continue
+            h = nlm_home(key_hash(p + 1, key_len), cap)
+            probes = 1
+            dup = 0
+            while slots[h * stride] != 0:
+                q = slots + h * stride
+                if memcmp_(<const unsigned char*>(q + 1), <const unsigned char*>(p + 1), 4 * key_len) == 0:
+                    dup = 1
+                    break
+                h = 0 if h + 1 == <uint64_t>cap else h + 1
+                probes += 1
+            if dup:
+                continue
+            q = slots + h * stride
+            q[0] = 1
+            memcpy(q + 1, p + 1, 4 * key_len)
+            memcpy(q + 1 + key_len, p + 1 + src[k].t.key_len, 8 * nd)
+            count[0] += 1
+            if probes > maxp[0]:
+                maxp[0] = probes
+    return count[0]
+
+
+cdef int64_t count_wanted(const Source* src, int nsrc) noexcept nogil:
+    cdef int64_t n = 0, i
+    cdef int k
+    for k in range(nsrc):
+        for i in range(src[k].t.capacity):
+            if wanted(src[k].t, table_at(src[k].t, i), src[k].only_new):
+                n += 1
+    return n
+
+
+cdef int write_file(PStore* ps, const char* path, Source** src, int* nsrc, int replace,
+                    int64_t* entries, int64_t* nbytes) noexcept nogil:
+    """Write the wanted entries of each region's sources as a cache file at ``path``:
+    temporary file, then rename (``replace``) or link (EEXIST if ``path`` exists).
+    0 or an errno."""
+    cdef int64_t n[3]
+    cdef int64_t slots[3]
+    cdef int64_t cnt, maxp, size = HEADER_BYTES, at
+    cdef int i, fd, e, klen, nd
+    cdef int key_lens[3]
+    cdef int nds[3]
+    cdef unsigned char* buf
+    cdef uint64_t h
+    cdef uint32_t u
+    cdef char tmp[PATH_MAX_LEN]
+    key_lens[0] = ps.order
+    key_lens[1] = ps.ctx_key_len
+    key_lens[2] = ps.order
+    nds[0] = 1
+    nds[1] = 2
+    nds[2] = 1
+    for i in range(N_REGIONS):
+        n[i] = count_wanted(src[i], nsrc[i])
+        # load <= FILE_LOAD: a probe that misses (new n-grams probe every file) stays short
+        slots[i] = (n[i] * 100 + FILE_LOAD_PERCENT - 1) // FILE_LOAD_PERCENT + 1 if n[i] else 0
+        size += region_bytes(slots[i], key_lens[i], nds[i])
+    buf = <unsigned char*>calloc(1, size)
+    if buf == NULL:
+        return 12
+    memcpy(buf, MAGIC, 8)
+    memcpy(buf + 8, &FORMAT_VERSION, 4)
+    u = ps.order
+    memcpy(buf + 12, &u, 4)
+    memcpy(buf + 16, ps.checksum, 8)
+    memcpy(buf + 24, &ps.sentence_id, 8)
+    memcpy(buf + 32, &size, 8)
+    at = HEADER_BYTES
+    entries[0] = 0
+    for i in range(N_REGIONS):
+        cnt = 0
+        maxp = 0
+        if slots[i]:
+            fill_region(<int32_t*>(buf + at), slots[i], key_lens[i], nds[i], src[i], nsrc[i], &cnt, &maxp)
+        u = key_lens[i]
+        memcpy(buf + REGIONS_AT + 32 * i, &u, 4)
+        u = nds[i]
+        memcpy(buf + REGIONS_AT + 32 * i + 4, &u, 4)
+        memcpy(buf + REGIONS_AT + 32 * i + 8, &slots[i], 8)
+        memcpy(buf + REGIONS_AT + 32 * i + 16, &cnt, 8)
+        memcpy(buf + REGIONS_AT + 32 * i + 24, &maxp, 8)
+        entries[0] += cnt
+        at += region_bytes(slots[i], key_lens[i], nds[i])
+    h = nlm_fast_checksum(buf + HEADER_BYTES, size - HEADER_BYTES)
+    memcpy(buf + DATA_CHECKSUM_AT, &h, 8)
+    h = data_checksum_c(buf, HEADER_CHECKSUM_AT)
+    memcpy(buf + HEADER_CHECKSUM_AT, &h, 8)
+    snprintf(tmp, PATH_MAX_LEN, "%s.%d.%llu.tmp", path, c_getpid(), nlm_pcache_next())
+    fd = c_open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o666)
+    if fd < 0:
+        e = errno
+        free(buf)
+        return e
+    if write_all(fd, buf, size) != 0:
+        e = errno
+        c_close(fd)
+        c_unlink(tmp)
+        free(buf)
+        return e
+    free(buf)
+    if c_close(fd) != 0:
+        e = errno
+        c_unlink(tmp)
+        return e
+    if replace:
+        if rename(tmp, path) != 0:
+            e = errno
+            c_unlink(tmp)
+            return e
+    else:
+        if c_link(tmp, path) != 0:
+            e = errno
+            c_unlink(tmp)
+            return e
+        c_unlink(tmp)
+    nbytes[0] = size
     return 0
 
 # ---------------------------------------------------------------------------------------
@@ -322,7 +667,7 @@ cdef int64_t prune_dir(const char* root, int64_t max_bytes, int64_t* removed) no
     return total
 
 # ---------------------------------------------------------------------------------------
-# sessions
+# sessions with a store
 # ---------------------------------------------------------------------------------------
 
 cdef void set_err(char* err, size_t errlen, const char* msg, const char* arg, int code) noexcept nogil:
@@ -333,62 +678,143 @@ cdef void set_err(char* err, size_t errlen, const char* msg, const char* arg, in
             snprintf(err, errlen, "%s%s", msg, arg)
 
 
-cdef CSession* cs_new(const ModelC* m, const unsigned char* checksum, const char* checksum_hex,
-                      int64_t cache_entries, int64_t ngram_entries, const char* persistent_dir,
-                      int64_t max_bytes, int quiet, int context_cache, char* err,
-                      size_t errlen) noexcept nogil:
-    """A cached session, or NULL with a message in ``err``.  ``context_cache``: -1 lets
-    the core decide whether caching hidden vectors pays, 0 turns it off, 1 on."""
-    cdef CSession* s = <CSession*>nlm_alloc_lines(sizeof(CSession))
+cdef char* dup_str(const char* s) noexcept nogil:
+    cdef size_t n = strlen(s)
+    cdef char* p = <char*>malloc(n + 1)
+    if p != NULL:
+        memcpy(p, s, n + 1)
+    return p
+
+
+cdef int env_policy() noexcept nogil:
+    cdef const char* v = getenv("NLMFEATURE_PERSISTENT_CACHE")
+    if v == NULL or v[0] == 0 or strcmp(v, "auto") == 0:
+        return PC_POLICY_AUTO
+    if strcmp(v, "always") == 0 or strcmp(v, "on") == 0 or strcmp(v, "1") == 0:
+        return PC_POLICY_ALWAYS
+    if strcmp(v, "never") == 0 or strcmp(v, "off") == 0 or strcmp(v, "0") == 0:
+        return PC_POLICY_NEVER
+    return PC_POLICY_AUTO
+
+
+cdef int model_file_changed(PStore* ps, int record) noexcept nogil:
+    """The file-identity check of the model (device, inode, size, mtime): 1 if the file at
+    the model's path is no longer the one the session started with, so its mapped bytes
+    may not match the checksum that keys the cache.  ``record`` stores the identity (and
+    checks the file's preamble still holds the model's checksum)."""
+    cdef struct_stat st
+    cdef unsigned char pre[48]
+    cdef int fd
+    if ps.model_path == NULL:
+        return 0
+    if stat(ps.model_path, &st) != 0:
+        return 1
+    if record:
+        ps.m_dev = st.st_dev
+        ps.m_ino = st.st_ino
+        ps.m_size = st.st_size
+        ps.m_mtime = nlm_mtime_ns(&st)
+        fd = c_open(ps.model_path, O_RDONLY | O_NONBLOCK | O_CLOEXEC)
+        if fd < 0:
+            return 1
+        if c_pread(fd, pre, 48, 0) != 48 or memcmp_(pre + 40, ps.checksum, 8) != 0:
+            c_close(fd)
+            return 1
+        c_close(fd)
+        return 0
+    return not (ps.m_dev == <uint64_t>st.st_dev and ps.m_ino == <uint64_t>st.st_ino and
+                ps.m_size == st.st_size and ps.m_mtime == nlm_mtime_ns(&st))
+
+
+cdef void switch_off(PStore* ps) noexcept nogil:
+    if not ps.off and not ps.quiet:
+        fprintf(stderr, "nlmfeature: warning: model file %s changed since it was loaded: the persistent "
+                "cache is off for this session (nothing is read or written under the old checksum; "
+                "replace models by writing a new file and renaming it, then restart the decoder)\n",
+                ps.model_path)
+    ps.off = 1
+
+
+cdef SessionC* pc_session_new(const ModelC* m, const unsigned char* checksum, const char* checksum_hex,
+                              const char* model_path, int64_t cache_entries, int64_t ngram_entries,
+                              const char* persistent_dir, int64_t max_bytes, int quiet,
+                              int context_cache, int policy, char* err, size_t errlen) noexcept nogil:
+    """A core session, with a persistent store attached when ``persistent_dir`` is set and
+    the policy says the cache pays; NULL with a message in ``err``.  ``context_cache``: -1
+    lets the core decide whether caching hidden vectors pays, 0 turns it off, 1 on."""
+    cdef SessionC* s
+    cdef PStore* ps
     cdef size_t n
+    cdef int use = persistent_dir != NULL and persistent_dir[0] != 0
+    if policy < 0:
+        policy = env_policy()
+    if use and policy == PC_POLICY_NEVER:
+        use = 0
+    if use and policy == PC_POLICY_AUTO and not nlm_ngram_cache_pays(m):
+        use = 0
+        if not quiet and nlm_pcache_first_off():
+            fprintf(stderr, "nlmfeature: persistent cache %s not used: this model scores an n-gram "
+                    "faster than the cache can look it up (unnormalised output, no dense layers); "
+                    "set NLMFEATURE_PERSISTENT_CACHE=always to use it anyway\n", persistent_dir)
+    if use and ngram_entries < 0:
+        ngram_entries = C_DEFAULT_NGRAM_ENTRIES
+    s = nlm_session_new(m, cache_entries, ngram_entries)
     if s == NULL:
         set_err(err, errlen, "out of memory allocating a session", "", 0)
         return NULL
-    s.model = m
-    s.key_len = m.order
-    s.sentence_id = -1
-    s.est_bytes = -1
-    s.quiet = quiet
-    s.max_bytes = max_bytes if max_bytes > 0 else C_DEFAULT_MAX_BYTES
-    memcpy(s.checksum, checksum, 8)
-    # Without a persistent cache the core session keeps the n-gram cache (``ngram_entries``
-    # < 0: when it pays); with one, this session's table does, so it can be written out.
-    s.ngram_on = persistent_dir != NULL and persistent_dir[0] != 0
-    s.core = nlm_session_new(m, cache_entries, 0 if s.ngram_on else ngram_entries)
-    if s.core == NULL:
+    if context_cache >= 0 and s.cache_enabled:
+        s.ctx_cache_enabled = context_cache
+    open_query_log(s, checksum)
+    if not use:
+        return s
+    ps = <PStore*>nlm_alloc_lines(sizeof(PStore))
+    if ps == NULL:
+        nlm_session_free(s)
         set_err(err, errlen, "out of memory allocating a session", "", 0)
-        cs_free(s)
         return NULL
-    if context_cache >= 0 and s.core.cache_enabled:
-        s.core.ctx_cache_enabled = context_cache
-    s.table.key_len = m.order
-    s.table.limit = ngram_entries if ngram_entries > 0 else C_DEFAULT_NGRAM_ENTRIES
-    if s.ngram_on:
-        n = strlen(persistent_dir)
-        if n + 40 >= PATH_MAX_LEN:
-            set_err(err, errlen, "persistent cache directory path is too long: ", persistent_dir, 0)
-            cs_free(s)
-            return NULL
-        s.root = <char*>malloc(n + 1)
-        s.dir = <char*>malloc(n + 20)
-        if s.root == NULL or s.dir == NULL:
-            set_err(err, errlen, "out of memory allocating a session", "", 0)
-            cs_free(s)
-            return NULL
-        memcpy(s.root, persistent_dir, n + 1)
-        while n > 1 and s.root[n - 1] == b'/':
-            n -= 1
-            s.root[n] = 0
-        snprintf(s.dir, n + 20, "%s/%s", s.root, checksum_hex)
-        if make_dirs(s.dir) != 0:
-            set_err(err, errlen, "cannot create the persistent cache directory ", s.dir, errno)
-            cs_free(s)
-            return NULL
-    open_query_log(s)
+    s.store = &ps.view
+    ps.model = m
+    ps.order = m.order
+    ps.ctx_key_len = m.ctx_len if m.ctx_len > 0 else 1
+    ps.sentence_id = -1
+    ps.est_bytes = -1
+    ps.quiet = quiet
+    ps.print_stats = getenv("NLMFEATURE_CACHE_STATS") != NULL and not quiet
+    ps.max_bytes = max_bytes if max_bytes > 0 else C_DEFAULT_MAX_BYTES
+    memcpy(ps.checksum, checksum, 8)
+    ps.view.probe_context = s.cache_enabled and (m.output_type == OUT_SOFTMAX or m.output_type == OUT_CLASS)
+    # Within-class normalisers are read when a file has them but written only on request:
+    # in Moses tuning loops only 5-8% of the (context, class) pairs a sentence still needs
+    # were on disk, while they made up ~40% of the files (tools/bench_pcache.py)
+    ps.keep_class = getenv("NLMFEATURE_PERSISTENT_CACHE_CLASS") != NULL and \
+        strcmp(getenv("NLMFEATURE_PERSISTENT_CACHE_CLASS"), "1") == 0
+    n = strlen(persistent_dir)
+    if n + 64 >= PATH_MAX_LEN:
+        set_err(err, errlen, "persistent cache directory path is too long: ", persistent_dir, 0)
+        pc_session_free(s)
+        return NULL
+    ps.root = dup_str(persistent_dir)
+    ps.dir = <char*>malloc(n + 20)
+    if model_path != NULL and model_path[0] != 0:
+        ps.model_path = dup_str(model_path)
+    if ps.root == NULL or ps.dir == NULL:
+        set_err(err, errlen, "out of memory allocating a session", "", 0)
+        pc_session_free(s)
+        return NULL
+    while n > 1 and ps.root[n - 1] == b'/':
+        n -= 1
+        ps.root[n] = 0
+    snprintf(ps.dir, n + 20, "%s/%s", ps.root, checksum_hex)
+    if make_dirs(ps.dir) != 0:
+        set_err(err, errlen, "cannot create the persistent cache directory ", ps.dir, errno)
+        pc_session_free(s)
+        return NULL
+    if model_file_changed(ps, 1):
+        switch_off(ps)
     return s
 
 
-cdef void open_query_log(CSession* s) noexcept nogil:
+cdef void open_query_log(SessionC* s, const unsigned char* checksum) noexcept nogil:
     """NLMFEATURE_QUERY_LOG=DIR: record every lookup of this session in
     DIR/queries.<pid>.<n>.bin (see ``nlmfeature.querylog``), for replay by
     ``nlmfeature bench query --decoder-stream`` after ``nlmfeature querylog pack``.
@@ -402,290 +828,300 @@ cdef void open_query_log(CSession* s) noexcept nogil:
     snprintf(path, PATH_MAX_LEN, "%s/queries.%d.%llu.bin", d, c_getpid(), nlm_pcache_next())
     s.query_log = fopen(path, "wb")
     if s.query_log == NULL:
-        if not s.quiet:
-            fprintf(stderr, "nlmfeature: warning: cannot record queries in %s: %s\n", path, strerror(errno))
+        fprintf(stderr, "nlmfeature: warning: cannot record queries in %s: %s\n", path, strerror(errno))
         return
     fwrite(b"NLMQLOG1", 1, 8, <FILE*>s.query_log)
-    head[0] = s.key_len
+    head[0] = s.model.order
     head[1] = s.model.vocab_size
     head[2] = 0
     head[3] = 0
     fwrite(head, 4, 4, <FILE*>s.query_log)
-    fwrite(s.checksum, 1, 8, <FILE*>s.query_log)
+    fwrite(checksum, 1, 8, <FILE*>s.query_log)
 
 
-cdef void cs_free(CSession* s) noexcept nogil:
+cdef double pc_lookup(SessionC* s, const int32_t* ctx, int32_t w) noexcept nogil:
+    """The core score of one n-gram (``ctx`` padded, ids valid), recorded first when the
+    session has a query log: the C API's and :class:`CachedScorer`'s one entry."""
+    if s.query_log != NULL:
+        fwrite(ctx, 4, s.model.ctx_len, <FILE*>s.query_log)
+        fwrite(&w, 4, 1, <FILE*>s.query_log)
+    return nlm_score_padded(s, ctx, w)
+
+
+cdef void unmap_all(PStore* ps) noexcept nogil:
+    cdef int f
+    for f in range(ps.view.nfiles):
+        munmap(ps.maps[f], ps.map_len[f])
+    ps.view.nfiles = 0
+
+
+cdef void pc_session_free(SessionC* s) noexcept nogil:
+    cdef PStore* ps
     if s == NULL:
         return
-    if s.active:
-        cs_end(s)
     if s.query_log != NULL:
         fclose(<FILE*>s.query_log)
-    nlm_session_free(s.core)
-    nt_free(&s.table)
-    free(s.root)
-    free(s.dir)
-    free(s)
+        s.query_log = NULL
+    if s.store != NULL:
+        ps = <PStore*>s.store
+        if ps.active:
+            pc_end(s)
+        unmap_all(ps)
+        free(ps.root)
+        free(ps.dir)
+        free(ps.model_path)
+        free(ps)
+        s.store = NULL
+    nlm_session_free(s)
 
 
-cdef void file_path(CSession* s, int64_t sid, char* out) noexcept nogil:
-    snprintf(out, PATH_MAX_LEN, "%s/%lld.nlmc", s.dir, <long long>sid)
+cdef void file_path(PStore* ps, int64_t sid, int k, char* out) noexcept nogil:
+    if k == 0:
+        snprintf(out, PATH_MAX_LEN, "%s/%lld.nlmc", ps.dir, <long long>sid)
+    else:
+        snprintf(out, PATH_MAX_LEN, "%s/%lld.%d.nlmc", ps.dir, <long long>sid, k)
 
 
-cdef void warn(CSession* s, const char* path, const char* why) noexcept nogil:
-    if not s.quiet:
+cdef void warn(PStore* ps, const char* path, const char* why) noexcept nogil:
+    if not ps.quiet:
         fprintf(stderr, "nlmfeature: warning: ignoring persistent cache file %s: %s; it will be rewritten\n",
                 path, why)
 
 
-cdef int cs_begin(CSession* s, int64_t sentence_id) noexcept nogil:
-    """Start a sentence: empties the per-sentence caches and loads the sentence's file."""
-    cdef int32_t key[NLM_MAX_ORDER + 1]
+cdef int map_sentence(PStore* ps, int64_t sid, int touch) noexcept nogil:
+    """Map the base and delta files of sentence ``sid`` into the store's views (``touch``:
+    at sentence begin: mark them used, warn about and count unusable ones)."""
     cdef char path[PATH_MAX_LEN]
-    cdef unsigned char* buf
-    cdef int64_t size = 0, i, slot
-    cdef uint64_t count = 0
-    cdef int e = 0, found
-    cdef const char* why
-    cdef const unsigned char* keys
-    cdef const unsigned char* vals
-    cdef double v
-    if s.active:
-        cs_end(s)
-    if nlm_session_begin(s.core, sentence_id) != 0:
-        # the model file changed in place (nlm_model_file_changed): its scores no longer match
-        # the checksum, so nothing is loaded from or written to the persistent cache
-        s.sentence_id = sentence_id
-        s.active = 0
-        return -2
-    s.sentence_id = sentence_id
-    s.active = 1
-    s.dirty = 0
-    s.new_entries = 0
-    s.stats[NLM_VT_STAT_SENTENCES] += 1
+    cdef int k, r, f
+    cdef const char* why = NULL
+    cdef int64_t limit = ps.max_bytes
+    for k in range(MAX_DELTAS + 1):
+        f = ps.view.nfiles
+        file_path(ps, sid, k, path)
+        r = map_file(path, ps.order, ps.ctx_key_len, ps.checksum, sid, limit, touch,
+                     &ps.maps[f], &ps.map_len[f], &why)
+        if r == 0:
+            continue
+        if r < 0:
+            if touch:
+                warn(ps, path, why)
+                ps.dirty = 1
+                ps.files_ignored += 1
+            continue
+        view_regions(<const unsigned char*>ps.maps[f], &ps.view.ngram[f], &ps.view.ctx[f], &ps.view.cls[f])
+        if touch:
+            ps.loaded += ps.view.ngram[f].count + ps.view.ctx[f].count + ps.view.cls[f].count
+            ps.files_read += 1
+        ps.view.nfiles = f + 1
+    return 0
+
+
+cdef int pc_begin(SessionC* s, int64_t sentence_id) noexcept nogil:
+    """Start a sentence: empties the per-sentence caches and maps the sentence's files."""
+    cdef PStore* ps = <PStore*>s.store
+    cdef int32_t key[NLM_MAX_ORDER + 1]
     if s.query_log != NULL:
-        # a sentence marker: key_len int32, the first -1, the second the sentence id
+        # a sentence marker: order int32, the first -1, the second the sentence id
         memset(key, 0, sizeof(key))
         key[0] = -1
         key[1] = <int32_t>sentence_id
-        fwrite(key, 4, s.key_len, <FILE*>s.query_log)
-    if s.ngram_on and s.table.capacity:
-        nt_clear(&s.table)
-    if s.dir == NULL or sentence_id < 0:
+        fwrite(key, 4, s.model.order, <FILE*>s.query_log)
+    if ps != NULL and ps.active:
+        pc_end(s)
+    if nlm_session_begin(s, sentence_id) != 0:
+        # the model file changed in place (nlm_model_file_changed): its scores no longer match
+        # the checksum, so nothing is loaded from or written to the persistent cache
+        if ps != NULL:
+            unmap_all(ps)
+            ps.active = 0
+            switch_off(ps)
+        return -2
+    if ps == NULL:
         return 0
-    file_path(s, sentence_id, path)
-    buf = read_file(path, &size, &e, 1)
-    if buf == NULL:
-        if e != ENOENT:
-            warn(s, path, strerror(e))
-            s.dirty = 1
-            s.stats[NLM_VT_STAT_FILES_IGNORED] += 1
+    unmap_all(ps)
+    ps.sentence_id = sentence_id
+    ps.active = 1
+    ps.dirty = 0
+    ps.files_mapped = 0
+    if ps.off or sentence_id < 0:
         return 0
-    why = check_file(buf, size, s.key_len, s.checksum, sentence_id, &count)
-    if why != NULL:
-        warn(s, path, why)
-        s.dirty = 1
-        s.stats[NLM_VT_STAT_FILES_IGNORED] += 1
-        free(buf)
+    if model_file_changed(ps, 0):
+        switch_off(ps)
         return 0
-    keys = buf + HEADER_BYTES
-    vals = keys + count * 4 * s.key_len
-    for i in range(<int64_t>count):
-        slot = nt_insert(&s.table, <const int32_t*>(keys + i * 4 * s.key_len), &found)
-        if slot < 0:
-            break
-        memcpy(&v, vals + 8 * i, 8)
-        nt_set(nt_slot(&s.table, slot), s.key_len, v, 1)
-    s.stats[NLM_VT_STAT_FILES_READ] += 1
-    s.stats[NLM_VT_STAT_PERSISTENT_LOADED] += <int64_t>count
-    free(buf)
+    map_sentence(ps, sentence_id, 1)
+    ps.files_mapped = ps.view.nfiles
     return 0
 
 
-cdef int write_merged(CSession* s, const char* path, int64_t* out_entries, int64_t* out_size,
-                      int64_t* old_size) noexcept nogil:
-    """Re-read ``path`` and write the union of it and the table; 0 or an errno."""
-    cdef unsigned char* old = NULL
-    cdef int64_t osize = 0, i, k, n_extra = 0, total, nbytes, slot
-    cdef uint64_t ocount = 0
-    cdef int e = 0, fd
-    cdef const char* why
-    cdef unsigned char* out
-    cdef unsigned char* p
-    cdef unsigned char* pv
-    cdef int K = s.key_len
-    cdef char tmp[PATH_MAX_LEN]
-    cdef uint8_t* extra = NULL
-    cdef const unsigned char* okeys
-    cdef const int32_t* sp
-    cdef uint64_t h
-    old_size[0] = 0
-    old = read_file(path, &osize, &e, 0)
-    if old != NULL:
-        old_size[0] = osize
-        why = check_file(old, osize, K, s.checksum, s.sentence_id, &ocount)
-        if why != NULL:
-            ocount = 0
-        elif ocount:
-            extra = <uint8_t*>calloc(ocount, 1)
-            if extra == NULL:
-                free(old)
-                return 12
-            okeys = old + HEADER_BYTES
-            for i in range(<int64_t>ocount):
-                if nt_find(&s.table, <const int32_t*>(okeys + i * 4 * K)) < 0:
-                    extra[i] = 1
-                    n_extra += 1
-    total = s.table.count + n_extra
-    nbytes = HEADER_BYTES + total * (4 * K + 8) + 8
-    out = <unsigned char*>malloc(nbytes)
-    if out == NULL:
-        free(old)
-        free(extra)
-        return 12
-    memcpy(out, MAGIC, 8)
-    memcpy(out + 8, &FORMAT_VERSION, 4)
-    memcpy(out + 12, &K, 4)
-    memcpy(out + 16, s.checksum, 8)
-    memcpy(out + 24, &s.sentence_id, 8)
-    memcpy(out + 32, &total, 8)
-    p = out + HEADER_BYTES
-    pv = p + total * 4 * K
-    for slot in range(s.table.capacity):
-        sp = nt_slot(&s.table, slot)
-        if nt_live(&s.table, sp):
-            memcpy(p, sp + 1, 4 * K)
-            memcpy(pv, sp + 1 + K, 8)
-            p += 4 * K
-            pv += 8
-    if n_extra:
-        okeys = old + HEADER_BYTES
-        for i in range(<int64_t>ocount):
-            if extra[i]:
-                memcpy(p, okeys + i * 4 * K, 4 * K)
-                memcpy(pv, okeys + ocount * 4 * K + 8 * i, 8)
-                p += 4 * K
-                pv += 8
-    free(old)
-    free(extra)
-    h = data_checksum_c(out, nbytes - 8)
-    memcpy(out + nbytes - 8, &h, 8)
-    snprintf(tmp, PATH_MAX_LEN, "%s.%d.%llu.tmp", path, c_getpid(), nlm_pcache_next())
-    fd = c_open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o666)
-    if fd < 0:
-        e = errno
-        free(out)
-        return e
-    if write_all(fd, out, nbytes) != 0:
-        e = errno
-        c_close(fd)
-        c_unlink(tmp)
-        free(out)
-        return e
-    free(out)
-    if c_close(fd) != 0:
-        e = errno
-        c_unlink(tmp)
-        return e
-    if rename(tmp, path) != 0:
-        e = errno
-        c_unlink(tmp)
-        return e
-    out_entries[0] = total
-    out_size[0] = nbytes
-    return 0
-
-
-cdef int cs_end(CSession* s) noexcept nogil:
-    """End the sentence: merge its n-gram scores into its persistent file (if any)."""
+cdef int write_sentence(SessionC* s, int64_t* entries, int64_t* nbytes) noexcept nogil:
+    """Under the directory lock: the new entries as a delta, or base + deltas + new entries
+    merged into a new base when no delta name is free (or a file was unusable)."""
+    cdef PStore* ps = <PStore*>s.store
     cdef char path[PATH_MAX_LEN]
+    cdef char dpath[PATH_MAX_LEN]
+    cdef Source srcs[3][NLM_STORE_MAX_FILES + 1]
+    cdef Source* src[3]
+    cdef int nsrc[3]
+    cdef int k, e, f, i
+    cdef struct_stat st
+    for i in range(3):
+        src[i] = srcs[i]
+        srcs[i][0].only_new = 1
+    srcs[0][0].t = &s.ngram_cache
+    srcs[1][0].t = &s.ctx_cache
+    srcs[2][0].t = &s.class_cache
+    nsrc[0] = 1 if s.ngram_cache_enabled else 0
+    nsrc[1] = 1 if (ps.view.probe_context and s.ctx_cache_enabled) else 0
+    nsrc[2] = 1 if (ps.view.probe_context and ps.keep_class) else 0
+    file_path(ps, ps.sentence_id, 0, path)
+    if not ps.dirty and stat(path, &st) == 0:
+        for k in range(1, MAX_DELTAS + 1):
+            file_path(ps, ps.sentence_id, k, dpath)
+            if stat(dpath, &st) == 0:
+                continue
+            e = write_file(ps, dpath, src, nsrc, 0, entries, nbytes)
+            if e != EEXIST:  # (EEXIST: a writer that could not take the lock was faster)
+                return e
+    # merge: what is on disk now (re-mapped under the lock) and the new entries
+    unmap_all(ps)
+    map_sentence(ps, ps.sentence_id, 0)
+    for f in range(ps.view.nfiles):
+        srcs[0][nsrc[0]].t = &ps.view.ngram[f]
+        srcs[0][nsrc[0]].only_new = 0
+        nsrc[0] += 1
+        srcs[1][nsrc[1]].t = &ps.view.ctx[f]
+        srcs[1][nsrc[1]].only_new = 0
+        nsrc[1] += 1
+        srcs[2][nsrc[2]].t = &ps.view.cls[f]
+        srcs[2][nsrc[2]].only_new = 0
+        nsrc[2] += 1
+    e = write_file(ps, path, src, nsrc, 1, entries, nbytes)
+    if e == 0:
+        for k in range(1, MAX_DELTAS + 1):
+            file_path(ps, ps.sentence_id, k, dpath)
+            c_unlink(dpath)
+    return e
+
+
+cdef int64_t count_new(SessionC* s) noexcept nogil:
+    cdef PStore* ps = <PStore*>s.store
+    cdef Source src[3]
+    cdef int n = 0
+    if s.ngram_cache_enabled:
+        src[n].t = &s.ngram_cache
+        src[n].only_new = 1
+        n += 1
+    if ps.view.probe_context:
+        if s.ctx_cache_enabled:
+            src[n].t = &s.ctx_cache
+            src[n].only_new = 1
+            n += 1
+        if ps.keep_class:
+            src[n].t = &s.class_cache
+            src[n].only_new = 1
+            n += 1
+    return count_wanted(src, n)
+
+
+cdef void print_stats(SessionC* s, PStore* ps) noexcept nogil:
+    """NLMFEATURE_CACHE_STATS=1: one line per sentence with what each level found on disk
+    (the decoder benchmark's hit rates)."""
+    cdef int64_t now[7]
+    now[0] = s.lookups
+    now[1] = s.ngram_cache.hits
+    now[2] = ps.view.ngram_hits
+    now[3] = ps.view.ngram_found
+    now[4] = ps.view.ctx_hits
+    now[5] = ps.view.class_hits
+    now[6] = ps.bytes_written
+    fprintf(stderr, "nlmfeature: cache sentence %lld lookups=%lld ngram_hits=%lld persistent_hits=%lld "
+            "ngrams=%lld ngrams_on_disk=%lld contexts=%lld contexts_on_disk=%lld class_pairs=%lld "
+            "class_pairs_on_disk=%lld files=%d bytes_written=%lld\n", <long long>ps.sentence_id,
+            <long long>(now[0] - ps.last[0]), <long long>(now[1] - ps.last[1]),
+            <long long>(now[2] - ps.last[2]), <long long>s.ngram_cache.count,
+            <long long>(now[3] - ps.last[3]), <long long>s.ctx_cache.count,
+            <long long>(now[4] - ps.last[4]), <long long>s.class_cache.count,
+            <long long>(now[5] - ps.last[5]), ps.files_mapped, <long long>(now[6] - ps.last[6]))
+    memcpy(ps.last, now, sizeof(now))
+
+
+cdef int pc_end(SessionC* s) noexcept nogil:
+    """End the sentence: write what it computed (if anything) to its persistent files."""
+    cdef PStore* ps = <PStore*>s.store
     cdef char lock[PATH_MAX_LEN]
     cdef int lfd, e
-    cdef int64_t entries = 0, size = 0, old_size = 0, removed = 0
-    if not s.active:
+    cdef int64_t entries = 0, size = 0, removed = 0
+    if ps == NULL or not ps.active:
         return 0
-    s.active = 0
-    if s.dir == NULL or s.sentence_id < 0 or not (s.new_entries > 0 or s.dirty):
+    ps.active = 0
+    if ps.off or ps.sentence_id < 0:
+        unmap_all(ps)
         return 0
-    file_path(s, s.sentence_id, path)
-    snprintf(lock, PATH_MAX_LEN, "%s/.lock", s.dir)
+    if not ps.dirty and count_new(s) == 0:
+        if ps.print_stats:
+            print_stats(s, ps)
+        unmap_all(ps)
+        return 0
+    if model_file_changed(ps, 0):  # scores of this sentence may come from other weights
+        switch_off(ps)
+        unmap_all(ps)
+        return 0
+    snprintf(lock, PATH_MAX_LEN, "%s/.lock", ps.dir)
     lfd = c_open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0o666)
     if lfd >= 0:
         while c_flock(lfd, LOCK_EX) != 0 and errno == EINTR:
             pass
-    e = write_merged(s, path, &entries, &size, &old_size)
+    e = write_sentence(s, &entries, &size)
     if lfd >= 0:
         c_flock(lfd, LOCK_UN)
         c_close(lfd)
+    unmap_all(ps)
     if e != 0:
-        if not s.quiet:
-            fprintf(stderr, "nlmfeature: warning: cannot write persistent cache file %s: %s\n",
-                    path, strerror(e))
+        if not ps.quiet:
+            fprintf(stderr, "nlmfeature: warning: cannot write the persistent cache of sentence %lld in %s: %s\n",
+                    <long long>ps.sentence_id, ps.dir, strerror(e))
         return -1
-    s.stats[NLM_VT_STAT_FILES_WRITTEN] += 1
-    s.stats[NLM_VT_STAT_PERSISTENT_WRITTEN] += entries
-    s.dirty = 0
-    s.new_entries = 0
+    ps.files_written += 1
+    ps.written += entries
+    ps.bytes_written += size
+    ps.dirty = 0
+    if ps.print_stats:
+        print_stats(s, ps)
     # bounded disk use: rescan when our estimate says the bound is near
-    s.written_since_scan += size
-    if s.est_bytes >= 0:
-        s.est_bytes += size - old_size
-    if s.est_bytes < 0 or s.est_bytes > s.max_bytes or s.written_since_scan > s.max_bytes // 8:
-        s.est_bytes = prune_dir(s.root, s.max_bytes, &removed)
-        s.written_since_scan = 0
-        s.stats[NLM_VT_STAT_FILES_PRUNED] += removed
+    ps.written_since_scan += size
+    if ps.est_bytes >= 0:
+        ps.est_bytes += size
+    if ps.est_bytes < 0 or ps.est_bytes > ps.max_bytes or ps.written_since_scan > ps.max_bytes // 8:
+        ps.est_bytes = prune_dir(ps.root, ps.max_bytes, &removed)
+        ps.written_since_scan = 0
+        ps.files_pruned += removed
     return 0
 
 
-cdef double cs_score_padded(CSession* s, const int32_t* ctx, int32_t w) noexcept nogil:
-    """Natural-log score of ``w`` after the padded context ``ctx`` (n-1 ids)."""
-    cdef int32_t key[NLM_MAX_ORDER + 1]
-    cdef int found, i
-    cdef int64_t slot
-    cdef int32_t* p
-    cdef double v
-    s.stats[NLM_VT_STAT_LOOKUPS] += 1
-    nlm_clean_ngram(s.model, ctx, w, key)  # out-of-range ids -> <unk>, before they key anything
-    w = key[s.key_len - 1]
-    if s.query_log != NULL:
-        fwrite(key, 4, s.key_len, <FILE*>s.query_log)
-    if not s.ngram_on:
-        return nlm_score_padded(s.core, key, w)
-    if s.core.model_changed:
-        return NAN
-    slot = nt_insert(&s.table, key, &found)
-    if found:
-        p = nt_slot(&s.table, slot)
-        s.stats[NLM_VT_STAT_NGRAM_HITS] += 1
-        if nt_disk(p, s.key_len):
-            s.stats[NLM_VT_STAT_PERSISTENT_HITS] += 1
-        return nt_value(p, s.key_len)
-    v = nlm_score_padded(s.core, key, w)
-    if slot >= 0:
-        nt_set(nt_slot(&s.table, slot), s.key_len, v, 0)
-        s.new_entries += 1
-    return v
-
-
-cdef double cs_score(CSession* s, const int32_t* ids, int n, int32_t w) noexcept nogil:
-    """Score ``w`` after an unpadded history of ``n`` ids (``<s>``/``<null>`` padding)."""
-    cdef int32_t ctx[NLM_MAX_ORDER]
-    nlm_pad_context(s.model, ids, n, ctx)
-    if w < 0 or w >= s.model.vocab_size:
-        w = s.model.unk
-    return cs_score_padded(s, ctx, w)
-
-
-cdef void cs_stats(CSession* s, int64_t* out, int n) noexcept nogil:
+cdef void pc_stats(SessionC* s, int64_t* out, int n) noexcept nogil:
+    cdef int64_t v[NLM_VT_STAT_COUNT]
+    cdef PStore* ps = <PStore*>s.store
     cdef int i
-    s.stats[NLM_VT_STAT_CONTEXT_HITS] = s.core.ctx_cache.hits
-    s.stats[NLM_VT_STAT_CONTEXT_MISSES] = s.core.ctx_cache.misses
-    s.stats[NLM_VT_STAT_CLASS_HITS] = s.core.class_cache.hits
-    s.stats[NLM_VT_STAT_CLASS_MISSES] = s.core.class_cache.misses
-    if not s.ngram_on:
-        s.stats[NLM_VT_STAT_NGRAM_HITS] = s.core.ngram_cache.hits
+    memset(v, 0, sizeof(v))
+    v[NLM_VT_STAT_LOOKUPS] = s.lookups
+    v[NLM_VT_STAT_NGRAM_HITS] = s.ngram_cache.hits
+    v[NLM_VT_STAT_CONTEXT_HITS] = s.ctx_cache.hits
+    v[NLM_VT_STAT_CONTEXT_MISSES] = s.ctx_cache.misses
+    v[NLM_VT_STAT_CLASS_HITS] = s.class_cache.hits
+    v[NLM_VT_STAT_CLASS_MISSES] = s.class_cache.misses
+    v[NLM_VT_STAT_SENTENCES] = s.sentences
+    if ps != NULL:
+        v[NLM_VT_STAT_PERSISTENT_HITS] = ps.view.ngram_hits
+        v[NLM_VT_STAT_PERSISTENT_CONTEXT_HITS] = ps.view.ctx_hits
+        v[NLM_VT_STAT_PERSISTENT_CLASS_HITS] = ps.view.class_hits
+        v[NLM_VT_STAT_PERSISTENT_LOADED] = ps.loaded
+        v[NLM_VT_STAT_PERSISTENT_WRITTEN] = ps.written
+        v[NLM_VT_STAT_FILES_READ] = ps.files_read
+        v[NLM_VT_STAT_FILES_WRITTEN] = ps.files_written
+        v[NLM_VT_STAT_FILES_IGNORED] = ps.files_ignored
+        v[NLM_VT_STAT_FILES_PRUNED] = ps.files_pruned
     for i in range(n):
-        out[i] = s.stats[i] if i < NLM_VT_STAT_COUNT else 0
+        out[i] = v[i] if i < NLM_VT_STAT_COUNT else 0
 
 # ---------------------------------------------------------------------------------------
 # Python access
@@ -693,24 +1129,37 @@ cdef void cs_stats(CSession* s, int64_t* out, int n) noexcept nogil:
 
 STAT_NAMES = ("lookups", "ngram_hits", "context_hits", "context_misses", "class_hits",
               "class_misses", "persistent_hits", "persistent_loaded", "persistent_written",
-              "files_read", "files_written", "files_ignored", "files_pruned", "sentences")
+              "files_read", "files_written", "files_ignored", "files_pruned", "sentences",
+              "persistent_context_hits", "persistent_class_hits")
 assert len(STAT_NAMES) == NLM_VT_STAT_COUNT
 
 
 def data_checksum(const unsigned char[::1] data) -> int:
-    """The checksum a cache file stores in its last 8 bytes (over all bytes before them)."""
+    """The checksum a cache file stores for its data regions (all bytes after the header)."""
+    return nlm_fast_checksum(&data[0] if data.shape[0] else <const unsigned char*>b"", data.shape[0])
+
+
+def header_checksum(const unsigned char[::1] data) -> int:
+    """The checksum a cache file stores for its header's first 184 bytes."""
     return data_checksum_c(&data[0] if data.shape[0] else <const unsigned char*>b"", data.shape[0])
 
 
-def check_cache_file(bytes data, int key_len, bytes model_checksum, int64_t sentence_id):
-    """None if ``data`` is a valid cache file for the model/sentence, else the reason."""
-    cdef uint64_t count = 0
+def check_cache_file(bytes data, int order, bytes model_checksum, int64_t sentence_id):
+    """None if ``data`` (a whole file) is a valid cache file for the model/sentence, else the reason."""
     cdef const char* why
+    cdef const unsigned char* p = <const unsigned char*><char*>data
+    cdef uint64_t stored
+    cdef int ctx_key = order - 1 if order > 1 else 1
     if len(model_checksum) != 8:
         raise ValueError("model_checksum must be 8 raw bytes")
-    why = check_file(<const unsigned char*><char*>data, len(data), key_len,
-                     <const unsigned char*><char*>model_checksum, sentence_id, &count)
-    return None if why == NULL else why.decode()
+    why = check_header(p, len(data), order, ctx_key, <const unsigned char*><char*>model_checksum,
+                       sentence_id)
+    if why != NULL:
+        return why.decode()
+    memcpy(&stored, p + DATA_CHECKSUM_AT, 8)
+    if stored != nlm_fast_checksum(p + HEADER_BYTES, len(data) - HEADER_BYTES):
+        return "corrupted (checksum mismatch)"
+    return None
 
 
 def prune(str directory, int64_t max_bytes):
@@ -725,68 +1174,91 @@ def prune(str directory, int64_t max_bytes):
 
 
 cdef class CachedScorer:
-    """A scoring session with an exact n-gram cache, optionally persistent on disk.
+    """A core scoring session with the persistent tuning cache attached.
 
-    ``model`` is an :class:`nlmfeature.Model`.  With ``directory`` set, the n-gram scores of
-    sentence ``i`` are loaded from ``directory/<model checksum>/<i>.nlmc`` by
-    :meth:`begin` and merged back into it by :meth:`end`.  ``max_bytes`` bounds the
-    directory (least recently used files are deleted); ``cache_entries`` bounds the core
-    context cache and ``ngram_entries`` the n-gram cache of one sentence (-1: the core's
-    choice without a directory, :data:`DEFAULT_NGRAM_ENTRIES` with one; 0: off without one); ``context_cache``
-    forces caching of hidden vectors on (1) or off (0) instead of the core's choice (-1).  One scorer per
-    thread; scores are natural logs, identical to :meth:`Model.score_sentence`.
+    ``model`` is an :class:`nlmfeature.Model`.  With ``directory`` set, sentence ``i``'s
+    files in ``directory/<model checksum>/`` are mapped by :meth:`begin` and what the
+    sentence computed is written by :meth:`end` (n-gram scores, context and within-class
+    normalisers).  ``max_bytes`` bounds the directory (least recently used files are
+    deleted); ``cache_entries`` bounds the core context caches and ``ngram_entries`` the
+    n-gram cache of one sentence (-1: the core's choice without a directory,
+    :data:`DEFAULT_NGRAM_ENTRIES` with one; 0: off); ``context_cache`` forces caching of
+    hidden vectors on (1) or off (0) instead of the core's choice (-1).  ``policy``:
+    ``"auto"`` uses the directory only for models whose lookups cost more than a probe
+    (one line on stderr says when it is skipped), ``"always"``, ``"never"``; None reads
+    ``NLMFEATURE_PERSISTENT_CACHE`` (default auto).  One scorer per thread; scores are
+    natural logs, identical to :meth:`Model.score_sentence`.
     """
-    cdef CSession* s
+    cdef SessionC* s
     cdef readonly object model
     cdef object _capsule
 
-    def __cinit__(self, model, directory=None, int64_t max_bytes=0, int64_t cache_entries=1 << 18,
-                  int64_t ngram_entries=-1, bint quiet=False, int context_cache=-1):
+    def __cinit__(self, model, directory=None, int64_t max_bytes=0, int64_t cache_entries=NLM_DEFAULT_CACHE_ENTRIES,
+                  int64_t ngram_entries=-1, bint quiet=False, int context_cache=-1, policy=None):
         cdef char err[1024]
         cdef const ModelC* m
+        cdef int pol = -1
         cdef bytes cs = bytes.fromhex(model.checksum)
         cdef bytes cs_hex = model.checksum.encode()
         cdef bytes d = (str(directory).encode() if directory else b"")
+        cdef bytes mp = (str(model.path).encode() if getattr(model, "path", None) else b"")
         if len(cs) != 8:
             raise ValueError("model checksum must be 8 bytes")
+        if policy is not None:
+            if policy not in POLICIES:
+                raise ValueError(f"policy must be one of {sorted(POLICIES)}, not {policy!r}")
+            pol = POLICIES[policy]
         self.model = model
         self._capsule = model.native.capsule()
         m = <const ModelC*>PyCapsule_GetPointer(self._capsule, b"nlmfeature.ModelC")
         err[0] = 0
-        self.s = cs_new(m, <const unsigned char*><char*>cs, cs_hex, cache_entries, ngram_entries,
-                        <const char*>d, max_bytes, quiet, context_cache, err, sizeof(err))
+        self.s = pc_session_new(m, <const unsigned char*><char*>cs, cs_hex, <const char*>mp,
+                                cache_entries, ngram_entries, <const char*>d, max_bytes, quiet,
+                                context_cache, pol, err, sizeof(err))
         if self.s == NULL:
             raise OSError(err.decode("utf-8", "replace"))
 
     def __dealloc__(self):
         if self.s != NULL:
-            cs_free(self.s)
+            pc_session_free(self.s)
             self.s = NULL
 
     @property
     def directory(self):
-        """The model's subdirectory of the persistent cache, or None."""
-        return None if self.s.dir == NULL else self.s.dir.decode()
+        """The model's subdirectory of the persistent cache, or None (none given, or the
+        policy skipped it)."""
+        if self.s.store == NULL:
+            return None
+        return (<PStore*>self.s.store).dir.decode()
+
+    @property
+    def persistent(self) -> bool:
+        """Whether the persistent cache is attached (a directory was given and the policy uses it)."""
+        return self.s.store != NULL
 
     def begin(self, int64_t sentence_id) -> None:
         """Start sentence ``sentence_id`` (>= 0 to use the persistent cache).  Raises
         :class:`nlmfeature.errors.ModelFileError` if the model file was changed in place."""
         cdef int r
         with nogil:
-            r = cs_begin(self.s, sentence_id)
+            r = pc_begin(self.s, sentence_id)
         if r == -2:
             self.model.native.check_file()
 
     def end(self) -> None:
-        """End the sentence: write its new scores to the persistent cache."""
+        """End the sentence: write what it computed to the persistent cache."""
         cdef int r
         with nogil:
-            r = cs_end(self.s)
+            r = pc_end(self.s)
 
     def score_ids(self, const int32_t[::1] history, int32_t word) -> float:
         """Score ``word`` (id) after ``history`` (ids, oldest first; padded as the core does)."""
         cdef int32_t dummy = 0
-        return cs_score(self.s, &history[0] if history.shape[0] else &dummy, history.shape[0], word)
+        cdef int32_t ctx[NLM_MAX_ORDER]
+        nlm_pad_context(self.s.model, &history[0] if history.shape[0] else &dummy, history.shape[0], ctx)
+        if word < 0 or word >= self.s.model.vocab_size:
+            word = self.s.model.unk
+        return pc_lookup(self.s, ctx, word)
 
     def score(self, context, str word) -> float:
         """Natural-log score of ``word`` after the words ``context`` (oldest first)."""
@@ -794,10 +1266,12 @@ cdef class CachedScorer:
                               self.model.vocab.id(word))
 
     def score_padded(self, const int32_t[:, ::1] contexts, const int32_t[::1] words):
-        """Scores of N n-grams (padded (N, n-1) contexts) through the caches."""
+        """Scores of N n-grams (padded (N, n-1) contexts) through the caches; ids outside
+        the vocabulary are scored as ``<unk>``."""
         cdef int64_t n = words.shape[0], i
-        cdef int c = self.s.model.ctx_len
+        cdef int c = self.s.model.ctx_len, j
         cdef int32_t V = self.s.model.vocab_size, unk = self.s.model.unk, w
+        cdef int32_t ctx[NLM_MAX_ORDER]
         cdef int32_t dummy = 0
         if contexts.shape[0] != n or (n and contexts.shape[1] != c):
             raise ValueError(f"contexts must have shape ({n}, {c})")
@@ -809,7 +1283,11 @@ cdef class CachedScorer:
                 w = words[i]
                 if w < 0 or w >= V:
                     w = unk
-                o[i] = cs_score_padded(self.s, base + i * c, w)
+                for j in range(c):
+                    ctx[j] = base[i * c + j]
+                    if ctx[j] < 0 or ctx[j] >= V:
+                        ctx[j] = unk
+                o[i] = pc_lookup(self.s, ctx, w)
         return out
 
     def score_sentence(self, sentence):
@@ -820,5 +1298,5 @@ cdef class CachedScorer:
     def stats(self) -> dict:
         """Counters since creation (lookups, n-gram/context/class/persistent cache hits, files)."""
         cdef int64_t out[NLM_VT_STAT_COUNT]
-        cs_stats(self.s, out, NLM_VT_STAT_COUNT)
+        pc_stats(self.s, out, NLM_VT_STAT_COUNT)
         return {name: int(out[i]) for i, name in enumerate(STAT_NAMES)}

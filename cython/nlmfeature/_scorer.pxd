@@ -93,43 +93,52 @@ ctypedef struct ModelC:
     int64_t file_size
     int64_t file_mtime_ns
 
-# Exact-key hash table with O(1) clearing (generation counter) and bounded size.
-# Each hash slot is ``stride = key_len + 2`` int32: [generation, entry, key...]; values live
-# in dense arrays indexed by entry, handed out in insertion order, so the values of one
-# sentence stay together in memory (a cleared table starts again at entry 0).  The table
-# starts small and doubles while a sentence fills it (load <= 1/2), up to ``limit`` entries.
+cdef enum:
+    NLM_STORE_MAX_FILES = 8   # mapped persistent-cache files per sentence (a base + deltas)
+
+# The one exact-key hash table of the package (context, class-normaliser and n-gram caches,
+# and the persistent cache's files, which are these slot arrays on disk).  Open addressing
+# with linear probing in one interleaved array, so a probe touches one place in memory.
+# Each slot is ``stride = 1 + key_len + 2 * nd + (fval_len > 0)`` int32:
+#     [generation | disk << 31, key..., nd doubles, (entry index)]
+# The disk bit marks values that came from the persistent cache.  ``fval_len`` > 0 adds a
+# dense float array of ``fval_len`` per entry (hidden vectors), indexed by the entry number
+# kept in the slot and handed out in insertion order, so one sentence's vectors stay together.
+# A key's home slot is ``nlm_home(key_hash(key), capacity)``.  In memory, tables start
+# small and double while a sentence fills them (load <= 1/2) up to ``limit``
+# entries; then they are cleared (``clear_when_full``) or stop taking new keys.  Clearing is
+# O(1): the (31-bit) generation is bumped.  A read-only view of a file (``max_probe`` > 0)
+# has generation 1 and stops probing after the longest probe its writer made.
 ctypedef struct TableC:
     int key_len
-    int stride
-    int fval_len
-    int dval_len
-    int64_t capacity          # hash slots, a power of two (grows up to >= 2 * limit)
-    int64_t limit             # entries allowed before the table is cleared
+    int nd                    # doubles per slot
+    int fval_len              # floats per entry in ``fvals`` (0: none)
+    int stride                # int32 words per slot
+    int clear_when_full
+    int64_t capacity          # slots (0: not allocated yet); powers of two in memory
+    int64_t limit             # entries allowed
     int64_t count
+    int64_t max_probe         # > 0: longest probe sequence (read-only file views)
     uint32_t generation
     int32_t* slots            # (capacity, stride)
-    float* fvals              # (min(capacity / 2, limit), fval_len)
-    double* dvals             # (min(capacity / 2, limit), dval_len)
+    float* fvals              # (min(capacity / 2, limit), fval_len) or NULL
     int64_t hits
     int64_t misses
     int64_t clears
 
-# Exact n-gram score table (the per-sentence n-gram cache and the persistent tuning cache):
-# open addressing in one interleaved array, so a probe touches one place in memory; each
-# slot is ``stride = key_len + 3`` int32 (32 bytes at order 5, one cache line in a table of
-# huge pages): [generation | flag << 31, key..., score (double, 2 words)].  The flag marks
-# entries loaded from disk.  Grows by doubling up to ``limit`` entries; cleared in O(1) by
-# bumping the (31-bit) generation.
-ctypedef struct NgramTable:
-    int key_len
-    int stride
-    int64_t capacity          # power of two (0 = not allocated)
-    int64_t count
-    int64_t limit             # most entries kept per sentence (then no more inserts)
-    uint32_t generation
-    int32_t* slots
-    int64_t hits
-    int64_t misses
+# The persistent cache of one session (nlmfeature._pcache): read-only views of the current
+# sentence's files, probed where the in-memory tables miss, for each level: n-gram scores,
+# context normalisers ([logZ softmax, logZ class]) and within-class normalisers.
+ctypedef struct StoreC:
+    int nfiles
+    int probe_context         # context-level entries are stored (normalised outputs)
+    TableC ngram[NLM_STORE_MAX_FILES]
+    TableC ctx[NLM_STORE_MAX_FILES]
+    TableC cls[NLM_STORE_MAX_FILES]
+    int64_t ngram_hits        # lookups answered by entries from the files (also repeats)
+    int64_t ngram_found       # distinct n-grams of the sentence found in the files
+    int64_t ctx_hits          # context normalisers found in the files
+    int64_t class_hits        # within-class normalisers found in the files
 
 ctypedef struct SessionC:
     const ModelC* model
@@ -140,11 +149,14 @@ ctypedef struct SessionC:
     float* fscratch           # max(V, C) logits for normalisers
     int cache_enabled
     int ctx_cache_enabled     # the context cache pays off (normalised output or a costly network)
-    TableC ctx_cache          # key: padded context; fvals: hidden vector; dvals: [logZ softmax, logZ class]
-    TableC class_cache        # key: padded context + class; dvals: [logZ within class]
+    TableC ctx_cache          # key: padded context; values [logZ softmax, logZ class]; fvals: hidden vector
+    TableC class_cache        # key: padded context + class; value: logZ within the class
     int ngram_cache_enabled   # exact (context, word) -> score cache (when a lookup costs more than a probe)
-    NgramTable ngram_cache
+    TableC ngram_cache        # key: padded context + word; value: score
+    StoreC* store             # persistent cache attached by nlmfeature._pcache, or NULL
+    void* query_log           # FILE* recording every C-API lookup (NLMFEATURE_QUERY_LOG), or NULL
     int64_t lookups
+    int64_t sentences         # nlm_session_begin calls
     int64_t sentence_id
     int model_changed         # the model file changed in place under us: every score is NaN
 
@@ -175,48 +187,60 @@ cdef inline void nlm_clean_ngram(const ModelC* m, const int32_t* ctx, int32_t w,
         key[i] = x if (0 <= x < m.vocab_size) else m.unk
     key[m.ctx_len] = w if (0 <= w < m.vocab_size) else m.unk
 
-# exact-key tables (also used by the persistent cache)
-cdef int table_init(TableC* t, int key_len, int fval_len, int dval_len, int64_t entries) noexcept nogil
+# the one exact-key table
+cdef uint64_t key_hash(const int32_t* key, int n) noexcept nogil
+cdef void table_init(TableC* t, int key_len, int nd, int fval_len, int64_t limit,
+                     int clear_when_full) noexcept nogil
 cdef void table_free(TableC* t) noexcept nogil
 cdef void table_clear(TableC* t) noexcept nogil
-cdef int64_t table_slot(TableC* t, const int32_t* key, int* found) noexcept nogil  # returns the entry index
+cdef int64_t table_find(const TableC* t, const int32_t* key) noexcept nogil
+cdef int64_t table_insert(TableC* t, const int32_t* key, int* found) noexcept nogil
 
-# exact n-gram tables
-cdef int nt_alloc(NgramTable* t, int64_t capacity) noexcept nogil
-cdef void nt_free(NgramTable* t) noexcept nogil
-cdef void nt_clear(NgramTable* t) noexcept nogil
-cdef int64_t nt_find(const NgramTable* t, const int32_t* key) noexcept nogil
-cdef int64_t nt_insert(NgramTable* t, const int32_t* key, int* found) noexcept nogil
+cdef extern from *:
+    """
+    /* home slot of hash h in a table of n slots (any n, not only powers of two): the high
+       64 bits of h * n (Lemire's fast range reduction) */
+    static inline unsigned long long nlm_home(unsigned long long h, unsigned long long n) {
+        return (unsigned long long)(((unsigned __int128)h * n) >> 64);
+    }
+    """
+    uint64_t nlm_home(uint64_t h, uint64_t n) nogil
 
-cdef inline int32_t* nt_slot(const NgramTable* t, uint64_t slot) noexcept nogil:
-    return t.slots + slot * <uint64_t>t.stride
+
+cdef inline uint64_t table_next(const TableC* t, uint64_t slot) noexcept nogil:
+    """The slot after ``slot`` (linear probing, wrapping around)."""
+    slot += 1
+    return 0 if slot == <uint64_t>t.capacity else slot
 
 
-cdef inline double nt_value(const int32_t* slot, int key_len) noexcept nogil:
+cdef inline int32_t* table_at(const TableC* t, int64_t slot) noexcept nogil:
+    return t.slots + slot * <int64_t>t.stride
+
+
+cdef inline int table_live(const TableC* t, const int32_t* p) noexcept nogil:
+    return (<uint32_t>p[0] & 0x7fffffffu) == t.generation
+
+
+cdef inline double tv_get(const TableC* t, const int32_t* p, int i) noexcept nogil:
     cdef double v
-    memcpy(&v, slot + 1 + key_len, 8)
+    memcpy(&v, p + 1 + t.key_len + 2 * i, 8)
     return v
 
 
-cdef inline void nt_set(int32_t* slot, int key_len, double v, int disk) noexcept nogil:
-    memcpy(slot + 1 + key_len, &v, 8)
+cdef inline void tv_set(const TableC* t, int32_t* p, int i, double v) noexcept nogil:
+    memcpy(p + 1 + t.key_len + 2 * i, &v, 8)
+
+
+cdef inline int tv_disk(const int32_t* p) noexcept nogil:
+    return <int>((<uint32_t>p[0]) >> 31)
+
+
+cdef inline void tv_mark(int32_t* p, int disk) noexcept nogil:
     if disk:
-        slot[0] = <int32_t>(<uint32_t>slot[0] | 0x80000000u)
+        p[0] = <int32_t>(<uint32_t>p[0] | 0x80000000u)
     else:
-        slot[0] = <int32_t>(<uint32_t>slot[0] & 0x7fffffffu)
+        p[0] = <int32_t>(<uint32_t>p[0] & 0x7fffffffu)
 
 
-cdef inline int nt_disk(const int32_t* slot, int key_len) noexcept nogil:
-    return <int>((<uint32_t>slot[0]) >> 31)
-
-
-cdef inline int nt_live(const NgramTable* t, const int32_t* slot) noexcept nogil:
-    return (<uint32_t>slot[0] & 0x7fffffffu) == t.generation
-
-
-cdef inline int nt_same(const int32_t* slot, const int32_t* key, int n) noexcept nogil:
-    cdef int i
-    for i in range(n):
-        if slot[1 + i] != key[i]:
-            return 0
-    return 1
+cdef inline float* table_fvals(const TableC* t, const int32_t* p) noexcept nogil:
+    return t.fvals + <int64_t>p[1 + t.key_len + 2 * t.nd] * t.fval_len

@@ -20,6 +20,14 @@ cdef extern from "<sys/mman.h>" nogil:
     int madvise(void* addr, size_t length, int advice)
     int MADV_HUGEPAGE
 
+cdef extern from "../../nlmfeature/capi/nlmfeature.h":
+    enum:
+        NLM_DEFAULT_CACHE_ENTRIES
+
+#: default bound of the per-sentence context / normaliser caches (NLM_DEFAULT_CACHE_ENTRIES
+#: of nlmfeature.h, the one place it is spelled)
+DEFAULT_CACHE_ENTRIES = NLM_DEFAULT_CACHE_ENTRIES
+
 import numpy as np
 cimport numpy as cnp
 
@@ -307,38 +315,34 @@ def direct_feature_indices(const int32_t[:, ::1] contexts, const int32_t[::1] ta
     return out
 
 
-cdef inline uint64_t key_hash(const int32_t* key, int n) noexcept nogil:
-    cdef uint64_t h = 0x243F6A8885A308D3ULL
+cdef uint64_t key_hash(const int32_t* key, int n) noexcept nogil:
+    """Hash of an exact key of ``n`` ids: one multiply-xorshift step per id, then a
+    splitmix64 finaliser (the hash of every cache table and of the persistent cache files)."""
+    cdef uint64_t h = 0x9E3779B97F4A7C15ULL
     cdef int i
     for i in range(n):
-        h = splitmix64(h ^ <uint32_t>key[i])
-    return h
+        h = (h + <uint32_t>key[i]) * 0xBF58476D1CE4E5B9ULL
+        h ^= h >> 31
+    return splitmix64(h)
 
 # ---------------------------------------------------------------------------------------
-# exact-key caches
+# the exact-key table (see TableC in _scorer.pxd)
 # ---------------------------------------------------------------------------------------
 
-cdef int table_init(TableC* t, int key_len, int fval_len, int dval_len, int64_t entries) noexcept nogil:
-    """Set up a table for at most ``entries`` keys of ``key_len`` ids; -1 when out of memory.
-    It starts small and doubles as a sentence fills it, so probes stay within the memory a
-    sentence really uses (a table sized for the bound would make every probe a cache miss)."""
-    if entries < 1:
-        entries = 1
+cdef void table_init(TableC* t, int key_len, int nd, int fval_len, int64_t limit,
+                     int clear_when_full) noexcept nogil:
+    """An empty table for at most ``limit`` keys of ``key_len`` ids with ``nd`` doubles per
+    slot (and ``fval_len`` floats per entry).  Memory comes with the first insert and grows
+    with the sentence, so probes stay within what a sentence really uses (a table sized for
+    the bound would make every probe a cache miss)."""
+    memset(t, 0, sizeof(TableC))
     t.key_len = key_len
-    t.stride = key_len + 2
+    t.nd = nd
     t.fval_len = fval_len
-    t.dval_len = dval_len
-    t.limit = entries
-    t.count = 0
+    t.stride = 1 + key_len + 2 * nd + (1 if fval_len > 0 else 0)
+    t.clear_when_full = clear_when_full
+    t.limit = limit if limit > 0 else 1
     t.generation = 1
-    t.hits = 0
-    t.misses = 0
-    t.clears = 0
-    t.capacity = 0
-    t.slots = NULL
-    t.fvals = NULL
-    t.dvals = NULL
-    return table_grow(t, 1024)
 
 
 cdef void* alloc_table(size_t nbytes) noexcept nogil:
@@ -356,46 +360,36 @@ cdef void* alloc_table(size_t nbytes) noexcept nogil:
     return p
 
 
-cdef int resize(void** p, size_t old_bytes, size_t nbytes) noexcept nogil:
-    """Grow ``*p`` to ``nbytes`` keeping its first ``old_bytes``; -1 (``*p`` untouched) when
-    out of memory."""
-    cdef void* q = alloc_table(nbytes)
-    if q == NULL:
-        return -1
-    if p[0] != NULL:
-        memcpy(q, p[0], old_bytes)
-        free(p[0])
-    p[0] = q
-    return 0
-
-
-cdef int table_grow(TableC* t, int64_t cap) noexcept nogil:
-    """Rehash into ``cap`` slots (a power of two) with room for ``cap / 2`` values."""
+cdef int table_grow(TableC* t) noexcept nogil:
+    """Rehash into twice the slots (1,024 at first), keeping entry numbers, flags and the
+    dense values; -1 (table untouched) when out of memory."""
+    cdef int64_t cap = t.capacity * 2 if t.capacity else 1024
     cdef int32_t* slots = <int32_t*>alloc_table(cap * t.stride * sizeof(int32_t))
-    cdef int64_t room = cap // 2, i
-    cdef uint64_t mask = <uint64_t>cap - 1, h
+    cdef int64_t room, had, i
+    cdef uint64_t h
     cdef int32_t* src
-    cdef int32_t* dst
-    if room > t.limit:
-        room = t.limit
+    cdef float* fv
     if slots == NULL:
         return -1
-    cdef int64_t had = t.capacity // 2 if t.capacity // 2 < t.limit else t.limit
-    if ((t.fval_len and resize(<void**>&t.fvals, had * t.fval_len * sizeof(float),
-                               room * t.fval_len * sizeof(float)) != 0) or
-            (t.dval_len and resize(<void**>&t.dvals, had * t.dval_len * sizeof(double),
-                                   room * t.dval_len * sizeof(double)) != 0)):
-        free(slots)
-        return -1
+    if t.fval_len:
+        room = cap // 2 if cap // 2 < t.limit else t.limit
+        had = t.capacity // 2 if t.capacity // 2 < t.limit else t.limit
+        fv = <float*>alloc_table(room * t.fval_len * sizeof(float))
+        if fv == NULL:
+            free(slots)
+            return -1
+        if t.fvals != NULL:
+            memcpy(fv, t.fvals, had * t.fval_len * sizeof(float))
+            free(t.fvals)
+        t.fvals = fv
     for i in range(t.capacity):
         src = t.slots + i * t.stride
-        if <uint32_t>src[0] == t.generation:
-            h = key_hash(src + 2, t.key_len) & mask
+        if table_live(t, src):
+            h = nlm_home(key_hash(src + 1, t.key_len), cap)
             while slots[h * t.stride] != 0:
-                h = (h + 1) & mask
-            dst = slots + h * t.stride
-            memcpy(dst, src, t.stride * sizeof(int32_t))
-    # live entries keep the generation; empty slots are 0 (never a generation)
+                h = 0 if h + 1 == <uint64_t>cap else h + 1
+            memcpy(slots + h * t.stride, src, t.stride * sizeof(int32_t))
+    # live entries keep generation and flag; empty slots are 0 (never a generation)
     free(t.slots)
     t.slots = slots
     t.capacity = cap
@@ -405,170 +399,86 @@ cdef int table_grow(TableC* t, int64_t cap) noexcept nogil:
 cdef void table_free(TableC* t) noexcept nogil:
     free(t.slots)
     free(t.fvals)
-    free(t.dvals)
     t.slots = NULL
     t.fvals = NULL
-    t.dvals = NULL
+    t.capacity = 0
+    t.count = 0
 
 
 cdef void table_clear(TableC* t) noexcept nogil:
     """Forget every entry in O(1)."""
     t.count = 0
     t.generation += 1
-    if t.generation == 0:  # wrapped after 2^32 clears: really wipe
+    if t.generation > 0x7fffffffu:  # 31 bits used up after 2^31 clears: really wipe
         memset(t.slots, 0, t.capacity * t.stride * sizeof(int32_t))
         t.generation = 1
 
 
-cdef int64_t table_slot(TableC* t, const int32_t* key, int* found) noexcept nogil:
-    """Entry index of ``key``; inserts it (values undefined, ``found`` = 0) when absent.
-    A full table is cleared first, so memory stays bounded."""
-    cdef uint64_t mask = <uint64_t>t.capacity - 1
-    cdef uint64_t h = key_hash(key, t.key_len) & mask
-    cdef int32_t* slot
-    cdef int i
-    while True:
-        slot = t.slots + h * t.stride
-        if <uint32_t>slot[0] != t.generation:
-            break
-        i = 0
-        while i < t.key_len and slot[2 + i] == key[i]:
-            i += 1
-        if i == t.key_len:
-            found[0] = 1
-            t.hits += 1
-            return slot[1]
-        h = (h + 1) & mask
-    if t.count >= t.limit:
-        table_clear(t)
-        t.clears += 1
-        h = key_hash(key, t.key_len) & mask
-        slot = t.slots + h * t.stride
-    elif 2 * (t.count + 1) > t.capacity:
-        if table_grow(t, 2 * t.capacity) != 0:  # out of memory: start the table again
-            table_clear(t)
-            t.clears += 1
-        mask = <uint64_t>t.capacity - 1
-        h = key_hash(key, t.key_len) & mask
-        slot = t.slots + h * t.stride
-        while <uint32_t>slot[0] == t.generation:
-            h = (h + 1) & mask
-            slot = t.slots + h * t.stride
-    slot[0] = <int32_t>t.generation
-    slot[1] = <int32_t>t.count
-    memcpy(slot + 2, key, t.key_len * sizeof(int32_t))
-    t.count += 1
-    t.misses += 1
-    found[0] = 0
-    return slot[1]
-
-# exact n-gram tables (see NgramTable in _scorer.pxd)
-
-cdef inline uint64_t ngram_hash(const int32_t* key, int n) noexcept nogil:
-    cdef uint64_t h = 0x9E3779B97F4A7C15ULL
+cdef inline int key_same(const int32_t* p, const int32_t* key, int n) noexcept nogil:
     cdef int i
     for i in range(n):
-        h = (h + <uint32_t>key[i]) * 0xBF58476D1CE4E5B9ULL
-        h ^= h >> 31
-    return splitmix64(h)
+        if p[1 + i] != key[i]:
+            return 0
+    return 1
 
 
-cdef int nt_alloc(NgramTable* t, int64_t capacity) noexcept nogil:
-    t.stride = t.key_len + 3
-    t.slots = <int32_t*>alloc_table(capacity * t.stride * sizeof(int32_t))
-    if t.slots == NULL:
-        return -1
-    t.capacity = capacity
-    t.generation = 1
-    return 0
-
-
-cdef void nt_free(NgramTable* t) noexcept nogil:
-    free(t.slots)
-    t.slots = NULL
-    t.capacity = 0
-    t.count = 0
-
-
-cdef void nt_clear(NgramTable* t) noexcept nogil:
-    cdef int64_t i
-    t.count = 0
-    t.generation += 1
-    if t.generation > 0x7fffffffu:  # 31 bits used up: really wipe
-        for i in range(t.capacity):
-            t.slots[i * t.stride] = 0
-        t.generation = 1
-
-
-cdef int64_t nt_find(const NgramTable* t, const int32_t* key) noexcept nogil:
-    """Slot of ``key`` or -1."""
-    cdef uint64_t mask, slot
+cdef int64_t table_find(const TableC* t, const int32_t* key) noexcept nogil:
+    """Slot of ``key``, or -1."""
+    cdef uint64_t slot
     cdef const int32_t* p
+    cdef int64_t probes = t.max_probe if t.max_probe > 0 else t.capacity
     if t.capacity == 0:
         return -1
-    mask = <uint64_t>t.capacity - 1
-    slot = ngram_hash(key, t.key_len) & mask
-    while True:
-        p = nt_slot(t, slot)
-        if not nt_live(t, p):
+    slot = nlm_home(key_hash(key, t.key_len), t.capacity)
+    while probes > 0:
+        p = table_at(t, slot)
+        if not table_live(t, p):
             return -1
-        if nt_same(p, key, t.key_len):
+        if key_same(p, key, t.key_len):
             return <int64_t>slot
-        slot = (slot + 1) & mask
+        slot = table_next(t, slot)
+        probes -= 1
+    return -1
 
 
-cdef int nt_grow(NgramTable* t) noexcept nogil:
-    cdef NgramTable old = t[0]
-    cdef int64_t cap = old.capacity * 2 if old.capacity else 4096
-    cdef int64_t i
-    cdef uint64_t mask, slot
-    cdef const int32_t* src
-    if nt_alloc(t, cap) != 0:
-        t[0] = old
-        return -1
-    t.count = 0
-    mask = <uint64_t>cap - 1
-    for i in range(old.capacity):
-        src = old.slots + i * old.stride
-        if nt_live(&old, src):
-            slot = ngram_hash(src + 1, t.key_len) & mask
-            while nt_live(t, nt_slot(t, slot)):
-                slot = (slot + 1) & mask
-            memcpy(nt_slot(t, slot), src, t.stride * sizeof(int32_t))
-            nt_slot(t, slot)[0] = <int32_t>(t.generation | (<uint32_t>src[0] & 0x80000000u))
-            t.count += 1
-    nt_free(&old)
-    return 0
-
-
-cdef int64_t nt_insert(NgramTable* t, const int32_t* key, int* found) noexcept nogil:
-    """Slot of ``key``, inserted if absent (found=0); -1 when the table is full."""
-    cdef uint64_t mask, slot
+cdef int64_t table_insert(TableC* t, const int32_t* key, int* found) noexcept nogil:
+    """Slot of ``key``; inserted (values undefined, disk bit clear, ``found`` = 0) when
+    absent.  A full table is cleared first (``clear_when_full``) or takes no new key (-1);
+    -1 also when out of memory."""
+    cdef uint64_t slot
     cdef int32_t* p
     found[0] = 0
     if t.capacity:
-        mask = <uint64_t>t.capacity - 1
-        slot = ngram_hash(key, t.key_len) & mask
+        slot = nlm_home(key_hash(key, t.key_len), t.capacity)
         while True:
-            p = nt_slot(t, slot)
-            if not nt_live(t, p):
+            p = table_at(t, slot)
+            if not table_live(t, p):
                 break
-            if nt_same(p, key, t.key_len):
+            if key_same(p, key, t.key_len):
                 found[0] = 1
+                t.hits += 1
                 return <int64_t>slot
-            slot = (slot + 1) & mask
+            slot = table_next(t, slot)
+    t.misses += 1
     if t.count >= t.limit:
-        return -1
-    if 2 * (t.count + 1) > t.capacity:
-        if nt_grow(t) != 0:
+        if not t.clear_when_full:
             return -1
-    mask = <uint64_t>t.capacity - 1
-    slot = ngram_hash(key, t.key_len) & mask
-    while nt_live(t, nt_slot(t, slot)):
-        slot = (slot + 1) & mask
-    p = nt_slot(t, slot)
+        table_clear(t)
+        t.clears += 1
+    if 2 * (t.count + 1) > t.capacity:
+        if table_grow(t) != 0:
+            if t.capacity == 0 or not t.clear_when_full:
+                return -1
+            table_clear(t)  # out of memory: start the table again
+            t.clears += 1
+    slot = nlm_home(key_hash(key, t.key_len), t.capacity)
+    while table_live(t, table_at(t, slot)):
+        slot = table_next(t, slot)
+    p = table_at(t, slot)
     p[0] = <int32_t>t.generation
     memcpy(p + 1, key, t.key_len * sizeof(int32_t))
+    if t.fval_len:
+        p[1 + t.key_len + 2 * t.nd] = <int32_t>t.count
     t.count += 1
     return <int64_t>slot
 
@@ -774,7 +684,6 @@ cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t n
     when :c:func:`nlm_ngram_cache_pays`).  NULL on OOM."""
     cdef SessionC* s = <SessionC*>nlm_alloc_lines(sizeof(SessionC))
     cdef int64_t nscratch = m.vocab_size
-    cdef int32_t c, ckey
     if s == NULL:
         return NULL
     s.model = m
@@ -791,21 +700,19 @@ cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t n
     s.cache_enabled = cache_entries > 0
     s.ctx_cache_enabled = s.cache_enabled and context_cache_pays(m)
     s.sentence_id = -1
-    if s.cache_enabled:
-        ckey = m.ctx_len if m.ctx_len > 0 else 1
-        if (table_init(&s.ctx_cache, ckey, m.out_dim, 2, cache_entries) != 0 or
-                table_init(&s.class_cache, m.ctx_len + 1, 0, 1, cache_entries) != 0):
-            nlm_session_free(s)
-            return NULL
+    # context key: the padded context (one dummy id for unigram models)
+    table_init(&s.ctx_cache, m.ctx_len if m.ctx_len > 0 else 1, 2, m.out_dim, cache_entries, 1)
+    table_init(&s.class_cache, m.ctx_len + 1, 1, 0, cache_entries, 1)
     if ngram_entries < 0:
         ngram_entries = 4 * cache_entries if (cache_entries > 0 and nlm_ngram_cache_pays(m)) else 0
     s.ngram_cache_enabled = ngram_entries > 0
-    s.ngram_cache.key_len = m.order
-    s.ngram_cache.limit = ngram_entries
+    table_init(&s.ngram_cache, m.order, 1, 0, ngram_entries, 0)
     return s
 
 
 cdef void nlm_session_free(SessionC* s) noexcept nogil:
+    """Free a session (a persistent store attached to it belongs to nlmfeature._pcache,
+    which detaches it first)."""
     if s == NULL:
         return
     free(s.buf0)
@@ -815,7 +722,7 @@ cdef void nlm_session_free(SessionC* s) noexcept nogil:
     free(s.fscratch)
     table_free(&s.ctx_cache)
     table_free(&s.class_cache)
-    nt_free(&s.ngram_cache)
+    table_free(&s.ngram_cache)
     free(s)
 
 
@@ -837,22 +744,43 @@ cdef int nlm_session_begin(SessionC* s, int64_t sentence_id) noexcept nogil:
     (:c:func:`nlm_model_file_changed`): if it changed in place, returns -1 and the session
     scores NaN from then on, without touching the (possibly truncated) mapping."""
     s.sentence_id = sentence_id
+    s.sentences += 1
     if s.cache_enabled:
         table_clear(&s.ctx_cache)
         table_clear(&s.class_cache)
-    if s.ngram_cache_enabled and s.ngram_cache.capacity:
-        nt_clear(&s.ngram_cache)
+    if s.ngram_cache_enabled:
+        table_clear(&s.ngram_cache)
     if nlm_model_file_changed(s.model):
         s.model_changed = 1
     return -1 if s.model_changed else 0
 
 
+cdef inline int store_probe(const TableC* files, int n, const int32_t* key, int i, double* out) noexcept nogil:
+    """Value ``i`` of ``key`` in the first of ``n`` persistent-cache file tables holding it
+    (and not NaN); 0 if none does."""
+    cdef int f
+    cdef int64_t slot
+    cdef double v
+    for f in range(n):
+        slot = table_find(&files[f], key)
+        if slot >= 0:
+            v = tv_get(&files[f], table_at(&files[f], slot), i)
+            if not isnan(v):
+                out[0] = v
+                return 1
+    return 0
+
+
 cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t w) noexcept nogil:
     """Natural-log score of word ``w`` after the padded context ``ctx`` (n-1 ids; ids
-    outside the vocabulary are read as ``<unk>``).  The one scoring path of every entry."""
+    outside the vocabulary are read as ``<unk>``).  The one scoring path of every entry.
+
+    Through the session's n-gram cache, then the persistent cache's files (if attached),
+    then the context and normaliser caches (each also backed by the files)."""
     cdef int32_t key[NLM_MAX_ORDER + 1]
     cdef int found = 0
     cdef int64_t slot
+    cdef int32_t* p
     cdef double v
     nlm_clean_ngram(s.model, ctx, w, key)
     if s.model_changed:
@@ -860,15 +788,27 @@ cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t w) noexcep
     w = key[s.model.ctx_len]
     if not s.ngram_cache_enabled:
         return score_uncached_ngram(s, key, w)
-    slot = nt_insert(&s.ngram_cache, key, &found)
+    slot = table_insert(&s.ngram_cache, key, &found)
     if found:
         s.lookups += 1
+        p = table_at(&s.ngram_cache, slot)
+        if s.store != NULL and tv_disk(p):  # an entry that came from the persistent cache
+            s.store.ngram_hits += 1
+        return tv_get(&s.ngram_cache, p, 0)
+    if s.store != NULL and store_probe(s.store.ngram, s.store.nfiles, key, 0, &v):
+        s.lookups += 1
+        s.store.ngram_hits += 1
+        s.store.ngram_found += 1
+        s.ngram_cache.misses -= 1
         s.ngram_cache.hits += 1
-        return nt_value(nt_slot(&s.ngram_cache, slot), s.ngram_cache.key_len)
-    s.ngram_cache.misses += 1
+        if slot >= 0:
+            p = table_at(&s.ngram_cache, slot)
+            tv_set(&s.ngram_cache, p, 0, v)
+            tv_mark(p, 1)
+        return v
     v = score_uncached_ngram(s, key, w)
     if slot >= 0:
-        nt_set(nt_slot(&s.ngram_cache, slot), s.ngram_cache.key_len, v, 0)
+        tv_set(&s.ngram_cache, table_at(&s.ngram_cache, slot), 0, v)
     return v
 
 
@@ -876,30 +816,31 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
     """The score of one n-gram through the context and class-normaliser caches."""
     cdef const ModelC* m = s.model
     cdef float* h
-    cdef double* norms
-    cdef int found = 0, i
-    cdef int64_t slot
+    cdef int32_t* cp = NULL
+    cdef int32_t* kp
+    cdef int found = 0, i, which
+    cdef int64_t slot = -1
     cdef int32_t c
     cdef int32_t key[NLM_MAX_ORDER + 1]
     cdef uint64_t states[NLM_MAX_ORDER]
     cdef uint64_t cstates[NLM_MAX_ORDER]
     cdef double lz, score
+    cdef const int32_t* ckey = ctx
     s.lookups += 1
     if s.ctx_cache_enabled:
-        if m.ctx_len > 0:
-            slot = table_slot(&s.ctx_cache, ctx, &found)
-        else:
+        if m.ctx_len <= 0:
             key[0] = 0
-            slot = table_slot(&s.ctx_cache, key, &found)
-        h = s.ctx_cache.fvals + slot * m.out_dim
-        norms = s.ctx_cache.dvals + slot * 2
+            ckey = key
+        slot = table_insert(&s.ctx_cache, ckey, &found)
+    if slot >= 0 and s.ctx_cache_enabled:
+        cp = table_at(&s.ctx_cache, slot)
+        h = table_fvals(&s.ctx_cache, cp)
         if not found:
             nlm_compute_hidden(m, ctx, h, s.buf0, s.buf1, s.buf2)
-            norms[0] = NAN
-            norms[1] = NAN
+            tv_set(&s.ctx_cache, cp, 0, NAN)
+            tv_set(&s.ctx_cache, cp, 1, NAN)
     else:
         h = s.hidden
-        norms = NULL
         nlm_compute_hidden(m, ctx, h, s.buf0, s.buf1, s.buf2)
     if m.direct_order:
         direct_states(m, ctx, 0, states)
@@ -907,35 +848,49 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
         return word_logit(m, h, w, states)
     if m.output_type == OUT_TREE:
         return tree_logprob(m, h, w)
-    if m.output_type == OUT_SOFTMAX:
-        if norms != NULL and not isnan(norms[0]):
-            lz = norms[0]
-        else:
-            lz = softmax_lognorm(m, h, states, s.fscratch)
-            if norms != NULL:
-                norms[0] = lz
-        return word_logit(m, h, w, states) - lz
-    # class-factored
-    c = m.word_class[w]
-    if m.direct_order:
+    # normalised outputs: the context's normaliser (value 0: softmax, 1: class), from the
+    # context cache, else the persistent cache, else computed (the disk bit says which)
+    which = 0 if m.output_type == OUT_SOFTMAX else 1
+    if which and m.direct_order:
         direct_states(m, ctx, 1, cstates)
-    if norms != NULL and not isnan(norms[1]):
-        lz = norms[1]
+    if cp != NULL and not isnan(tv_get(&s.ctx_cache, cp, which)):
+        lz = tv_get(&s.ctx_cache, cp, which)
+    elif cp != NULL and s.store != NULL and s.store.probe_context and \
+            store_probe(s.store.ctx, s.store.nfiles, ckey, which, &lz):
+        s.store.ctx_hits += 1
+        tv_set(&s.ctx_cache, cp, which, lz)
+        tv_mark(cp, 1)
     else:
-        lz = class_lognorm(m, h, cstates, s.fscratch)
-        if norms != NULL:
-            norms[1] = lz
+        if which == 0:
+            lz = softmax_lognorm(m, h, states, s.fscratch)
+        else:
+            lz = class_lognorm(m, h, cstates, s.fscratch)
+        if cp != NULL:
+            tv_set(&s.ctx_cache, cp, which, lz)
+            tv_mark(cp, 0)
+    if which == 0:
+        return word_logit(m, h, w, states) - lz
+    # class-factored: p(c | context) p(w | context, c)
+    c = m.word_class[w]
     score = class_logit(m, h, c, cstates) - lz
     if s.cache_enabled:
         for i in range(m.ctx_len):
             key[i] = ctx[i]
         key[m.ctx_len] = c
-        slot = table_slot(&s.class_cache, key, &found)
-        if found:
-            lz = s.class_cache.dvals[slot]
+        slot = table_insert(&s.class_cache, key, &found)
+        kp = table_at(&s.class_cache, slot)
+        if slot < 0:  # out of memory
+            lz = within_class_lognorm(m, h, c, states, s.fscratch)
+        elif found:
+            lz = tv_get(&s.class_cache, kp, 0)
+        elif s.store != NULL and s.store.probe_context and \
+                store_probe(s.store.cls, s.store.nfiles, key, 0, &lz):
+            s.store.class_hits += 1
+            tv_set(&s.class_cache, kp, 0, lz)
+            tv_mark(kp, 1)
         else:
             lz = within_class_lognorm(m, h, c, states, s.fscratch)
-            s.class_cache.dvals[slot] = lz
+            tv_set(&s.class_cache, kp, 0, lz)
     else:
         lz = within_class_lognorm(m, h, c, states, s.fscratch)
     return score + word_logit(m, h, w, states) - lz
@@ -1137,7 +1092,7 @@ cdef class NativeModel:
         nlm_compute_hidden(&self.m, &padded[0] if padded.shape[0] else &dummy, &o[0], &bb[0], &bb[W], &bb[2 * W])
         return out
 
-    def session(self, int64_t cache_entries=1 << 18, int64_t ngram_entries=-1):
+    def session(self, int64_t cache_entries=NLM_DEFAULT_CACHE_ENTRIES, int64_t ngram_entries=-1):
         """A new scoring session (one per thread); ``cache_entries=0`` disables caching;
         ``ngram_entries`` bounds the exact n-gram cache (-1: automatic, 0: off)."""
         return Session(self, cache_entries, ngram_entries)
@@ -1170,7 +1125,7 @@ cdef class Session:
     cdef SessionC* s
     cdef readonly NativeModel model
 
-    def __cinit__(self, NativeModel model, int64_t cache_entries=1 << 18, int64_t ngram_entries=-1):
+    def __cinit__(self, NativeModel model, int64_t cache_entries=NLM_DEFAULT_CACHE_ENTRIES, int64_t ngram_entries=-1):
         self.model = model
         self.s = nlm_session_new(&model.m, cache_entries, ngram_entries)
         if self.s == NULL:

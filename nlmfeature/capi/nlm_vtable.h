@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define NLM_VTABLE_VERSION 1
+#define NLM_VTABLE_VERSION 2
 #define NLM_VT_ERRLEN 1024
 #define NLM_VT_MAX_ORDER 16 /* NLM_MAX_ORDER of the scorer */
 
@@ -41,6 +41,7 @@ typedef struct nlm_vt_session_opts {
     int64_t persistent_max_bytes; /* disk bound of persistent_dir; <= 0 = default */
     int quiet;                    /* 1: no warnings on stderr */
     int context_cache;            /* -1 auto, 0 off, 1 on */
+    int persistent_policy;        /* -1 NLMFEATURE_PERSISTENT_CACHE (default auto), 0 never, 1 auto, 2 always */
 } nlm_vt_session_opts;
 
 /* Counters, in this order (see nlm_stats in nlmfeature.h). */
@@ -59,6 +60,8 @@ enum {
     NLM_VT_STAT_FILES_IGNORED,
     NLM_VT_STAT_FILES_PRUNED,
     NLM_VT_STAT_SENTENCES,
+    NLM_VT_STAT_PERSISTENT_CONTEXT_HITS,
+    NLM_VT_STAT_PERSISTENT_CLASS_HITS,
     NLM_VT_STAT_COUNT
 };
 

@@ -360,7 +360,7 @@ NLM_API void nlm_session_options_init(nlm_session_options* o) {
     if (!o) return;
     memset(o, 0, sizeof *o);
     o->struct_size = sizeof *o;
-    o->cache_entries = 1 << 18;
+    o->cache_entries = NLM_DEFAULT_CACHE_ENTRIES;
     o->ngram_cache_entries = -1;
     o->persistent_cache = NULL;
     o->persistent_max_bytes = 0;
@@ -393,6 +393,7 @@ NLM_API int nlm_session_new(const nlm_model* model, const nlm_session_options* o
     vo.persistent_max_bytes = o.persistent_max_bytes;
     vo.quiet = o.quiet;
     vo.context_cache = o.context_cache;
+    vo.persistent_policy = -1; /* NLMFEATURE_PERSISTENT_CACHE, default auto */
     err[0] = 0;
     s->cs = g_vt->session_new(model->vm, &vo, err, sizeof err);
     if (!s->cs) {

@@ -57,6 +57,11 @@ extern "C" {
 /** Version of this interface; nlm_abi_version() returns the library's. */
 #define NLM_ABI_VERSION 1
 
+/** Default bound of the per-sentence context / normaliser caches (nlm_session_options
+ *  cache_entries).  The one place this default is spelled: the Python package, the
+ *  shims and the docs read it from here. */
+#define NLM_DEFAULT_CACHE_ENTRIES 262144
+
 /** Status codes (0 = success; failures are negative). */
 typedef enum nlm_status {
     NLM_OK = 0,
@@ -94,14 +99,21 @@ typedef struct nlm_load_options {
 typedef struct nlm_session_options {
     size_t struct_size;           /**< sizeof(nlm_session_options) */
     int64_t cache_entries;        /**< bound of the per-sentence context / normaliser caches
-                                       (default 262144; tables grow with the sentence up to it; 0 turns them off) */
+                                       (default NLM_DEFAULT_CACHE_ENTRIES; tables grow with the sentence up to it; 0 turns them off) */
     int64_t ngram_cache_entries;  /**< bound of the per-sentence exact n-gram score cache.
                                        Default -1: on (4 * cache_entries) when a lookup costs
                                        more than a probe (normalised outputs, dense layers),
                                        off for cheap models; 0 off.  With a persistent cache
                                        it is always on (default bound 1048576) */
     const char* persistent_cache; /**< directory of the persistent tuning cache, or NULL:
-                                       sentence i's scores are kept in DIR/<checksum>/i.nlmc */
+                                       sentence i's n-gram scores and context / class
+                                       normalisers are kept in DIR/<checksum>/i.nlmc (and
+                                       deltas i.<k>.nlmc), memory-mapped at begin.  Used
+                                       where it pays: models that score an n-gram faster
+                                       than a probe (unnormalised, no dense layers) skip it
+                                       with one line on stderr, unless the environment has
+                                       NLMFEATURE_PERSISTENT_CACHE=always (or =never: off
+                                       for every model) */
     int64_t persistent_max_bytes; /**< disk bound of that directory (default 4 GiB); least
                                        recently used files are deleted beyond it */
     int quiet;                    /**< 1: do not warn on stderr about ignored cache files */
@@ -120,13 +132,15 @@ typedef struct nlm_stats {
     int64_t class_hits;          /**< within-class normaliser cache hits (class models) */
     int64_t class_misses;
     int64_t persistent_hits;     /**< answered by entries loaded from the persistent cache */
-    int64_t persistent_loaded;   /**< entries loaded from persistent cache files */
+    int64_t persistent_loaded;   /**< entries in the persistent cache files mapped */
     int64_t persistent_written;  /**< entries written to persistent cache files */
     int64_t files_read;          /**< persistent cache files loaded */
     int64_t files_written;       /**< persistent cache files (re)written */
     int64_t files_ignored;       /**< corrupt or foreign cache files ignored (and rewritten) */
     int64_t files_pruned;        /**< cache files deleted to respect the disk bound */
     int64_t sentences;           /**< nlm_session_begin calls */
+    int64_t persistent_context_hits; /**< context normalisers found in persistent cache files */
+    int64_t persistent_class_hits;   /**< within-class normalisers found in persistent cache files */
 } nlm_stats;
 
 /* ---- library ------------------------------------------------------------------------ */

@@ -1,0 +1,322 @@
+#!/usr/bin/env python3
+"""Persistent tuning cache benchmark: real MERT and MIRA tuning loops in Moses, with and without the cache.
+
+On a real Moses system (default: the Multi30k de->en system in ``../shared/data/moses/multi30k-de-en``
+beside the repository, its tables filtered to the dev sentences used and its LM binarised
+first), for each NLM given and each algorithm (MERT, MIRA), runs a tuning loop of
+``--iterations`` iterations on the first ``--sentences`` dev sentences (a subset, labelled as
+such in the output).  Every iteration decodes the dev set (100-best) three times with that
+iteration's weights, back to back:
+
+* KenLM and the other features only (the NLM's weight set aside): the cost of everything else;
+* with the NLM, no persistent cache;
+* with the NLM and ``persistent-cache=DIR`` (the directory carries over between iterations);
+
+checks that the two NLM decodes give identical n-best lists (the cache is exact), and pools
+the k-best lists for ``nlmfeature-tune optimise`` (the same algorithm) to get the next
+weights.  At the end the last weights are decoded once more with the cache ("unchanged
+weights", as a resumed or repeated tuning run does).
+
+Printed per iteration: the decoders' CPU seconds (user + system of the Moses process, one
+decoder thread: steady on a shared machine, where wall time is not), the NLM's cost (CPU time
+beyond the KenLM-only decode) without and with the cache and their ratio, the share of each level found on disk (n-gram scores: share of
+lookups; context normalisers: share of distinct contexts; within-class normalisers: share
+of distinct (context, class) pairs; from ``NLMFEATURE_CACHE_STATS=1``), the share of the
+iteration's distinct n-grams already on disk (the n-gram-level bound: if only n-gram
+scores were reused, at best ``1 - share`` of the work would remain), the cache directory's
+size, whether both NLM decodes gave identical 100-best lists, dev BLEU; wall times in the JSON.
+
+Needs a Moses binary with NLMFeature compiled in (``--moses`` or ``$MOSES_ROOT/bin/moses``;
+it must load this checkout's libnlmfeature: see ``--help`` of ``--moses``), the Moses
+scripts for filtering (``$MOSES_ROOT/scripts``) and KenLM's ``build_binary`` (on PATH or in
+~/.cache/nlmfeature/kenlm/bin, ``tools/build_kenlm.sh``).  Example::
+
+    MOSES_ROOT=/path/to/mosesdecoder python3 tools/bench_pcache.py \\
+        --model class=class.nlm --model unnormalised=lbl.nlm --sentences 100 --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, REPO)  # this checkout's package (the one the measured Moses loads)
+from nlmfeature.atomicfile import atomic_write_text  # noqa: E402
+from nlmfeature.textio import iter_lines  # noqa: E402
+SHARED = os.path.join(REPO, "..", "shared", "data")
+SYSTEM = os.path.join(SHARED, "moses", "multi30k-de-en")
+NBEST = os.path.join(SHARED, "nbest", "moses-multi30k-de-en")
+PY = [sys.executable]
+
+
+def read_lines(path: str, n: Optional[int] = None) -> List[str]:
+    """The first ``n`` lines (all if 0/None), through the package's one text reader."""
+    out = []
+    for _, line in iter_lines(path):
+        if n and len(out) >= n:
+            break
+        out.append(line)
+    return out
+
+
+def find_build_binary() -> str:
+    for cand in (shutil.which("build_binary"),
+                 os.path.expanduser("~/.cache/nlmfeature/kenlm/bin/build_binary")):
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    sys.exit("KenLM's build_binary not found: run tools/build_kenlm.sh")
+
+
+def prepare_system(system: str, moses_root: str, src: str, work: str) -> str:
+    """moses.ini of the system with tables filtered to ``src`` and a binarised LM."""
+    out = os.path.join(work, "system")
+    ini = os.path.join(out, "filtered", "moses.ini")
+    if os.path.exists(ini):
+        return ini
+    os.makedirs(out, exist_ok=True)
+    text = open(os.path.join(system, "moses.untuned.ini"), encoding="utf-8").read()
+    text = text.replace("MODEL_DIR/", os.path.abspath(system) + "/")
+    lm_bin = os.path.join(out, "lm.bin")
+    subprocess.run([find_build_binary(), os.path.join(system, "lm.en.5g.arpa.gz"), lm_bin],
+                   check=True, capture_output=True)
+    text = re.sub(r"(KENLM .*path=)\S+", lambda m: m.group(1) + lm_bin, text)
+    with open(os.path.join(out, "moses.ini"), "w", encoding="utf-8") as f:
+        f.write(text)
+    filt = os.path.join(moses_root, "scripts", "training", "filter-model-given-input.pl")
+    subprocess.run(["perl", filt, os.path.join(out, "filtered"), os.path.join(out, "moses.ini"), src],
+                   check=True, capture_output=True, cwd=out)
+    return ini
+
+
+def split_ini(path: str):
+    """(lines before [weight], weight lines) of a moses.ini."""
+    head, weights, on = [], [], False
+    for line in open(path, encoding="utf-8"):
+        line = line.rstrip("\n")
+        if line.strip().startswith("["):
+            on = line.strip() == "[weight]"
+            if on:
+                continue
+        if on:
+            if line.strip() and not line.strip().startswith("#"):
+                weights.append(line.strip())
+        else:
+            head.append(line)
+    return head, weights
+
+
+def write_ini(path: str, head: List[str], weights: List[str], nlm: Optional[str], extra: str = "") -> str:
+    lines = list(head)
+    if nlm:
+        idx = max(i for i, l in enumerate(lines) if l.strip() and not l.startswith("#")) + 1
+        lines.insert(idx, f"NLMFeature name=NLM0 path={os.path.abspath(nlm)} factor=0 {extra}".rstrip())
+    lines.append("[weight]")
+    lines += [w for w in weights if nlm or not w.startswith("NLM0=")]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
+def run_moses(moses: str, ini: str, src: str, nbest: str, threads: int, env: Dict[str, str]) -> Dict:
+    cmd = [moses, "-f", ini, "-i", src, "-threads", str(threads), "-n-best-list", nbest, "100", "distinct"]
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    if p.returncode != 0:
+        raise RuntimeError(f"moses failed ({' '.join(cmd)}):\n{p.stderr[-3000:]}")
+    trans = sum(float(m.group(1)) for m in re.finditer(r"Translation took ([0-9.]+) seconds total", p.stderr))
+    st: Dict[str, int] = {}
+    for line in p.stderr.splitlines():
+        if line.startswith("nlmfeature: cache sentence "):
+            for kv in line.split()[4:]:
+                k, v = kv.split("=")
+                st[k] = st.get(k, 0) + int(v)
+    return {"wall": wall, "cpu": cpu, "translation": trans, "stats": st, "output": p.stdout,
+            "notes": [l for l in p.stderr.splitlines() if l.startswith("nlmfeature:") and "cache sentence" not in l]}
+
+
+def du(path: str) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(root, f))
+            except OSError:
+                pass
+    return total
+
+
+def level_rates(st: Dict[str, int]) -> Dict[str, float]:
+    def r(a, b):
+        return st.get(a, 0) / st[b] if st.get(b) else 0.0
+    return {"ngram_lookups_from_disk": r("persistent_hits", "lookups"),
+            "distinct_ngrams_on_disk": r("ngrams_on_disk", "ngrams"),
+            "contexts_on_disk": r("contexts_on_disk", "contexts"),
+            "class_pairs_on_disk": r("class_pairs_on_disk", "class_pairs")}
+
+
+def nbest_body(path: str) -> List[str]:
+    """The n-best lines without the sentence-independent noise (identical decodes match)."""
+    return open(path, encoding="utf-8").read().splitlines()
+
+
+def optimise(pool: List[str], ini: str, ref: str, out: str, algorithm: str, seed: int) -> List[str]:
+    cmd = PY + ["-m", "nlmfeature.tuning.cli", "optimise", "--init", ini, "--ref", ref, "--out", out,
+                "--algorithm", algorithm, "--quiet"]
+    for nb in pool:
+        cmd += ["--nbest", nb]
+    if algorithm == "mert":
+        cmd += ["--restarts", "5", "--seed", str(seed)]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    if p.returncode != 0:
+        raise RuntimeError(f"optimise failed: {p.stderr[-2000:]}")
+    return [l.strip() for l in open(out, encoding="utf-8") if l.strip()]
+
+
+def bleu(hyps: List[str], refs: List[str]) -> float:
+    import sacrebleu
+    return sacrebleu.corpus_bleu(hyps, [refs], tokenize="none").score
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", action="append", default=[], metavar="NAME=PATH", required=True,
+                    help="an NLM to add to the system (repeatable), e.g. class=class.nlm")
+    ap.add_argument("--moses", default=None,
+                    help="Moses executable with NLMFeature (default $MOSES_ROOT/bin/moses).  It is run "
+                         "with LD_LIBRARY_PATH and PYTHONPATH pointing at this checkout, so it loads "
+                         "this checkout's libnlmfeature (which imports its own package), whatever "
+                         "tree Moses was linked against (check with ldd)")
+    ap.add_argument("--moses-root", default=os.environ.get("MOSES_ROOT"),
+                    help="mosesdecoder tree: its scripts filter the tables (default $MOSES_ROOT)")
+    ap.add_argument("--system", default=SYSTEM,
+                    help="Moses system directory with moses.untuned.ini, tables and an ARPA LM "
+                         "(default ../shared/data/moses/multi30k-de-en beside the repository)")
+    ap.add_argument("--dev-src", default=os.path.join(NBEST, "dev.src.de.gz"), help="dev source")
+    ap.add_argument("--dev-ref", default=os.path.join(NBEST, "dev.ref.en.gz"), help="dev reference")
+    ap.add_argument("--sentences", type=int, default=100,
+                    help="first N dev sentences (default 100; 0: all 1,014)")
+    ap.add_argument("--algorithms", default="mert,mira", help="comma-separated: mert, mira (default both)")
+    ap.add_argument("--iterations", type=int, default=4, help="tuning iterations (default 4)")
+    ap.add_argument("--nlm-weight", type=float, default=0.1, help="initial weight of NLM0 (default 0.1)")
+    ap.add_argument("--threads", type=int, default=1, help="decoder threads (default 1)")
+    ap.add_argument("--seed", type=int, default=1, help="MERT random restarts seed (default 1)")
+    ap.add_argument("--workdir", default=None, help="keep files here (default: a temporary directory)")
+    ap.add_argument("--json", default=None, help="write all figures to this JSON file")
+    args = ap.parse_args(argv)
+
+    moses = args.moses or (os.path.join(args.moses_root, "bin", "moses") if args.moses_root else None)
+    if not moses or not os.access(moses, os.X_OK):
+        sys.exit("give --moses or MOSES_ROOT: a Moses binary with NLMFeature compiled in")
+    if not args.moses_root:
+        sys.exit("set MOSES_ROOT (or --moses-root): its scripts filter the tables")
+    work = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="bench_pcache."))
+    os.makedirs(work, exist_ok=True)
+    src = os.path.join(work, "dev.src")
+    refs = read_lines(args.dev_ref, args.sentences or None)
+    with open(src, "w", encoding="utf-8") as f:
+        f.write("\n".join(read_lines(args.dev_src, args.sentences or None)) + "\n")
+    ref = os.path.join(work, "dev.ref")
+    with open(ref, "w", encoding="utf-8") as f:
+        f.write("\n".join(refs) + "\n")
+    ini0 = prepare_system(args.system, args.moses_root, src, work)
+    head, weights0 = split_ini(ini0)
+    # this checkout's library and package (Moses' RUNPATH names the tree it was built against)
+    env = dict(os.environ, NLMFEATURE_CACHE_STATS="1",
+               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               LD_LIBRARY_PATH=os.path.join(REPO, "nlmfeature", "lib") + os.pathsep
+               + os.environ.get("LD_LIBRARY_PATH", ""))
+    env.pop("NLMFEATURE_PERSISTENT_CACHE", None)
+    n = len(refs)
+    label = f"first {n} dev sentences" if args.sentences and n < 1014 else f"{n} dev sentences"
+    print(f"moses: {moses}\nsystem: {os.path.abspath(args.system)} (tables filtered, LM binarised)\n"
+          f"dev: {label}; {args.iterations} iterations; {args.threads} thread(s)\nworkdir: {work}")
+    results: Dict = {"moses": moses, "sentences": n, "label": label, "runs": {}}
+    for spec in args.model:
+        name, path = spec.split("=", 1)
+        for alg in [a for a in args.algorithms.split(",") if a]:
+            key = f"{name}/{alg}"
+            pc = os.path.join(work, f"pcache-{name}-{alg}")
+            shutil.rmtree(pc, ignore_errors=True)
+            weights = [w for w in weights0 if not w.startswith("NLM0=")] + [f"NLM0= {args.nlm_weight}"]
+            pool: List[str] = []
+            rows = []
+            print(f"\n== {name} model, {alg.upper()} ({label})")
+            print(f"{'iter':>4s} {'KenLM s':>8s} {'NLM s':>7s} {'+cache s':>8s} {'NLM cost':>8s} "
+                  f"{'w/ cache':>8s} {'ratio':>6s} {'ngram':>6s} {'dist.':>6s} {'ctx':>6s} {'class':>6s} "
+                  f"{'bound':>6s} {'disk MB':>8s} {'same':>4s} {'BLEU':>6s}")
+            for it in range(1, args.iterations + 2):
+                final = it == args.iterations + 1  # the last weights again: unchanged weights
+                tag = f"{name}.{alg}.{it}"
+                ini_k = write_ini(os.path.join(work, f"{tag}.kenlm.ini"), head, weights, None)
+                ini_n = write_ini(os.path.join(work, f"{tag}.nlm.ini"), head, weights, path)
+                ini_c = write_ini(os.path.join(work, f"{tag}.pc.ini"), head, weights, path, f"persistent-cache={pc}")
+                rk = run_moses(moses, ini_k, src, os.path.join(work, f"{tag}.kenlm.nbest"), args.threads, env)
+                rn = run_moses(moses, ini_n, src, os.path.join(work, f"{tag}.nlm.nbest"), args.threads, env)
+                nb = os.path.join(work, f"{tag}.pc.nbest")
+                rc = run_moses(moses, ini_c, src, nb, args.threads, env)
+                same = nbest_body(nb) == nbest_body(os.path.join(work, f"{tag}.nlm.nbest"))
+                cost_n = rn["cpu"] - rk["cpu"]
+                cost_c = rc["cpu"] - rk["cpu"]
+                lv = level_rates(rc["stats"])
+                disk = du(pc)
+                b = bleu(rc["output"].splitlines(), refs)
+                row = {"iteration": it, "unchanged_weights": final, "kenlm_seconds": rk["cpu"],
+                       "nlm_seconds": rn["cpu"], "nlm_cache_seconds": rc["cpu"],
+                       "wall_seconds": {"kenlm": rk["wall"], "nlm": rn["wall"], "nlm_cache": rc["wall"]},
+                       "translation_seconds": {"kenlm": rk["translation"], "nlm": rn["translation"],
+                                               "nlm_cache": rc["translation"]},
+                       "nlm_cost_seconds": cost_n, "nlm_cost_cache_seconds": cost_c,
+                       "cost_ratio": cost_c / cost_n if cost_n > 0 else float("nan"),
+                       "levels": lv, "ngram_level_bound": 1 - lv["distinct_ngrams_on_disk"],
+                       "disk_bytes": disk, "identical_nbest": same, "bleu": b, "stats": rc["stats"],
+                       "notes": rc["notes"], "weights": list(weights)}
+                rows.append(row)
+                results["runs"][key] = rows
+                if args.json:  # after every iteration: a long run leaves its figures behind
+                    atomic_write_text(args.json, json.dumps(results, indent=2, default=str) + "\n")
+                print(f"{('same' if final else str(it)):>4s} {rk['cpu']:8.2f} {rn['cpu']:7.2f} "
+                      f"{rc['cpu']:8.2f} {cost_n:8.2f} {cost_c:8.2f} {row['cost_ratio']:6.2f} "
+                      f"{lv['ngram_lookups_from_disk']:6.3f} {lv['distinct_ngrams_on_disk']:6.3f} "
+                      f"{lv['contexts_on_disk']:6.3f} {lv['class_pairs_on_disk']:6.3f} "
+                      f"{row['ngram_level_bound']:6.3f} {disk / 1e6:8.1f} {('yes' if same else 'NO'):>4s} {b:6.2f}",
+                      flush=True)
+                for note in sorted(set(rc["notes"])):
+                    print(f"     {note}")
+                if final:
+                    break
+                pool.append(nb)
+                if it < args.iterations:
+                    weights = optimise(pool, ini_c, ref, os.path.join(work, f"{tag}.weights"), alg, args.seed)
+            results["runs"][key] = rows
+            later = [r for r in rows[1:args.iterations] if r["nlm_cost_seconds"] > 0]
+            if later:
+                tot_n = sum(r["nlm_cost_seconds"] for r in later)
+                tot_c = sum(r["nlm_cost_cache_seconds"] for r in later)
+                bound = sum(r["ngram_level_bound"] * r["nlm_cost_seconds"] for r in later) / tot_n
+                results["runs"][key + "/summary"] = {"iterations_2_to_n_ratio": tot_c / tot_n,
+                                                     "ngram_level_bound": bound}
+                print(f"   iterations 2-{args.iterations}: NLM cost {tot_n:.2f} s -> {tot_c:.2f} s with the cache "
+                      f"({tot_c / tot_n:.2f}x); n-gram-level bound {bound:.2f}x; unchanged weights "
+                      f"{rows[-1]['cost_ratio']:.2f}x")
+    if args.json:
+        atomic_write_text(args.json, json.dumps(results, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
