@@ -46,9 +46,13 @@ def default_workdir() -> str:
 
 
 def _subset(src: str, dst: str, sentences: int, kbest: bool) -> str:
-    """The first ``sentences`` sentences of a k-best list (by id) or a reference file."""
-    with gzip.open(src, "rt", encoding="utf-8") as f, gzip.open(dst, "wt", encoding="utf-8") as out:
-        for i, line in enumerate(f):
+    """The first ``sentences`` sentences of a k-best list (by id) or a text file (plain or .gz),
+    written gzipped to ``dst``."""
+    from .textio import iter_lines
+
+    with gzip.open(dst, "wt", encoding="utf-8") as out:
+        for i, (_, line) in enumerate(iter_lines(src)):
+            line += "\n"
             if kbest:
                 if int(line.split(" |||", 1)[0]) >= sentences:
                     break
