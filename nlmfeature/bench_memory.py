@@ -88,17 +88,6 @@ def _ppl(lp: np.ndarray) -> float:
     return float(math.exp(-float(np.mean(lp))))
 
 
-def _slice(src: str, dst: str, lines: int) -> str:
-    from .textio import iter_lines
-
-    with open(dst, "w", encoding="utf-8") as out:
-        for i, (_, line) in enumerate(iter_lines(src)):
-            if i >= lines:
-                break
-            out.write(line.rstrip("\n") + "\n")
-    return dst
-
-
 def neural_scores(path: str, sentences: List[List[str]]) -> np.ndarray:
     """Exactly normalised per-token natural-log probabilities of a model file (an
     unnormalised model is renormalised by a softmax over its vocabulary)."""
@@ -140,7 +129,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         train_path, iterations = args.train, args.iterations
         if args.quick:
-            train_path = _slice(args.train, os.path.join(out, "train.quick.txt"), 2000)
+            from .demo import _subset
+
+            train_path = _subset(args.train, os.path.join(out, "train.quick.txt.gz"), 2000, kbest=False)
             widths, spaces, iterations = [8, 16], [1 << 14], 1
         valid, test = read_lines(args.valid), read_lines(args.test)
         rows: List[Dict[str, Any]] = []

@@ -1,4 +1,4 @@
-"""``nlmfeature demo``: the whole story on bundled real data, in a few minutes.
+"""``nlmfeature demo``: the whole story on bundled real data.
 
 1. train two neural LMs with the ``nlmfeature train`` defaults (the best measured recipe) on
    the English side of a Multi30k German->English Moses system: one reading left to right,
