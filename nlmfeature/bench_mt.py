@@ -45,6 +45,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .errors import InputError, NLMFeatureError
+from .evaluate import read_text as _read
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_SYSTEM = os.path.join("..", "shared", "data", "moses", "multi30k-de-en")
@@ -67,12 +68,6 @@ def _log(msg: str) -> None:
 
 def _repo_path(rel: str) -> str:
     return os.path.normpath(os.path.join(REPO, rel))
-
-
-def _read(path: str) -> List[str]:
-    from .textio import iter_lines
-
-    return [line for _, line in iter_lines(path)]
 
 
 def _write(path: str, lines: Sequence[str]) -> None:
