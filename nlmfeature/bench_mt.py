@@ -281,7 +281,7 @@ def decode(moses: str, ini: str, src: str, out: str, threads: int, kbest: int = 
             if t and os.path.exists(t):
                 os.unlink(t)
     with open(out + ".seconds", "w") as f:
-        f.write(f"{seconds:.3f}\n")
+        f.write(repr(seconds) + "\n")     # exact: a rerun reports the same figures
     return seconds
 
 
