@@ -23,8 +23,10 @@ From raw text, as a user would start:
    ``--tunings`` times with and without them (``nlmfeature-tune optimise``) and test is reranked.
 
 Everything goes to ``--workdir``; rerunning the same command reuses every finished step
-(tuning runs resume).  ``--quick`` tunes on the first ``--quick-sentences`` dev sentences
-(labelled in every output) so that the whole benchmark fits in well under an hour on 2 cores.
+(tuning runs resume).  ``--quick`` tunes on the first ``--quick-sentences`` dev sentences with
+at most 6 iterations (labelled in every output); ``--test-sentences`` cuts the test sets (also
+labelled).  On a 2-core machine loaded by other jobs, 100 dev / 100 test sentences with 2
+tunings of 2 iterations took 25 minutes and the 1000-best rescoring of 100 + 200 sentences 13.
 cdec's hiero system is not part of it yet (no hiero grammar for the shared system).
 """
 from __future__ import annotations
