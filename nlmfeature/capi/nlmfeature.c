@@ -38,10 +38,27 @@ struct nlm_model {
     uintptr_t address; /* key in nlmfeature._capi._registry */
 };
 
+/* Per-sentence memo of span scores (nlm_score_span): open addressing in one array of
+ * `stride` int32 per slot: [generation, key length, key..., score (double, 2 words)].
+ * The key is everything the span's score depends on (see span_key), so a hit returns
+ * exactly the double a miss computed.  Grows by doubling (load <= 1/2) up to `limit`
+ * entries, then stops inserting; cleared in O(1) per sentence by bumping the generation. */
+typedef struct memo_table {
+    int32_t* slots;
+    int64_t capacity;       /* power of two, 0 = not allocated */
+    int64_t count;
+    int64_t limit;          /* 0 = memo off */
+    uint32_t generation;
+    int max_key;            /* key ints that fit a slot */
+    int stride;             /* ints per slot: 2 + max_key + 2, rounded up to 16 (64 bytes) */
+    int64_t calls, hits;
+} memo_table;
+
 struct nlm_session {
     void* cs;
     const struct nlm_model* model;
     int active;
+    memo_table memo;
 };
 
 static __thread char g_error[2048];
@@ -343,6 +360,82 @@ NLM_API const char* nlm_vocab_word(const nlm_model* model, int32_t id, size_t* l
 
 /* ---- sessions ------------------------------------------------------------------------- */
 
+/* ---- span memo ------------------------------------------------------------------------ */
+
+static inline uint64_t memo_hash(const int32_t* k, int n) {
+    uint64_t h = 0x9E3779B97F4A7C15ULL;
+    int i;
+    for (i = 0; i < n; i++) {
+        h ^= (uint32_t)k[i];
+        h *= 0xBF58476D1CE4E5B9ULL;
+        h ^= h >> 29;
+    }
+    return h ^ (h >> 32);
+}
+
+static int memo_alloc(memo_table* t, int64_t capacity) {
+    size_t bytes = (size_t)capacity * (size_t)t->stride * sizeof(int32_t);
+    int32_t* p = (int32_t*)aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (!p) return -1;
+    memset(p, 0, bytes);
+    t->slots = p;
+    t->capacity = capacity;
+    return 0;
+}
+
+static int memo_grow(memo_table* t) {
+    memo_table old = *t;
+    int64_t cap = old.capacity ? old.capacity * 2 : 4096, i;
+    uint64_t mask = (uint64_t)cap - 1, slot;
+    t->generation = 1;
+    if (memo_alloc(t, cap) != 0) {
+        *t = old;
+        return -1;
+    }
+    for (i = 0; i < old.capacity; i++) {
+        const int32_t* src = old.slots + i * old.stride;
+        if ((uint32_t)src[0] != old.generation) continue;
+        slot = memo_hash(src + 2, src[1]) & mask;
+        while ((uint32_t)t->slots[slot * t->stride] == t->generation) slot = (slot + 1) & mask;
+        memcpy(t->slots + slot * t->stride, src, sizeof(int32_t) * (size_t)t->stride);
+        t->slots[slot * t->stride] = (int32_t)t->generation;
+    }
+    free(old.slots);
+    return 0;
+}
+
+static void memo_clear(memo_table* t) {
+    t->count = 0;
+    if (!t->capacity) return;
+    if (++t->generation == 0) { /* wrapped: really wipe */
+        memset(t->slots, 0, (size_t)t->capacity * (size_t)t->stride * sizeof(int32_t));
+        t->generation = 1;
+    }
+}
+
+/* The slot holding `key` (n ints) or, if absent, the slot to fill (its generation is not
+ * current); NULL when the table is full or cannot grow. */
+static int32_t* memo_probe(memo_table* t, const int32_t* key, int n, int* found) {
+    uint64_t mask, slot;
+    int32_t* p;
+    *found = 0;
+    if (t->count < t->limit && 2 * (t->count + 1) > t->capacity)
+        memo_grow(t); /* on failure: look up only */
+    if (!t->capacity) return NULL;
+    mask = (uint64_t)t->capacity - 1;
+    slot = memo_hash(key, n) & mask;
+    for (;;) { /* load <= 1/2: an empty slot comes */
+        p = t->slots + slot * t->stride;
+        if ((uint32_t)p[0] != t->generation)
+            return t->count < t->limit && 2 * (t->count + 1) <= t->capacity ? p : NULL;
+        if (p[1] == n && memcmp(p + 2, key, sizeof(int32_t) * (size_t)n) == 0) {
+            *found = 1;
+            return p;
+        }
+        slot = (slot + 1) & mask;
+    }
+}
+
 NLM_API void nlm_session_options_init(nlm_session_options* o) {
     if (!o) return;
     memset(o, 0, sizeof *o);
@@ -353,6 +446,7 @@ NLM_API void nlm_session_options_init(nlm_session_options* o) {
     o->persistent_max_bytes = 0;
     o->quiet = 0;
     o->context_cache = -1;
+    o->span_memo_entries = -1;
 }
 
 NLM_API int nlm_session_new(const nlm_model* model, const nlm_session_options* options, nlm_session** out) {
@@ -364,11 +458,14 @@ NLM_API int nlm_session_new(const nlm_model* model, const nlm_session_options* o
     if (!model || !out) return fail(NLM_ERR_ARGUMENT, "nlm_session_new: NULL model or output pointer");
     nlm_session_options_init(&o);
     if (options) {
-        if (options->struct_size < sizeof o)
+        /* callers built against an older header pass a shorter struct: later fields keep
+           their defaults */
+        if (options->struct_size < offsetof(nlm_session_options, span_memo_entries))
             return fail(NLM_ERR_ARGUMENT, "nlm_session_new: options.struct_size is too small");
-        o = *options;
+        memcpy(&o, options, options->struct_size < sizeof o ? options->struct_size : sizeof o);
+        o.struct_size = sizeof o;
     }
-    if (o.cache_entries < 0 || o.ngram_cache_entries < -1)
+    if (o.cache_entries < 0 || o.ngram_cache_entries < -1 || o.span_memo_entries < -1)
         return fail(NLM_ERR_ARGUMENT, "nlm_session_new: negative cache size");
     /* whole cache lines: sessions of different threads never share one */
     s = (struct nlm_session*)aligned_alloc(64, (sizeof *s + 63) & ~(size_t)63);
@@ -388,6 +485,10 @@ NLM_API int nlm_session_new(const nlm_model* model, const nlm_session_options* o
         return fail(NLM_ERR_IO, "%s", err);
     }
     s->model = model;
+    s->memo.limit = o.span_memo_entries < 0 ? ((int64_t)1 << 20) : o.span_memo_entries;
+    s->memo.max_key = 1 + (model->vm->order - 1) + NLM_SPAN_MAX_WORDS;
+    s->memo.stride = (2 + s->memo.max_key + 2 + 15) & ~15;
+    s->memo.generation = 1;
     *out = s;
     return NLM_OK;
 }
@@ -395,12 +496,14 @@ NLM_API int nlm_session_new(const nlm_model* model, const nlm_session_options* o
 NLM_API void nlm_session_free(nlm_session* session) {
     if (!session) return;
     g_vt->session_free(session->cs);
+    free(session->memo.slots);
     free(session);
 }
 
 NLM_API int nlm_session_begin(nlm_session* session, int64_t sentence_id) {
     if (!session) return fail(NLM_ERR_ARGUMENT, "nlm_session_begin: NULL session");
     g_vt->begin(session->cs, sentence_id);
+    memo_clear(&session->memo);
     session->active = 1;
     return NLM_OK;
 }
@@ -464,6 +567,61 @@ NLM_API double nlm_score_sequence(nlm_session* session, const int32_t* context, 
     return sum;
 }
 
+static double span_compute(nlm_session* session, const int32_t* hist, int nhist, int first, int count,
+                           int final) {
+    double sum = 0;
+    int i;
+    for (i = 0; i < count; i++) sum += g_vt->score(session->cs, hist, first + i, hist[first + i]);
+    if (final) sum += g_vt->score(session->cs, hist, nhist, session->model->vm->eos);
+    return sum;
+}
+
+NLM_API double nlm_score_span(nlm_session* session, const int32_t* hist, int nhist, int first, int count,
+                              int final) {
+    static const int32_t none[1] = {0};
+    int32_t key[2 + NLM_VT_MAX_ORDER + NLM_SPAN_MAX_WORDS];
+    int c, lead, end, n, found;
+    int32_t* slot;
+    double v;
+    memo_table* t;
+    if (nhist < 0) nhist = 0;
+    if (!hist) hist = none, nhist = 0;
+    if (first < 0) first = 0;
+    if (first > nhist) first = nhist;
+    if (count < 0) count = 0;
+    if (count > nhist - first) count = nhist - first;
+    final = final ? 1 : 0;
+    if (!count && !final) return 0;
+    t = &session->memo;
+    if (!t->limit) return span_compute(session, hist, nhist, first, count, final);
+    /* the key: the ids before `first` that the first word's context sees (up to n-1; all of
+       them when fewer, so the <s>/<null> padding is determined), the scored words and, with
+       `final`, every id after them (the </s> context) */
+    c = session->model->vm->order - 1;
+    lead = first < c ? first : c;
+    end = final ? nhist : first + count;
+    n = 1 + lead + (end - first);
+    if (n > t->max_key) return span_compute(session, hist, nhist, first, count, final);
+    key[0] = lead | (count << 8) | (final << 16);
+    memcpy(key + 1, hist + first - lead, sizeof(int32_t) * (size_t)(end - first + lead));
+    t->calls++;
+    slot = memo_probe(t, key, n, &found);
+    if (found) {
+        t->hits++;
+        memcpy(&v, slot + 2 + t->max_key, sizeof v);
+        return v;
+    }
+    v = span_compute(session, hist, nhist, first, count, final);
+    if (slot) {
+        slot[0] = (int32_t)t->generation;
+        slot[1] = n;
+        memcpy(slot + 2, key, sizeof(int32_t) * (size_t)n);
+        memcpy(slot + 2 + t->max_key, &v, sizeof v);
+        t->count++;
+    }
+    return v;
+}
+
 NLM_API int nlm_session_stats(nlm_session* session, nlm_stats* stats) {
     int64_t v[NLM_VT_STAT_COUNT];
     size_t avail;
@@ -477,5 +635,8 @@ NLM_API int nlm_session_stats(nlm_session* session, nlm_stats* stats) {
     n = avail < NLM_VT_STAT_COUNT ? (int)avail : NLM_VT_STAT_COUNT;
     dst = &stats->lookups;
     for (i = 0; i < n; i++) dst[i] = v[i];
+    /* the library's own counters follow the scorer's */
+    if (avail > NLM_VT_STAT_COUNT) stats->span_calls = session->memo.calls;
+    if (avail > NLM_VT_STAT_COUNT + 1) stats->span_hits = session->memo.hits;
     return NLM_OK;
 }
