@@ -506,6 +506,9 @@ def main(argv=None) -> int:
     ap.add_argument("--feature-args", action="append", default=[], metavar="NAME=ARGS",
                     help="extra keys for model NAME's feature line (Moses: 'key=value ...'; cdec: "
                          "'--option value ...'), e.g. to compare settings of one model under two names")
+    ap.add_argument("--binary", action="append", default=[], metavar="NAME=MOSES",
+                    help="run configuration NAME (kenlm or a --model name) with this moses executable instead "
+                         "of MOSES_ROOT's (e.g. a build of another nlmfeature version, to compare in one run)")
     ap.add_argument("--decoder", default="moses", help="comma-separated: moses, cdec (default moses)")
     ap.add_argument("--shared", default=None, help="the shared folder holding data/ (default: $NLMFEATURE_SHARED "
                     "or ../shared beside the repository)")
@@ -585,6 +588,8 @@ def main(argv=None) -> int:
                                                       not args.no_filter)
         lm = sysinfo.get("lm")
         results["moses"] = mres = {"moses": moses, "system_info": sysinfo, "configs": {}}
+        binaries = dict(b.split("=", 1) for b in args.binary)
+        mres["binaries"] = binaries
         tuned = {k: ini_weights(v) for k, v in (w.split("=", 1) for w in args.weights)}
         configs = {"kenlm": write_ini(os.path.join(work, "kenlm.ini"), head, tuned.get("kenlm", weights))}
         for name, path in models.items():
@@ -601,9 +606,10 @@ def main(argv=None) -> int:
         outputs: Dict[Tuple[str, int], List[str]] = {}
         for rep in range(args.repeats):
             for name, ini in configs.items():
-                load[name] = min(load.get(name, 1e9), run_moses(moses, ini, empty)["wall"])
+                exe = binaries.get(name, moses)
+                load[name] = min(load.get(name, 1e9), run_moses(exe, ini, empty)["wall"])
                 for t in threads:
-                    r = run_moses(moses, ini, src, threads=t)
+                    r = run_moses(exe, ini, src, threads=t)
                     key = (name, t)
                     walls.setdefault(key, []).append(r["wall"])
                     trans.setdefault(key, []).append(r["translation"])
@@ -646,7 +652,7 @@ def main(argv=None) -> int:
                 ini = write_ini(os.path.join(work, f"{name}.stats.ini"), head, tuned.get(name, weights), path,
                                 args.nlm_weight, (extras.get(name, "") + " stats=true ngram-cache-entries=67108864 "
                                                   "cache-entries=16777216 context-cache=true").strip())
-                r = run_moses(moses, ini, src)
+                r = run_moses(binaries.get(name, moses), ini, src)
                 st = r["stats"]
                 mres["configs"][name]["counters"] = dict(st, **rates(st))
                 rr = rates(st)
@@ -659,7 +665,7 @@ def main(argv=None) -> int:
                     mres["configs"][name]["counters_changed_translations"] = True
         if args.profile:
             for name, ini in configs.items():
-                prof = perf_profile([moses, "-f", ini, "-i", src, "-threads", "1"],
+                prof = perf_profile([binaries.get(name, moses), "-f", ini, "-i", src, "-threads", "1"],
                                     os.path.join(work, f"{name}.perf.data"))
                 if prof:
                     mres["configs"][name]["profile"] = prof
