@@ -206,9 +206,17 @@ def ini_weights(path: str) -> List[str]:
 
 
 def write_ini(path: str, head: List[str], weights: List[str], nlm: Optional[str] = None,
-              nlm_weight: float = 0.1, extra: str = "") -> str:
+              nlm_weight: float = 0.1, extra: str = "", feature: str = "NLMFeature") -> str:
     lines = list(head)
-    if nlm:
+    if nlm and feature == "NeuralLM":
+        order = 5
+        with open(nlm, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("ngram_size"):
+                    order = int(line.split()[1])
+                    break
+        lines.append(f"NeuralLM name=NLM0 path={os.path.abspath(nlm)} factor=0 order={order} {extra}".rstrip())
+    elif nlm:
         lines.append(f"NLMFeature name=NLM0 path={os.path.abspath(nlm)} factor=0 {extra}".rstrip())
     lines.append("[weight]")
     lines += [w for w in weights if not w.startswith("NLM0=")]
@@ -503,6 +511,10 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", action="append", default=[], metavar="NAME=PATH",
                     help="an NLM to add to KenLM (repeatable), e.g. unnormalised=lbl.nlm")
+    ap.add_argument("--neurallm", action="append", default=[], metavar="NAME=NPLM_MODEL",
+                    help="a configuration NAME with Moses' own NPLM feature (NeuralLM, --with-nplm) on this NPLM "
+                         "text model instead of NLMFeature, to compare with the same model converted by "
+                         "`nlmfeature convert` (repeatable)")
     ap.add_argument("--feature-args", action="append", default=[], metavar="NAME=ARGS",
                     help="extra keys for model NAME's feature line (Moses: 'key=value ...'; cdec: "
                          "'--option value ...'), e.g. to compare settings of one model under two names")
@@ -561,6 +573,7 @@ def main(argv=None) -> int:
             sys.exit(f"{p} not found (give --shared DIR or the file's flag)")
     decoders = [d for d in args.decoder.split(",") if d]
     models = dict(m.split("=", 1) for m in args.model)
+    neurallm = dict(m.split("=", 1) for m in args.neurallm)
     extras = dict(m.split("=", 1) for m in args.feature_args)
     for name, path in models.items():
         if not os.path.exists(path):
@@ -596,6 +609,9 @@ def main(argv=None) -> int:
             w = tuned.get(name, weights)
             nw = next((float(x.split()[1]) for x in w if x.startswith("NLM0=")), args.nlm_weight)
             configs[name] = write_ini(os.path.join(work, f"{name}.ini"), head, w, path, nw, extras.get(name, ""))
+        for name, path in neurallm.items():
+            configs[name] = write_ini(os.path.join(work, f"{name}.ini"), head, tuned.get(name, weights), path,
+                                      args.nlm_weight, extras.get(name, ""), feature="NeuralLM")
         threads = [int(t) for t in args.threads.split(",")]
         print(f"moses: {moses}\nthreads {threads}, {args.repeats} repeats", flush=True)
         empty = write_lines(os.path.join(work, "empty.src"), [])
