@@ -662,23 +662,37 @@ def main(argv=None) -> int:
                 c["same_translations_as_kenlm"] = outputs[(name, threads[0])] == outputs[("kenlm", threads[0])]
 
         if not args.no_counters:
-            # counters: exact n-gram repeats and distinct contexts are counted by turning the
-            # caches on (scores do not change; this run is not timed)
+            # counters, two untimed runs per model: (1) what Moses asks -- the span memo off and
+            # the n-gram / context caches on with huge bounds, so that exact n-gram repeats and
+            # distinct contexts are counted (scores do not change); (2) the default settings, for
+            # the span memo's hit rate and the lookups that reach the scorer
             for name, path in models.items():
-                ini = write_ini(os.path.join(work, f"{name}.stats.ini"), head, tuned.get(name, weights), path,
-                                args.nlm_weight, (extras.get(name, "") + " stats=true ngram-cache-entries=67108864 "
-                                                  "cache-entries=16777216 context-cache=true").strip())
-                r = run_moses(binaries.get(name, moses), ini, src)
-                st = r["stats"]
-                mres["configs"][name]["counters"] = dict(st, **rates(st))
-                rr = rates(st)
-                print(f"counters {name}: {rr['lookups_per_sentence']:.0f} lookups/sentence, "
-                      f"{rr.get('distinct_ngrams_per_sentence', 0):.0f} distinct n-grams "
-                      f"({rr['ngram_hit_rate']:.3f} repeats), "
-                      f"{rr.get('distinct_contexts_per_sentence', 0):.0f} distinct contexts, class normaliser hit rate "
-                      f"{rr['class_hit_rate']:.3f}", flush=True)
-                if r["output"] != outputs[(name, threads[0])]:
-                    mres["configs"][name]["counters_changed_translations"] = True
+                mc = mres["configs"][name]
+                for kind, keys in (("counters", "stats=true span-memo-entries=0 ngram-cache-entries=67108864 "
+                                                "cache-entries=16777216 context-cache=true"),
+                                   ("counters_default", "stats=true")):
+                    ini = write_ini(os.path.join(work, f"{name}.{kind}.ini"), head, tuned.get(name, weights), path,
+                                    args.nlm_weight, (extras.get(name, "") + " " + keys).strip())
+                    r = run_moses(binaries.get(name, moses), ini, src)
+                    st = r["stats"]
+                    rr = rates(st)
+                    if st.get("span_calls"):
+                        rr["span_memo_hit_rate"] = st.get("span_hits", 0) / st["span_calls"]
+                        rr["span_calls_per_sentence"] = st["span_calls"] / max(1, st.get("sentences", 1))
+                    mc[kind] = dict(st, **rr)
+                    if r["output"] != outputs[(name, threads[0])]:
+                        mc[kind + "_changed_translations"] = True
+                    if kind == "counters":
+                        print(f"counters {name}: {rr['lookups_per_sentence']:.0f} lookups/sentence, "
+                              f"{rr.get('distinct_ngrams_per_sentence', 0):.0f} distinct n-grams "
+                              f"({rr['ngram_hit_rate']:.3f} repeats), "
+                              f"{rr.get('distinct_contexts_per_sentence', 0):.0f} distinct contexts, class "
+                              f"normaliser hit rate {rr['class_hit_rate']:.3f}", flush=True)
+                    else:
+                        print(f"counters {name} (defaults): {rr.get('span_calls_per_sentence', 0):.0f} expansions"
+                              f"/sentence, span memo hit rate {rr.get('span_memo_hit_rate', 0):.3f}, "
+                              f"{rr['lookups_per_sentence']:.0f} lookups/sentence reach the scorer, n-gram cache "
+                              f"hit rate {rr['ngram_hit_rate']:.3f}", flush=True)
         if args.profile:
             for name, ini in configs.items():
                 prof = perf_profile([binaries.get(name, moses), "-f", ini, "-i", src, "-threads", "1"],
