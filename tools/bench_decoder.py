@@ -673,7 +673,12 @@ def main(argv=None) -> int:
                                    ("counters_default", "stats=true")):
                     ini = write_ini(os.path.join(work, f"{name}.{kind}.ini"), head, tuned.get(name, weights), path,
                                     args.nlm_weight, (extras.get(name, "") + " " + keys).strip())
-                    r = run_moses(binaries.get(name, moses), ini, src)
+                    try:
+                        r = run_moses(binaries.get(name, moses), ini, src)
+                    except RuntimeError as e:  # e.g. an older build without span-memo-entries
+                        mc[kind] = {"error": str(e).splitlines()[-1][:300]}
+                        print(f"counters {name} ({kind}): not available: {mc[kind]['error']}")
+                        continue
                     st = r["stats"]
                     rr = rates(st)
                     if st.get("span_calls"):
