@@ -466,27 +466,39 @@ def bench_cdec(args, models: Dict[str, str], extras: Dict[str, str], shared: str
     n = len(refs)
     res: Dict = {"cdec": cdec, "sentences": n, "grammar": info, "configs": {}}
     walls: Dict[str, List[float]] = {k: [] for k in cfg}
+    cpus: Dict[str, List[float]] = {k: [] for k in cfg}
     load: Dict[str, float] = {}
+    load_cpu: Dict[str, float] = {}
     outputs: Dict[str, List[str]] = {}
     for rep in range(args.repeats):
         for name, (ini, w) in cfg.items():
-            load[name] = min(load.get(name, 1e9), run_cdec(cdec, ini, w, empty_sgm)["wall"])
+            r0 = run_cdec(cdec, ini, w, empty_sgm)
+            load[name] = min(load.get(name, 1e9), r0["wall"])
+            load_cpu[name] = min(load_cpu.get(name, 1e9), r0["cpu"])
             r = run_cdec(cdec, ini, w, info["sgm"])
             walls[name].append(r["wall"])
+            cpus[name].append(r["cpu"])
             if name in outputs and outputs[name] != r["output"]:
                 res["configs"].setdefault(name, {})["nondeterministic"] = True
             outputs[name] = r["output"]
         print(f"  cdec repeat {rep + 1}/{args.repeats} done", flush=True)
-    print(f"\ncdec ({n} sentences, 1 thread)\n{'config':16s} {'ms/sent':>9s} {'ratio':>6s} {'paired':>6s} {'BLEU':>6s}")
+    print(f"\ncdec ({n} sentences, 1 thread; wall and CPU time minus loading (an empty input))\n"
+          f"{'config':16s} {'ms/sent':>9s} {'ratio':>6s} {'paired':>6s} {'cpu ms/s':>9s} {'ratio':>6s} {'paired':>6s} "
+          f"{'BLEU':>6s}")
     for name in cfg:
         per = (min(walls[name]) - load[name]) / n * 1000
         base = (min(walls["kenlm"]) - load["kenlm"]) / n * 1000
         paired = median([(a - load[name]) / (b - load["kenlm"]) for a, b in zip(walls[name], walls["kenlm"])])
+        cper = (min(cpus[name]) - load_cpu[name]) / n * 1000
+        cbase = (min(cpus["kenlm"]) - load_cpu["kenlm"]) / n * 1000
+        cpaired = median([(a - load_cpu[name]) / (b - load_cpu["kenlm"]) for a, b in zip(cpus[name], cpus["kenlm"])])
         b = bleu(outputs[name], refs)
         res["configs"].setdefault(name, {}).update({
             "ms_per_sentence": per, "ratio_to_kenlm": per / base, "paired_ratio_median": paired,
-            "load_seconds": load[name], "walls": walls[name], "bleu": b})
-        print(f"{name:16s} {per:9.1f} {per / base:6.2f} {paired:6.2f} {b:6.2f}")
+            "cpu_ms_per_sentence": cper, "cpu_ratio_to_kenlm": cper / cbase, "cpu_paired_ratio_median": cpaired,
+            "load_seconds": load[name], "walls": walls[name], "cpus": cpus[name], "bleu": b})
+        print(f"{name:16s} {per:9.1f} {per / base:6.2f} {paired:6.2f} {cper:9.1f} {cper / cbase:6.2f} {cpaired:6.2f} "
+              f"{b:6.2f}")
     for name, path in models.items():
         ini = write_cdec_ini(os.path.join(work, "cdec", f"{name}.stats.ini"), info["ini"], ff, path,
                              (extras.get(name, "") + " --stats").strip())
