@@ -439,6 +439,41 @@ def run_cdec(cdec: str, ini: str, weights: str, sgm: str, prefix: Optional[List[
     return r
 
 
+class Runs:
+    """Timings of interleaved repeats: wall, CPU and (Moses) 'Translation took' seconds per key,
+    loading cost (an empty input) per configuration, the last output per key and the keys
+    whose output changed between repeats."""
+
+    def __init__(self) -> None:
+        self.walls: Dict = {}
+        self.cpus: Dict = {}
+        self.trans: Dict = {}
+        self.load: Dict[str, float] = {}
+        self.load_cpu: Dict[str, float] = {}
+        self.outputs: Dict = {}
+        self.changed: set = set()
+
+    def add_load(self, name: str, r: Dict) -> None:
+        self.load[name] = min(self.load.get(name, 1e9), r["wall"])
+        self.load_cpu[name] = min(self.load_cpu.get(name, 1e9), r["cpu"])
+
+    def add(self, key, r: Dict) -> None:
+        self.walls.setdefault(key, []).append(r["wall"])
+        self.cpus.setdefault(key, []).append(r["cpu"])
+        self.trans.setdefault(key, []).append(r.get("translation", 0.0))
+        if key in self.outputs and self.outputs[key] != r["output"]:
+            self.changed.add(key)
+        self.outputs[key] = r["output"]
+
+
+def figures(runs: List[float], load: float, base_runs: List[float], base_load: float, n: int) -> Tuple[float, float, float]:
+    """(ms per sentence of the best run minus loading, its ratio to the baseline's best, the median
+    over repeats of the ratios of runs made back to back)."""
+    per = (min(runs) - load) / n * 1000
+    base = (min(base_runs) - base_load) / n * 1000
+    return per, per / base, median([(a - load) / (b - base_load) for a, b in zip(runs, base_runs)])
+
+
 def median(xs: List[float]) -> float:
     xs = sorted(xs)
     k = len(xs) // 2
@@ -465,40 +500,26 @@ def bench_cdec(args, models: Dict[str, str], extras: Dict[str, str], shared: str
                      write_cdec_weights(os.path.join(work, "cdec", f"{name}.w"), info["weights"], args.nlm_weight))
     n = len(refs)
     res: Dict = {"cdec": cdec, "sentences": n, "grammar": info, "configs": {}}
-    walls: Dict[str, List[float]] = {k: [] for k in cfg}
-    cpus: Dict[str, List[float]] = {k: [] for k in cfg}
-    load: Dict[str, float] = {}
-    load_cpu: Dict[str, float] = {}
-    outputs: Dict[str, List[str]] = {}
+    runs = Runs()
     for rep in range(args.repeats):
         for name, (ini, w) in cfg.items():
-            r0 = run_cdec(cdec, ini, w, empty_sgm)
-            load[name] = min(load.get(name, 1e9), r0["wall"])
-            load_cpu[name] = min(load_cpu.get(name, 1e9), r0["cpu"])
-            r = run_cdec(cdec, ini, w, info["sgm"])
-            walls[name].append(r["wall"])
-            cpus[name].append(r["cpu"])
-            if name in outputs and outputs[name] != r["output"]:
-                res["configs"].setdefault(name, {})["nondeterministic"] = True
-            outputs[name] = r["output"]
+            runs.add_load(name, run_cdec(cdec, ini, w, empty_sgm))
+            runs.add(name, run_cdec(cdec, ini, w, info["sgm"]))
         print(f"  cdec repeat {rep + 1}/{args.repeats} done", flush=True)
+    walls, cpus, load, load_cpu, outputs = runs.walls, runs.cpus, runs.load, runs.load_cpu, runs.outputs
     print(f"\ncdec ({n} sentences, 1 thread; wall and CPU time minus loading (an empty input))\n"
           f"{'config':16s} {'ms/sent':>9s} {'ratio':>6s} {'paired':>6s} {'cpu ms/s':>9s} {'ratio':>6s} {'paired':>6s} "
           f"{'BLEU':>6s}")
     for name in cfg:
-        per = (min(walls[name]) - load[name]) / n * 1000
-        base = (min(walls["kenlm"]) - load["kenlm"]) / n * 1000
-        paired = median([(a - load[name]) / (b - load["kenlm"]) for a, b in zip(walls[name], walls["kenlm"])])
-        cper = (min(cpus[name]) - load_cpu[name]) / n * 1000
-        cbase = (min(cpus["kenlm"]) - load_cpu["kenlm"]) / n * 1000
-        cpaired = median([(a - load_cpu[name]) / (b - load_cpu["kenlm"]) for a, b in zip(cpus[name], cpus["kenlm"])])
+        per, ratio, paired = figures(walls[name], load[name], walls["kenlm"], load["kenlm"], n)
+        cper, cratio, cpaired = figures(cpus[name], load_cpu[name], cpus["kenlm"], load_cpu["kenlm"], n)
         b = bleu(outputs[name], refs)
         res["configs"].setdefault(name, {}).update({
-            "ms_per_sentence": per, "ratio_to_kenlm": per / base, "paired_ratio_median": paired,
-            "cpu_ms_per_sentence": cper, "cpu_ratio_to_kenlm": cper / cbase, "cpu_paired_ratio_median": cpaired,
-            "load_seconds": load[name], "walls": walls[name], "cpus": cpus[name], "bleu": b})
-        print(f"{name:16s} {per:9.1f} {per / base:6.2f} {paired:6.2f} {cper:9.1f} {cper / cbase:6.2f} {cpaired:6.2f} "
-              f"{b:6.2f}")
+            "ms_per_sentence": per, "ratio_to_kenlm": ratio, "paired_ratio_median": paired,
+            "cpu_ms_per_sentence": cper, "cpu_ratio_to_kenlm": cratio, "cpu_paired_ratio_median": cpaired,
+            "load_seconds": load[name], "walls": walls[name], "cpus": cpus[name], "bleu": b,
+            "nondeterministic": name in runs.changed})
+        print(f"{name:16s} {per:9.1f} {ratio:6.2f} {paired:6.2f} {cper:9.1f} {cratio:6.2f} {cpaired:6.2f} {b:6.2f}")
     for name, path in models.items():
         ini = write_cdec_ini(os.path.join(work, "cdec", f"{name}.stats.ini"), info["ini"], ff, path,
                              (extras.get(name, "") + " --stats").strip())
@@ -627,31 +648,16 @@ def main(argv=None) -> int:
         threads = [int(t) for t in args.threads.split(",")]
         print(f"moses: {moses}\nthreads {threads}, {args.repeats} repeats", flush=True)
         empty = write_lines(os.path.join(work, "empty.src"), [])
-        best: Dict[Tuple[str, int], Dict] = {}
-        cpus: Dict[Tuple[str, int], List[float]] = {}
-        load_cpu: Dict[str, float] = {}
-        trans: Dict[Tuple[str, int], List[float]] = {}
-        walls: Dict[Tuple[str, int], List[float]] = {}
-        load: Dict[str, float] = {}
-        outputs: Dict[Tuple[str, int], List[str]] = {}
+        runs = Runs()
         for rep in range(args.repeats):
             for name, ini in configs.items():
                 exe = binaries.get(name, moses)
-                r0 = run_moses(exe, ini, empty)
-                load[name] = min(load.get(name, 1e9), r0["wall"])
-                load_cpu[name] = min(load_cpu.get(name, 1e9), r0["cpu"])
+                runs.add_load(name, run_moses(exe, ini, empty))
                 for t in threads:
-                    r = run_moses(exe, ini, src, threads=t)
-                    key = (name, t)
-                    cpus.setdefault(key, []).append(r["cpu"])
-                    walls.setdefault(key, []).append(r["wall"])
-                    trans.setdefault(key, []).append(r["translation"])
-                    if key not in best or r["translation"] < best[key]["translation"]:
-                        best[key] = r
-                    if key in outputs and outputs[key] != r["output"]:
-                        mres["configs"].setdefault(name, {})["nondeterministic"] = True
-                    outputs[key] = r["output"]
+                    runs.add((name, t), run_moses(exe, ini, src, threads=t))
             print(f"  moses repeat {rep + 1}/{args.repeats} done", flush=True)
+        walls, cpus, trans, load, load_cpu, outputs = (runs.walls, runs.cpus, runs.trans, runs.load, runs.load_cpu,
+                                                       runs.outputs)
         print(f"\nMoses ({n} sentences; 'trans' = sum of per-sentence 'Translation took' (wall clock); 'cpu' = "
               f"the process's CPU time minus that of loading (decoding an empty input), robust on a busy machine; "
               f"ratios to KenLM alone; paired = median over repeats of back-to-back ratios)\n"
@@ -662,28 +668,21 @@ def main(argv=None) -> int:
             same = all(outputs[(name, t)] == outputs[(name, threads[0])] for t in threads)
             c = mres["configs"].setdefault(name, {})
             c.update({"bleu": b, "load_seconds": load[name], "same_translations_across_threads": same,
-                      "threads": {}})
+                      "nondeterministic": any((name, t) in runs.changed for t in threads), "threads": {}})
             for t in threads:
-                r = best[(name, t)]
-                per = r["translation"] / n * 1000
-                base = best[("kenlm", t)]["translation"] / n * 1000
-                wper = (min(walls[(name, t)]) - load[name]) / n * 1000
-                wbase = (min(walls[("kenlm", t)]) - load["kenlm"]) / n * 1000
-                paired = median([a / b_ for a, b_ in zip(trans[(name, t)], trans[("kenlm", t)])])
-                cper = (min(cpus[(name, t)]) - load_cpu[name]) / n * 1000
-                cbase = (min(cpus[("kenlm", t)]) - load_cpu["kenlm"]) / n * 1000
-                cpaired = median([(a - load_cpu[name]) / (b_ - load_cpu["kenlm"])
-                                  for a, b_ in zip(cpus[(name, t)], cpus[("kenlm", t)])])
+                k, kb = (name, t), ("kenlm", t)
+                per, ratio, paired = figures(trans[k], 0.0, trans[kb], 0.0, n)
+                wper, wratio, _ = figures(walls[k], load[name], walls[kb], load["kenlm"], n)
+                cper, cratio, cpaired = figures(cpus[k], load_cpu[name], cpus[kb], load_cpu["kenlm"], n)
                 c["threads"][t] = {
-                    "cpu_ms_per_sentence": cper, "cpu_ratio_to_kenlm": cper / cbase,
-                    "cpu_paired_ratio_median": cpaired, "cpu_seconds_all": cpus[(name, t)],
+                    "cpu_ms_per_sentence": cper, "cpu_ratio_to_kenlm": cratio,
+                    "cpu_paired_ratio_median": cpaired, "cpu_seconds_all": cpus[k],
                     "load_cpu_seconds": load_cpu[name],
-                    "translation_ms_per_sentence": per, "ratio_to_kenlm": per / base,
-                    "paired_ratio_median": paired, "translation_seconds": trans[(name, t)],
-                    "wall_ms_per_sentence": wper, "wall_ratio_to_kenlm": wper / wbase,
-                    "cpu_seconds": r["cpu"], "wall_seconds": walls[(name, t)]}
-                print(f"{name:16s} {t:3d} {per:10.1f} {per / base:6.2f} {paired:6.2f} {cper:9.1f} "
-                      f"{cper / cbase:6.2f} {cpaired:6.2f} {b:6.2f} {str(same):>8s}")
+                    "translation_ms_per_sentence": per, "ratio_to_kenlm": ratio,
+                    "paired_ratio_median": paired, "translation_seconds": trans[k],
+                    "wall_ms_per_sentence": wper, "wall_ratio_to_kenlm": wratio, "wall_seconds": walls[k]}
+                print(f"{name:16s} {t:3d} {per:10.1f} {ratio:6.2f} {paired:6.2f} {cper:9.1f} "
+                      f"{cratio:6.2f} {cpaired:6.2f} {b:6.2f} {str(same):>8s}")
             if name != "kenlm":
                 c["same_translations_as_kenlm"] = outputs[(name, threads[0])] == outputs[("kenlm", threads[0])]
 
