@@ -150,10 +150,11 @@ def test_span_scores_equal_per_word_scores(binary, models, kind):
     got = dict(kv.split("=") for line in out.stdout.splitlines() for kv in line.split())
     assert int(got["bad"]) == 0
     assert int(got["checked"]) > 100
-    # the second pass over the same spans is answered by the memo (spans longer than the memo
-    # key are computed directly and not counted)
+    # the second pass over the same spans is answered by the memo (a direct-mapped cache of 16384
+    # slots: a few of the ~350 spans may share a slot; spans longer than the memo key are computed
+    # directly and not counted)
     calls, hits = int(got["span_calls"]), int(got["span_hits"])
-    assert calls > 100 and hits * 2 == calls
+    assert calls > 100 and 0.45 * calls <= hits <= 0.5 * calls
     assert int(got["hits_after_begin"]) == 0
 
 

@@ -38,16 +38,18 @@ struct nlm_model {
     uintptr_t address; /* key in nlmfeature._capi._registry */
 };
 
-/* Per-sentence memo of span scores (nlm_score_span): open addressing in one array of
- * `stride` int32 per slot: [generation, key length, key..., score (double, 2 words)].
- * The key is everything the span's score depends on (see span_key), so a hit returns
- * exactly the double a miss computed.  Grows by doubling (load <= 1/2) up to `limit`
- * entries, then stops inserting; cleared in O(1) per sentence by bumping the generation. */
+/* Per-sentence memo of span scores (nlm_score_span): a direct-mapped cache of `capacity`
+ * slots (a power of two; 64 bytes each at order 5), small enough to stay in the CPU's caches:
+ * a beam search repeats an expansion soon after the first (the same hypothesis is expanded by
+ * many phrases, the same phrase applied to many hypotheses), so a recent-entries cache keeps
+ * most hits at a fraction of the cost of a table of every expansion (measured in Moses: a
+ * growing table of all expansions missed main memory on most probes).  A slot is
+ * [generation, key length, key..., score (double, 2 words)]; a new key overwrites the slot.
+ * The key is everything the span's score depends on (see nlm_score_span), so a hit returns
+ * exactly the double a miss computed.  Emptied in O(1) per sentence by bumping the generation. */
 typedef struct memo_table {
     int32_t* slots;
-    int64_t capacity;       /* power of two, 0 = not allocated */
-    int64_t count;
-    int64_t limit;          /* 0 = memo off */
+    int64_t capacity;       /* slots, a power of two; 0 = memo off */
     uint32_t generation;
     int max_key;            /* key ints that fit a slot */
     int stride;             /* ints per slot: 2 + max_key + 2, rounded up to 16 (64 bytes) */
@@ -373,39 +375,7 @@ static inline uint64_t memo_hash(const int32_t* k, int n) {
     return h ^ (h >> 32);
 }
 
-static int memo_alloc(memo_table* t, int64_t capacity) {
-    size_t bytes = (size_t)capacity * (size_t)t->stride * sizeof(int32_t);
-    int32_t* p = (int32_t*)aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-    if (!p) return -1;
-    memset(p, 0, bytes);
-    t->slots = p;
-    t->capacity = capacity;
-    return 0;
-}
-
-static int memo_grow(memo_table* t) {
-    memo_table old = *t;
-    int64_t cap = old.capacity ? old.capacity * 2 : 4096, i;
-    uint64_t mask = (uint64_t)cap - 1, slot;
-    t->generation = 1;
-    if (memo_alloc(t, cap) != 0) {
-        *t = old;
-        return -1;
-    }
-    for (i = 0; i < old.capacity; i++) {
-        const int32_t* src = old.slots + i * old.stride;
-        if ((uint32_t)src[0] != old.generation) continue;
-        slot = memo_hash(src + 2, src[1]) & mask;
-        while ((uint32_t)t->slots[slot * t->stride] == t->generation) slot = (slot + 1) & mask;
-        memcpy(t->slots + slot * t->stride, src, sizeof(int32_t) * (size_t)t->stride);
-        t->slots[slot * t->stride] = (int32_t)t->generation;
-    }
-    free(old.slots);
-    return 0;
-}
-
 static void memo_clear(memo_table* t) {
-    t->count = 0;
     if (!t->capacity) return;
     if (++t->generation == 0) { /* wrapped: really wipe */
         memset(t->slots, 0, (size_t)t->capacity * (size_t)t->stride * sizeof(int32_t));
@@ -413,27 +383,12 @@ static void memo_clear(memo_table* t) {
     }
 }
 
-/* The slot holding `key` (n ints) or, if absent, the slot to fill (its generation is not
- * current); NULL when the table is full or cannot grow. */
-static int32_t* memo_probe(memo_table* t, const int32_t* key, int n, int* found) {
-    uint64_t mask, slot;
-    int32_t* p;
-    *found = 0;
-    if (t->count < t->limit && 2 * (t->count + 1) > t->capacity)
-        memo_grow(t); /* on failure: look up only */
-    if (!t->capacity) return NULL;
-    mask = (uint64_t)t->capacity - 1;
-    slot = memo_hash(key, n) & mask;
-    for (;;) { /* load <= 1/2: an empty slot comes */
-        p = t->slots + slot * t->stride;
-        if ((uint32_t)p[0] != t->generation)
-            return t->count < t->limit && 2 * (t->count + 1) <= t->capacity ? p : NULL;
-        if (p[1] == n && memcmp(p + 2, key, sizeof(int32_t) * (size_t)n) == 0) {
-            *found = 1;
-            return p;
-        }
-        slot = (slot + 1) & mask;
-    }
+/* The slot of `key` (n ints): found = 1 if it holds the key, else it is the slot to overwrite. */
+static inline int32_t* memo_probe(memo_table* t, const int32_t* key, int n, int* found) {
+    int32_t* p = t->slots + (memo_hash(key, n) & (uint64_t)(t->capacity - 1)) * t->stride;
+    *found = (uint32_t)p[0] == t->generation && p[1] == n &&
+             memcmp(p + 2, key, sizeof(int32_t) * (size_t)n) == 0;
+    return p;
 }
 
 NLM_API void nlm_session_options_init(nlm_session_options* o) {
@@ -485,10 +440,26 @@ NLM_API int nlm_session_new(const nlm_model* model, const nlm_session_options* o
         return fail(NLM_ERR_IO, "%s", err);
     }
     s->model = model;
-    s->memo.limit = o.span_memo_entries < 0 ? ((int64_t)1 << 20) : o.span_memo_entries;
     s->memo.max_key = 1 + (model->vm->order - 1) + NLM_SPAN_MAX_WORDS;
     s->memo.stride = (2 + s->memo.max_key + 2 + 15) & ~15;
     s->memo.generation = 1;
+    {
+        int64_t want = o.span_memo_entries < 0 ? NLM_SPAN_MEMO_DEFAULT : o.span_memo_entries, cap = 1;
+        size_t bytes;
+        if (want > ((int64_t)1 << 26)) want = (int64_t)1 << 26;
+        while (cap < want) cap <<= 1;
+        if (want > 0) {
+            bytes = (size_t)cap * (size_t)s->memo.stride * sizeof(int32_t);
+            s->memo.slots = (int32_t*)aligned_alloc(64, bytes);
+            if (!s->memo.slots) {
+                g_vt->session_free(s->cs);
+                free(s);
+                return fail(NLM_ERR_MEMORY, "out of memory");
+            }
+            memset(s->memo.slots, 0, bytes);
+            s->memo.capacity = cap;
+        }
+    }
     *out = s;
     return NLM_OK;
 }
@@ -593,7 +564,7 @@ NLM_API double nlm_score_span(nlm_session* session, const int32_t* hist, int nhi
     final = final ? 1 : 0;
     if (!count && !final) return 0;
     t = &session->memo;
-    if (!t->limit) return span_compute(session, hist, nhist, first, count, final);
+    if (!t->capacity) return span_compute(session, hist, nhist, first, count, final);
     /* the key: the ids before `first` that the first word's context sees (up to n-1; all of
        them when fewer, so the <s>/<null> padding is determined), the scored words and, with
        `final`, every id after them (the </s> context) */
@@ -612,13 +583,10 @@ NLM_API double nlm_score_span(nlm_session* session, const int32_t* hist, int nhi
         return v;
     }
     v = span_compute(session, hist, nhist, first, count, final);
-    if (slot) {
-        slot[0] = (int32_t)t->generation;
-        slot[1] = n;
-        memcpy(slot + 2, key, sizeof(int32_t) * (size_t)n);
-        memcpy(slot + 2 + t->max_key, &v, sizeof v);
-        t->count++;
-    }
+    slot[0] = (int32_t)t->generation;
+    slot[1] = n;
+    memcpy(slot + 2, key, sizeof(int32_t) * (size_t)n);
+    memcpy(slot + 2 + t->max_key, &v, sizeof v);
     return v;
 }
 

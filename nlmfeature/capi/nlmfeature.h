@@ -98,12 +98,15 @@ typedef struct nlm_session_options {
     int context_cache;            /**< cache each context's hidden vector: -1 (default) when the
                                        model makes it pay (normalised outputs, dense layers),
                                        1 always, 0 never */
-    int64_t span_memo_entries;    /**< bound of the per-sentence memo of nlm_score_span results
-                                       (default -1: 1048576 spans, grown on demand; 0 off) */
+    int64_t span_memo_entries;    /**< slots of the per-sentence memo of nlm_score_span results, a
+                                       direct-mapped cache of recent spans (rounded up to a power of
+                                       two; default -1: NLM_SPAN_MEMO_DEFAULT, 64 bytes each; 0 off) */
 } nlm_session_options;
 
 /** Longest span nlm_score_span memoises (scored words plus, with `final`, the words after them). */
 #define NLM_SPAN_MAX_WORDS 8
+/** Default slots of the span memo (1 MiB at order 5: it stays in the CPU's L2 cache). */
+#define NLM_SPAN_MEMO_DEFAULT 16384
 
 /** Counters of a session (nlm_session_stats).  All count since the session was created. */
 typedef struct nlm_stats {
