@@ -326,6 +326,12 @@ cdef inline double direct_value(const ModelC* m, const uint64_t* states, int32_t
     return s
 
 
+cdef inline void lines_prefetch(const void* p, size_t nbytes) noexcept nogil:
+    cdef size_t i
+    for i in range(0, nbytes, 64):
+        __builtin_prefetch(<const char*>p + i)
+
+
 cdef inline void direct_prefetch(const ModelC* m, const uint64_t* states, int32_t target) noexcept nogil:
     """Start loading the direct-feature weights of ``target`` (random places in a table of
     megabytes) so that the forward pass overlaps their cache misses."""
@@ -770,8 +776,12 @@ cdef double within_class_lognorm(const ModelC* m, const float* h, int32_t c, con
         for i in range(b - a):
             scratch[i] += m.out_bias[first + i]
     else:
+        # Brown classes: rows scattered over megabytes; the row two members ahead is loaded
+        # while this one is multiplied (the arithmetic is unchanged)
         for i in range(a, b):
             w = m.class_members[i]
+            if i + 2 < b:
+                lines_prefetch(m.out_weight + <int64_t>m.class_members[i + 2] * m.out_dim, m.out_dim * sizeof(float))
             scratch[i - a] = dotf(m.out_weight + <int64_t>w * m.out_dim, h, m.out_dim) + m.out_bias[w]
     if m.direct_order:
         for i in range(a, b):
