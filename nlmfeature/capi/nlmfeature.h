@@ -100,13 +100,17 @@ typedef struct nlm_session_options {
                                        1 always, 0 never */
     int64_t span_memo_entries;    /**< slots of the per-sentence memo of nlm_score_span results, a
                                        direct-mapped cache of recent spans (rounded up to a power of
-                                       two; default -1: NLM_SPAN_MEMO_DEFAULT, 64 bytes each; 0 off) */
+                                       two, 64 bytes each; default -1: NLM_SPAN_MEMO_DEFAULT = off; 0 off) */
 } nlm_session_options;
 
 /** Longest span nlm_score_span memoises (scored words plus, with `final`, the words after them). */
 #define NLM_SPAN_MAX_WORDS 8
-/** Default slots of the span memo (1 MiB at order 5: it stays in the CPU's L2 cache). */
-#define NLM_SPAN_MEMO_DEFAULT 16384
+/** Default slots of the span memo: 0 (off).  Measured in Moses on Multi30k (docs/decoder-speed.md):
+ *  only ~46% of expansions repeat a recent one and a hit saves ~1 lookup, so the probe cost
+ *  (a growing table of all expansions: main-memory misses; a 16384-slot cache: L2 probes) was
+ *  not recovered for the unnormalised or the class model.  Turn it on for models whose lookups
+ *  cost much more than a probe (e.g. span_memo_entries = 16384 for dense NPLM-style networks). */
+#define NLM_SPAN_MEMO_DEFAULT 0
 
 /** Counters of a session (nlm_session_stats).  All count since the session was created. */
 typedef struct nlm_stats {

@@ -259,9 +259,10 @@ static int cmd_span(const char* path, int argc, char** argv) {
     int rc = nlm_model_load(path, &m), i, n = argc, first, count, final, rep, checked = 0, bad = 0;
     double want, got;
     if (rc != NLM_OK) die("load", rc);
-    rc = nlm_session_new(m, NULL, &s);
-    if (rc != NLM_OK) die("session", rc);
     nlm_session_options_init(&o);
+    o.span_memo_entries = 16384;
+    rc = nlm_session_new(m, &o, &s);
+    if (rc != NLM_OK) die("session", rc);
     o.span_memo_entries = 0;
     rc = nlm_session_new(m, &o, &off);
     if (rc != NLM_OK) die("session", rc);
