@@ -178,7 +178,7 @@ void Usage() {
       "  --persistent-cache DIR    keep n-gram scores per sentence id in DIR (tuning)\n"
       "  --persistent-cache-max S  disk bound of DIR, e.g. 500M, 2G (default 4G)\n"
       "  --cache-entries N         per-sentence context cache bound (default 262144)\n"
-      "  --edge-memo N             per-sentence memo of edge evaluations (default 1048576; 0 off)\n"
+      "  --edge-memo N             per-sentence memo of edge evaluations, N entries (default 0: off)\n"
       "  --oov-feature             also fire NAME_OOV: rule words unknown to the model\n"
       "  --stats                   print cache statistics per sentence to stderr\n";
 }
@@ -205,7 +205,7 @@ class NLMFeatureFF : public FeatureFunction {
       : model_(NULL), session_(NULL), c_(0), fid_(0), oov_fid_(0), stats_(false), sentence_(-1),
         memo_calls_last_(0), memo_hits_last_(0) {
     std::string path, name = "NLM", pcache;
-    int64_t pmax = 0, cache_entries = -1, edge_memo = 1 << 20;
+    int64_t pmax = 0, cache_entries = -1, edge_memo = 0;  // off: measured not to pay (docs/decoder-speed.md)
     bool oov = false;
     std::istringstream in(param);
     std::string key;
