@@ -17,7 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
 #include <iostream>
+#include <new>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -59,6 +61,118 @@ class StateView {
   int c_;
 };
 
+// Per-sentence memo of whole edge evaluations: an edge's feature value, OOV count and
+// next state depend only on its rule's target side and its antecedents' states, and cube
+// pruning evaluates the same (rule, antecedent states) many times.  Key: the rule pointer
+// (rules live for the sentence) and the antecedent states' bytes; value: the double and the
+// state computed the first time (so a hit gives exactly what recomputing would).  Open
+// addressing in one byte array, grown by doubling (load <= 1/2) up to a bound, emptied per
+// sentence by bumping a generation.
+class EdgeMemo {
+ public:
+  EdgeMemo() : state_size_(0), max_key_(0), slot_size_(0), capacity_(0), count_(0), limit_(0),
+               generation_(1), calls_(0), hits_(0) {}
+  void Init(int state_size, int64_t limit) {
+    state_size_ = state_size;
+    max_key_ = 8 + 2 * state_size;  // rule pointer + up to two antecedent states
+    // [generation u32][key length u32][key][value double][oovs i32][state]
+    slot_size_ = (8 + max_key_ + 8 + 4 + state_size + 7) & ~7;
+    limit_ = limit;
+  }
+  bool enabled() const { return limit_ > 0; }
+  int max_key() const { return max_key_; }
+  void Clear() {
+    count_ = 0;
+    if (++generation_ == 0) {
+      std::fill(slots_.begin(), slots_.end(), 0);
+      generation_ = 1;
+    }
+  }
+  // The slot holding the key, or the free slot to fill (found = false); NULL if full.
+  unsigned char* Probe(const unsigned char* key, uint32_t n, bool* found) {
+    *found = false;
+    ++calls_;
+    if (count_ < limit_ && 2 * (count_ + 1) > capacity_) Grow();
+    if (!capacity_) return NULL;
+    const uint64_t mask = capacity_ - 1;
+    uint64_t i = Hash(key, n) & mask;
+    for (;;) {
+      unsigned char* p = &slots_[i * slot_size_];
+      uint32_t g, len;
+      memcpy(&g, p, 4);
+      if (g != generation_) return count_ < limit_ && 2 * (count_ + 1) <= capacity_ ? p : NULL;
+      memcpy(&len, p + 4, 4);
+      if (len == n && memcmp(p + 8, key, n) == 0) {
+        *found = true;
+        ++hits_;
+        return p;
+      }
+      i = (i + 1) & mask;
+    }
+  }
+  void Fill(unsigned char* p, const unsigned char* key, uint32_t n, double v, int32_t oovs, const void* state) {
+    memcpy(p, &generation_, 4);
+    memcpy(p + 4, &n, 4);
+    memcpy(p + 8, key, n);
+    memcpy(p + 8 + max_key_, &v, 8);
+    memcpy(p + 16 + max_key_, &oovs, 4);
+    memcpy(p + 20 + max_key_, state, state_size_);
+    ++count_;
+  }
+  double Value(const unsigned char* p) const { double v; memcpy(&v, p + 8 + max_key_, 8); return v; }
+  int32_t Oovs(const unsigned char* p) const { int32_t o; memcpy(&o, p + 16 + max_key_, 4); return o; }
+  const unsigned char* State(const unsigned char* p) const { return p + 20 + max_key_; }
+  int64_t calls() const { return calls_; }
+  int64_t hits() const { return hits_; }
+
+ private:
+  static uint64_t Hash(const unsigned char* k, uint32_t n) {
+    uint64_t h = 0x9E3779B97F4A7C15ULL ^ n, w;
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      memcpy(&w, k + i, 8);
+      h = (h ^ w) * 0xBF58476D1CE4E5B9ULL;
+      h ^= h >> 31;
+    }
+    for (; i < n; ++i) h = (h ^ k[i]) * 0x94D049BB133111EBULL;
+    return h ^ (h >> 29);
+  }
+  void Grow() {
+    const uint64_t cap = capacity_ ? capacity_ * 2 : 4096;
+    std::vector<unsigned char> next;
+    try {
+      next.assign(cap * slot_size_, 0);
+    } catch (const std::bad_alloc&) {
+      return;  // keep the current table (look-ups only once it is full)
+    }
+    const uint64_t mask = cap - 1;
+    for (uint64_t j = 0; j < capacity_; ++j) {
+      const unsigned char* p = &slots_[j * slot_size_];
+      uint32_t g, len;
+      memcpy(&g, p, 4);
+      if (g != generation_) continue;
+      memcpy(&len, p + 4, 4);
+      uint64_t i = Hash(p + 8, len) & mask;
+      while (true) {
+        uint32_t g2;
+        memcpy(&g2, &next[i * slot_size_], 4);
+        if (g2 != generation_) break;
+        i = (i + 1) & mask;
+      }
+      memcpy(&next[i * slot_size_], p, slot_size_);
+    }
+    slots_.swap(next);
+    capacity_ = cap;
+  }
+
+  int state_size_, max_key_, slot_size_;
+  std::vector<unsigned char> slots_;
+  uint64_t capacity_;
+  int64_t count_, limit_;
+  uint32_t generation_;
+  int64_t calls_, hits_;
+};
+
 void Usage() {
   std::cerr <<
       "usage: feature_function=External /abs/libcdec_ff_nlm.so --model MODEL.nlm [options]\n"
@@ -67,6 +181,7 @@ void Usage() {
       "  --persistent-cache DIR    keep n-gram scores per sentence id in DIR (tuning)\n"
       "  --persistent-cache-max S  disk bound of DIR, e.g. 500M, 2G (default 4G)\n"
       "  --cache-entries N         per-sentence context cache bound (default " NLM_STR(NLM_DEFAULT_CACHE_ENTRIES) ")\n"
+      "  --edge-memo N             per-sentence memo of edge evaluations, N entries (default 0: off)\n"
       "  --oov-feature             also fire NAME_OOV: rule words unknown to the model\n"
       "  --stats                   print cache statistics per sentence to stderr\n";
 }
@@ -90,9 +205,10 @@ int64_t ParseBytes(const std::string& s) {
 class NLMFeatureFF : public FeatureFunction {
  public:
   explicit NLMFeatureFF(const std::string& param)
-      : model_(NULL), session_(NULL), c_(0), fid_(0), oov_fid_(0), stats_(false), sentence_(-1) {
+      : model_(NULL), session_(NULL), c_(0), fid_(0), oov_fid_(0), stats_(false), sentence_(-1),
+        memo_calls_last_(0), memo_hits_last_(0) {
     std::string path, name = "NLM", pcache;
-    int64_t pmax = 0, cache_entries = -1;
+    int64_t pmax = 0, cache_entries = -1, edge_memo = 0;  // off: measured not to pay (docs/decoder-speed.md)
     bool oov = false;
     std::istringstream in(param);
     std::string key;
@@ -108,6 +224,7 @@ class NLMFeatureFF : public FeatureFunction {
         pmax = ParseBytes(value);
         if (pmax < 0) Fail("bad size " + value + " (use e.g. 500M or 2G)");
       } else if (key == "--cache-entries") cache_entries = atoll(value.c_str());
+      else if (key == "--edge-memo") edge_memo = atoll(value.c_str());
       else Fail("unknown option " + key);
     }
     if (path.empty()) Fail("--model is required");
@@ -139,6 +256,7 @@ class NLMFeatureFF : public FeatureFunction {
     stats_last_.struct_size = sizeof(nlm_stats);
     nlm_session_stats(session_, &stats_last_);
     SetStateSize(8 * c_ + 4);
+    memo_.Init(8 * c_ + 4, edge_memo);
   }
 
   ~NLMFeatureFF() {
@@ -151,6 +269,7 @@ class NLMFeatureFF : public FeatureFunction {
     EndSentence();
     sentence_ = smeta.GetSentenceId();
     nlm_session_begin(session_, sentence_);
+    memo_.Clear();
   }
 
   void FinalTraversalFeatures(const void* state, SparseVector<double>* features) const {
@@ -181,6 +300,24 @@ class NLMFeatureFF : public FeatureFunction {
                              const std::vector<const void*>& ant_states,
                              SparseVector<double>* features,
                              SparseVector<double>* /*estimated_features*/, void* out) const {
+    unsigned char key[8 + 2 * (8 * kMaxContext + 4)];
+    unsigned char* slot = NULL;
+    uint32_t klen = 0;
+    if (memo_.enabled() && ant_states.size() <= 2) {
+      const TRule* rule = edge.rule_.get();
+      const int ss = 8 * c_ + 4;
+      memcpy(key, &rule, sizeof rule);
+      klen = 8;
+      for (size_t k = 0; k < ant_states.size(); ++k, klen += ss) memcpy(key + klen, ant_states[k], ss);
+      bool found;
+      slot = memo_.Probe(key, klen, &found);
+      if (found) {
+        memcpy(out, memo_.State(slot), ss);
+        features->set_value(fid_, memo_.Value(slot));
+        if (oov_fid_ && memo_.Oovs(slot)) features->set_value(oov_fid_, memo_.Oovs(slot));
+        return;
+      }
+    }
     const std::vector<WordID>& e = edge.rule_->e();
     Acc a(c_);
     double v = 0;
@@ -213,6 +350,7 @@ class NLMFeatureFF : public FeatureFunction {
     a.Write(out);
     features->set_value(fid_, v);
     if (oov_fid_ && oovs) features->set_value(oov_fid_, oovs);
+    if (slot) memo_.Fill(slot, key, klen, v, oovs, out);
   }
 
  private:
@@ -281,7 +419,8 @@ class NLMFeatureFF : public FeatureFunction {
       nlm_session_stats(session_, &now);
       fprintf(stderr, "NLMFeature sentence %d lookups=%lld ngram_hits=%lld context_hits=%lld "
               "context_misses=%lld class_hits=%lld class_misses=%lld persistent_hits=%lld "
-              "persistent_loaded=%lld persistent_written=%lld files_ignored=%lld\n", sentence_,
+              "persistent_loaded=%lld persistent_written=%lld files_ignored=%lld edge_calls=%lld "
+              "edge_hits=%lld\n", sentence_,
               (long long)(now.lookups - stats_last_.lookups),
               (long long)(now.ngram_hits - stats_last_.ngram_hits),
               (long long)(now.context_hits - stats_last_.context_hits),
@@ -291,8 +430,11 @@ class NLMFeatureFF : public FeatureFunction {
               (long long)(now.persistent_hits - stats_last_.persistent_hits),
               (long long)(now.persistent_loaded - stats_last_.persistent_loaded),
               (long long)(now.persistent_written - stats_last_.persistent_written),
-              (long long)(now.files_ignored - stats_last_.files_ignored));
+              (long long)(now.files_ignored - stats_last_.files_ignored),
+              (long long)(memo_.calls() - memo_calls_last_), (long long)(memo_.hits() - memo_hits_last_));
       stats_last_ = now;
+      memo_calls_last_ = memo_.calls();
+      memo_hits_last_ = memo_.hits();
     }
     sentence_ = -1;
   }
@@ -311,7 +453,9 @@ class NLMFeatureFF : public FeatureFunction {
   bool stats_;
   int sentence_;
   nlm_stats stats_last_;
+  int64_t memo_calls_last_, memo_hits_last_;
   std::vector<int32_t> map_;  // cdec WordID -> model id
+  mutable EdgeMemo memo_;     // one sentence at a time, one thread (cdec)
 };
 
 }  // namespace

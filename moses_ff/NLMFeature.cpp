@@ -51,6 +51,7 @@ NLMFeature::NLMFeature(const std::string &line)
   , m_persistentMaxBytes(0)
   , m_cacheEntries(-1)
   , m_ngramCacheEntries(-1)
+  , m_spanMemoEntries(-1)
   , m_contextCache(-1)
   , m_order(0)
   , m_factorType(0)
@@ -104,6 +105,8 @@ void NLMFeature::SetParameter(const std::string& key, const std::string& value)
     m_cacheEntries = Scan<int64_t>(value);
   } else if (key == "ngram-cache-entries") {
     m_ngramCacheEntries = Scan<int64_t>(value);
+  } else if (key == "span-memo-entries") {
+    m_spanMemoEntries = Scan<int64_t>(value);
   } else if (key == "context-cache") {
     if (value == "auto") m_contextCache = -1;
     else m_contextCache = Scan<bool>(value) ? 1 : 0;
@@ -162,6 +165,7 @@ nlm_session *NLMFeature::Session() const
     nlm_session_options_init(&o);
     if (m_cacheEntries >= 0) o.cache_entries = m_cacheEntries;
     if (m_ngramCacheEntries >= 0) o.ngram_cache_entries = m_ngramCacheEntries;
+    if (m_spanMemoEntries >= 0) o.span_memo_entries = m_spanMemoEntries;
     if (!m_persistentCache.empty()) o.persistent_cache = m_persistentCache.c_str();
     o.persistent_max_bytes = m_persistentMaxBytes;
     o.context_cache = m_contextCache;
@@ -241,13 +245,13 @@ FFState* NLMFeature::EvaluateWhenApplied(const Hypothesis &hypo, const FFState *
   for (size_t j = 0; j < len; ++j) hist[in.size + j] = Id(phrase.GetWord(j));
 
   // words whose in-phrase context was incomplete: EvaluateInIsolation gave them only an
-  // estimate; score them with the real context now (the others are already in the score)
-  double score = 0;
+  // estimate; score them with the real context now (the others are already in the score),
+  // and </s> after the whole history when the sentence is complete.  One call per
+  // expansion: the library memoises it per sentence (the same phrase is applied to the
+  // same state many times), with exactly the sum of the per-word scores.
   const size_t rescored = std::min(len, static_cast<size_t>(m_context));
-  for (size_t j = 0; j < rescored; ++j)
-    score += nlm_score(s, hist, static_cast<int>(in.size + j), hist[in.size + j]);
-  if (complete)
-    score += nlm_score(s, hist, static_cast<int>(total), NLM_EOS);
+  const double score = nlm_score_span(s, hist, static_cast<int>(total), in.size, static_cast<int>(rescored),
+                                      complete ? 1 : 0);
 
   const size_t keep = std::min(total, static_cast<size_t>(m_context));
   std::memcpy(ret->ids, hist + (total - keep), sizeof(int32_t) * keep);
@@ -297,7 +301,9 @@ void NLMFeature::CleanUpAfterSentenceProcessing(ttasksptr const& ttask)
         << " persistent_hits=" << now.persistent_hits - ts->last.persistent_hits
         << " persistent_loaded=" << now.persistent_loaded - ts->last.persistent_loaded
         << " persistent_written=" << now.persistent_written - ts->last.persistent_written
-        << " files_ignored=" << now.files_ignored - ts->last.files_ignored << "\n";
+        << " files_ignored=" << now.files_ignored - ts->last.files_ignored
+        << " span_calls=" << now.span_calls - ts->last.span_calls
+        << " span_hits=" << now.span_hits - ts->last.span_hits << "\n";
     std::cerr << msg.str();
     ts->last = now;
   }

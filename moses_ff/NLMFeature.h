@@ -80,6 +80,7 @@ private:
   int64_t m_persistentMaxBytes;
   int64_t m_cacheEntries;
   int64_t m_ngramCacheEntries;
+  int64_t m_spanMemoEntries; // -1: the library's default
   int m_contextCache;        // -1 auto, 0 off, 1 on
   size_t m_order;            // 0: take the model's
   FactorType m_factorType;

@@ -29,9 +29,10 @@ pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compile
 
 
 def _config(*flags: str) -> list:
-    # this checkout's package (the console script may belong to another installation)
+    # the CLI of the package under test (the `nlmfeature` script on PATH may belong to another
+    # installation, e.g. an editable install of another checkout)
     out = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "config", *flags], check=True,
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, cwd=os.path.dirname(HERE))
     return shlex.split(out.stdout)
 
 
@@ -139,6 +140,24 @@ def test_partial_contexts_use_null_and_bos_padding(binary, models):
     for i, v in enumerate(seq):
         assert got[f"seq{i}"] == pytest.approx(v, abs=1e-6)
     assert got["sequence"] == pytest.approx(sum(seq), abs=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["unnormalised", "class"])
+def test_span_scores_equal_per_word_scores(binary, models, kind):
+    """nlm_score_span (one call per hypothesis expansion, memoised per sentence) returns exactly
+    the summed per-word scores, on a memo miss, on a hit and with the memo off."""
+    words = "<s> the jury said it did find that the election".split()
+    out = subprocess.run([binary, "span", models[kind], *words], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr + out.stdout
+    got = dict(kv.split("=") for line in out.stdout.splitlines() for kv in line.split())
+    assert int(got["bad"]) == 0
+    assert int(got["checked"]) > 100
+    # the second pass over the same spans is answered by the memo (a direct-mapped cache of 16384
+    # slots: a few of the ~350 spans may share a slot; spans longer than the memo key are computed
+    # directly and not counted)
+    calls, hits = int(got["span_calls"]), int(got["span_hits"])
+    assert calls > 100 and 0.45 * calls <= hits <= 0.5 * calls
+    assert int(got["hits_after_begin"]) == 0
 
 
 def test_persistent_cache_round_trip(binary, models, text, tmp_path):

@@ -12,6 +12,7 @@ import math
 import os
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -40,7 +41,10 @@ def shim(tmp_path_factory) -> str:
     d = tmp_path_factory.mktemp("cdec_ff")
     for name in ("nlm_ff.cc", "Makefile", "exports.map"):
         shutil.copy(os.path.join(REPO, "cdec_ff", name), d / name)
-    p = subprocess.run(["make", f"CDEC_ROOT={CDEC_ROOT}", f"CDEC_BUILD={CDEC_BUILD}"], cwd=d,
+    # flags of the package under test (the `nlmfeature` script on PATH may be another install's)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+    p = subprocess.run(["make", f"CDEC_ROOT={CDEC_ROOT}", f"CDEC_BUILD={CDEC_BUILD}",
+                        f"NLMFEATURE={sys.executable} -m nlmfeature.cli"], cwd=d, env=env,
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     lib = str(d / "libcdec_ff_nlm.so")

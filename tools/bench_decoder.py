@@ -1,46 +1,68 @@
 #!/usr/bin/env python3
-"""Decoder benchmark: Moses with KenLM alone vs KenLM + nlmfeature NLMs.
+"""Decoder benchmark: Moses (and cdec) with KenLM alone vs KenLM + nlmfeature NLMs.
 
-Measures, on a real phrase-based system (default: the ready-made fr->en model in
-/work/shared/data/moses/lexicalized-reordering-fr-en, test sentences from
-europarl-fr-en-10k):
+Measures, on a real system (default: the Multi30k de->en phrase-based Moses system in
+``../shared/data/moses/multi30k-de-en`` beside the repository; ``--shared`` or
+$NLMFEATURE_SHARED point elsewhere; 100 test2016 sentences):
 
-* decoding time per sentence with KenLM alone and KenLM + NLM (each model given), with 1
-  and more threads: the model-loading time (decoding an empty input) is subtracted from the
-  process wall time; every configuration runs ``--repeats`` times, interleaved, and the
-  minimum is kept (the machine may be shared); "paired" is the median over repeats of the
-  ratio of runs made back to back, steadier when the machine's speed drifts;
-* BLEU of each configuration's output (sacrebleu, tokenised text, ``--tokenize none``);
-* cache statistics of the NLM (``stats=true`` on the feature line);
-* a second tuning iteration with and without the persistent cache: iteration 1 decodes the
-  dev set (100-best) with a persistent cache, ``nlmfeature-tune optimise`` (MERT) computes
-  new weights, and iteration 2 decodes with them, with and without ``persistent-cache=``;
-  the NLM's cost is the time beyond the same decode without the NLM feature.
+* the system made fast to load first, as issue 14 prescribes: its phrase and reordering
+  tables are filtered to the input with Moses' ``filter-model-given-input.pl`` and the ARPA
+  LM is binarised with KenLM's ``build_binary`` (kept in ``--workdir`` and reused);
+* decoding time with KenLM alone and KenLM + each NLM (``--model NAME=PATH``), with 1 and
+  more threads: the sum of Moses' per-sentence "Translation took" times (the issue's
+  figure) and the process wall time minus model loading (decoding an empty input).  Every
+  configuration runs ``--repeats`` times, interleaved, and the minimum is kept (the machine
+  may be shared); "paired" is the median over repeats of the ratio of runs made back to
+  back, steadier when the machine's speed drifts;
+* whether the translations are identical across thread counts (they must be) and BLEU
+  (sacrebleu on the tokenised text, ``--tokenize none``);
+* where the time goes: the NLM's counters from a counting run (``stats=true`` with the
+  caches on: lookups per sentence, exact n-gram repeats, distinct contexts, normaliser cache
+  hit rates) and, with ``--profile``, a ``perf`` profile of each 1-thread decode split into
+  KenLM, the decoder's search, the NLM shim, the C API, the session, and the scorer's parts
+  (hidden layer, output layer, normalisers, direct features, cache hashing, as far as the
+  compiler left them as separate functions);
+* optionally (``--tune-sentences N``) a second tuning iteration with and without the
+  persistent cache.
 
-Needs MOSES_ROOT: a mosesdecoder tree with moses_ff built in (see moses_ff/README.md).
-Never builds Moses.  Example::
+``--decoder cdec`` does the same in cdec (1 thread) with hiero grammars extracted per
+sentence by cdec's suffix-array extractor (``run_extractor``) from the system's training
+pairs and word alignment (kept in the workdir), untuned hand-set weights.
 
-    MOSES_ROOT=/work/ext/mosesdecoder-nlm python tools/bench_decoder.py \\
-        --model unnormalised=lbl.nlm --model class=class.nlm --sentences 200 --json out.json
+Needs MOSES_ROOT (a mosesdecoder tree with moses_ff built in, moses_ff/README.md) and, for
+cdec, CDEC_ROOT (a built cdec tree) and cdec_ff/libcdec_ff_nlm.so.  Never builds a decoder.
+Example (figures in the issue-14 notes were made this way)::
+
+    MOSES_ROOT=/path/mosesdecoder CDEC_ROOT=/path/cdec python3 tools/bench_decoder.py \\
+        --model unnormalised=lbl.nlm --model class=class.nlm --decoder moses,cdec \\
+        --threads 1,2 --profile --workdir /tmp/bd --json out.json
 """
 from __future__ import annotations
 
 import argparse
 import glob
+import gzip
+import hashlib
 import json
 import os
 import re
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Dict, List, Optional, Tuple
 
-from nlmfeature import textio
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SYSTEM_REL = os.path.join("data", "moses", "multi30k-de-en")
+NBEST_REL = os.path.join("data", "nbest", "moses-multi30k-de-en")
 
-SYSTEM = "/work/shared/data/moses/lexicalized-reordering-fr-en"
-PARALLEL = "/work/shared/data/parallel/europarl-fr-en-10k"
+
+def shared_dir(arg: Optional[str]) -> str:
+    """The shared data folder: --shared, else $NLMFEATURE_SHARED, else ../shared beside the repo."""
+    d = arg or os.environ.get("NLMFEATURE_SHARED") or os.path.join(REPO, "..", "shared")
+    return os.path.abspath(d)
 
 
 def find_moses(root: str) -> str:
@@ -61,78 +83,195 @@ def read_lines(path: str, n: Optional[int] = None, skip: int = 0) -> List[str]:
     return lines[:n] if n else lines
 
 
-def base_ini(system: str) -> Tuple[List[str], List[str]]:
-    """(feature lines, weight lines) of the system's moses.ini with absolute paths."""
-    text = open(os.path.join(system, "moses.ini"), encoding="utf-8").read()
-    text = text.replace("${MODEL_PATH}/lexicalized-reordering", system)
-    sections: Dict[str, List[str]] = {}
-    cur = None
+def write_lines(path: str, lines: List[str]) -> str:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
+def file_digest(*paths: str) -> str:
+    h = hashlib.blake2b(digest_size=6)
+    for p in paths:
+        with open(p, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
+
+
+def find_tool(name: str, extra: List[str]) -> Optional[str]:
+    for d in extra:
+        p = os.path.join(d, name)
+        if d and os.path.isfile(p) and os.access(p, os.X_OK):
+            return p
+    return shutil.which(name)
+
+
+def ini_sections(text: str) -> List[Tuple[str, List[str]]]:
+    """The sections of a moses.ini, in order, without comments and blank lines."""
+    out: List[Tuple[str, List[str]]] = []
     for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
         m = re.match(r"^\[(.+)\]$", line)
         if m:
-            cur = m.group(1)
-            sections.setdefault(cur, [])
-        elif cur:
-            sections[cur].append(line)
-    other = []
-    for name, lines in sections.items():
-        if name not in ("feature", "weight"):
-            other += [f"[{name}]"] + lines
-    return other + ["[feature]"] + sections["feature"], sections["weight"]
+            out.append((m.group(1), []))
+        elif out:
+            out[-1][1].append(line)
+    return out
+
+
+def split_ini(text: str) -> Tuple[List[str], List[str]]:
+    """(every line but the [weight] section, ending with the [feature] section; weight lines)."""
+    secs = ini_sections(text)
+    head, feats, weights = [], [], []
+    for name, lines in secs:
+        if name == "weight":
+            weights += lines
+        elif name == "feature":
+            feats += lines
+        else:
+            head += [f"[{name}]"] + lines
+    return head + ["[feature]"] + feats, weights
+
+
+def system_ini(system: str, ini: Optional[str]) -> str:
+    """The system's moses.ini text with absolute paths (MODEL_DIR/ or ${MODEL_PATH} forms)."""
+    if not ini:
+        for cand in ("moses.tuned.ini", "moses.ini", "moses.untuned.ini"):
+            if os.path.exists(os.path.join(system, cand)):
+                ini = os.path.join(system, cand)
+                break
+    if not ini:
+        sys.exit(f"no moses.ini in {system} (give --ini)")
+    text = open(ini, encoding="utf-8").read()
+    text = text.replace("MODEL_DIR/", system.rstrip("/") + "/")
+    text = re.sub(r"\$\{MODEL_PATH\}/[^/\s]+", system.rstrip("/"), text)
+    return text
+
+
+def binarise_lm(path: str, work: str, kenlm_bins: List[str]) -> str:
+    """A KenLM binary of an ARPA file (built once into ``work``)."""
+    if not re.search(r"\.arpa(\.gz)?$", path):
+        return path
+    out = os.path.join(work, re.sub(r"\.arpa(\.gz)?$", ".bin", os.path.basename(path)))
+    if not os.path.exists(out):
+        bb = find_tool("build_binary", kenlm_bins)
+        if not bb:
+            sys.exit("KenLM's build_binary not found (give --kenlm-bin DIR or run tools/build_kenlm.sh)")
+        p = subprocess.run([bb, path, out + ".tmp"], capture_output=True, text=True)
+        if p.returncode != 0:
+            sys.exit(f"build_binary {path} failed:\n{p.stderr[-2000:]}")
+        os.replace(out + ".tmp", out)
+    return out
+
+
+def prepare_moses_system(system: str, ini: Optional[str], moses_root: str, inputs: List[str], work: str,
+                         kenlm_bins: List[str], do_filter: bool = True) -> Tuple[List[str], List[str], Dict]:
+    """(head lines, weight lines, info) of the system: tables filtered to ``inputs``, LM binarised."""
+    text = system_ini(system, ini)
+    info: Dict = {"system": system}
+    abs_ini = os.path.join(work, "system.ini")
+    with open(abs_ini, "w", encoding="utf-8") as f:
+        f.write(text)
+    if do_filter:
+        cat = write_lines(os.path.join(work, "filter-input.txt"),
+                          [l for p in inputs for l in read_lines(p)])
+        fdir = os.path.join(work, "filtered-" + file_digest(abs_ini, cat))
+        if not os.path.exists(os.path.join(fdir, "moses.ini")):
+            script = os.path.join(moses_root, "scripts", "training", "filter-model-given-input.pl")
+            shutil.rmtree(fdir, ignore_errors=True)
+            t0 = time.perf_counter()
+            p = subprocess.run(["perl", script, fdir, abs_ini, cat], capture_output=True, text=True)
+            if p.returncode != 0 or not os.path.exists(os.path.join(fdir, "moses.ini")):
+                sys.exit(f"filter-model-given-input.pl failed:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+            info["filter_seconds"] = time.perf_counter() - t0
+        text = open(os.path.join(fdir, "moses.ini"), encoding="utf-8").read()
+        info["filtered"] = fdir
+    head, weights = split_ini(text)
+    for i, line in enumerate(head):
+        if line.split()[0].upper() in ("KENLM", "LANGUAGEMODEL"):
+            m = re.search(r"\bpath=(\S+)", line)
+            if m:
+                lm = binarise_lm(m.group(1), work, kenlm_bins)
+                head[i] = line.replace(m.group(0), f"path={lm}")
+                info["lm"] = lm
+    return head, weights, info
 
 
 def ini_weights(path: str) -> List[str]:
     """The lines of the [weight] section of a moses.ini."""
-    out, on = [], False
-    for line in open(path, encoding="utf-8"):
-        line = line.strip()
-        if line.startswith("["):
-            on = line == "[weight]"
-        elif on and line and not line.startswith("#"):
-            out.append(line)
-    return out
+    return split_ini(open(path, encoding="utf-8").read())[1]
 
 
 def write_ini(path: str, head: List[str], weights: List[str], nlm: Optional[str] = None,
-              nlm_weight: float = 0.1, extra: str = "") -> str:
+              nlm_weight: float = 0.1, extra: str = "", feature: str = "NLMFeature") -> str:
     lines = list(head)
-    if nlm:
+    if nlm and feature == "NeuralLM":
+        order = 5
+        with open(nlm, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("ngram_size"):
+                    order = int(line.split()[1])
+                    break
+        lines.append(f"NeuralLM name=NLM0 path={os.path.abspath(nlm)} factor=0 order={order} {extra}".rstrip())
+    elif nlm:
         lines.append(f"NLMFeature name=NLM0 path={os.path.abspath(nlm)} factor=0 {extra}".rstrip())
     lines.append("[weight]")
     lines += [w for w in weights if not w.startswith("NLM0=")]
     if nlm:
         lines.append(f"NLM0= {nlm_weight}")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
-    return path
+    return write_lines(path, lines)
+
+
+def parse_stats(stderr: str) -> Dict[str, int]:
+    """Sum of the NLM's per-sentence counters (lines 'NLMFeature ... key=value ...')."""
+    stats: Dict[str, int] = {}
+    sentences = 0
+    for line in stderr.splitlines():
+        if line.startswith("NLMFeature ") and "lookups=" in line:
+            sentences += 1
+            for kv in line.split():
+                if "=" in kv:
+                    k, v = kv.split("=", 1)
+                    if v.lstrip("-").isdigit():
+                        stats[k] = stats.get(k, 0) + int(v)
+    if sentences:
+        stats["sentences"] = sentences
+    return stats
+
+
+def timed(cmd: List[str], stdin: Optional[str] = None, env: Optional[Dict[str, str]] = None) -> Dict:
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    fin = open(stdin, "rb") if stdin else None
+    try:
+        p = subprocess.run(cmd, stdin=fin, capture_output=True, env=env)
+    finally:
+        if fin:
+            fin.close()
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out, err = p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+    if p.returncode != 0:
+        raise RuntimeError(f"failed ({' '.join(cmd)}):\n{err[-3000:]}")
+    return {"wall": wall, "cpu": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime),
+            "stdout": out, "stderr": err}
 
 
 def run_moses(moses: str, ini: str, src: str, threads: int = 1, nbest: Optional[str] = None,
-              nbest_size: int = 100, weights_file: Optional[str] = None) -> Dict:
+              nbest_size: int = 100, weights_file: Optional[str] = None, prefix: Optional[List[str]] = None,
+              env: Optional[Dict[str, str]] = None) -> Dict:
     cmd = [moses, "-f", ini, "-i", src, "-threads", str(threads)]
     if nbest:
         cmd += ["-n-best-list", nbest, str(nbest_size), "distinct"]
     if weights_file:
         cmd += ["-weight-overwrite", open(weights_file).read().strip()]
-    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if p.returncode != 0:
-        raise RuntimeError(f"moses failed ({' '.join(cmd)}):\n{p.stderr[-3000:]}")
-    trans = sum(float(m.group(1)) for m in re.finditer(r"Translation took ([0-9.]+) seconds total", p.stderr))
-    stats: Dict[str, int] = {}
-    for line in p.stderr.splitlines():
-        if line.startswith("NLMFeature "):
-            for kv in line.split()[4:]:
-                k, v = kv.split("=")
-                stats[k] = stats.get(k, 0) + int(v)
-    return {"wall": wall, "cpu": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime),
-            "translation": trans, "output": p.stdout.splitlines(), "stats": stats}
+    r = timed((prefix or []) + cmd, env=env)
+    r["translation"] = sum(float(m.group(1)) for m in
+                           re.finditer(r"Translation took ([0-9.]+) seconds total", r["stderr"]))
+    r["output"] = r["stdout"].splitlines()
+    r["stats"] = parse_stats(r["stderr"])
+    return r
 
 
 def bleu(hyps: List[str], refs: List[str]) -> float:
@@ -141,15 +280,261 @@ def bleu(hyps: List[str], refs: List[str]) -> float:
 
 
 def rates(st: Dict[str, int]) -> Dict[str, float]:
-    out: Dict[str, float] = {"lookups": st.get("lookups", 0)}
+    n = st.get("lookups", 0)
+    sents = max(1, st.get("sentences", 1))
+    out: Dict[str, float] = {"lookups": n, "lookups_per_sentence": n / sents}
     for name, hits, misses in [("context", "context_hits", "context_misses"),
                                ("class", "class_hits", "class_misses")]:
         h, m = st.get(hits, 0), st.get(misses, 0)
         out[f"{name}_hit_rate"] = h / (h + m) if h + m else 0.0
-    n = st.get("lookups", 0)
     for k in ("ngram_hits", "persistent_hits"):
         out[k.replace("_hits", "_hit_rate")] = st.get(k, 0) / n if n else 0.0
+    if n and "ngram_hits" in st:
+        out["distinct_ngrams_per_sentence"] = (n - st["ngram_hits"]) / sents
+    if st.get("context_misses"):
+        out["distinct_contexts_per_sentence"] = st["context_misses"] / sents
     return out
+
+
+# ---------------------------------------------------------------------------------------
+# where the time goes: perf profiles split into parts
+# ---------------------------------------------------------------------------------------
+
+PARTS = [
+    # (part, dso pattern, symbol pattern)
+    ("nlm shim", None, r"NLMFeature|NLMFeatureFF|StateView|create_ff|TraversalFeaturesImpl.*anon"),
+    ("nlm C API", r"^libnlmfeature", None),
+    ("nlm C API", r"^_capi", None),
+    ("nlm session / n-gram memo", r"^_pcache", None),
+    ("nlm hidden layer", r"^_scorer", r"compute_hidden|branch_forward|layer_forward|hidden_"),
+    ("nlm normalisers", r"^_scorer", r"lognorm|gemv|logsumexp|expf|tree_logprob"),
+    ("nlm direct features", r"^_scorer", r"direct_|splitmix"),
+    ("nlm cache hashing", r"^_scorer", r"table_|nt_|ngram_hash|key_hash|memo"),
+    ("nlm output layer", r"^_scorer", r"word_logit|class_logit|dotf|output"),
+    ("nlm scorer (inlined forward pass)", r"^_scorer", None),
+    ("kenlm", None, r"\blm::|LanguageModelKen|KLanguageModel|lm_ff|kenlm"),
+    ("malloc/free", r"^libc", r"malloc|free|cfree|_int_|tcache"),
+    ("python", r"python|\.cpython-", None),
+]
+
+
+def part_of(dso: str, sym: str) -> str:
+    for part, dpat, spat in PARTS:
+        if dpat and not re.search(dpat, dso):
+            continue
+        if spat and not re.search(spat, sym):
+            continue
+        return part
+    if re.search(r"\[kernel|vmlinux", dso):
+        return "kernel"
+    return "decoder search & other features"
+
+
+def perf_profile(cmd: List[str], data: str, env: Optional[Dict[str, str]] = None) -> Optional[Dict]:
+    """Run ``cmd`` under ``perf record`` and split its samples into parts (None without perf)."""
+    perf = shutil.which("perf")
+    if not perf:
+        return None
+    timed([perf, "record", "-q", "-F", "1999", "-o", data, "--"] + cmd, env=env)
+    p = subprocess.run([perf, "report", "-i", data, "--stdio", "--no-children", "--sort", "dso,sym", "-q"],
+                       capture_output=True, text=True)
+    parts: Dict[str, float] = {}
+    top: List[Tuple[float, str, str]] = []
+    for line in p.stdout.splitlines():
+        m = re.match(r"\s*([0-9.]+)%\s+(\S+)\s+\[[^\]]*\]\s+(.*)$", line)
+        if not m:
+            continue
+        pct, dso, sym = float(m.group(1)), m.group(2), m.group(3).strip()
+        part = part_of(dso, sym)
+        parts[part] = parts.get(part, 0.0) + pct
+        top.append((pct, dso, sym))
+    top.sort(reverse=True)
+    return {"parts_percent": dict(sorted(parts.items(), key=lambda kv: -kv[1])),
+            "top_symbols": [{"percent": a, "dso": b, "symbol": c[:160]} for a, b, c in top[:25]]}
+
+
+# ---------------------------------------------------------------------------------------
+# cdec: a hiero grammar per sentence from cdec's suffix-array extractor
+# ---------------------------------------------------------------------------------------
+
+CDEC_WEIGHTS = """# untuned hand-set weights (a speed benchmark: the same for every configuration)
+EgivenFCoherent -0.5
+SampleCountF 0.1
+CountEF 0.1
+MaxLexFgivenE -0.2
+MaxLexEgivenF -0.2
+IsSingletonF -0.1
+IsSingletonFE -0.1
+Glue -0.1
+PassThrough -1.0
+LanguageModel 0.5
+LanguageModel_OOV -1.0
+WordPenalty -0.5
+"""
+
+
+def prepare_cdec_system(system: str, cdec_root: str, src: str, work: str, lm: str) -> Dict:
+    """Per-sentence hiero grammars for ``src`` (run_extractor on the system's training pairs and
+    alignment), a cdec.ini base and a weights file, kept in ``work``."""
+    cdir = os.path.join(work, "cdec")
+    os.makedirs(cdir, exist_ok=True)
+    bitext = os.path.join(cdir, "bitext.de-en")
+    align = os.path.join(cdir, "align.gdfa")
+    info: Dict = {}
+    if not os.path.exists(bitext):
+        de = read_lines(os.path.join(system, "train.tok.lc.de.gz"))
+        en = read_lines(os.path.join(system, "train.tok.lc.en.gz"))
+        if len(de) != len(en):
+            sys.exit(f"{system}: train.tok.lc.de.gz and train.tok.lc.en.gz differ in length")
+        write_lines(bitext + ".tmp", [f"{a} ||| {b}" for a, b in zip(de, en)])
+        os.replace(bitext + ".tmp", bitext)
+    if not os.path.exists(align):
+        write_lines(align + ".tmp", read_lines(os.path.join(system, "train.align.grow-diag-final-and.gz")))
+        os.replace(align + ".tmp", align)
+    sgm = os.path.join(cdir, f"input-{file_digest(src)}.sgm")
+    if not os.path.exists(sgm):
+        exe = os.path.join(cdec_root, "build", "extractor", "run_extractor")
+        if not os.access(exe, os.X_OK):
+            sys.exit(f"{exe} not found: build cdec with its extractor")
+        gdir = os.path.join(cdir, f"grammars-{file_digest(src)}")
+        t0 = time.perf_counter()
+        with open(src, "rb") as fin, open(sgm + ".tmp", "wb") as fout:
+            p = subprocess.run([exe, "-a", align, "-b", bitext, "-g", gdir, "-t", "1"], stdin=fin, stdout=fout,
+                               stderr=subprocess.PIPE)
+        if p.returncode != 0:
+            sys.exit(f"run_extractor failed:\n{p.stderr.decode()[-2000:]}")
+        os.replace(sgm + ".tmp", sgm)
+        info["extract_seconds"] = time.perf_counter() - t0
+    weights = os.path.join(cdir, "weights.base")
+    with open(weights, "w") as f:
+        f.write(CDEC_WEIGHTS)
+    info.update({"sgm": sgm, "weights": weights, "lm": lm,
+                 "ini": ["formalism=scfg", "add_pass_through_rules=true", "feature_function=WordPenalty",
+                         f"feature_function=KLanguageModel {lm}"]})
+    return info
+
+
+def write_cdec_ini(path: str, base: List[str], ff: Optional[str], nlm: Optional[str], extra: str = "") -> str:
+    lines = list(base)
+    if nlm:
+        lines.append(f"feature_function=External {ff} --model {os.path.abspath(nlm)} --name NLM {extra}".rstrip())
+    return write_lines(path, lines)
+
+
+def write_cdec_weights(path: str, base: str, nlm_weight: Optional[float]) -> str:
+    text = open(base).read()
+    if nlm_weight is not None:
+        text += f"NLM {nlm_weight}\n"
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def run_cdec(cdec: str, ini: str, weights: str, sgm: str, prefix: Optional[List[str]] = None) -> Dict:
+    r = timed((prefix or []) + [cdec, "-c", ini, "-w", weights, "-i", sgm])
+    r["output"] = r["stdout"].splitlines()
+    r["stats"] = parse_stats(r["stderr"])
+    return r
+
+
+class Runs:
+    """Timings of interleaved repeats: wall, CPU and (Moses) 'Translation took' seconds per key,
+    loading cost (an empty input) per configuration, the last output per key and the keys
+    whose output changed between repeats."""
+
+    def __init__(self) -> None:
+        self.walls: Dict = {}
+        self.cpus: Dict = {}
+        self.trans: Dict = {}
+        self.load: Dict[str, float] = {}
+        self.load_cpu: Dict[str, float] = {}
+        self.outputs: Dict = {}
+        self.changed: set = set()
+
+    def add_load(self, name: str, r: Dict) -> None:
+        self.load[name] = min(self.load.get(name, 1e9), r["wall"])
+        self.load_cpu[name] = min(self.load_cpu.get(name, 1e9), r["cpu"])
+
+    def add(self, key, r: Dict) -> None:
+        self.walls.setdefault(key, []).append(r["wall"])
+        self.cpus.setdefault(key, []).append(r["cpu"])
+        self.trans.setdefault(key, []).append(r.get("translation", 0.0))
+        if key in self.outputs and self.outputs[key] != r["output"]:
+            self.changed.add(key)
+        self.outputs[key] = r["output"]
+
+
+def figures(runs: List[float], load: float, base_runs: List[float], base_load: float, n: int) -> Tuple[float, float, float]:
+    """(ms per sentence of the best run minus loading, its ratio to the baseline's best, the median
+    over repeats of the ratios of runs made back to back)."""
+    per = (min(runs) - load) / n * 1000
+    base = (min(base_runs) - base_load) / n * 1000
+    return per, per / base, median([(a - load) / (b - base_load) for a, b in zip(runs, base_runs)])
+
+
+def median(xs: List[float]) -> float:
+    xs = sorted(xs)
+    k = len(xs) // 2
+    return xs[k] if len(xs) % 2 else (xs[k - 1] + xs[k]) / 2
+
+
+def bench_cdec(args, models: Dict[str, str], extras: Dict[str, str], shared: str, work: str,
+               test_src: str, refs: List[str], lm: str) -> Dict:
+    root = os.environ.get("CDEC_ROOT")
+    if not root:
+        sys.exit("set CDEC_ROOT to a built cdec tree for --decoder cdec")
+    cdec = os.path.join(root, "build", "decoder", "cdec")
+    ff = os.path.abspath(args.cdec_ff)
+    if not os.path.exists(ff):
+        sys.exit(f"{ff} not found: make -C cdec_ff CDEC_ROOT=... (cdec_ff/README.md)")
+    info = prepare_cdec_system(args.system or os.path.join(shared, SYSTEM_REL), root, test_src, work, lm)
+    empty_sgm = write_lines(os.path.join(work, "cdec", "empty.sgm"), [])
+    cfg: Dict[str, Tuple[str, str]] = {}
+    cfg["kenlm"] = (write_cdec_ini(os.path.join(work, "cdec", "kenlm.ini"), info["ini"], None, None),
+                    write_cdec_weights(os.path.join(work, "cdec", "kenlm.w"), info["weights"], None))
+    for name, path in models.items():
+        cfg[name] = (write_cdec_ini(os.path.join(work, "cdec", f"{name}.ini"), info["ini"], ff, path,
+                                    extras.get(name, "")),
+                     write_cdec_weights(os.path.join(work, "cdec", f"{name}.w"), info["weights"], args.nlm_weight))
+    n = len(refs)
+    res: Dict = {"cdec": cdec, "sentences": n, "grammar": info, "configs": {}}
+    runs = Runs()
+    for rep in range(args.repeats):
+        for name, (ini, w) in cfg.items():
+            runs.add_load(name, run_cdec(cdec, ini, w, empty_sgm))
+            runs.add(name, run_cdec(cdec, ini, w, info["sgm"]))
+        print(f"  cdec repeat {rep + 1}/{args.repeats} done", flush=True)
+    walls, cpus, load, load_cpu, outputs = runs.walls, runs.cpus, runs.load, runs.load_cpu, runs.outputs
+    print(f"\ncdec ({n} sentences, 1 thread; wall and CPU time minus loading (an empty input))\n"
+          f"{'config':16s} {'ms/sent':>9s} {'ratio':>6s} {'paired':>6s} {'cpu ms/s':>9s} {'ratio':>6s} {'paired':>6s} "
+          f"{'BLEU':>6s}")
+    for name in cfg:
+        per, ratio, paired = figures(walls[name], load[name], walls["kenlm"], load["kenlm"], n)
+        cper, cratio, cpaired = figures(cpus[name], load_cpu[name], cpus["kenlm"], load_cpu["kenlm"], n)
+        b = bleu(outputs[name], refs)
+        res["configs"].setdefault(name, {}).update({
+            "ms_per_sentence": per, "ratio_to_kenlm": ratio, "paired_ratio_median": paired,
+            "cpu_ms_per_sentence": cper, "cpu_ratio_to_kenlm": cratio, "cpu_paired_ratio_median": cpaired,
+            "load_seconds": load[name], "walls": walls[name], "cpus": cpus[name], "bleu": b,
+            "nondeterministic": name in runs.changed})
+        print(f"{name:16s} {per:9.1f} {ratio:6.2f} {paired:6.2f} {cper:9.1f} {cratio:6.2f} {cpaired:6.2f} {b:6.2f}")
+    for name, path in models.items():
+        ini = write_cdec_ini(os.path.join(work, "cdec", f"{name}.stats.ini"), info["ini"], ff, path,
+                             (extras.get(name, "") + " --stats").strip())
+        st = run_cdec(cdec, ini, cfg[name][1], info["sgm"])["stats"]
+        res["configs"][name]["counters"] = dict(st, **rates(st))
+        r = rates(st)
+        print(f"counters {name}: {r['lookups_per_sentence']:.0f} lookups/sentence, n-gram cache hit rate "
+              f"{r['ngram_hit_rate']:.3f}, context hit rate {r['context_hit_rate']:.3f}, class normaliser hit "
+              f"rate {r['class_hit_rate']:.3f}")
+    if args.profile:
+        for name, (ini, w) in cfg.items():
+            prof = perf_profile([cdec, "-c", ini, "-w", w, "-i", info["sgm"]],
+                                os.path.join(work, "cdec", f"{name}.perf.data"))
+            if prof:
+                res["configs"][name]["profile"] = prof
+                print(f"profile cdec {name}: " + ", ".join(f"{k} {v:.1f}%" for k, v in prof["parts_percent"].items()))
+    return res
 
 
 def main(argv=None) -> int:
@@ -157,168 +542,269 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", action="append", default=[], metavar="NAME=PATH",
                     help="an NLM to add to KenLM (repeatable), e.g. unnormalised=lbl.nlm")
-    ap.add_argument("--system", default=SYSTEM, help="directory of the Moses system (moses.ini with "
-                    "${MODEL_PATH}/lexicalized-reordering paths)")
-    ap.add_argument("--test-src", default=os.path.join(PARALLEL, "test.fr.gz"), help="test source text")
-    ap.add_argument("--test-ref", default=os.path.join(PARALLEL, "test.en.gz"), help="test reference text")
-    ap.add_argument("--sentences", type=int, default=200, help="test sentences to decode (default 200)")
-    ap.add_argument("--threads", default="1,2", help="comma-separated decoder thread counts (default 1,2)")
-    ap.add_argument("--repeats", type=int, default=3, help="runs per configuration; the minimum is kept")
-    ap.add_argument("--nlm-weight", type=float, default=0.1, help="weight of NLM0 (default 0.1)")
+    ap.add_argument("--neurallm", action="append", default=[], metavar="NAME=NPLM_MODEL",
+                    help="a configuration NAME with Moses' own NPLM feature (NeuralLM, --with-nplm) on this NPLM "
+                         "text model instead of NLMFeature, to compare with the same model converted by "
+                         "`nlmfeature convert` (repeatable)")
+    ap.add_argument("--feature-args", action="append", default=[], metavar="NAME=ARGS",
+                    help="extra keys for model NAME's feature line (Moses: 'key=value ...'; cdec: "
+                         "'--option value ...'), e.g. to compare settings of one model under two names")
+    ap.add_argument("--binary", action="append", default=[], metavar="NAME=MOSES",
+                    help="run configuration NAME (kenlm or a --model name) with this moses executable instead "
+                         "of MOSES_ROOT's (e.g. a build of another nlmfeature version, to compare in one run)")
+    ap.add_argument("--decoder", default="moses", help="comma-separated: moses, cdec (default moses)")
+    ap.add_argument("--shared", default=None, help="the shared folder holding data/ (default: $NLMFEATURE_SHARED "
+                    "or ../shared beside the repository)")
+    ap.add_argument("--system", default=None, help="directory of the Moses system (default: "
+                    "SHARED/data/moses/multi30k-de-en; its moses.tuned.ini, else moses.ini)")
+    ap.add_argument("--ini", default=None, help="the system's moses.ini (default: see --system)")
+    ap.add_argument("--test-src", default=None, help="test source text (default: SHARED/data/nbest/"
+                    "moses-multi30k-de-en/test.src.de.gz, test2016)")
+    ap.add_argument("--test-ref", default=None, help="test reference (default: test.ref.en.gz beside it)")
+    ap.add_argument("--sentences", type=int, default=100, help="test sentences to decode (default 100)")
+    ap.add_argument("--threads", default="1,2", help="comma-separated Moses thread counts (default 1,2)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per configuration; the minimum is kept "
+                    "(default 3)")
+    ap.add_argument("--nlm-weight", type=float, default=0.1, help="weight of the NLM feature (default 0.1)")
     ap.add_argument("--weights", action="append", default=[], metavar="NAME=MOSES_INI",
                     help="use the [weight] section of this moses.ini (e.g. tuned by nlmfeature-tune) for "
                          "configuration NAME (kenlm or a --model name); repeatable")
-    ap.add_argument("--tune-src", default=os.path.join(PARALLEL, "dev.fr.gz"), help="dev source for tuning")
-    ap.add_argument("--tune-ref", default=os.path.join(PARALLEL, "dev.en.gz"), help="dev reference")
-    ap.add_argument("--tune-sentences", type=int, default=100, help="dev sentences (default 100; 0 skips "
-                    "the tuning measurement)")
+    ap.add_argument("--no-filter", action="store_true", help="use the full tables (slow to load)")
+    ap.add_argument("--kenlm-bin", default=None, help="directory of KenLM's build_binary (default: "
+                    "MOSES_ROOT/bin, ~/.cache/nlmfeature/kenlm/bin, PATH)")
+    ap.add_argument("--profile", action="store_true", help="also profile one 1-thread decode per "
+                    "configuration with perf and split the time into parts")
+    ap.add_argument("--no-counters", action="store_true", help="skip the counting run (stats=true)")
+    ap.add_argument("--cdec-ff", default=os.path.join(REPO, "cdec_ff", "libcdec_ff_nlm.so"),
+                    help="the cdec feature library (default cdec_ff/libcdec_ff_nlm.so)")
+    ap.add_argument("--tune-src", default=None, help="dev source for tuning (default SHARED/data/nbest/"
+                    "moses-multi30k-de-en/dev.src.de.gz)")
+    ap.add_argument("--tune-ref", default=None, help="dev reference (default dev.ref.en.gz beside it)")
+    ap.add_argument("--tune-sentences", type=int, default=0, help="dev sentences for the persistent-cache "
+                    "tuning measurement (default 0: skip it)")
     ap.add_argument("--tune-models", default="", help="comma-separated model names for the tuning "
                     "measurement (default: all)")
     ap.add_argument("--tune-algorithm", default="mert", choices=["mert", "mira", "pro"],
                     help="optimiser giving the second iteration's weights (default mert)")
-    ap.add_argument("--workdir", default=None, help="keep files here (default: a temporary directory)")
+    ap.add_argument("--workdir", default=None, help="keep files here and reuse the filtered tables, binary LM "
+                    "and grammars of an earlier run (default: a temporary directory)")
     ap.add_argument("--json", default=None, help="write all figures to this JSON file")
     args = ap.parse_args(argv)
 
-    root = os.environ.get("MOSES_ROOT")
-    if not root:
-        sys.exit("set MOSES_ROOT to a mosesdecoder tree with the NLMFeature shim built in")
-    moses = find_moses(root)
+    shared = shared_dir(args.shared)
+    system = os.path.abspath(args.system or os.path.join(shared, SYSTEM_REL))
+    nbest = os.path.join(shared, NBEST_REL)
+    args.test_src = args.test_src or os.path.join(nbest, "test.src.de.gz")
+    args.test_ref = args.test_ref or os.path.join(os.path.dirname(args.test_src),
+                                                  os.path.basename(args.test_src).replace("src.de", "ref.en"))
+    args.tune_src = args.tune_src or os.path.join(nbest, "dev.src.de.gz")
+    args.tune_ref = args.tune_ref or os.path.join(nbest, "dev.ref.en.gz")
+    for p in (system, args.test_src, args.test_ref):
+        if not os.path.exists(p):
+            sys.exit(f"{p} not found (give --shared DIR or the file's flag)")
+    decoders = [d for d in args.decoder.split(",") if d]
     models = dict(m.split("=", 1) for m in args.model)
-    work = args.workdir or tempfile.mkdtemp(prefix="bench_decoder.")
+    neurallm = dict(m.split("=", 1) for m in args.neurallm)
+    extras = dict(m.split("=", 1) for m in args.feature_args)
+    for name, path in models.items():
+        if not os.path.exists(path):
+            sys.exit(f"model {name}: {path} not found")
+    work = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="bench_decoder."))
     os.makedirs(work, exist_ok=True)
-    head, weights = base_ini(args.system)
-    src = os.path.join(work, "test.src")
-    with open(src, "w", encoding="utf-8") as f:
-        f.write("\n".join(read_lines(args.test_src, args.sentences)) + "\n")
+    src = write_lines(os.path.join(work, "test.src"), read_lines(args.test_src, args.sentences))
     refs = read_lines(args.test_ref, args.sentences)
-    empty = os.path.join(work, "empty.src")
-    open(empty, "w").close()
     n = len(refs)
-    tuned = {k: ini_weights(v) for k, v in (w.split("=", 1) for w in args.weights)}
-    configs = {"kenlm": write_ini(os.path.join(work, "kenlm.ini"), head, tuned.get("kenlm", weights))}
-    for name, path in models.items():
-        w = tuned.get(name, weights)
-        nw = next((float(x.split()[1]) for x in w if x.startswith("NLM0=")), args.nlm_weight)
-        configs[name] = write_ini(os.path.join(work, f"{name}.ini"), head, w, path, nw)
-    threads = [int(t) for t in args.threads.split(",")]
-    results: Dict = {"moses": moses, "sentences": n, "configs": {}}
-    print(f"moses: {moses}\nworkdir: {work}\n{n} test sentences, threads {threads}, {args.repeats} repeats")
+    root = os.environ.get("MOSES_ROOT", "")
+    kenlm_bins = [args.kenlm_bin or "", os.path.join(root, "bin") if root else "",
+                  os.path.expanduser("~/.cache/nlmfeature/kenlm/bin")]
+    results: Dict = {"sentences": n, "test_src": args.test_src, "system": system, "workdir": work,
+                     "nlm_weight": args.nlm_weight, "models": models, "feature_args": extras}
+    print(f"workdir: {work}\nsystem: {system}\n{n} test sentences", flush=True)
 
-    best: Dict[Tuple[str, int], Dict] = {}
-    walls: Dict[Tuple[str, int], List[float]] = {}
-    load: Dict[str, float] = {}
-    outputs: Dict[str, List[str]] = {}
-    for rep in range(args.repeats):
-        for name, ini in configs.items():
-            r = run_moses(moses, ini, empty)
-            load[name] = min(load.get(name, 1e9), r["wall"])
+    lm = None
+    if "moses" in decoders:
+        if not root:
+            sys.exit("set MOSES_ROOT to a mosesdecoder tree with the NLMFeature shim built in")
+        moses = find_moses(root)
+        inputs = [src] + ([write_lines(os.path.join(work, "dev.src"), read_lines(args.tune_src, args.tune_sentences))]
+                          if args.tune_sentences else [])
+        head, weights, sysinfo = prepare_moses_system(system, args.ini, root, inputs, work, kenlm_bins,
+                                                      not args.no_filter)
+        lm = sysinfo.get("lm")
+        results["moses"] = mres = {"moses": moses, "system_info": sysinfo, "configs": {}}
+        binaries = dict(b.split("=", 1) for b in args.binary)
+        mres["binaries"] = binaries
+        tuned = {k: ini_weights(v) for k, v in (w.split("=", 1) for w in args.weights)}
+        configs = {"kenlm": write_ini(os.path.join(work, "kenlm.ini"), head, tuned.get("kenlm", weights))}
+        for name, path in models.items():
+            w = tuned.get(name, weights)
+            nw = next((float(x.split()[1]) for x in w if x.startswith("NLM0=")), args.nlm_weight)
+            configs[name] = write_ini(os.path.join(work, f"{name}.ini"), head, w, path, nw, extras.get(name, ""))
+        for name, path in neurallm.items():
+            configs[name] = write_ini(os.path.join(work, f"{name}.ini"), head, tuned.get(name, weights), path,
+                                      args.nlm_weight, extras.get(name, ""), feature="NeuralLM")
+        threads = [int(t) for t in args.threads.split(",")]
+        print(f"moses: {moses}\nthreads {threads}, {args.repeats} repeats", flush=True)
+        empty = write_lines(os.path.join(work, "empty.src"), [])
+        runs = Runs()
+        for rep in range(args.repeats):
+            for name, ini in configs.items():
+                exe = binaries.get(name, moses)
+                runs.add_load(name, run_moses(exe, ini, empty))
+                for t in threads:
+                    runs.add((name, t), run_moses(exe, ini, src, threads=t))
+            print(f"  moses repeat {rep + 1}/{args.repeats} done", flush=True)
+        walls, cpus, trans, load, load_cpu, outputs = (runs.walls, runs.cpus, runs.trans, runs.load, runs.load_cpu,
+                                                       runs.outputs)
+        print(f"\nMoses ({n} sentences; 'trans' = sum of per-sentence 'Translation took' (wall clock); 'cpu' = "
+              f"the process's CPU time minus that of loading (decoding an empty input), robust on a busy machine; "
+              f"ratios to KenLM alone; paired = median over repeats of back-to-back ratios)\n"
+              f"{'config':16s} {'thr':>3s} {'trans ms/s':>10s} {'ratio':>6s} {'paired':>6s} {'cpu ms/s':>9s} "
+              f"{'ratio':>6s} {'paired':>6s} {'BLEU':>6s} {'same-thr':>8s}")
+        for name in configs:
+            b = bleu(outputs[(name, threads[0])], refs)
+            same = all(outputs[(name, t)] == outputs[(name, threads[0])] for t in threads)
+            c = mres["configs"].setdefault(name, {})
+            c.update({"bleu": b, "load_seconds": load[name], "same_translations_across_threads": same,
+                      "nondeterministic": any((name, t) in runs.changed for t in threads), "threads": {}})
             for t in threads:
-                r = run_moses(moses, ini, src, threads=t)
-                key = (name, t)
-                walls.setdefault(key, []).append(r["wall"])
-                if key not in best or r["wall"] < best[key]["wall"]:
-                    best[key] = r
-                if t == 1 and name not in outputs:
-                    outputs[name] = r["output"]
-        print(f"  repeat {rep + 1}/{args.repeats} done")
-    print(f"\n{'config':16s} {'thr':>3s} {'ms/sent':>9s} {'ratio':>6s} {'paired':>6s} {'trans ms/sent':>13s} "
-          f"{'cpu s':>7s} {'BLEU':>6s}")
-    for name in configs:
-        b = bleu(outputs[name], refs)
-        results["configs"][name] = {"bleu": b, "load_seconds": load[name], "threads": {}}
-        for t in threads:
-            r = best[(name, t)]
-            per = (r["wall"] - load[name]) / n * 1000
-            base = (best[("kenlm", t)]["wall"] - load["kenlm"]) / n * 1000
-            trans = r["translation"] / n * 1000
-            # the machine's speed drifts (shared host): the median over repeats of the ratio of
-            # runs made back to back is steadier than the ratio of the two minima
-            paired = sorted((w - load[name]) / (k - load["kenlm"])
-                            for w, k in zip(walls[(name, t)], walls[("kenlm", t)]))
-            med = paired[len(paired) // 2] if len(paired) % 2 else sum(paired[len(paired) // 2 - 1:][:2]) / 2
-            results["configs"][name]["threads"][t] = {
-                "ms_per_sentence": per, "ratio_to_kenlm": per / base, "paired_ratio_median": med,
-                "paired_ratios": paired, "translation_ms_per_sentence": trans,
-                "cpu_seconds": r["cpu"], "wall_seconds": r["wall"]}
-            print(f"{name:16s} {t:3d} {per:9.1f} {per / base:6.2f} {med:6.2f} {trans:13.1f} {r['cpu']:7.2f} {b:6.2f}")
+                k, kb = (name, t), ("kenlm", t)
+                per, ratio, paired = figures(trans[k], 0.0, trans[kb], 0.0, n)
+                wper, wratio, _ = figures(walls[k], load[name], walls[kb], load["kenlm"], n)
+                cper, cratio, cpaired = figures(cpus[k], load_cpu[name], cpus[kb], load_cpu["kenlm"], n)
+                c["threads"][t] = {
+                    "cpu_ms_per_sentence": cper, "cpu_ratio_to_kenlm": cratio,
+                    "cpu_paired_ratio_median": cpaired, "cpu_seconds_all": cpus[k],
+                    "load_cpu_seconds": load_cpu[name],
+                    "translation_ms_per_sentence": per, "ratio_to_kenlm": ratio,
+                    "paired_ratio_median": paired, "translation_seconds": trans[k],
+                    "wall_ms_per_sentence": wper, "wall_ratio_to_kenlm": wratio, "wall_seconds": walls[k]}
+                print(f"{name:16s} {t:3d} {per:10.1f} {ratio:6.2f} {paired:6.2f} {cper:9.1f} "
+                      f"{cratio:6.2f} {cpaired:6.2f} {b:6.2f} {str(same):>8s}")
+            if name != "kenlm":
+                c["same_translations_as_kenlm"] = outputs[(name, threads[0])] == outputs[("kenlm", threads[0])]
 
-    # cache statistics (one extra run per NLM, 1 thread)
-    for name, path in models.items():
-        ini = write_ini(os.path.join(work, f"{name}.stats.ini"), head, weights, path, args.nlm_weight,
-                        "stats=true")
-        st = run_moses(moses, ini, src)["stats"]
-        results["configs"][name]["cache"] = dict(st, **rates(st))
-        r = rates(st)
-        print(f"cache {name}: {st.get('lookups', 0)} lookups, context hit rate {r['context_hit_rate']:.3f}, "
-              f"class normaliser hit rate {r['class_hit_rate']:.3f}, n-gram hit rate {r['ngram_hit_rate']:.3f}")
+        if not args.no_counters:
+            # counters, two untimed runs per model: (1) what Moses asks -- the span memo off and
+            # the n-gram / context caches on with huge bounds, so that exact n-gram repeats and
+            # distinct contexts are counted (scores do not change); (2) the default settings, for
+            # the span memo's hit rate and the lookups that reach the scorer
+            for name, path in models.items():
+                mc = mres["configs"][name]
+                for kind, keys in (("counters", "stats=true span-memo-entries=0 ngram-cache-entries=67108864 "
+                                                "cache-entries=16777216 context-cache=true"),
+                                   ("counters_default", "stats=true")):
+                    ini = write_ini(os.path.join(work, f"{name}.{kind}.ini"), head, tuned.get(name, weights), path,
+                                    args.nlm_weight, (extras.get(name, "") + " " + keys).strip())
+                    try:
+                        r = run_moses(binaries.get(name, moses), ini, src)
+                    except RuntimeError as e:  # e.g. an older build without span-memo-entries
+                        mc[kind] = {"error": str(e).splitlines()[-1][:300]}
+                        print(f"counters {name} ({kind}): not available: {mc[kind]['error']}")
+                        continue
+                    st = r["stats"]
+                    rr = rates(st)
+                    if st.get("span_calls"):
+                        rr["span_memo_hit_rate"] = st.get("span_hits", 0) / st["span_calls"]
+                        rr["span_calls_per_sentence"] = st["span_calls"] / max(1, st.get("sentences", 1))
+                    mc[kind] = dict(st, **rr)
+                    if r["output"] != outputs[(name, threads[0])]:
+                        mc[kind + "_changed_translations"] = True
+                    if kind == "counters":
+                        print(f"counters {name}: {rr['lookups_per_sentence']:.0f} lookups/sentence, "
+                              f"{rr.get('distinct_ngrams_per_sentence', 0):.0f} distinct n-grams "
+                              f"({rr['ngram_hit_rate']:.3f} repeats), "
+                              f"{rr.get('distinct_contexts_per_sentence', 0):.0f} distinct contexts, class "
+                              f"normaliser hit rate {rr['class_hit_rate']:.3f}", flush=True)
+                    else:
+                        print(f"counters {name} (defaults): {rr.get('span_calls_per_sentence', 0):.0f} expansions"
+                              f"/sentence, span memo hit rate {rr.get('span_memo_hit_rate', 0):.3f}, "
+                              f"{rr['lookups_per_sentence']:.0f} lookups/sentence reach the scorer, n-gram cache "
+                              f"hit rate {rr['ngram_hit_rate']:.3f}", flush=True)
+        if args.profile:
+            for name, ini in configs.items():
+                prof = perf_profile([binaries.get(name, moses), "-f", ini, "-i", src, "-threads", "1"],
+                                    os.path.join(work, f"{name}.perf.data"))
+                if prof:
+                    mres["configs"][name]["profile"] = prof
+                    print(f"profile moses {name}: " +
+                          ", ".join(f"{k} {v:.1f}%" for k, v in prof["parts_percent"].items()), flush=True)
 
-    # second tuning iteration with and without the persistent cache
-    if args.tune_sentences:
-        dev = os.path.join(work, "dev.src")
-        with open(dev, "w", encoding="utf-8") as f:
-            f.write("\n".join(read_lines(args.tune_src, args.tune_sentences)) + "\n")
-        devref = os.path.join(work, "dev.ref")
-        with open(devref, "w", encoding="utf-8") as f:
-            f.write("\n".join(read_lines(args.tune_ref, args.tune_sentences)) + "\n")
-        names = [x for x in args.tune_models.split(",") if x] or list(models)
-        results["tuning"] = {}
-        for name in names:
-            path = models[name]
-            pc = os.path.join(work, f"pcache-{name}")
-            subprocess.run(["nlmfeature", "cache", pc, "--clear"], capture_output=True)
-            ini_pc = write_ini(os.path.join(work, f"{name}.pc.ini"), head, weights, path, args.nlm_weight,
-                               f"persistent-cache={pc} stats=true")
-            ini_nopc = write_ini(os.path.join(work, f"{name}.nopc.ini"), head, weights, path, args.nlm_weight,
-                                 "stats=true")
-            nb1 = os.path.join(work, f"{name}.it1.nbest")
-            it1 = run_moses(moses, ini_pc, dev, nbest=nb1)
-            w1 = os.path.join(work, f"{name}.w1")
-            subprocess.run(["nlmfeature-tune", "optimise", "--nbest", nb1, "--init", ini_pc, "--ref", devref,
-                            "--out", w1, "--algorithm", args.tune_algorithm, "--quiet"]
-                           + (["--restarts", "5"] if args.tune_algorithm == "mert" else []),
-                           check=True, capture_output=True)
-            wline = " ".join(l.strip() for l in open(w1) if l.strip())
-            wfile = os.path.join(work, f"{name}.w1.line")
-            with open(wfile, "w") as f:
-                f.write(wline)
-            # the same weights without the NLM: the cost of everything else
-            ini_base = os.path.join(work, f"{name}.kenlm-w1.ini")
-            base_w = [l.strip() for l in open(w1) if l.strip() and not l.startswith("NLM0=")]
-            write_ini(ini_base, head, base_w)
-            times = {"kenlm": [], "no_cache": [], "persistent_cache": []}
-            stats = {}
-            for rep in range(args.repeats):
-                times["kenlm"].append(run_moses(moses, ini_base, dev, nbest=os.path.join(work, "x.nbest"))["wall"])
-                r = run_moses(moses, ini_nopc, dev, nbest=os.path.join(work, "y.nbest"), weights_file=wfile)
-                times["no_cache"].append(r["wall"])
-                stats["no_cache"] = r["stats"]
-                # keep the cache as iteration 1 left it: work on a copy
-                cp = pc + ".copy"
-                subprocess.run(["rm", "-rf", cp])
-                subprocess.run(["cp", "-a", pc, cp], check=True)
-                ini_cp = write_ini(os.path.join(work, f"{name}.pccopy.ini"), head, weights, path, args.nlm_weight,
-                                   f"persistent-cache={cp} stats=true")
-                r = run_moses(moses, ini_cp, dev, nbest=os.path.join(work, "z.nbest"), weights_file=wfile)
-                times["persistent_cache"].append(r["wall"])
-                stats["persistent_cache"] = r["stats"]
-            t = {k: min(v) for k, v in times.items()}
-            cost_no = t["no_cache"] - t["kenlm"]
-            cost_pc = t["persistent_cache"] - t["kenlm"]
-            results["tuning"][name] = {
-                "iteration1_seconds": it1["wall"], "iteration2_seconds": t,
-                "nlm_cost_seconds": {"no_cache": cost_no, "persistent_cache": cost_pc},
-                "cost_ratio": cost_no / cost_pc if cost_pc > 0 else float("inf"),
-                "persistent_hit_rate": rates(stats["persistent_cache"])["persistent_hit_rate"],
-                "stats": stats}
-            print(f"tuning {name}: iteration 2 on {args.tune_sentences} dev sentences: KenLM only "
-                  f"{t['kenlm']:.2f} s, +NLM {t['no_cache']:.2f} s, +NLM with persistent cache "
-                  f"{t['persistent_cache']:.2f} s; NLM cost {cost_no:.2f} s -> {cost_pc:.2f} s "
-                  f"({results['tuning'][name]['cost_ratio']:.1f}x lower); persistent hit rate "
-                  f"{results['tuning'][name]['persistent_hit_rate']:.3f}")
+        # second tuning iteration with and without the persistent cache
+        if args.tune_sentences:
+            dev = os.path.join(work, "dev.src")  # written above (filter input)
+            with open(dev, "w", encoding="utf-8") as f:
+                f.write("\n".join(read_lines(args.tune_src, args.tune_sentences)) + "\n")
+            devref = os.path.join(work, "dev.ref")
+            with open(devref, "w", encoding="utf-8") as f:
+                f.write("\n".join(read_lines(args.tune_ref, args.tune_sentences)) + "\n")
+            names = [x for x in args.tune_models.split(",") if x] or list(models)
+            results["tuning"] = {}
+            for name in names:
+                path = models[name]
+                pc = os.path.join(work, f"pcache-{name}")
+                subprocess.run(["nlmfeature", "cache", pc, "--clear"], capture_output=True)
+                ini_pc = write_ini(os.path.join(work, f"{name}.pc.ini"), head, weights, path, args.nlm_weight,
+                                   f"persistent-cache={pc} stats=true")
+                ini_nopc = write_ini(os.path.join(work, f"{name}.nopc.ini"), head, weights, path, args.nlm_weight,
+                                     "stats=true")
+                nb1 = os.path.join(work, f"{name}.it1.nbest")
+                it1 = run_moses(moses, ini_pc, dev, nbest=nb1)
+                w1 = os.path.join(work, f"{name}.w1")
+                subprocess.run(["nlmfeature-tune", "optimise", "--nbest", nb1, "--init", ini_pc, "--ref", devref,
+                                "--out", w1, "--algorithm", args.tune_algorithm, "--quiet"]
+                               + (["--restarts", "5"] if args.tune_algorithm == "mert" else []),
+                               check=True, capture_output=True)
+                wline = " ".join(l.strip() for l in open(w1) if l.strip())
+                wfile = os.path.join(work, f"{name}.w1.line")
+                with open(wfile, "w") as f:
+                    f.write(wline)
+                # the same weights without the NLM: the cost of everything else
+                ini_base = os.path.join(work, f"{name}.kenlm-w1.ini")
+                base_w = [l.strip() for l in open(w1) if l.strip() and not l.startswith("NLM0=")]
+                write_ini(ini_base, head, base_w)
+                times = {"kenlm": [], "no_cache": [], "persistent_cache": []}
+                stats = {}
+                for rep in range(args.repeats):
+                    times["kenlm"].append(run_moses(moses, ini_base, dev, nbest=os.path.join(work, "x.nbest"))["wall"])
+                    r = run_moses(moses, ini_nopc, dev, nbest=os.path.join(work, "y.nbest"), weights_file=wfile)
+                    times["no_cache"].append(r["wall"])
+                    stats["no_cache"] = r["stats"]
+                    # keep the cache as iteration 1 left it: work on a copy
+                    cp = pc + ".copy"
+                    subprocess.run(["rm", "-rf", cp])
+                    subprocess.run(["cp", "-a", pc, cp], check=True)
+                    ini_cp = write_ini(os.path.join(work, f"{name}.pccopy.ini"), head, weights, path, args.nlm_weight,
+                                       f"persistent-cache={cp} stats=true")
+                    r = run_moses(moses, ini_cp, dev, nbest=os.path.join(work, "z.nbest"), weights_file=wfile)
+                    times["persistent_cache"].append(r["wall"])
+                    stats["persistent_cache"] = r["stats"]
+                t = {k: min(v) for k, v in times.items()}
+                cost_no = t["no_cache"] - t["kenlm"]
+                cost_pc = t["persistent_cache"] - t["kenlm"]
+                results["tuning"][name] = {
+                    "iteration1_seconds": it1["wall"], "iteration2_seconds": t,
+                    "nlm_cost_seconds": {"no_cache": cost_no, "persistent_cache": cost_pc},
+                    "cost_ratio": cost_no / cost_pc if cost_pc > 0 else float("inf"),
+                    "persistent_hit_rate": rates(stats["persistent_cache"])["persistent_hit_rate"],
+                    "stats": stats}
+                print(f"tuning {name}: iteration 2 on {args.tune_sentences} dev sentences: KenLM only "
+                      f"{t['kenlm']:.2f} s, +NLM {t['no_cache']:.2f} s, +NLM with persistent cache "
+                      f"{t['persistent_cache']:.2f} s; NLM cost {cost_no:.2f} s -> {cost_pc:.2f} s "
+                      f"({results['tuning'][name]['cost_ratio']:.1f}x lower); persistent hit rate "
+                      f"{results['tuning'][name]['persistent_hit_rate']:.3f}")
+
+    if "cdec" in decoders:
+        if lm is None:
+            text = system_ini(system, args.ini)
+            m = re.search(r"KENLM\b.*\bpath=(\S+)", text)
+            lm = binarise_lm(m.group(1), work, kenlm_bins)
+        results["cdec"] = bench_cdec(args, models, extras, shared, work, src, refs, lm)
+
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2, default=str)
+        print(f"figures: {args.json}")
     return 0
 
 

@@ -85,6 +85,9 @@ ctypedef struct ModelC:
     int direct_order              # number of direct n-gram orders (0 = none)
     int64_t hash_space
     const float* direct_weights   # (hash_space,)
+    const uint64_t* direct_nonzero  # (hash_space / 64 rounded up,) bit i: direct_weights[i] != 0
+                                    # (per process, 1/32 of the weights' size: a lookup whose
+                                    # feature was never trained skips the cache miss); or NULL
     int use_tables                # 1: use branch tables when present
     # identity of the mapped model file when it was loaded (nlm_model_file_changed); fd -1: none
     int file_fd

@@ -40,10 +40,29 @@ struct nlm_model {
     int freed;         /* nlm_model_free was called while sessions lived: free with the last */
 };
 
+/* Per-sentence memo of span scores (nlm_score_span): a direct-mapped cache of `capacity`
+ * slots (a power of two; 64 bytes each at order 5), small enough to stay in the CPU's caches:
+ * a beam search repeats an expansion soon after the first (the same hypothesis is expanded by
+ * many phrases, the same phrase applied to many hypotheses), so a recent-entries cache keeps
+ * most hits at a fraction of the cost of a table of every expansion (measured in Moses: a
+ * growing table of all expansions missed main memory on most probes).  A slot is
+ * [generation, key length, key..., score (double, 2 words)]; a new key overwrites the slot.
+ * The key is everything the span's score depends on (see nlm_score_span), so a hit returns
+ * exactly the double a miss computed.  Emptied in O(1) per sentence by bumping the generation. */
+typedef struct memo_table {
+    int32_t* slots;
+    int64_t capacity;       /* slots, a power of two; 0 = memo off */
+    uint32_t generation;
+    int max_key;            /* key ints that fit a slot */
+    int stride;             /* ints per slot: 2 + max_key + 2, rounded up to 16 (64 bytes) */
+    int64_t calls, hits;
+} memo_table;
+
 struct nlm_session {
     void* cs;
     const struct nlm_model* model;
     int active;
+    memo_table memo;
 };
 
 static __thread char g_error[2048];
@@ -356,6 +375,35 @@ NLM_API const char* nlm_vocab_word(const nlm_model* model, int32_t id, size_t* l
 
 /* ---- sessions ------------------------------------------------------------------------- */
 
+/* ---- span memo ------------------------------------------------------------------------ */
+
+static inline uint64_t memo_hash(const int32_t* k, int n) {
+    uint64_t h = 0x9E3779B97F4A7C15ULL;
+    int i;
+    for (i = 0; i < n; i++) {
+        h ^= (uint32_t)k[i];
+        h *= 0xBF58476D1CE4E5B9ULL;
+        h ^= h >> 29;
+    }
+    return h ^ (h >> 32);
+}
+
+static void memo_clear(memo_table* t) {
+    if (!t->capacity) return;
+    if (++t->generation == 0) { /* wrapped: really wipe */
+        memset(t->slots, 0, (size_t)t->capacity * (size_t)t->stride * sizeof(int32_t));
+        t->generation = 1;
+    }
+}
+
+/* The slot of `key` (n ints): found = 1 if it holds the key, else it is the slot to overwrite. */
+static inline int32_t* memo_probe(memo_table* t, const int32_t* key, int n, int* found) {
+    int32_t* p = t->slots + (memo_hash(key, n) & (uint64_t)(t->capacity - 1)) * t->stride;
+    *found = (uint32_t)p[0] == t->generation && p[1] == n &&
+             memcmp(p + 2, key, sizeof(int32_t) * (size_t)n) == 0;
+    return p;
+}
+
 NLM_API void nlm_session_options_init(nlm_session_options* o) {
     if (!o) return;
     memset(o, 0, sizeof *o);
@@ -366,6 +414,7 @@ NLM_API void nlm_session_options_init(nlm_session_options* o) {
     o->persistent_max_bytes = 0;
     o->quiet = 0;
     o->context_cache = -1;
+    o->span_memo_entries = -1;
 }
 
 NLM_API int nlm_session_new(const nlm_model* model, const nlm_session_options* options, nlm_session** out) {
@@ -377,11 +426,14 @@ NLM_API int nlm_session_new(const nlm_model* model, const nlm_session_options* o
     if (!model || !out) return fail(NLM_ERR_ARGUMENT, "nlm_session_new: NULL model or output pointer");
     nlm_session_options_init(&o);
     if (options) {
-        if (options->struct_size < sizeof o)
+        /* callers built against an older header pass a shorter struct: later fields keep
+           their defaults */
+        if (options->struct_size < offsetof(nlm_session_options, span_memo_entries))
             return fail(NLM_ERR_ARGUMENT, "nlm_session_new: options.struct_size is too small");
-        o = *options;
+        memcpy(&o, options, options->struct_size < sizeof o ? options->struct_size : sizeof o);
+        o.struct_size = sizeof o;
     }
-    if (o.cache_entries < 0 || o.ngram_cache_entries < -1)
+    if (o.cache_entries < 0 || o.ngram_cache_entries < -1 || o.span_memo_entries < -1)
         return fail(NLM_ERR_ARGUMENT, "nlm_session_new: negative cache size");
     /* whole cache lines: sessions of different threads never share one */
     s = (struct nlm_session*)aligned_alloc(64, (sizeof *s + 63) & ~(size_t)63);
@@ -402,6 +454,26 @@ NLM_API int nlm_session_new(const nlm_model* model, const nlm_session_options* o
         return fail(NLM_ERR_IO, "%s", err);
     }
     s->model = model;
+    s->memo.max_key = 1 + (model->vm->order - 1) + NLM_SPAN_MAX_WORDS;
+    s->memo.stride = (2 + s->memo.max_key + 2 + 15) & ~15;
+    s->memo.generation = 1;
+    {
+        int64_t want = o.span_memo_entries < 0 ? NLM_SPAN_MEMO_DEFAULT : o.span_memo_entries, cap = 1;
+        size_t bytes;
+        if (want > ((int64_t)1 << 26)) want = (int64_t)1 << 26;
+        while (cap < want) cap <<= 1;
+        if (want > 0) {
+            bytes = (size_t)cap * (size_t)s->memo.stride * sizeof(int32_t);
+            s->memo.slots = (int32_t*)aligned_alloc(64, bytes);
+            if (!s->memo.slots) {
+                g_vt->session_free(s->cs);
+                free(s);
+                return fail(NLM_ERR_MEMORY, "out of memory");
+            }
+            memset(s->memo.slots, 0, bytes);
+            s->memo.capacity = cap;
+        }
+    }
     pthread_mutex_lock(&g_model_lock);
     ((struct nlm_model*)model)->sessions++;
     pthread_mutex_unlock(&g_model_lock);
@@ -414,6 +486,7 @@ NLM_API void nlm_session_free(nlm_session* session) {
     int release;
     if (!session) return;
     g_vt->session_free(session->cs);
+    free(session->memo.slots);
     m = (struct nlm_model*)session->model;
     free(session);
     pthread_mutex_lock(&g_model_lock);
@@ -434,6 +507,7 @@ NLM_API int nlm_session_begin(nlm_session* session, int64_t sentence_id) {
                                    "one (mv), never by copying over it; then reload it.",
                     session->model->vm->path);
     }
+    memo_clear(&session->memo);
     session->active = 1;
     return NLM_OK;
 }
@@ -518,6 +592,58 @@ NLM_API double nlm_score_sequence(nlm_session* session, const int32_t* context, 
     return sum;
 }
 
+static double span_compute(nlm_session* session, const int32_t* hist, int nhist, int first, int count,
+                           int final) {
+    double sum = 0;
+    int i;
+    for (i = 0; i < count; i++) sum += g_vt->score(session->cs, hist, first + i, hist[first + i]);
+    if (final) sum += g_vt->score(session->cs, hist, nhist, session->model->vm->eos);
+    return sum;
+}
+
+NLM_API double nlm_score_span(nlm_session* session, const int32_t* hist, int nhist, int first, int count,
+                              int final) {
+    static const int32_t none[1] = {0};
+    int32_t key[2 + NLM_VT_MAX_ORDER + NLM_SPAN_MAX_WORDS];
+    int c, lead, end, n, found;
+    int32_t* slot;
+    double v;
+    memo_table* t;
+    if (nhist < 0) nhist = 0;
+    if (!hist) hist = none, nhist = 0;
+    if (first < 0) first = 0;
+    if (first > nhist) first = nhist;
+    if (count < 0) count = 0;
+    if (count > nhist - first) count = nhist - first;
+    final = final ? 1 : 0;
+    if (!count && !final) return 0;
+    t = &session->memo;
+    if (!t->capacity) return span_compute(session, hist, nhist, first, count, final);
+    /* the key: the ids before `first` that the first word's context sees (up to n-1; all of
+       them when fewer, so the <s>/<null> padding is determined), the scored words and, with
+       `final`, every id after them (the </s> context) */
+    c = session->model->vm->order - 1;
+    lead = first < c ? first : c;
+    end = final ? nhist : first + count;
+    n = 1 + lead + (end - first);
+    if (n > t->max_key) return span_compute(session, hist, nhist, first, count, final);
+    key[0] = lead | (count << 8) | (final << 16);
+    memcpy(key + 1, hist + first - lead, sizeof(int32_t) * (size_t)(end - first + lead));
+    t->calls++;
+    slot = memo_probe(t, key, n, &found);
+    if (found) {
+        t->hits++;
+        memcpy(&v, slot + 2 + t->max_key, sizeof v);
+        return v;
+    }
+    v = span_compute(session, hist, nhist, first, count, final);
+    slot[0] = (int32_t)t->generation;
+    slot[1] = n;
+    memcpy(slot + 2, key, sizeof(int32_t) * (size_t)n);
+    memcpy(slot + 2 + t->max_key, &v, sizeof v);
+    return v;
+}
+
 NLM_API int nlm_session_stats(nlm_session* session, nlm_stats* stats) {
     int64_t v[NLM_VT_STAT_COUNT];
     size_t avail;
@@ -531,5 +657,8 @@ NLM_API int nlm_session_stats(nlm_session* session, nlm_stats* stats) {
     n = avail < NLM_VT_STAT_COUNT ? (int)avail : NLM_VT_STAT_COUNT;
     dst = &stats->lookups;
     for (i = 0; i < n; i++) dst[i] = v[i];
+    /* the library's own counters follow the scorer's */
+    if (avail > NLM_VT_STAT_COUNT) stats->span_calls = session->memo.calls;
+    if (avail > NLM_VT_STAT_COUNT + 1) stats->span_hits = session->memo.hits;
     return NLM_OK;
 }

@@ -120,7 +120,19 @@ typedef struct nlm_session_options {
     int context_cache;            /**< cache each context's hidden vector: -1 (default) when the
                                        model makes it pay (normalised outputs, dense layers),
                                        1 always, 0 never */
+    int64_t span_memo_entries;    /**< slots of the per-sentence memo of nlm_score_span results, a
+                                       direct-mapped cache of recent spans (rounded up to a power of
+                                       two, 64 bytes each; default -1: NLM_SPAN_MEMO_DEFAULT = off; 0 off) */
 } nlm_session_options;
+
+/** Longest span nlm_score_span memoises (scored words plus, with `final`, the words after them). */
+#define NLM_SPAN_MAX_WORDS 8
+/** Default slots of the span memo: 0 (off).  Measured in Moses on Multi30k (docs/decoder-speed.md):
+ *  only ~46% of expansions repeat a recent one and a hit saves ~1 lookup, so the probe cost
+ *  (a growing table of all expansions: main-memory misses; a 16384-slot cache: L2 probes) was
+ *  not recovered for the unnormalised or the class model.  Turn it on for models whose lookups
+ *  cost much more than a probe (e.g. span_memo_entries = 16384 for dense NPLM-style networks). */
+#define NLM_SPAN_MEMO_DEFAULT 0
 
 /** Counters of a session (nlm_session_stats).  All count since the session was created. */
 typedef struct nlm_stats {
@@ -141,6 +153,8 @@ typedef struct nlm_stats {
     int64_t sentences;           /**< nlm_session_begin calls */
     int64_t persistent_context_hits; /**< context normalisers found in persistent cache files */
     int64_t persistent_class_hits;   /**< within-class normalisers found in persistent cache files */
+    int64_t span_calls;          /**< nlm_score_span calls that could use the memo */
+    int64_t span_hits;           /**< of those, answered by the per-sentence span memo */
 } nlm_stats;
 
 /* ---- library ------------------------------------------------------------------------ */
@@ -245,6 +259,17 @@ double nlm_score_padded(nlm_session* session, const int32_t* context, int32_t wo
  *  score of appending words[0..n-1].  Writes per-word scores to `scores` if not NULL. */
 double nlm_score_sequence(nlm_session* session, const int32_t* context, int nctx,
                           const int32_t* words, int n, double* scores);
+
+/** The score a decoder adds when it appends words to a hypothesis: the sum, in order, of
+ *  nlm_score(hist, i, hist[i]) for i = first .. first+count-1, plus nlm_score(hist, nhist,
+ *  </s>) if `final` is 1 -- exactly the double those calls would sum (bit-identical).
+ *  hist holds the state's ids followed by the new words (nhist ids, oldest first).  A
+ *  phrase-based decoder calls it once per hypothesis expansion with first = the state's
+ *  length and count = min(phrase length, order-1); the result is memoised per sentence
+ *  (a beam search applies the same phrase to the same state many times), keyed by the ids
+ *  it depends on.  Spans longer than NLM_SPAN_MAX_WORDS are computed without the memo. */
+double nlm_score_span(nlm_session* session, const int32_t* hist, int nhist, int first, int count,
+                      int final);
 
 /** Copy the session's counters into *stats (set stats->struct_size first). */
 int nlm_session_stats(nlm_session* session, nlm_stats* stats);

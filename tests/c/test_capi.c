@@ -336,6 +336,66 @@ static int cmd_replace(const char* path) {
     return 0;
 }
 
+/* nlm_score_span against the per-word calls it replaces: every (first, count, final) over
+ * the given words, each asked twice (a memo miss, then a hit) and with the memo off; all
+ * must equal the summed nlm_score values bit for bit. */
+static int cmd_span(const char* path, int argc, char** argv) {
+    nlm_model* m;
+    nlm_session *s, *off;
+    nlm_session_options o;
+    nlm_stats st;
+    int32_t ids[16];
+    int rc = nlm_model_load(path, &m), i, n = argc, first, count, final, rep, checked = 0, bad = 0;
+    double want, got;
+    if (rc != NLM_OK) die("load", rc);
+    nlm_session_options_init(&o);
+    o.span_memo_entries = 16384;
+    rc = nlm_session_new(m, &o, &s);
+    if (rc != NLM_OK) die("session", rc);
+    o.span_memo_entries = 0;
+    rc = nlm_session_new(m, &o, &off);
+    if (rc != NLM_OK) die("session", rc);
+    if (n > 16) n = 16;
+    for (i = 0; i < n; i++) ids[i] = nlm_word_id(m, argv[i], strlen(argv[i]));
+    ids[0] = NLM_BOS;
+    nlm_session_begin(s, 0);
+    nlm_session_begin(off, 0);
+    for (rep = 0; rep < 2; rep++)
+        for (first = 0; first <= n; first++)
+            for (count = 0; first + count <= n; count++)
+                for (final = 0; final < 2; final++) {
+                    int nh;
+                    for (nh = first + count; nh <= n; nh++) {
+                        if (!final && nh != first + count) continue;
+                        want = 0;
+                        for (i = 0; i < count; i++) want += nlm_score(off, ids, first + i, ids[first + i]);
+                        if (final) want += nlm_score(off, ids, nh, NLM_EOS);
+                        got = nlm_score_span(s, ids, nh, first, count, final);
+                        if (got != want) { if (bad++ < 5) fprintf(stderr, "span %d %d %d %d: %.17g != %.17g\n", nh, first, count, final, got, want); }
+                        if (nlm_score_span(off, ids, nh, first, count, final) != want) bad++;
+                        checked++;
+                    }
+                }
+    memset(&st, 0, sizeof st);
+    st.struct_size = sizeof st;
+    nlm_session_stats(s, &st);
+    printf("checked=%d bad=%d span_calls=%lld span_hits=%lld\n", checked, bad, (long long)st.span_calls,
+           (long long)st.span_hits);
+    /* a new sentence empties the memo: the first pass misses again */
+    nlm_session_begin(s, 1);
+    nlm_session_stats(s, &st);
+    want = st.span_hits;
+    nlm_score_span(s, ids, n, 1, 1, 1);
+    nlm_session_stats(s, &st);
+    printf("hits_after_begin=%lld\n", (long long)(st.span_hits - (int64_t)want));
+    nlm_session_end(s);
+    nlm_session_end(off);
+    nlm_session_free(s);
+    nlm_session_free(off);
+    nlm_model_free(m);
+    return bad ? 1 : 0;
+}
+
 int main(int argc, char** argv) {
     if (argc >= 4 && !strcmp(argv[1], "score")) return cmd_score(argc, argv);
     if (argc == 3 && !strcmp(argv[1], "load")) return cmd_load(argv[2]);
@@ -343,6 +403,7 @@ int main(int argc, char** argv) {
     if (argc >= 4 && !strcmp(argv[1], "partial")) return cmd_partial(argv[2], argc - 3, argv + 3);
     if (argc == 3 && !strcmp(argv[1], "contracts")) return cmd_contracts(argv[2]);
     if (argc == 3 && !strcmp(argv[1], "replace")) return cmd_replace(argv[2]);
-    fprintf(stderr, "usage: test_capi score|load|vocab|partial|contracts|replace MODEL ...\n");
+    if (argc >= 4 && !strcmp(argv[1], "span")) return cmd_span(argv[2], argc - 3, argv + 3);
+    fprintf(stderr, "usage: test_capi score|load|vocab|partial|contracts|replace|span MODEL ...\n");
     return 2;
 }
