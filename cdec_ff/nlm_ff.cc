@@ -268,7 +268,11 @@ class NLMFeatureFF : public FeatureFunction {
   void PrepareForInput(const SentenceMetadata& smeta) {
     EndSentence();
     sentence_ = smeta.GetSentenceId();
-    nlm_session_begin(session_, sentence_);
+    if (nlm_session_begin(session_, sentence_) != NLM_OK) {
+      // the model file was overwritten in place: every score would be NaN; stop with the reason
+      std::cerr << "NLMFeatureFF: error: " << nlm_last_error() << "\n";
+      std::exit(2);
+    }
     memo_.Clear();
   }
 

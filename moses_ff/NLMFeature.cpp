@@ -2,6 +2,7 @@
 #include "NLMFeature.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <sstream>
@@ -277,7 +278,12 @@ FFState* NLMFeature::EvaluateWhenApplied(const ChartHypothesis &/*hypo*/, int /*
 void NLMFeature::InitializeForInput(ttasksptr const& ttask)
 {
   long id = ttask->GetSource()->GetTranslationId();
-  nlm_session_begin(Session(), id);
+  if (nlm_session_begin(Session(), id) != NLM_OK) {
+    // the model file was overwritten in place: its mapping no longer holds the model, and
+    // every score would be NaN.  Stop with the reason rather than translate with garbage.
+    std::cerr << "NLMFeature " << GetScoreProducerDescription() << ": error: " << nlm_last_error() << "\n";
+    std::exit(2);
+  }
 }
 
 void NLMFeature::CleanUpAfterSentenceProcessing(ttasksptr const& ttask)
