@@ -143,9 +143,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .kbest import open_text
+    from .atomicfile import check_output, open_output
     from .textio import iter_lines
 
+    check_output(args.output, "output", stream=True)
     lines = (line for _, line in iter_lines(args.input))
     if args.detokenise:
         out: Iterator[str] = detokenise(lines, args.lang)
@@ -154,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
                         lowercase=not args.no_lowercase, escape=not args.no_escape,
                         normalise=not args.no_normalise)
         out = prep.lines(lines)
-    with open_text(args.output, "wt") as f:
+    with open_output(args.output) as f:
         for line in out:
             f.write(line + "\n")
     return 0

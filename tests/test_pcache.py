@@ -3,6 +3,7 @@ every level, round trips, deltas, threads and killed writers sharing a directory
 changed models, the policy, bounded disk use) and `nlmfeature cache`."""
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 import nlmfeature
+from nlmfeature.errors import ModelFileError
 from helpers import BROWN_VALID, make_model, read_lines
 from nlmfeature.errors import NLMFeatureError
 from nlmfeature.pcache import (MAX_DELTA_FILES, CachedScorer, clear, directory_stats, parse_size,
@@ -269,19 +271,16 @@ def test_model_changed_under_a_running_process_is_never_cached(model_paths, tmp_
     with open(other, "rb") as src, open(live, "r+b") as dst:  # cp other.nlm live.nlm
         dst.write(src.read())
     before = listing(tmp_path / "pc", mtimes=True)
-    s.begin(5)
-    s.score_sentence(LINES[5])
-    s.end()
-    s.begin(0)
-    s.score_sentence(LINES[0] + " new words")
-    s.end()
-    assert "changed since it was loaded" in capfd.readouterr().err
+    # the core session notices at the sentence start (nlm_model_file_changed) and refuses to
+    # go on; the persistent cache reads and writes nothing under the old checksum
+    for sid in (5, 0):
+        with pytest.raises(ModelFileError, match="changed in place"):
+            s.begin(sid)
+        assert math.isnan(s.score_padded(np.ones((1, m.order - 1), dtype=np.int32),
+                                         np.array([5], dtype=np.int32))[0])
+        s.end()
     assert s.stats()["files_written"] == 2 and s.stats()["files_read"] == 0
     assert listing(tmp_path / "pc", mtimes=True) == before  # not even read
-    # a session made after the change (old checksum, new bytes) is off from the start
-    s2 = CachedScorer(m, tmp_path / "pc", quiet=True)
-    run_pass(s2, LINES[:3])
-    assert s2.stats()["files_written"] == 0 and s2.stats()["persistent_hits"] == 0
 
 
 def test_policy_skips_models_faster_than_a_probe(model_paths, tmp_path, capfd, monkeypatch):

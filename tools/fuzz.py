@@ -129,7 +129,7 @@ def make_seeds(workdir: str) -> Dict[str, Any]:
     idx["kbest"] = [plain, gz, cdec]
     m = nlmfeature.load(idx["model"][0])
     pc = os.path.join(d, "pcache")
-    cs = CachedScorer(m, directory=pc, quiet=True)
+    cs = CachedScorer(m, directory=pc, quiet=True, policy="always")
     for i, line in enumerate(read_lines(text)[:3]):
         cs.begin(i)
         cs.score_sentence(line)
@@ -495,7 +495,7 @@ class _Checker:
                 f.truncate(3 << 30)
         else:
             shutil.copy(case["path"], target)
-        cs = CachedScorer(m, directory=d, quiet=True)
+        cs = CachedScorer(m, directory=d, quiet=True, policy="always")
         line = self._lines(case)[case["sentence"]]
         cs.begin(case["sentence"])
         got = cs.score_sentence(line)
