@@ -268,11 +268,11 @@ def build_parser(sub: Optional[argparse._SubParsersAction] = None) -> argparse.A
     p.add_argument("-r", "--ref", action="append", required=True, metavar="REF",
                    help="reference translation, line-aligned with the systems; repeat for "
                         "several references")
-    p.add_argument("--tokenize", default=None,
+    p.add_argument("--tokenize", default=DEFAULT_TOKENIZE,
                    help=f"sacrebleu BLEU tokenizer: none (for text tokenised already, as the "
                         f"decoders' output and the k-best lists; what tuning uses), 13a (for "
                         f"detokenised text), intl, char, zh, ... (default {DEFAULT_TOKENIZE}, "
-                        f"the same as nlmfeature tune; 13a with --detok)")
+                        f"the same as nlmfeature tune; with --detok, none means 13a)")
     p.add_argument("--lowercase", action="store_true",
                    help="case-insensitive scores (lowercase systems and references)")
     p.add_argument("--metrics", default="bleu,chrf",
@@ -334,8 +334,8 @@ def run(args: argparse.Namespace) -> int:
         raise NLMFeatureError("--bootstrap must be >= 0")
     from sacrebleu.metrics.bleu import BLEU
 
-    if args.tokenize is None:   # detokenised output is scored as papers do, with 13a
-        args.tokenize = "13a" if args.detok else DEFAULT_TOKENIZE
+    if args.detok and args.tokenize == "none":   # detokenised output is scored as papers do
+        args.tokenize = "13a"
     if args.tokenize not in BLEU.TOKENIZERS:
         raise NLMFeatureError(f"unknown --tokenize {args.tokenize!r}; choose from "
                               f"{', '.join(BLEU.TOKENIZERS)}")
