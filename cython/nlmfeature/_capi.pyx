@@ -147,7 +147,7 @@ def load_model(str path, bint verify=True, bint use_tables=True) -> int:
     Raises the loader's exception (e.g. :class:`nlmfeature.ModelFileError`) on failure; the
     C library turns it into an error code and message.
     """
-    from .model import load
+    from nlmfeature.core.model import load
     model = load(path, verify=verify, use_tables=use_tables)
     cap = model.native.capsule()
     offsets = np.ascontiguousarray(model.arrays["vocab.offsets"], dtype=np.int64)

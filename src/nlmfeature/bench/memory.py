@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_SHARED = os.path.normpath(os.path.join(_HERE, "..", "..", "shared", "data", "nbest", "moses-multi30k-de-en"))
+_SHARED = os.path.normpath(os.path.join(_HERE, "..", "..", "..", "..", "shared", "data", "nbest", "moses-multi30k-de-en"))
 if not os.path.isdir(_SHARED):
     _SHARED = "/work/shared/data/nbest/moses-multi30k-de-en"
 DEFAULT_TRAIN = os.path.join(_SHARED, "train.tok.lc.en.gz")

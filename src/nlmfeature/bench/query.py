@@ -27,7 +27,7 @@ from nlmfeature.mt.kbest import sentence_id
 from nlmfeature.io.textio import iter_lines
 from nlmfeature.core.model import DEFAULT_CACHE_ENTRIES
 
-DEFAULT_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+DEFAULT_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "shared", "data")
 
 #: name -> ModelSpec fields (the sizes the seed papers use)
 MODELS: Dict[str, Dict[str, Any]] = {

@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-BROWN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data",
+BROWN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))), "..", "shared", "data",
                      "mono", "brown")
 DEFAULT_DATA = os.path.normpath(BROWN) if os.path.isdir(os.path.normpath(BROWN)) else "/work/shared/data/mono/brown"
 

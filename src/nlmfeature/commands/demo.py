@@ -36,7 +36,7 @@ from nlmfeature.io.atomicfile import open_output
 from nlmfeature.mt.kbest import sentence_id
 from nlmfeature.io.textio import iter_lines
 
-DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "demo")
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "demo")
 #: the README of a source checkout (src/nlmfeature/commands/demo.py -> the checkout's root)
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))), "README.md")

@@ -37,7 +37,7 @@ PACKED_VERSION = 1
 _RAW_HEADER = struct.Struct("<8s4i8s")
 
 #: the real Moses stream bundled with the package (see nlmfeature/data/streams/README.md)
-BUNDLED_MOSES_STREAM = os.path.join(os.path.dirname(__file__), "data", "streams",
+BUNDLED_MOSES_STREAM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "streams",
                                     "moses-europarl-fr-en.qlog.xz")
 
 
