@@ -4,7 +4,7 @@ Every ``cython/nlmfeature/NAME.pyx`` becomes the extension module ``nlmfeature.N
 Cython source needs no change here.  Set ``NLMFEATURE_PORTABLE=1`` to build without
 ``-march=native`` (for binaries that must run on other CPUs) and
 ``NLMFEATURE_SANITIZE=address,undefined`` (or ``thread``) for a sanitizer build
-(docs/sanitizers.md).  Compiler flags live in ``nlmfeature/capi/build.py``.
+(docs/sanitizers.md).  Compiler flags live in ``nlmfeature/decoder/capi/build.py``.
 """
 import glob
 import os
@@ -17,10 +17,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _capi_build():
-    """nlmfeature/capi/build.py, loaded by path (the package is not importable before it is
+    """nlmfeature/decoder/capi/build.py, loaded by path (the package is not importable before it is
     built): compiler flags and the build step of libnlmfeature.so."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("_nlm_capi_build", os.path.join(HERE, "nlmfeature", "capi", "build.py"))
+    spec = importlib.util.spec_from_file_location("_nlm_capi_build", os.path.join(HERE, "src", "nlmfeature", "decoder", "capi", "build.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -48,7 +48,7 @@ def _extensions() -> list:
 
 
 def _build_ext():
-    """build_ext that also builds libnlmfeature.so, the C ABI (see nlmfeature/capi/build.py)."""
+    """build_ext that also builds libnlmfeature.so, the C ABI (see src/nlmfeature/decoder/capi/build.py)."""
     return _capi_build().make_build_ext()
 
 
@@ -60,8 +60,9 @@ setup(
     if os.path.exists(os.path.join(HERE, "README.md"))
     else "",
     long_description_content_type="text/markdown",
-    packages=find_packages(include=["nlmfeature", "nlmfeature.*"]),
-    package_data={"nlmfeature": ["data/*", "data/**/*", "capi/*.c", "capi/*.h", "capi/*.py", "lib/*.so", "include/*.h"]},
+    package_dir={"": "src"},
+    packages=find_packages(where="src", include=["nlmfeature", "nlmfeature.*"]),
+    package_data={"nlmfeature": ["data/*", "data/**/*", "decoder/capi/*.c", "decoder/capi/*.h", "decoder/capi/*.py", "lib/*.so", "include/*.h"]},
     cmdclass={"build_ext": _build_ext()},
     ext_modules=_extensions(),
     python_requires=">=3.9",
@@ -70,9 +71,9 @@ setup(
     entry_points={
         "console_scripts": [
             "nlmfeature=nlmfeature.cli:main",
-            "nlmfeature-tune=nlmfeature.tuning.cli:main",
-            "nlmfeature-rescore=nlmfeature.rescore:main",
-            "nlmfeature-eval=nlmfeature.evaluate:main",
+            "nlmfeature-tune=nlmfeature.mt.tuning.cli:main",
+            "nlmfeature-rescore=nlmfeature.mt.rescore:main",
+            "nlmfeature-eval=nlmfeature.mt.evaluate:main",
         ]
     },
     zip_safe=False,

@@ -37,7 +37,12 @@ MOVES = {
     "nplm": "training.nplm",
     "bench_query": "bench.query",
     "bench_train": "bench.train",
-    "demo": "commands.demo_job",
+    "demo": "commands.demo",
+    "forward": "core.forward",
+    "progress": "io.progress",
+    "prepare": "mt.prepare",
+    "bench_mt": "bench.mt",
+    "bench_memory": "bench.memory",
 }
 for extra in sys.argv[2:]:  # more OLD=NEW pairs for modules added since
     old, new = extra.split("=")

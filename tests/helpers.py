@@ -7,8 +7,8 @@ from typing import List, Optional
 import numpy as np
 
 import nlmfeature
-from nlmfeature.architecture import ModelSpec, precompute_tables, random_model
-from nlmfeature.vocab import Vocabulary, count_words
+from nlmfeature.core.architecture import ModelSpec, precompute_tables, random_model
+from nlmfeature.core.vocab import Vocabulary, count_words
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 BROWN_TRAIN = os.path.join(DATA, "brown", "train.2k.txt")

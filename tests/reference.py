@@ -1,5 +1,5 @@
 """A plain numpy reference implementation of every model, written from the maths in
-``nlmfeature/architecture.py`` and independent of the package's scorer code: float64,
+``nlmfeature/core/architecture.py`` and independent of the package's scorer code: float64,
 no precomputed tables, one n-gram at a time, explicit loops over the output layer."""
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from helpers import BROWN_TRAIN, BROWN_VALID
 
 def test_bench_memory_quick(tmp_path, capsys):
     from nlmfeature.cli import main
-    from nlmfeature.kenlm_baseline import find_tool
+    from nlmfeature.training.kenlm_baseline import find_tool
 
     find_tool("build_binary")  # KenLM (tools/setup.sh builds it); raises if missing
     pytest.importorskip("matplotlib")

@@ -9,10 +9,10 @@ import os
 import numpy as np
 import pytest
 
-from nlmfeature import bench_mt
+from nlmfeature.bench import mt as bench_mt
 from nlmfeature.cli import main as cli_main
-from nlmfeature.tuning.driver import first_hypotheses
-from nlmfeature.weights import read_weights
+from nlmfeature.mt.tuning.driver import first_hypotheses
+from nlmfeature.mt.weights import read_weights
 
 from helpers import make_model
 

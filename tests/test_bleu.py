@@ -9,10 +9,10 @@ import pytest
 import sacrebleu
 from sacrebleu.metrics.bleu import BLEU
 
-from nlmfeature.bleu import (NUM_STATS, References, background_bleu, corpus_bleu,
+from nlmfeature.mt.bleu import (NUM_STATS, References, background_bleu, corpus_bleu,
                              smoothed_sentence_bleu)
 from nlmfeature.errors import InputError
-from nlmfeature.kbest import group_by_sentence, read_kbest
+from nlmfeature.mt.kbest import group_by_sentence, read_kbest
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "tuning")
 M30K = os.path.join(DATA, "multi30k.dev.iter1.200x30.kbest.gz")
@@ -149,7 +149,7 @@ def test_one_bleu_for_tuning_and_evaluation_equals_sacrebleu(order):
     """The statistics-first model of sacrebleu: statistics from sacrebleu's own extractor
     (13a, two references, real WMT21 outputs), summed over resampled corpora, scored by the
     package's one formula, equal to sacrebleu's corpus score of the same sentences."""
-    from nlmfeature.evaluate import scores_from_stats, sentence_stats
+    from nlmfeature.mt.evaluate import scores_from_stats, sentence_stats
     data = os.path.join(os.path.dirname(__file__), "data", "kbest")
     read = lambda name: open(os.path.join(data, name), encoding="utf-8").read().splitlines()
     hyps = read("wmt21-de-en.200.hyp.UEdin.en")

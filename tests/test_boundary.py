@@ -17,9 +17,9 @@ import pytest
 
 import nlmfeature
 from helpers import BROWN_VALID, make_model, read_lines
-from nlmfeature import modelfile
+from nlmfeature.core import modelfile
 from nlmfeature.errors import InputError, ModelFileError
-from nlmfeature.nplm import read_nplm, write_nplm
+from nlmfeature.training.nplm import read_nplm, write_nplm
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
 import modelbytes  # noqa: E402
@@ -164,7 +164,7 @@ def test_case3_bad_trees_are_refused(models, tmp_path):
 # -- case 4: out-of-range ids, null pointers, calls out of order ----------------------------------
 
 def test_case4_cached_scorer_maps_out_of_range_ids_to_unk(models):
-    from nlmfeature.pcache import CachedScorer
+    from nlmfeature.decoder.pcache import CachedScorer
     m = nlmfeature.load(models["class"])
     V, c = len(m.vocab), m.order - 1
     cs = CachedScorer(m)
@@ -286,7 +286,7 @@ def test_case10_replacing_by_rename_is_safe(models, tmp_path):
 
 
 def test_case10_persistent_cache_stores_nothing_after_a_change(models, tmp_path):
-    from nlmfeature.pcache import CachedScorer
+    from nlmfeature.decoder.pcache import CachedScorer
     live = str(tmp_path / "live.nlm")
     shutil.copyfile(models["unnormalised"], live)
     m = nlmfeature.load(live)

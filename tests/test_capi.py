@@ -17,7 +17,7 @@ import pytest
 import nlmfeature
 from helpers import BROWN_VALID, make_model, read_lines
 from nlmfeature.commands import config as nlmconfig
-from nlmfeature.pcache import read_sentence
+from nlmfeature.decoder.pcache import read_sentence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(HERE, "c", "test_capi.c")

@@ -11,8 +11,10 @@ import sys
 import pytest
 
 from helpers import BROWN_VALID, DATA, make_model
-from nlmfeature import cli, evaluate, rescore
-from nlmfeature.tuning import cli as tune_cli
+from nlmfeature import cli
+from nlmfeature.mt import evaluate
+from nlmfeature.mt import rescore
+from nlmfeature.mt.tuning import cli as tune_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
@@ -51,7 +53,7 @@ def test_subcommand_and_alias_give_the_same_output(tmp_path, capsys):
     assert rescore.main(["-m", model, "-i", KBEST, "-o", str(b), "-q"]) == 0
     assert a.read_bytes() == b.read_bytes() and a.stat().st_size > 1000
     one = tmp_path / "one.txt"
-    from nlmfeature.kbest import group_by_sentence, read_kbest
+    from nlmfeature.mt.kbest import group_by_sentence, read_kbest
 
     one.write_text("".join(g[0].text + "\n" for _, g in group_by_sentence(read_kbest(KBEST))))
     capsys.readouterr()
@@ -62,14 +64,14 @@ def test_subcommand_and_alias_give_the_same_output(tmp_path, capsys):
 
 
 def test_tune_and_eval_use_the_same_default_tokeniser(tmp_path):
-    from nlmfeature.bleu import DEFAULT_TOKENIZE
+    from nlmfeature.mt.bleu import DEFAULT_TOKENIZE
 
     top = cli.build_parser()
     eval_args = top.parse_args(["eval", "--ref", "r", "s"])
     tune_args = top.parse_args(["tune", "bleu", "x", "--ref", "r"])
     assert eval_args.tokenize == tune_args.tokenize == DEFAULT_TOKENIZE
     # and the scores agree: tune bleu on a 1-best file = eval's BLEU on it
-    from nlmfeature.kbest import group_by_sentence, read_kbest
+    from nlmfeature.mt.kbest import group_by_sentence, read_kbest
 
     one = tmp_path / "one.txt"
     one.write_text("".join(g[0].text + "\n" for _, g in group_by_sentence(read_kbest(KBEST))))
@@ -133,7 +135,7 @@ def test_user_errors_are_one_line_without_traceback(tmp_path, argv, needle):
 
 
 def test_aliases_report_errors_under_their_own_name(tmp_path):
-    r = subprocess.run([sys.executable, "-c", "import sys; from nlmfeature.evaluate import main; "
+    r = subprocess.run([sys.executable, "-c", "import sys; from nlmfeature.mt.evaluate import main; "
                         "sys.exit(main(['--ref', '/nonexistent/r', '/nonexistent/s']))"],
                        capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=120)
     assert r.returncode == 2 and r.stderr.startswith("nlmfeature-eval: error: /nonexistent/")

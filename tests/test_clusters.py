@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 
 from helpers import BROWN_TRAIN, DATA
-from nlmfeature import clusters
-from nlmfeature.clusters import (PathEntry, average_mutual_information, bigram_counts,
+from nlmfeature.training import clusters
+from nlmfeature.training.clusters import (PathEntry, average_mutual_information, bigram_counts,
                                  brown_clusters, class_of_word, classes_of_paths,
                                  frequency_binning_ami, load_class_of_word, paths_ami, read_paths,
                                  write_paths)
-from nlmfeature.textio import read_tokens
+from nlmfeature.io.textio import read_tokens
 from nlmfeature.cli import main
 from nlmfeature.errors import InputError, NLMFeatureError
-from nlmfeature.outputs import class_arrays
-from nlmfeature.vocab import Vocabulary
+from nlmfeature.core.outputs import class_arrays
+from nlmfeature.core.vocab import Vocabulary
 
 LIANG_C50 = os.path.join(DATA, "clusters", "liang-wcluster-train2k-c50.paths")
 

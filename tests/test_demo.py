@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from nlmfeature import demo
+from nlmfeature.commands import demo
 from nlmfeature.cli import main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -19,7 +19,7 @@ def _run(work, readme=None):
 
 
 def test_demo_runs_the_whole_story_and_writes_the_readme_figures(tmp_path, capsys):
-    from nlmfeature.kenlm_baseline import find_tool
+    from nlmfeature.training.kenlm_baseline import find_tool
 
     find_tool("lmplz")  # the demo needs KenLM (tools/setup.sh builds it); raises if missing
     readme = tmp_path / "README.md"

@@ -10,8 +10,8 @@ import sacrebleu
 from sacrebleu.metrics import BLEU, CHRF
 
 from nlmfeature.errors import InputError
-from nlmfeature.bleu import corpus_bleu
-from nlmfeature.evaluate import (chrf_from_stats, evaluate, main,
+from nlmfeature.mt.bleu import corpus_bleu
+from nlmfeature.mt.evaluate import (chrf_from_stats, evaluate, main,
                                  paired_bootstrap, resample_indices, resampled_sums,
                                  sentence_stats)
 
@@ -119,7 +119,7 @@ def test_cli_text_json_and_tokenised_input(tmp_path, capsys):
     assert "chrF2|nrefs:2" in out and "p = " in out and "paired bootstrap, 100 resamples" in out
     # a 1-best file written from a k-best list, scored with --tokenize none --json
     one = tmp_path / "one.best"
-    from nlmfeature.kbest import group_by_sentence, read_kbest
+    from nlmfeature.mt.kbest import group_by_sentence, read_kbest
 
     one.write_text("".join(g[0].text + "\n" for _, g in
                            group_by_sentence(read_kbest(os.path.join(

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from helpers import brown_vocab
-from nlmfeature.architecture import ModelSpec, random_model
+from nlmfeature.core.architecture import ModelSpec, random_model
 from nlmfeature.training.estimators import OutputSpec
 from nlmfeature.training.objective import Objective, trainable_names
 from nlmfeature.training.optim import Gradients
 from nlmfeature.training.sampling import ClassNoise, UnigramNoise
-from nlmfeature.vocab import Vocabulary
+from nlmfeature.core.vocab import Vocabulary
 
 ARCHS = {
     "lbl-full": dict(arch="lbl", word_width=4),

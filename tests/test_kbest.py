@@ -1,4 +1,4 @@
-"""k-best I/O (nlmfeature.kbest) and the weights reader (nlmfeature.weights) on real lists."""
+"""k-best I/O (nlmfeature.mt.kbest) and the weights reader (nlmfeature.mt.weights) on real lists."""
 from __future__ import annotations
 
 import gzip
@@ -8,11 +8,11 @@ import os
 import pytest
 
 from nlmfeature.errors import InputError
-from nlmfeature.atomicfile import open_output
-from nlmfeature.kbest import (Hypothesis, detect_format, format_hypothesis, group_by_sentence,
+from nlmfeature.io.atomicfile import open_output
+from nlmfeature.mt.kbest import (Hypothesis, detect_format, format_hypothesis, group_by_sentence,
                               parse_line, read_kbest)
-from nlmfeature.textio import iter_lines
-from nlmfeature.weights import format_weights, read_weights, weights_for, write_weights
+from nlmfeature.io.textio import iter_lines
+from nlmfeature.mt.weights import format_weights, read_weights, weights_for, write_weights
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "kbest")
 MOSES = os.path.join(DATA, "moses-multi30k-dev10.100best.gz")

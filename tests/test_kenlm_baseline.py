@@ -13,11 +13,11 @@ import nlmfeature
 from helpers import BROWN_TRAIN, BROWN_VALID, make_model, read_lines
 from nlmfeature.cli import main
 from nlmfeature.errors import NLMFeatureError
-from nlmfeature.kenlm_baseline import (LN10, UNK_TOKEN, ArpaDistribution, KenLMScorer, LogLinear,
+from nlmfeature.training.kenlm_baseline import (LN10, UNK_TOKEN, ArpaDistribution, KenLMScorer, LogLinear,
                                        find_tool, interpolate, linear_logprob, map_oov,
                                        nlm_log_distribution, nlm_ngrams, nlm_token_scores,
                                        perplexity, train_kenlm)
-from nlmfeature.textio import read_tokens as read_sentences
+from nlmfeature.io.textio import read_tokens as read_sentences
 
 
 def _kenlm_ready() -> str:

@@ -14,7 +14,7 @@ import pytest
 
 import nlmfeature
 from helpers import BROWN_VALID, make_model, read_lines
-from nlmfeature import modelfile
+from nlmfeature.core import modelfile
 from nlmfeature.errors import ModelFileError
 
 

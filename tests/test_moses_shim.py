@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 
 import nlmfeature
-from nlmfeature.architecture import ModelSpec, precompute_tables, random_model
+from nlmfeature.core.architecture import ModelSpec, precompute_tables, random_model
 from nlmfeature.commands import config as nlmconfig
-from nlmfeature.vocab import Vocabulary, count_words
+from nlmfeature.core.vocab import Vocabulary, count_words
 
 from helpers import stats_totals
 

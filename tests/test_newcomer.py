@@ -16,9 +16,9 @@ import pytest
 
 import nlmfeature
 from helpers import BROWN_TRAIN, BROWN_VALID, DATA, make_model, read_lines
-from nlmfeature.architecture import ModelSpec, random_model
+from nlmfeature.core.architecture import ModelSpec, random_model
 from nlmfeature.errors import InputError
-from nlmfeature.vocab import Vocabulary, count_words
+from nlmfeature.core.vocab import Vocabulary, count_words
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
@@ -165,7 +165,7 @@ def _kbest_vocab_model(tmp_path) -> str:
 
 
 def test_rescoring_with_a_foreign_vocabulary_warns(tmp_path, capsys):
-    from nlmfeature.rescore import rescore
+    from nlmfeature.mt.rescore import rescore
 
     brown = make_model(tmp_path)             # Brown vocabulary on a Multi30k list: 25% OOV
     st = rescore(KBEST, str(tmp_path / "a.gz"), [brown], progress=False)
@@ -180,7 +180,7 @@ def test_rescoring_with_a_foreign_vocabulary_warns(tmp_path, capsys):
 
 def _kenlm_ready() -> str:
     from nlmfeature.errors import NLMFeatureError
-    from nlmfeature.kenlm_baseline import find_tool
+    from nlmfeature.training.kenlm_baseline import find_tool
 
     try:
         find_tool("lmplz")
@@ -196,7 +196,7 @@ needs_kenlm = pytest.mark.skipif(bool(_kenlm_ready()), reason=f"KenLM not built:
 @needs_kenlm
 def test_arpa_without_unk_is_refused(lm, tmp_path, capsys):
     from nlmfeature.cli import main
-    from nlmfeature.kenlm_baseline import train_kenlm
+    from nlmfeature.training.kenlm_baseline import train_kenlm
 
     text = tmp_path / "train.txt"
     text.write_text("\n".join(read_lines(BROWN_TRAIN)[:400]) + "\n", encoding="utf-8")
@@ -219,7 +219,7 @@ def test_arpa_without_unk_is_refused(lm, tmp_path, capsys):
 @needs_kenlm
 def test_kenlm_for_another_vocabulary_warns(lm, tmp_path, capsys):
     from nlmfeature.cli import main
-    from nlmfeature.kenlm_baseline import train_kenlm
+    from nlmfeature.training.kenlm_baseline import train_kenlm
 
     ours = tmp_path / "brown.arpa"
     train_kenlm(BROWN_TRAIN, str(ours), 3, vocab=lm.vocab)
@@ -238,7 +238,7 @@ def test_kenlm_for_another_vocabulary_warns(lm, tmp_path, capsys):
 
 # -- progress in log files ---------------------------------------------------------------------------
 def test_progress_is_plain_lines_when_not_a_terminal(monkeypatch):
-    from nlmfeature.progress import PlainProgress, progress
+    from nlmfeature.io.progress import PlainProgress, progress
 
     buf = io.StringIO()
     bar = progress(total=10, desc="work", unit="item", file=buf)

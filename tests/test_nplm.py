@@ -6,10 +6,10 @@ import pytest
 
 import nlmfeature
 from helpers import BROWN_VALID, make_model, read_lines
-from nlmfeature import modelfile
+from nlmfeature.core import modelfile
 from nlmfeature.cli import main
 from nlmfeature.errors import InputError
-from nlmfeature.nplm import read_nplm, write_nplm
+from nlmfeature.training.nplm import read_nplm, write_nplm
 
 
 def _nplm_score(cfg_model, hist, word):

@@ -18,7 +18,7 @@ import pytest
 
 from nlmfeature import _mert
 from nlmfeature.errors import InputError
-from nlmfeature.kbest import check_line, parse_line, read_kbest
+from nlmfeature.mt.kbest import check_line, parse_line, read_kbest
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 TUNING = os.path.join(DATA, "tuning")
@@ -92,7 +92,7 @@ def test_tuning_on_a_list_with_nan_reports_the_line_not_a_segfault(tmp_path):
     out = tmp_path / "w.out"
     r = run_python(f"""
         import sys
-        from nlmfeature.tuning.cli import main
+        from nlmfeature.mt.tuning.cli import main
         sys.exit(main(['optimise', '--quiet', '--nbest', {str(kb)!r}, '--ref', {REG_REF!r},
                        '--out', {str(out)!r}, '--init', {str(init)!r}, '--restarts', '2']))
     """)
@@ -102,8 +102,8 @@ def test_tuning_on_a_list_with_nan_reports_the_line_not_a_segfault(tmp_path):
 
 
 def real_pool_arrays():
-    from nlmfeature.bleu import References
-    from nlmfeature.tuning.data import KbestPool
+    from nlmfeature.mt.bleu import References
+    from nlmfeature.mt.tuning.data import KbestPool
     pool = KbestPool(References.from_files([REG_REF]))
     pool.add_file(REG)
     return pool.arrays()
@@ -184,7 +184,7 @@ def model(tmp_path_factory):
 def rescore_cli(args, timeout=60):
     return run_python(f"""
         import sys
-        from nlmfeature.rescore import main
+        from nlmfeature.mt.rescore import main
         sys.exit(main({list(args)!r}))
     """, timeout=timeout)
 
@@ -214,7 +214,7 @@ def test_one_best_refuses_an_absurd_sentence_id_without_writing(model, tmp_path,
 
 
 def test_one_best_pads_a_plausible_gap_and_counts_it(model, tmp_path):
-    from nlmfeature.rescore import rescore
+    from nlmfeature.mt.rescore import rescore
     lines = [l for l in real_lines(MOSES) if l.split("|||")[0].strip() in ("0", "2")]
     moved = [("7" + l[1:]) if l.startswith("2 ") else l for l in lines]
     kb = tmp_path / "gap.100best"
@@ -275,7 +275,7 @@ def test_other_compressions_read_like_plain_and_fail_cleanly(tmp_path, ext):
     good = tmp_path / ("list" + ext)
     good.write_bytes(mod.compress(raw))
     assert [h for h in read_kbest(str(good))] == [h for h in read_kbest(MOSES)]
-    from nlmfeature.textio import iter_lines
+    from nlmfeature.io.textio import iter_lines
     packed = mod.compress(raw)
     for name, data in (("corrupt", corrupted(packed, 0.6)), ("cut", packed[:len(packed) // 2])):
         bad = tmp_path / (name + ext)
@@ -287,8 +287,8 @@ def test_other_compressions_read_like_plain_and_fail_cleanly(tmp_path, ext):
 
 
 def test_broken_gzip_references_and_weights(tmp_path):
-    from nlmfeature.bleu import References
-    from nlmfeature.weights import read_weights
+    from nlmfeature.mt.bleu import References
+    from nlmfeature.mt.weights import read_weights
     ref = tmp_path / "ref.gz"
     ref.write_bytes(gzip.compress(open(REG_REF, "rb").read())[:-30])
     with pytest.raises(InputError, match=r"ref.gz:\d+: cannot read further"):
@@ -303,10 +303,10 @@ def test_broken_gzip_references_and_weights(tmp_path):
 
 # -- non-regular files ---------------------------------------------------------------------------
 READERS = {
-    "kbest": "from nlmfeature.kbest import read_kbest; list(read_kbest(P))",
-    "references": "from nlmfeature.bleu import References; References.from_files([P])",
-    "weights": "from nlmfeature.weights import read_weights; read_weights(P)",
-    "clusters": "from nlmfeature.clusters import read_paths; read_paths(P)",
+    "kbest": "from nlmfeature.mt.kbest import read_kbest; list(read_kbest(P))",
+    "references": "from nlmfeature.mt.bleu import References; References.from_files([P])",
+    "weights": "from nlmfeature.mt.weights import read_weights; read_weights(P)",
+    "clusters": "from nlmfeature.training.clusters import read_paths; read_paths(P)",
     "corpus": "from nlmfeature.training.corpus import read_lines; read_lines(P)",
 }
 
@@ -361,7 +361,7 @@ def test_a_kbest_list_streams_through_a_fifo(tmp_path):
 
 
 def test_line_length_is_bounded(tmp_path, monkeypatch):
-    from nlmfeature import textio
+    from nlmfeature.io import textio
     monkeypatch.setattr(textio, "MAX_LINE", 1 << 16)
     monkeypatch.setattr(textio, "CHUNK", 1 << 12)
     lines = real_lines(MOSES)[:5]
@@ -381,8 +381,8 @@ def test_rescore_checks_its_outputs_before_any_work(model, tmp_path, where):
               "read-only-dir": tmp_path / "ro" / "out.gz"}[where]
     if where == "read-only-dir":
         (tmp_path / "ro").mkdir(mode=0o500)
-    from nlmfeature.atomicfile import OutputError
-    from nlmfeature.rescore import rescore
+    from nlmfeature.io.atomicfile import OutputError
+    from nlmfeature.mt.rescore import rescore
     # the model does not exist: an output error first proves the check comes before loading
     with pytest.raises(OutputError, match=str(target)):
         rescore(MOSES, str(target), [str(tmp_path / "no-such-model.nlm")], progress=False)
@@ -392,7 +392,7 @@ def test_rescore_checks_its_outputs_before_any_work(model, tmp_path, where):
 
 
 def test_atomic_writer_leaves_nothing_on_interrupt(tmp_path):
-    from nlmfeature.atomicfile import atomic_open, open_output
+    from nlmfeature.io.atomicfile import atomic_open, open_output
     target = tmp_path / "kept.txt"
     target.write_text("old\n")
     with pytest.raises(KeyboardInterrupt):
@@ -429,7 +429,7 @@ def test_query_log_forgeries_are_clear_errors_in_bounded_memory(tmp_path):
     import lzma
     import resource
     import struct
-    from nlmfeature import querylog
+    from nlmfeature.decoder import querylog
     from nlmfeature.errors import NLMFeatureError
     full = querylog.read_packed(querylog.BUNDLED_MOSES_STREAM)
     # a small real log: the first 500 recorded lookups as two sentences
@@ -480,7 +480,7 @@ def test_every_writing_command_checks_its_output_first(tmp_path, capsys, command
     """The input named here does not exist: only a check made before the work can report the
     output (on main, train ran a whole epoch first and left hidden temporary files)."""
     from nlmfeature.cli import main as nlm_main
-    from nlmfeature.tuning.cli import main as tune_main
+    from nlmfeature.mt.tuning.cli import main as tune_main
     out = str(tmp_path) if where == "directory" else str(tmp_path / "no" / "such" / "out")
     missing = str(tmp_path / "missing-input")
     argv = {
@@ -504,8 +504,8 @@ def test_every_writing_command_checks_its_output_first(tmp_path, capsys, command
 
 # -- saved k-best pools (tuning state) ------------------------------------------------------------
 def test_damaged_pool_files_are_input_errors(tmp_path):
-    from nlmfeature.bleu import References
-    from nlmfeature.tuning.data import KbestPool
+    from nlmfeature.mt.bleu import References
+    from nlmfeature.mt.tuning.data import KbestPool
     refs = References.from_files([REG_REF])
     pool = KbestPool(refs)
     pool.add_file(REG)
@@ -539,7 +539,7 @@ def test_damaged_pool_files_are_input_errors(tmp_path):
 def test_block_reader_gives_the_same_lines_at_any_block_size(tmp_path, monkeypatch, chunk):
     """Lines split across read blocks, CRLF endings, a last line without newline and a bad
     byte are handled alike whatever the block size."""
-    from nlmfeature import textio
+    from nlmfeature.io import textio
     monkeypatch.setattr(textio, "CHUNK", chunk)
     lines = real_lines(MOSES)[:40]
     path = tmp_path / "crlf.txt"
@@ -554,7 +554,7 @@ def test_block_reader_gives_the_same_lines_at_any_block_size(tmp_path, monkeypat
 def test_standard_input_streams_a_compressed_list_through_rescore(model, tmp_path):
     """``-i -``: standard input is read in blocks as they arrive (a decoder's pipe)."""
     out = tmp_path / "out.100best"
-    r = subprocess.run([sys.executable, "-m", "nlmfeature.rescore", "-m", model, "-i", "-",
+    r = subprocess.run([sys.executable, "-m", "nlmfeature.mt.rescore", "-m", model, "-i", "-",
                         "-o", str(out), "-q"], cwd=ROOT, input=gzip.decompress(
                             open(MOSES, "rb").read()), capture_output=True, timeout=120)
     assert r.returncode == 0, r.stderr[-1000:]
@@ -578,6 +578,6 @@ def test_rescore_writes_into_a_pipe_without_replacing_it(model, tmp_path):
     assert r.returncode == 0, r.stderr[-1000:]
     assert stat.S_ISFIFO(os.stat(fifo).st_mode) and os.listdir(tmp_path) == ["out.fifo"]
     assert got and got[0].count(b"\n") == 687 and b"NLM0=" in got[0]
-    from nlmfeature.atomicfile import OutputError, atomic_write_bytes
+    from nlmfeature.io.atomicfile import OutputError, atomic_write_bytes
     with pytest.raises(OutputError, match="not a regular file"):
         atomic_write_bytes(fifo, b"a model must not go into a pipe")

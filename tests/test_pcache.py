@@ -1,4 +1,4 @@
-"""The persistent tuning cache from Python: nlmfeature.pcache.CachedScorer (exact scores at
+"""The persistent tuning cache from Python: nlmfeature.decoder.pcache.CachedScorer (exact scores at
 every level, round trips, deltas, threads and killed writers sharing a directory, FIFOs and junk,
 changed models, the policy, bounded disk use) and `nlmfeature cache`."""
 from __future__ import annotations
@@ -18,7 +18,7 @@ import nlmfeature
 from nlmfeature.errors import ModelFileError
 from helpers import BROWN_VALID, make_model, read_lines
 from nlmfeature.errors import NLMFeatureError
-from nlmfeature.pcache import (MAX_DELTA_FILES, CachedScorer, clear, directory_stats, parse_size,
+from nlmfeature.decoder.pcache import (MAX_DELTA_FILES, CachedScorer, clear, directory_stats, parse_size,
                                prune, read_cache_file, read_sentence, sentence_files)
 
 LINES = read_lines(BROWN_VALID, 80)
@@ -217,7 +217,7 @@ def test_corrupt_file_warns_and_is_rewritten(model_paths, tmp_path, capfd):
 _PROBE = """
 import os, sys, resource
 import nlmfeature
-from nlmfeature.pcache import CachedScorer
+from nlmfeature.decoder.pcache import CachedScorer
 def rchar():
     for line in open("/proc/self/io"):
         if line.startswith("rchar:"):
@@ -305,7 +305,7 @@ def test_policy_skips_models_faster_than_a_probe(model_paths, tmp_path, capfd, m
 _WRITER = """
 import sys
 import nlmfeature
-from nlmfeature.pcache import CachedScorer
+from nlmfeature.decoder.pcache import CachedScorer
 m = nlmfeature.load(sys.argv[1])
 s = CachedScorer(m, sys.argv[2], quiet=True)
 lines = open(sys.argv[3]).read().splitlines()

@@ -1,7 +1,7 @@
 """An ``NLMFEATURE_PORTABLE=1`` build (no -march=native) keeps exact log-probabilities:
 normalised outputs still sum to one (issue 10 case 13: a float running sum in the
 softmax normaliser lost 2e-6 without wide vectors).  Builds the scorer extension with the
-portable flags of nlmfeature/capi/build.py into a copy of the package (~30 s)."""
+portable flags of nlmfeature/decoder/capi/build.py into a copy of the package (~30 s)."""
 from __future__ import annotations
 
 import importlib.util
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compile
 
 
 def _build_mod():
-    spec = importlib.util.spec_from_file_location("_nlm_capi_build", os.path.join(ROOT, "nlmfeature", "capi", "build.py"))
+    spec = importlib.util.spec_from_file_location("_nlm_capi_build", os.path.join(ROOT, "src", "nlmfeature", "decoder", "capi", "build.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -31,7 +31,7 @@ def portable_package(tmp_path_factory):
     from Cython.Build import cythonize
     build = _build_mod()
     d = tmp_path_factory.mktemp("portable")
-    shutil.copytree(os.path.join(ROOT, "nlmfeature"), d / "nlmfeature",
+    shutil.copytree(os.path.join(ROOT, "src", "nlmfeature"), d / "nlmfeature",
                     ignore=shutil.ignore_patterns("__pycache__"))
     from Cython.Compiler.Main import compile as cython_compile
     from Cython.Compiler.Options import CompilationOptions, default_options

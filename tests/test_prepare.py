@@ -10,7 +10,7 @@ import os
 import pytest
 
 from nlmfeature.cli import main as cli_main
-from nlmfeature.prepare import Preparer, detokenise
+from nlmfeature.mt.prepare import Preparer, detokenise
 
 SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data")
 RAW = os.path.join(SHARED, "parallel", "multi30k")

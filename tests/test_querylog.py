@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import nlmfeature
-from nlmfeature import querylog
+from nlmfeature.decoder import querylog
 from nlmfeature.errors import NLMFeatureError
-from nlmfeature.pcache import CachedScorer
+from nlmfeature.decoder.pcache import CachedScorer
 
 from helpers import BROWN_VALID, make_model, read_lines
 

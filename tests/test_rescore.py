@@ -10,10 +10,10 @@ import pytest
 import nlmfeature
 from helpers import make_model
 from nlmfeature.errors import InputError, NLMFeatureError
-from nlmfeature.kbest import read_kbest
-from nlmfeature.textio import iter_lines
-from nlmfeature.rescore import feature_names, main, rescore, sentence_logprobs
-from nlmfeature.weights import read_weights
+from nlmfeature.mt.kbest import read_kbest
+from nlmfeature.io.textio import iter_lines
+from nlmfeature.mt.rescore import feature_names, main, rescore, sentence_logprobs
+from nlmfeature.mt.weights import read_weights
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "kbest")
 MOSES = os.path.join(DATA, "moses-multi30k-dev10.100best.gz")
@@ -237,7 +237,7 @@ def test_stdin_to_stdout_pipeline(models):
     import sys
 
     data = open(os.path.join(DATA, "cdec-lattice.kbest"), "rb").read()
-    proc = subprocess.run([sys.executable, "-m", "nlmfeature.rescore", "-m", models[0], "-q"],
+    proc = subprocess.run([sys.executable, "-m", "nlmfeature.mt.rescore", "-m", models[0], "-q"],
                           input=data, capture_output=True, check=True)
     out = proc.stdout.decode().splitlines()
     assert len(out) == 5 and all(" NLM0=" in l for l in out)

@@ -231,7 +231,7 @@ def test_python_api(tmp_path):
 def test_default_tables_policy(tmp_path):
     """Full context matrices get tables; diagonal ones keep the direct form (same arithmetic,
     a quarter of the memory)."""
-    from nlmfeature.architecture import ModelSpec, precompute_tables, random_model
+    from nlmfeature.core.architecture import ModelSpec, precompute_tables, random_model
     from helpers import brown_vocab
 
     vocab, counts = brown_vocab(6)
@@ -272,7 +272,7 @@ def test_scattered_and_singleton_classes(tmp_path, direct):
     """Classes whose members are not consecutive ids (Brown clusters) take the gathered path,
     one-word classes the p(w|c) = 1 shortcut; both equal the reference and sum to one."""
     from helpers import brown_vocab
-    from nlmfeature.architecture import ModelSpec, random_model
+    from nlmfeature.core.architecture import ModelSpec, random_model
 
     vocab, counts = brown_vocab(6)
     V = len(vocab)

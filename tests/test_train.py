@@ -13,8 +13,8 @@ import pytest
 
 import nlmfeature
 from helpers import BROWN_TRAIN, BROWN_VALID, read_lines
-from nlmfeature.architecture import ModelSpec, random_model
-from nlmfeature.batch import BatchScorer
+from nlmfeature.core.architecture import ModelSpec, random_model
+from nlmfeature.core.batch import BatchScorer
 from nlmfeature.errors import InputError, NLMFeatureError
 from nlmfeature.training import corpus
 from nlmfeature.training.network import Network
@@ -429,7 +429,7 @@ def test_defaults_are_the_measured_recipe_with_early_stopping(tmp_path, capsys):
 
 
 def test_right_to_left_model_reads_sentences_backwards(tmp_path):
-    from nlmfeature.rescore import sentence_logprobs
+    from nlmfeature.mt.rescore import sentence_logprobs
 
     cfg = config(tmp_path, "r2l.nlm", reverse=True, iterations=1)
     res = train(cfg, quiet)

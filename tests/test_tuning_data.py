@@ -7,11 +7,11 @@ import os
 import numpy as np
 import pytest
 
-from nlmfeature.bleu import References
+from nlmfeature.mt.bleu import References
 from nlmfeature.errors import InputError
-from nlmfeature.kbest import format_hypothesis, read_kbest
-from nlmfeature.tuning.data import KbestPool
-from nlmfeature.weights import read_weights
+from nlmfeature.mt.kbest import format_hypothesis, read_kbest
+from nlmfeature.mt.tuning.data import KbestPool
+from nlmfeature.mt.weights import read_weights
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "tuning")
 IT1 = os.path.join(DATA, "multi30k.dev.iter1.200x30.kbest.gz")

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 
 from nlmfeature.errors import InputError
-from nlmfeature.tuning.cli import main as tune_main
-from nlmfeature.tuning.config import (moses_ini_lines, rewrite_cdec_ini, rewrite_moses_ini,
+from nlmfeature.mt.tuning.cli import main as tune_main
+from nlmfeature.mt.tuning.config import (moses_ini_lines, rewrite_cdec_ini, rewrite_moses_ini,
                                       write_cdec_weights)
-from nlmfeature.tuning.data import KbestPool
-from nlmfeature.tuning.driver import (DecoderError, Driver, DriverSettings, DriverState,
+from nlmfeature.mt.tuning.data import KbestPool
+from nlmfeature.mt.tuning.driver import (DecoderError, Driver, DriverSettings, DriverState,
                                       weights_converged)
-from nlmfeature.weights import read_weights
+from nlmfeature.mt.weights import read_weights
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "tuning")
 IT = {i: os.path.join(DATA, f"multi30k.dev.iter{i}.200x30.kbest.gz") for i in (1, 2)}

@@ -8,12 +8,12 @@ import pytest
 import sacrebleu
 
 from nlmfeature import _mert
-from nlmfeature.bleu import References, background_bleu, corpus_bleu
-from nlmfeature.tuning import optimise_pool
-from nlmfeature.tuning.data import KbestPool
-from nlmfeature.tuning.mert import LineSearcher, MertOptions
-from nlmfeature.tuning import mert, mira, pro
-from nlmfeature.weights import read_weights
+from nlmfeature.mt.bleu import References, background_bleu, corpus_bleu
+from nlmfeature.mt.tuning import optimise_pool
+from nlmfeature.mt.tuning.data import KbestPool
+from nlmfeature.mt.tuning.mert import LineSearcher, MertOptions
+from nlmfeature.mt.tuning import mert, mira, pro
+from nlmfeature.mt.weights import read_weights
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "tuning")
 IT1 = os.path.join(DATA, "multi30k.dev.iter1.200x30.kbest.gz")

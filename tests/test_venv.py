@@ -37,7 +37,7 @@ def _clean_env(**extra):
 def venv(tmp_path_factory):
     d = tmp_path_factory.mktemp("venv")
     src = d / "src"
-    keep = ("setup.py", "pyproject.toml", "README.md", "nlmfeature", "cython", "build")
+    keep = ("setup.py", "pyproject.toml", "README.md", "src", "cython", "build")
     os.makedirs(src)
     for name in keep:
         p = os.path.join(ROOT, name)

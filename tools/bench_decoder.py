@@ -53,7 +53,7 @@ import sys
 import tempfile
 import time
 from typing import Dict, List, Optional, Tuple
-from nlmfeature import textio
+from nlmfeature.io import textio
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYSTEM_REL = os.path.join("data", "moses", "multi30k-de-en")

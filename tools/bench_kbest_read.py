@@ -10,7 +10,7 @@ hits both alike) of: ``textio.iter_lines`` (decompress + decode), ``read_kbest``
 parse) and ``check_line`` (the check rescoring uses), over every line of the list; then
 ``rescore`` of the whole list with a small model (order 4, 16-wide; reading, checking,
 scoring and writing .gz), and reading the two tuning test lists into a pool plus MERT with
-10 restarts (the native loops and the BLEU of :mod:`nlmfeature.bleu`).
+10 restarts (the native loops and the BLEU of :mod:`nlmfeature.mt.bleu`).
 """
 from __future__ import annotations
 
@@ -25,25 +25,25 @@ LIST = "/work/shared/data/nbest/moses-multi30k-de-en/dev.iter1.100best.gz"
 CHILD = r'''
 import sys, time, json
 sys.path.insert(0, sys.argv[1])
-from nlmfeature.kbest import read_kbest, check_line
+from nlmfeature.mt.kbest import read_kbest, check_line
 try:
-    from nlmfeature.textio import iter_lines
+    from nlmfeature.io.textio import iter_lines
 except ImportError:
-    from nlmfeature.kbest import iter_lines
+    from nlmfeature.mt.kbest import iter_lines
 KB = sys.argv[2]
 t = time.perf_counter(); n = sum(1 for _ in iter_lines(KB)); a = time.perf_counter() - t
 t = time.perf_counter(); f = sum(len(h.features) for h in read_kbest(KB)); b = time.perf_counter() - t
 t = time.perf_counter(); s = sum(check_line(l, "moses", KB, i)[0] for i, l in iter_lines(KB))
 c = time.perf_counter() - t
-from nlmfeature.rescore import rescore
+from nlmfeature.mt.rescore import rescore
 t = time.perf_counter()
 st = rescore(KB, sys.argv[3] + "/out.gz", [sys.argv[3] + "/bench.nlm"], progress=False,
              log=lambda m: None)
 d = time.perf_counter() - t
-from nlmfeature.bleu import References
-from nlmfeature.tuning.data import KbestPool
-from nlmfeature.tuning.mert import MertOptions, optimise
-from nlmfeature.weights import read_weights
+from nlmfeature.mt.bleu import References
+from nlmfeature.mt.tuning.data import KbestPool
+from nlmfeature.mt.tuning.mert import MertOptions, optimise
+from nlmfeature.mt.weights import read_weights
 T = sys.argv[4] + "/tests/data/tuning/"
 t = time.perf_counter()
 pool = KbestPool(References.from_files([T + "multi30k.dev.ref.200.en"]))

@@ -50,9 +50,9 @@ from typing import Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-sys.path.insert(0, REPO)  # this checkout's package (the one the measured Moses loads)
-from nlmfeature.atomicfile import atomic_write_text  # noqa: E402
-from nlmfeature.textio import iter_lines  # noqa: E402
+sys.path.insert(0, os.path.join(REPO, "src"))  # this checkout's package (the one the measured Moses loads)
+from nlmfeature.io.atomicfile import atomic_write_text  # noqa: E402
+from nlmfeature.io.textio import iter_lines  # noqa: E402
 SHARED = os.path.join(REPO, "..", "shared", "data")
 SYSTEM = os.path.join(SHARED, "moses", "multi30k-de-en")
 NBEST = os.path.join(SHARED, "nbest", "moses-multi30k-de-en")
@@ -174,7 +174,7 @@ def nbest_body(path: str) -> List[str]:
 
 
 def optimise(pool: List[str], ini: str, ref: str, out: str, algorithm: str, seed: int) -> List[str]:
-    cmd = PY + ["-m", "nlmfeature.tuning.cli", "optimise", "--init", ini, "--ref", ref, "--out", out,
+    cmd = PY + ["-m", "nlmfeature.mt.tuning.cli", "optimise", "--init", ini, "--ref", ref, "--out", out,
                 "--algorithm", algorithm, "--quiet"]
     for nb in pool:
         cmd += ["--nbest", nb]
@@ -238,7 +238,7 @@ def main(argv=None) -> int:
     # this checkout's library and package (Moses' RUNPATH names the tree it was built against)
     env = dict(os.environ, NLMFEATURE_CACHE_STATS="1",
                PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               LD_LIBRARY_PATH=os.path.join(REPO, "nlmfeature", "lib") + os.pathsep
+               LD_LIBRARY_PATH=os.path.join(REPO, "src", "nlmfeature", "lib") + os.pathsep
                + os.environ.get("LD_LIBRARY_PATH", ""))
     env.pop("NLMFEATURE_PERSISTENT_CACHE", None)
     n = len(refs)

@@ -32,13 +32,13 @@ from typing import Dict, List, Optional
 import numpy as np
 import sacrebleu
 
-from nlmfeature.atomicfile import open_output
-from nlmfeature.bleu import References
-from nlmfeature.textio import read_lines
-from nlmfeature.tuning import optimise_pool
-from nlmfeature.tuning.data import KbestPool
-from nlmfeature.tuning.mert import LineSearcher, l1_normalise
-from nlmfeature.weights import read_weights
+from nlmfeature.io.atomicfile import open_output
+from nlmfeature.mt.bleu import References
+from nlmfeature.io.textio import read_lines
+from nlmfeature.mt.tuning import optimise_pool
+from nlmfeature.mt.tuning.data import KbestPool
+from nlmfeature.mt.tuning.mert import LineSearcher, l1_normalise
+from nlmfeature.mt.weights import read_weights
 
 DATA = "/work/shared/data/nbest/moses-multi30k-de-en"
 

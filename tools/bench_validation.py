@@ -24,12 +24,12 @@ from collections import Counter
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "src"))
 
 import nlmfeature  # noqa: E402
 from nlmfeature import modelfile  # noqa: E402
-from nlmfeature.architecture import ModelSpec, precompute_tables, random_model  # noqa: E402
-from nlmfeature.vocab import Vocabulary  # noqa: E402
+from nlmfeature.core.architecture import ModelSpec, precompute_tables, random_model  # noqa: E402
+from nlmfeature.core.vocab import Vocabulary  # noqa: E402
 
 MODELS = {
     "nplm-class-tables": dict(arch="nplm", order=5, word_width=150, hidden=256, output="class", classes=215),

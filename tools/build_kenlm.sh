@@ -5,7 +5,7 @@
 #
 #   tools/build_kenlm.sh            # binaries go to ${NLMFEATURE_KENLM_BIN:-~/.cache/nlmfeature/kenlm/bin}
 #
-# nlmfeature.kenlm_baseline looks for lmplz in $NLMFEATURE_KENLM_BIN, then in that cache
+# nlmfeature.training.kenlm_baseline looks for lmplz in $NLMFEATURE_KENLM_BIN, then in that cache
 # directory, then on $PATH.
 #
 # Needs: Debian/Ubuntu (apt-get; run as root or with sudo), network access to apt and PyPI.

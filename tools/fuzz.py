@@ -61,7 +61,7 @@ INTERESTING_VALUES = [None, True, False, "4", "", "x" * 300, [], {}, [[]], {"a":
 
 
 def _paths():
-    for p in (TESTS, HERE, ROOT):
+    for p in (TESTS, HERE, os.path.join(ROOT, "src")):
         if p not in sys.path:
             sys.path.insert(0, p)
 
@@ -88,9 +88,9 @@ def make_seeds(workdir: str) -> Dict[str, Any]:
     import numpy as np  # noqa: F401
     import nlmfeature
     from helpers import BROWN_VALID, make_model, read_lines
-    from nlmfeature import modelfile
-    from nlmfeature.nplm import write_nplm
-    from nlmfeature.pcache import CachedScorer
+    from nlmfeature.core import modelfile
+    from nlmfeature.training.nplm import write_nplm
+    from nlmfeature.decoder.pcache import CachedScorer
 
     d = os.path.join(workdir, "seeds")
     index_path = os.path.join(d, "index.json")
@@ -384,7 +384,7 @@ class _Checker:
     def scorers_agree(self, m, lines, reference=True) -> Optional[str]:
         np = self.np
         from reference import logprob
-        from nlmfeature.pcache import CachedScorer
+        from nlmfeature.decoder.pcache import CachedScorer
         cs = CachedScorer(m)
         for k, line in enumerate(lines):
             native = m.score_sentence(line)
@@ -447,7 +447,7 @@ class _Checker:
         return p
 
     def nplm(self, case) -> Dict[str, Any]:
-        from nlmfeature.nplm import read_nplm
+        from nlmfeature.training.nplm import read_nplm
         try:
             header, arrays = read_nplm(case["path"])
             out = case["path"] + ".nlm"
@@ -461,8 +461,8 @@ class _Checker:
         return {"outcome": "wrong", "detail": bad} if bad else {"outcome": "ok"}
 
     def kbest(self, case) -> Dict[str, Any]:
-        from nlmfeature.kbest import read_kbest
-        from nlmfeature.rescore import rescore
+        from nlmfeature.mt.kbest import read_kbest
+        from nlmfeature.mt.rescore import rescore
         try:
             n = sum(1 for _ in read_kbest(case["path"]))
             out = case["path"] + ".out.gz"
@@ -478,7 +478,7 @@ class _Checker:
 
     def pcache(self, case) -> Dict[str, Any]:
         np = self.np
-        from nlmfeature.pcache import CachedScorer
+        from nlmfeature.decoder.pcache import CachedScorer
         m = self.nlm.load(case["model"])
         d = case["path"] + ".dir"
         shutil.rmtree(d, ignore_errors=True)

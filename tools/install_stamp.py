@@ -24,8 +24,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAMP = os.path.join("build", "install-stamp")
 #: what the build reads, relative to the checkout (generated C files excluded)
 BUILD_INPUTS = ["setup.py", "pyproject.toml", "cython/**/*.pyx", "cython/**/*.pxd",
-                "cython/**/*.pxi", "cython/**/*.h", "nlmfeature/capi/*.c", "nlmfeature/capi/*.h",
-                "nlmfeature/capi/*.py"]
+                "cython/**/*.pxi", "cython/**/*.h", "src/nlmfeature/decoder/capi/*.c", "src/nlmfeature/decoder/capi/*.h",
+                "src/nlmfeature/decoder/capi/*.py"]
 #: modules the tests need besides the package
 TEST_MODULES = ["pytest", "numpy", "sacrebleu", "sacremoses", "tqdm", "kenlm"]
 
@@ -62,12 +62,12 @@ def why_not_current(root: str = ROOT) -> Optional[str]:
              "from nlmfeature.commands.config import paths; "
              "assert os.path.exists(paths()['library']), 'libnlmfeature.so missing'; "
              f"import {', '.join(TEST_MODULES)}; "
-             "print(os.path.dirname(os.path.dirname(os.path.abspath(nlmfeature.__file__))))")
+             "print(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(nlmfeature.__file__)))))")
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                        cwd=os.path.dirname(root) or "/")   # not the checkout: the installed one
     if r.returncode != 0:
         return "the installed package does not import: " + (r.stderr.strip().splitlines() or ["?"])[-1]
-    if os.path.realpath(r.stdout.strip()) != os.path.realpath(root):
+    if os.path.realpath(r.stdout.strip()) != os.path.realpath(root):   # root/src/nlmfeature
         return f"the installed nlmfeature is {r.stdout.strip()}, not this checkout"
     return None
 

@@ -1,11 +1,11 @@
 # cython: language_level=3
 """Glue between the C library ``libnlmfeature`` and the Cython scorer.
 
-``libnlmfeature`` (``nlmfeature/capi/nlmfeature.c``) embeds or joins a Python interpreter
+``libnlmfeature`` (``nlmfeature/decoder/capi/nlmfeature.c``) embeds or joins a Python interpreter
 only to *load* a model: it calls :func:`load_model` and :func:`free_model` under the GIL.
 Everything a decoder does per sentence and per n-gram goes through :data:`VTABLE`, a
 PyCapsule holding a C struct of pointers to ``nogil`` functions (see
-``nlmfeature/capi/nlm_vtable.h``), so decoder threads never take the GIL.
+``nlmfeature/decoder/capi/nlm_vtable.h``), so decoder threads never take the GIL.
 """
 from libc.stdint cimport int32_t, int64_t, uintptr_t
 from libc.stdlib cimport calloc, free
@@ -20,7 +20,7 @@ from nlmfeature._pcache cimport pc_session_new, pc_session_free, pc_begin, pc_en
 
 cnp.import_array()
 
-cdef extern from "../../nlmfeature/capi/nlm_vtable.h":
+cdef extern from "../../src/nlmfeature/decoder/capi/nlm_vtable.h":
     enum:
         NLM_VTABLE_VERSION
         NLM_VT_STAT_COUNT
@@ -147,7 +147,7 @@ def load_model(str path, bint verify=True, bint use_tables=True) -> int:
     Raises the loader's exception (e.g. :class:`nlmfeature.ModelFileError`) on failure; the
     C library turns it into an error code and message.
     """
-    from .model import load
+    from nlmfeature.core.model import load
     model = load(path, verify=verify, use_tables=use_tables)
     cap = model.native.capsule()
     offsets = np.ascontiguousarray(model.arrays["vocab.offsets"], dtype=np.int64)

@@ -1,5 +1,5 @@
 # cython: language_level=3
-"""Native inner loops of the tuners (:mod:`nlmfeature.tuning`).
+"""Native inner loops of the tuners (:mod:`nlmfeature.mt.tuning`).
 
 - :func:`segment_argmax`: the model-best hypothesis of every sentence;
 - :func:`envelope`: Och's upper envelope of each sentence's lines ``a + b*gamma`` (one per

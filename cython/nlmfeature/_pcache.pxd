@@ -5,7 +5,7 @@
 from libc.stdint cimport int32_t, int64_t
 from nlmfeature._scorer cimport ModelC, SessionC
 
-cdef extern from "../../nlmfeature/capi/nlm_vtable.h":
+cdef extern from "../../src/nlmfeature/decoder/capi/nlm_vtable.h":
     enum:
         NLM_VT_STAT_LOOKUPS
         NLM_VT_STAT_NGRAM_HITS

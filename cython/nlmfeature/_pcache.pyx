@@ -53,7 +53,7 @@ from libc.string cimport memcpy, memset, strlen, strerror, strcmp
 from posix.stat cimport struct_stat, fstat, stat, S_ISDIR, S_ISREG
 from cpython.pycapsule cimport PyCapsule_GetPointer
 
-cdef extern from "../../nlmfeature/capi/nlmfeature.h":
+cdef extern from "../../src/nlmfeature/decoder/capi/nlmfeature.h":
     enum:
         NLM_DEFAULT_CACHE_ENTRIES
 
@@ -816,7 +816,7 @@ cdef SessionC* pc_session_new(const ModelC* m, const unsigned char* checksum, co
 
 cdef void open_query_log(SessionC* s, const unsigned char* checksum) noexcept nogil:
     """NLMFEATURE_QUERY_LOG=DIR: record every lookup of this session in
-    DIR/queries.<pid>.<n>.bin (see ``nlmfeature.querylog``), for replay by
+    DIR/queries.<pid>.<n>.bin (see ``nlmfeature.decoder.querylog``), for replay by
     ``nlmfeature bench query --decoder-stream`` after ``nlmfeature querylog pack``.
     Recording costs one buffered write per lookup."""
     cdef const char* d = getenv("NLMFEATURE_QUERY_LOG")

@@ -23,7 +23,7 @@ cdef extern from "<sys/mman.h>" nogil:
     int madvise(void* addr, size_t length, int advice)
     int MADV_HUGEPAGE
 
-cdef extern from "../../nlmfeature/capi/nlmfeature.h":
+cdef extern from "../../src/nlmfeature/decoder/capi/nlmfeature.h":
     enum:
         NLM_DEFAULT_CACHE_ENTRIES
 
@@ -1023,7 +1023,7 @@ cdef class NativeModel:
     """The C view of a model's arrays.  Keeps the arrays (and so the mmap) alive.
 
     ``header`` is the parsed model-file header; ``arrays`` maps array names to numpy arrays
-    whose shapes :mod:`nlmfeature.modelfile` has already validated.
+    whose shapes :mod:`nlmfeature.core.modelfile` has already validated.
     """
     cdef ModelC m
     cdef object _arrays

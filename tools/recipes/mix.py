@@ -1,10 +1,10 @@
 """pplmix.py TEST VALID KENLM_ARPA MODEL...: token-level linear mixture of L2R NLMs (weights tuned on valid by EM), alone and with KenLM"""
 import os, sys, math, numpy as np
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from nlmfeature.bench_memory import neural_scores
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src"))
+from nlmfeature.bench.memory import neural_scores
 from nlmfeature.training.corpus import read_lines
-from nlmfeature.kenlm_baseline import KenLMScorer
-from nlmfeature.model import load
+from nlmfeature.training.kenlm_baseline import KenLMScorer
+from nlmfeature.core.model import load
 test, valid, arpa = sys.argv[1:4]; models = sys.argv[4:]
 T, V = read_lines(test), read_lines(valid)
 vocab = load(models[0]).vocab

@@ -1,10 +1,10 @@
 """ppl.py MODEL TEST VALID TRAIN: exactly normalised NLM perplexity on TEST (and VALID), the KenLM 5-gram of TRAIN (same vocabulary) and their linear interpolation (weight tuned on VALID); a right-to-left model: its own perplexity only."""
 import sys, os, math, json, numpy as np
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from nlmfeature.model import load
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src"))
+from nlmfeature.core.model import load
 from nlmfeature.training.corpus import read_lines, ngrams
 from nlmfeature.training.trainer import heldout_logprob
-from nlmfeature.kenlm_baseline import KenLMScorer, train_kenlm, interpolate
+from nlmfeature.training.kenlm_baseline import KenLMScorer, train_kenlm, interpolate
 mp, test, valid, train = sys.argv[1:5]
 m = load(mp)
 rev = bool(m.header.get("metadata", {}).get("reverse"))

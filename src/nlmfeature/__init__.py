@@ -1,0 +1,20 @@
+"""nlmfeature: feed-forward neural language models for machine-translation decoders.
+
+Load a model with :func:`load` and score with :meth:`Model.score`,
+:meth:`Model.score_sentence` or :meth:`Model.perplexity`, or word by word from a
+:class:`State` (:meth:`Model.begin_sentence`, :meth:`Model.score_word`).  Scores are natural logs.
+"""
+import os as _os
+
+# Idle OpenMP threads of our kernels must not spin and starve OpenBLAS's threads (measured:
+# training 10x slower with the default policy).  libgomp reads this when it loads, which is
+# when the first extension module is imported below; a user's own setting wins.
+_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from nlmfeature.errors import InputError, ModelFileError, NLMFeatureError
+from nlmfeature.core.model import Model, Perplexity, State, load, save
+from nlmfeature.core.vocab import Vocabulary
+
+__version__ = "0.1.0"
+__all__ = ["load", "save", "Model", "Perplexity", "State", "Vocabulary", "NLMFeatureError",
+           "ModelFileError", "InputError", "__version__"]

@@ -1,0 +1,793 @@
+"""``nlmfeature bench mt``: translation quality with and without neural LMs, on a real Moses system.
+
+From raw text, as a user would start:
+
+1. ``nlmfeature prepare`` the dev and test sources and references (identical to the Moses Perl
+   pipeline the system was trained with);
+2. filter the phrase and reordering tables to the sentences translated, binarise the LM
+   (Moses then loads in about a second);
+3. train the NLM with the given recipe unless ``--model`` gives models (several = several
+   features in one system);
+4. tune the KenLM-only and the KenLM+NLM system ``--tunings`` times each (MERT seeds 1..N, or
+   ``--algorithm mira``) with ``nlmfeature-tune moses``, from the system's tuned KenLM weights;
+5. decode dev and every test set with each tuned system; BLEU and chrF (tokenised, against the
+   tokenised lowercased references, as the system's README) and detokenised BLEU (sacremoses,
+   against the raw references, sacrebleu's 13a, case-insensitive: as papers report it); mean
+   and spread over the tunings, the paired-bootstrap p-value of the difference of the means
+   (every resample scores all tunings of both sides), decode seconds per sentence and their
+   ratio;
+6. the decoder's dev BLEU at every tuning iteration, and the test BLEU of the two candidate
+   final weights of each tuning: the last optimiser output and the best decoded weights;
+7. k-best rescoring: the first KenLM-only tuning's system writes 1000-best lists of dev and
+   test; the NLM features are appended (``nlmfeature-rescore``), weights are tuned on dev
+   ``--tunings`` times with and without them (``nlmfeature-tune optimise``) and test is reranked.
+
+Everything goes to ``--workdir``; rerunning the same command reuses every finished step
+(tuning runs resume).  ``--quick`` tunes on the first ``--quick-sentences`` dev sentences with
+at most 6 iterations (labelled in every output); ``--test-sentences`` cuts the test sets (also
+labelled).  On a 2-core machine loaded by other jobs, 100 dev / 100 test sentences with 2
+tunings of 2 iterations took 25 minutes and the 1000-best rescoring of 100 + 200 sentences 13.
+cdec's hiero system is not part of it yet (no hiero grammar for the shared system).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import io
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from nlmfeature.errors import InputError, NLMFeatureError
+from nlmfeature.io.textio import read_lines as _read
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+DEFAULT_SYSTEM = os.path.join("..", "shared", "data", "moses", "multi30k-de-en")
+DEFAULT_DATA = os.path.join("..", "shared", "data", "parallel", "multi30k")
+#: the recipe that gave +1.05 BLEU in rescoring (issue 16): unnormalised LBL, NCE, direct features
+DEFAULT_RECIPE = ("--order 5 --min-count 2 --word-width 200 --diagonal-contexts --output unnormalised "
+                  "--noise-samples 10 --direct-order 3 --hash-space 4194304 --min-ngram-freq 2 "
+                  "--patience 2 --seed 1")
+
+
+def threading_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _log(msg: str) -> None:
+    print(f"[bench mt {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _repo_path(rel: str) -> str:
+    return os.path.normpath(os.path.join(REPO, rel))
+
+
+def _write(path: str, lines: Sequence[str]) -> None:
+    from nlmfeature.io.atomicfile import atomic_write_text
+
+    atomic_write_text(path, "".join(l + "\n" for l in lines))
+
+
+def _quiet_call(fn, argv: List[str], what: str) -> None:
+    """Run one of the package's command-line mains; raise when it fails."""
+    _log("$ " + what + " " + " ".join(shlex.quote(a) for a in argv))
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        status = fn(argv)
+    if status:
+        raise NLMFeatureError(f"{what} failed (status {status}):\n{buf.getvalue()[-2000:]}")
+
+
+# -- 1. data ------------------------------------------------------------------------------------
+def prepare_sets(args: argparse.Namespace, work: str) -> Dict[str, dict]:
+    """Prepared dev and test sets: {name: {src, ref, raw_ref, n}} (dev cut with --quick)."""
+    from nlmfeature.mt.prepare import Preparer
+
+    sets: Dict[str, dict] = {}
+    prep = {l: Preparer(l) for l in (args.src_lang, args.tgt_lang)}
+    names = [args.dev] + [t for t in args.test if t != args.dev]
+    for name in names:
+        out = {}
+        limit = args.quick_sentences if (args.quick and name == args.dev) else 0
+        if name != args.dev and args.test_sentences:
+            limit = args.test_sentences
+        tag = f"{name}.{limit}" if limit else name
+        for kind, lang in (("src", args.src_lang), ("ref", args.tgt_lang)):
+            raw = os.path.join(args.data, f"{name}.{lang}.gz")
+            if not os.path.exists(raw):
+                raw = os.path.join(args.data, f"{name}.{lang}")
+            lines = _read(raw)
+            if limit:
+                lines = lines[:limit]
+            path = os.path.join(work, f"{tag}.{kind}.{lang}")
+            if not os.path.exists(path):
+                _write(path, list(prep[lang].lines(lines)))
+            if kind == "ref":
+                out["raw_ref"] = os.path.join(work, f"{tag}.raw.{lang}")
+                if not os.path.exists(out["raw_ref"]):
+                    _write(out["raw_ref"], lines)
+            out[kind] = path
+            out["n"] = len(lines)
+        sets[name] = out
+    return sets
+
+
+# -- 2. system ----------------------------------------------------------------------------------
+def _source_ngrams(paths: Sequence[str], max_len: int = 10) -> set:
+    grams = set()
+    for p in paths:
+        for line in _read(p):
+            toks = line.split()
+            for i in range(len(toks)):
+                for j in range(i + 1, min(len(toks), i + max_len) + 1):
+                    grams.add(" ".join(toks[i:j]))
+    return grams
+
+
+def filter_table(src: str, dst: str, grams: set) -> Tuple[int, int]:
+    """Keep the lines of a Moses phrase / reordering table whose source phrase is in ``grams``."""
+    kept = total = 0
+    if os.path.exists(dst):
+        return -1, -1
+    tmp = dst + ".tmp"
+    with gzip.open(src, "rb") if src.endswith(".gz") else open(src, "rb") as f, \
+            open(tmp, "wb") as out:
+        for raw in f:
+            total += 1
+            key = raw.split(b" ||| ", 1)[0].decode("utf-8").strip()
+            if key in grams:
+                out.write(raw)
+                kept += 1
+    os.replace(tmp, dst)
+    return kept, total
+
+
+def find_build_binary(moses_root: Optional[str]) -> str:
+    from nlmfeature.training.kenlm_baseline import find_tool
+
+    if moses_root and os.access(os.path.join(moses_root, "bin", "build_binary"), os.X_OK):
+        return os.path.join(moses_root, "bin", "build_binary")
+    return find_tool("build_binary")
+
+
+def build_system(args: argparse.Namespace, work: str, sets: Dict[str, dict]) -> Tuple[str, dict]:
+    """A moses.ini on filtered tables and a binarised LM; returns (path, its weights)."""
+    from nlmfeature.mt.weights import read_weights
+
+    ini_src = os.path.join(args.system, f"moses.{args.init}.ini")
+    if not os.path.exists(ini_src):
+        raise InputError(ini_src, 0, "the Moses system has no such config (--system, --init)")
+    lines = _read(ini_src)
+    srcs = sorted(s["src"] for s in sets.values())
+    grams = _source_ngrams(srcs)
+    import hashlib
+
+    # the filtered tables depend on the inputs: one copy per set of input files
+    key = hashlib.sha1("\n".join(srcs).encode("utf-8")).hexdigest()[:8]
+    out_lines = []
+    for line in lines:
+        m = re.search(r"path=(\S+)", line)
+        if m and not line.lstrip().startswith("#"):
+            rel = m.group(1).replace("MODEL_DIR/", "")
+            src = os.path.join(args.system, rel) if not os.path.isabs(rel) else rel
+            name = os.path.basename(src)
+            if line.split()[0] in ("KENLM", "KENLMBIN"):
+                dst = os.path.join(work, "lm.bin")
+                if not os.path.exists(dst):
+                    tool = find_build_binary(args.moses_root)
+                    _log(f"binarising {src} with {tool}")
+                    proc = subprocess.run([tool, src, dst + ".tmp"], capture_output=True, text=True)
+                    if proc.returncode != 0:
+                        raise NLMFeatureError(f"build_binary failed on {src}:\n{proc.stderr[-2000:]}")
+                    os.replace(dst + ".tmp", dst)
+            else:
+                dst = os.path.join(work, f"filtered.{key}." + re.sub(r"\.gz$", "", name))
+                t0 = time.time()
+                kept, total = filter_table(src, dst, grams)
+                if kept >= 0:
+                    _log(f"filtered {name}: {kept:,} of {total:,} lines kept "
+                         f"({time.time() - t0:.0f} s)")
+            line = line.replace(m.group(0), "path=" + dst)
+        out_lines.append(line)
+    ini = os.path.join(work, f"base.{key}.moses.ini")
+    _write(ini, out_lines)
+    return ini, read_weights(ini)
+
+
+def nlm_ini(base_ini: str, dst: str, models: Sequence[str], base_weights: dict) -> dict:
+    """``base_ini`` plus one NLMFeature line per model; returns the initial weights."""
+    from nlmfeature import load
+
+    weights = dict(base_weights)
+    lm = base_weights.get("LM0", [0.1])[0]
+    feature_lines = []
+    for i, m in enumerate(models):
+        order = load(m).order
+        feature_lines.append(f"NLMFeature name=NLM{i} path={os.path.abspath(m)} order={order}")
+        weights[f"NLM{i}"] = [lm / 2]
+    out = []
+    for line in _read(base_ini):
+        out.append(line)
+        if line.strip() == "[feature]":
+            out.extend(feature_lines)
+    _write(dst, out)
+    from nlmfeature.mt.tuning.config import rewrite_moses_ini
+
+    rewrite_moses_ini(dst, dst, weights)
+    return weights
+
+
+# -- 3. models ----------------------------------------------------------------------------------
+def train_model(args: argparse.Namespace, work: str, dev_ref: str) -> str:
+    from nlmfeature import cli
+
+    path = os.path.join(work, "nlm.nlm")
+    done = path + ".recipe"            # written when training finished: the recipe it used
+    if os.path.exists(path) and os.path.exists(done) and open(done).read().strip() == args.recipe:
+        return path
+    train = os.path.join(args.system, "train.tok.lc.en.gz")
+    argv = ["train", "--train", train, "--test-set", dev_ref, "--model-out", path,
+            "--threads", str(args.threads), "--no-progress"] + shlex.split(args.recipe)
+    _quiet_call(cli.main, argv, "nlmfeature")
+    _write(done, [args.recipe])
+    return path
+
+
+# -- 4/5. tuning and decoding -------------------------------------------------------------------
+def decode(moses: str, ini: str, src: str, out: str, threads: int, kbest: int = 0,
+           kbest_out: Optional[str] = None, distinct: bool = False) -> float:
+    """Translate ``src`` into ``out`` (1-best); returns the wall seconds (0 when reused)."""
+    if os.path.exists(out) and (not kbest or os.path.exists(kbest_out)):
+        meta = out + ".seconds"
+        return float(open(meta).read()) if os.path.exists(meta) else 0.0
+    import tempfile
+
+    cmd = [moses, "-config", ini, "-input-file", src, "-threads", str(threads)]
+    # temporary names of this process only: an interrupted run's decoder cannot write into them
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(out) + ".", dir=os.path.dirname(out))
+    os.close(fd)
+    ktmp = None
+    if kbest:
+        fd, ktmp = tempfile.mkstemp(prefix="." + os.path.basename(kbest_out) + ".",
+                                    dir=os.path.dirname(kbest_out))
+        os.close(fd)
+        cmd += ["-n-best-list", ktmp, str(kbest)] + (["distinct"] if distinct else [])
+    t0 = time.time()
+    try:
+        with open(tmp, "wb") as f, open(out + ".log", "wb") as err:
+            proc = subprocess.Popen(cmd, stdout=f, stderr=err)
+            try:
+                status = proc.wait()
+            except BaseException:       # Ctrl-C / SIGTERM: the decoder goes too
+                proc.kill()
+                proc.wait()
+                raise
+        if status != 0:
+            raise NLMFeatureError(f"{moses} failed (status {status}); see {out}.log")
+        seconds = time.time() - t0
+        if ktmp:
+            os.replace(ktmp, kbest_out)
+        os.replace(tmp, out)
+    finally:
+        for t in (tmp, ktmp):
+            if t and os.path.exists(t):
+                os.unlink(t)
+    with open(out + ".seconds", "w") as f:
+        f.write(repr(seconds) + "\n")     # exact: a rerun reports the same figures
+    return seconds
+
+
+def tune(args: argparse.Namespace, ini: str, dev: dict, tdir: str, seed: int,
+         nlm: bool) -> dict:
+    """One ``nlmfeature-tune moses`` run; returns its iterations and candidate final weights."""
+    from nlmfeature.mt.tuning import cli as tune_cli
+    from nlmfeature.mt.tuning.driver import DriverState, best_decoded, decoded_weights
+    from nlmfeature.mt.weights import read_weights
+
+    argv = ["moses", "--moses", args.moses, "--config", ini, "--source", dev["src"],
+            "--ref", dev["ref"], "--workdir", tdir, "--threads", str(args.threads),
+            "--algorithm", args.algorithm, "--seed", str(seed), "--max-iterations",
+            str(args.max_iterations), "--nbest-size", str(args.nbest_size), "--jobs",
+            str(args.jobs), "--quiet"]
+    if nlm:
+        argv += ["--persistent-cache", os.path.join(os.path.dirname(tdir), "nlm-cache")]
+    _quiet_call(tune_cli.main, argv, "nlmfeature-tune")
+    state = DriverState.load(os.path.join(tdir, "state.json"))
+    initial = read_weights(ini)
+    it, dev_bleu, best = best_decoded(state, initial)
+    hist = sorted(state.history, key=lambda h: h["iteration"])
+    return dict(seed=seed, iterations=[dict(iteration=h["iteration"], dev_bleu=h.get("dev_bleu"),
+                                            pool_bleu_after=h.get("pool_bleu_after"),
+                                            decode_seconds=h.get("decode_seconds"))
+                                       for h in hist],
+                stop_reason=state.stop_reason, best_iteration=it, best_dev_bleu=dev_bleu,
+                weights={"last": state.weights, "best": best},
+                decoded=len(decoded_weights(state, initial)))
+
+
+# -- scores -------------------------------------------------------------------------------------
+class Scorer:
+    """Per-sentence statistics of one test set: tokenised BLEU/chrF and detokenised BLEU."""
+
+    def __init__(self, ref: str, raw_ref: str, tgt_lang: str) -> None:
+        from nlmfeature.mt.evaluate import make_metrics
+
+        self.refs = [_read(ref)]
+        self.raw = [_read(raw_ref)]
+        self.lang = tgt_lang
+        self.tok = make_metrics("none", False, 0, ("bleu", "chrf"))
+        self.detok = make_metrics("13a", True, 0, ("bleu",))["bleu"]
+
+    def stats(self, hyp_path: str) -> Dict[str, np.ndarray]:
+        from nlmfeature.mt.evaluate import sentence_stats
+        from nlmfeature.mt.prepare import detokenise
+
+        hyps = _read(hyp_path)
+        if len(hyps) != len(self.refs[0]):
+            raise InputError(hyp_path, len(hyps), f"{len(hyps)} lines for "
+                             f"{len(self.refs[0])} references")
+        out = {name: sentence_stats(m, hyps, self.refs) for name, m in self.tok.items()}
+        out["detok_bleu"] = sentence_stats(self.detok, list(detokenise(hyps, self.lang)), self.raw)
+        return out
+
+    def metric(self, name: str):
+        return self.detok if name == "detok_bleu" else self.tok[name]
+
+
+def score(scorer: Scorer, name: str, stats: np.ndarray) -> float:
+    from nlmfeature.mt.evaluate import scores_from_stats
+
+    base = "bleu" if name == "detok_bleu" else name
+    return float(scores_from_stats(base, scorer.metric(name), stats.sum(axis=0))[0])
+
+
+def mean_pair_bootstrap(scorer: Scorer, name: str, runs_a: List[np.ndarray],
+                        runs_b: List[np.ndarray], samples: int, seed: int = 12345) -> float:
+    """p-value of the difference of the mean scores of two groups of systems: every resample
+    scores every run of both groups on the same sentences (paired bootstrap as sacrebleu's,
+    applied to the means)."""
+    from nlmfeature.mt.evaluate import resample_indices, resampled_sums, scores_from_stats
+
+    base = "bleu" if name == "detok_bleu" else name
+    metric = scorer.metric(name)
+    idx = resample_indices(len(runs_a[0]), samples, seed)
+    mean = lambda runs: np.mean([scores_from_stats(base, metric, resampled_sums(r, idx))  # noqa: E731
+                                 for r in runs], axis=0)
+    sa, sb = mean(runs_a), mean(runs_b)
+    observed = abs(np.mean([score(scorer, name, r) for r in runs_b]) -
+                   np.mean([score(scorer, name, r) for r in runs_a]))
+    diffs = np.abs(sb - sa)
+    centred = diffs - diffs.mean()
+    return (int(np.sum(centred >= observed)) + 1) / (samples + 1)
+
+
+def summarise(values: Sequence[float]) -> dict:
+    v = np.asarray(values, dtype=np.float64)
+    return dict(mean=float(v.mean()), sd=float(v.std(ddof=1)) if len(v) > 1 else 0.0,
+                min=float(v.min()), max=float(v.max()), runs=[float(x) for x in v])
+
+
+# -- 7. rescoring -------------------------------------------------------------------------------
+class KbestMatrix:
+    """A k-best list's feature values as one matrix, for reranking under many weight vectors."""
+
+    def __init__(self, path: str) -> None:
+        from nlmfeature.mt.kbest import read_kbest
+
+        self.path = path
+        rows, sids, self.texts = [], [], []
+        self.labels: List[Tuple[str, int]] = []
+        for hyp in read_kbest(path):
+            if not self.labels:
+                self.labels = [(l, len(v)) for l, v in hyp.features]
+            elif [l for l, _ in hyp.features] != [l for l, _ in self.labels]:
+                raise InputError(path, 0, f"sentence {hyp.sid}: features differ from the first "
+                                 "line's")
+            rows.append(hyp.dense())
+            sids.append(hyp.sid)
+            self.texts.append(hyp.text)
+        self.x = np.asarray(rows, dtype=np.float64)
+        self.sids = np.asarray(sids, dtype=np.int64)
+
+    def one_best(self, weights: dict) -> List[str]:
+        """The highest-scoring hypothesis per sentence (labels without a weight count as 0)."""
+        w = np.concatenate([np.asarray(weights.get(l, [0.0] * k), dtype=np.float64)
+                            for l, k in self.labels])
+        total = self.x @ w
+        n = int(self.sids.max()) + 1
+        best = np.full(n, -np.inf)
+        pick = np.full(n, -1, dtype=np.int64)
+        for i in range(len(total)):        # first of equals, as the decoder's order
+            s = self.sids[i]
+            if total[i] > best[s]:
+                best[s], pick[s] = total[i], i
+        return [self.texts[i] if i >= 0 else "" for i in pick]
+
+
+def rescoring(args: argparse.Namespace, work: str, sets: Dict[str, dict], base_ini: str,
+              base_weights: dict, models: Sequence[str], scorers: Dict[str, Scorer],
+              mkey: str) -> dict:
+    from nlmfeature.mt import rescore
+    from nlmfeature.mt.tuning import cli as tune_cli
+    from nlmfeature.mt.weights import read_weights, write_weights
+
+    rdir = work
+    os.makedirs(rdir, exist_ok=True)
+    ini = os.path.join(rdir, "kbest.moses.ini")
+    from nlmfeature.mt.tuning.config import rewrite_moses_ini
+
+    rewrite_moses_ini(base_ini, ini, base_weights)
+    lists = {}
+    for name, s in sets.items():
+        kb = os.path.join(rdir, f"{name}.{args.kbest}best" + (".distinct" if args.distinct else ""))
+        decode(args.moses, ini, s["src"], os.path.join(rdir, f"{name}.decoder.1best"),
+               args.threads, args.kbest, kb, args.distinct)
+        nlm_kb = kb + f".nlm{mkey}.gz"
+        if not os.path.exists(nlm_kb):
+            argv = ["-i", kb, "-o", nlm_kb, "-q", "-j", str(args.jobs)]
+            for m in models:
+                argv += ["-m", m]
+            _quiet_call(rescore.main, argv, "nlmfeature-rescore")
+        lists[name] = (kb, nlm_kb)
+    init_nlm = dict(base_weights)
+    for i in range(len(models)):
+        init_nlm[f"NLM{i}"] = [base_weights.get("LM0", [0.1])[0] / 2]
+    write_weights(os.path.join(rdir, "init.base.weights"), base_weights)
+    write_weights(os.path.join(rdir, f"init.nlm{mkey}.weights"), init_nlm)
+    dev = sets[args.dev]
+    out: dict = {"kbest": args.kbest, "systems": {}}
+    matrices: Dict[str, KbestMatrix] = {}
+    for side in ("base", "nlm"):
+        runs = []
+        for seed in range(1, args.tunings + 1):
+            tag = f"{side if side == 'base' else 'nlm' + mkey}.{args.algorithm}{seed}"
+            w = os.path.join(rdir, f"{tag}.weights")
+            if not os.path.exists(w):
+                _quiet_call(tune_cli.main,
+                            ["optimise", "--nbest", lists[args.dev][side == "nlm"], "--ref",
+                             dev["ref"], "--init",
+                             os.path.join(rdir, f"init.{side if side == 'base' else 'nlm' + mkey}.weights"),
+                             "--algorithm", args.algorithm, "--seed", str(seed), "--jobs",
+                             str(args.jobs), "--out", w, "--quiet"], "nlmfeature-tune")
+            per_set = {}
+            for name in sets:
+                one = os.path.join(rdir, f"{name}.{tag}.1best")
+                if not os.path.exists(one):
+                    if name not in matrices:
+                        matrices[name] = KbestMatrix(lists[name][1])
+                    _write(one, matrices[name].one_best(read_weights(w)))
+                per_set[name] = one
+            runs.append(per_set)
+        out["systems"][side] = runs
+    return out
+
+
+# -- report -------------------------------------------------------------------------------------
+def collect(scorers: Dict[str, Scorer], runs: Dict[str, List[Dict[str, str]]], samples: int,
+            seconds: Optional[Dict[str, Dict[str, List[float]]]] = None,
+            sizes: Optional[Dict[str, int]] = None) -> dict:
+    """Scores of every run of 'base' and 'nlm' per set, their summaries and p-values."""
+    res: dict = {}
+    for name, scorer in scorers.items():
+        stats = {side: [scorer.stats(r[name]) for r in runs[side]] for side in ("base", "nlm")}
+        entry: dict = {}
+        for metric in ("bleu", "chrf", "detok_bleu"):
+            sides = {side: summarise([score(scorer, metric, st[metric]) for st in stats[side]])
+                     for side in ("base", "nlm")}
+            sides["difference"] = sides["nlm"]["mean"] - sides["base"]["mean"]
+            sides["p_value"] = mean_pair_bootstrap(scorer, metric,
+                                                   [st[metric] for st in stats["base"]],
+                                                   [st[metric] for st in stats["nlm"]], samples)
+            entry[metric] = sides
+        if seconds and name in seconds and sizes:
+            per = {side: float(np.mean(seconds[name][side])) / sizes[name]
+                   for side in ("base", "nlm") if seconds[name].get(side)}
+            if len(per) == 2 and per["base"] > 0:
+                entry["seconds_per_sentence"] = dict(per, ratio=per["nlm"] / per["base"])
+        res[name] = entry
+    return res
+
+
+def format_table(title: str, res: dict) -> str:
+    lines = [title,
+             f"{'set':<8} {'metric':<11} {'KenLM only':>25} {'KenLM + NLM':>25} {'diff':>7} "
+             f"{'p':>6}"]
+    for name, entry in res.items():
+        for metric in ("bleu", "detok_bleu", "chrf"):
+            e = entry[metric]
+            cell = lambda s: f"{s['mean']:.2f} ± {s['sd']:.2f} ({s['min']:.2f}-{s['max']:.2f})"  # noqa: E731
+            lines.append(f"{name:<8} {metric:<11} {cell(e['base']):>25} {cell(e['nlm']):>25} "
+                         f"{e['difference']:+7.2f} {e['p_value']:6.3f}")
+        if "seconds_per_sentence" in entry:
+            s = entry["seconds_per_sentence"]
+            lines.append(f"{name:<8} {'s/sentence':<11} {s['base']:>25.4f} {s['nlm']:>25.4f} "
+                         f"{'x' + format(s['ratio'], '.2f'):>7}")
+    return "\n".join(lines)
+
+
+def plot(path: str, doc: dict) -> Optional[str]:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install 'nlmfeature[plot]'): no plot"
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    ax = axes[0]
+    labels, base, nlm, base_err, nlm_err = [], [], [], [], []
+    for part, key in (("decoding", "decoding"), ("rescoring", "rescoring")):
+        for name, entry in doc.get(key, {}).get("scores", {}).items():
+            labels.append(f"{part}\n{name}")
+            base.append(entry["bleu"]["base"]["mean"])
+            nlm.append(entry["bleu"]["nlm"]["mean"])
+            base_err.append(entry["bleu"]["base"]["sd"])
+            nlm_err.append(entry["bleu"]["nlm"]["sd"])
+    x = np.arange(len(labels))
+    ax.bar(x - 0.2, base, 0.4, yerr=base_err, label="KenLM only", capsize=3)
+    ax.bar(x + 0.2, nlm, 0.4, yerr=nlm_err, label="KenLM + NLM", capsize=3)
+    ax.set_xticks(x)
+    ax.set_xticklabels(labels)
+    lo = min(base + nlm) if labels else 0
+    ax.set_ylim(max(0, lo - 5), max(base + nlm) + 2 if labels else 1)
+    ax.set_ylabel("BLEU (tokenised, mean ± sd over tunings)")
+    ax.legend()
+    ax.set_title("test and dev BLEU", fontsize=10)
+    fig.suptitle(doc["label"], fontsize=9)
+    ax = axes[1]
+    for side, style in (("base", "-"), ("nlm", "--")):
+        for run in doc.get("decoding", {}).get("tunings", {}).get(side, []):
+            its = [i["iteration"] for i in run["iterations"]]
+            ax.plot(its, [i["dev_bleu"] for i in run["iterations"]], style, marker="o",
+                    label=f"{'KenLM' if side == 'base' else '+NLM'} seed {run['seed']}")
+    ax.set_xlabel("tuning iteration")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_ylabel("decoder dev BLEU")
+    ax.set_title("dev BLEU of every tuning iteration")
+    if ax.get_lines():
+        ax.legend(fontsize=7)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.savefig(path + ".tmp.png", dpi=100)
+    plt.close(fig)
+    os.replace(path + ".tmp.png", path)
+    return None
+
+
+# -- main ---------------------------------------------------------------------------------------
+def run(args: argparse.Namespace) -> int:
+    t_start = time.time()
+    args.system = os.path.abspath(args.system)
+    args.data = os.path.abspath(args.data)
+    if not os.path.isdir(args.system):
+        raise InputError(args.system, 0, "no such Moses system folder (--system)")
+    if args.moses is None:
+        root = os.environ.get("MOSES_ROOT")
+        if not root:
+            raise NLMFeatureError("give the Moses executable with --moses or set MOSES_ROOT")
+        args.moses = os.path.join(root, "bin", "moses")
+    args.moses = os.path.abspath(args.moses)
+    args.moses_root = os.environ.get("MOSES_ROOT") or os.path.dirname(os.path.dirname(args.moses))
+    if not os.access(args.moses, os.X_OK):
+        raise InputError(args.moses, 0, "not an executable Moses (--moses / MOSES_ROOT)")
+    if args.tunings < 1:
+        raise NLMFeatureError("--tunings must be at least 1")
+    work = os.path.abspath(args.workdir)
+    os.makedirs(work, exist_ok=True)
+    label = (f"Moses {os.path.basename(args.system)}, {args.algorithm} x{args.tunings} "
+             f"(<= {args.max_iterations} iterations), "
+             + (f"QUICK: tuned on the first {args.quick_sentences} {args.dev} sentences"
+                if args.quick else f"tuned on all of {args.dev}")
+             + (f"; tests cut to {args.test_sentences} sentences" if args.test_sentences else ""))
+    _log(label)
+    sets = prepare_sets(args, work)
+    base_ini, base_weights = build_system(args, work, sets)
+    models = [os.path.abspath(m) for m in args.model] or [train_model(args, work, sets[args.dev]["ref"])]
+    key = os.path.basename(base_ini).split(".")[1]       # the inputs' key (build_system)
+    import hashlib
+
+    mkey = hashlib.sha1("\n".join(models).encode("utf-8")).hexdigest()[:6]   # the NLMs' key
+    nlm_ini_path = os.path.join(work, f"nlm{mkey}.{key}.moses.ini")
+    nlm_ini(base_ini, nlm_ini_path, models, base_weights)
+    scorers = {name: Scorer(s["ref"], s["raw_ref"], args.tgt_lang) for name, s in sets.items()}
+    doc: dict = dict(label=label, quick=bool(args.quick), system=args.system, moses=args.moses,
+                     models=models, algorithm=args.algorithm, tunings=args.tunings,
+                     threads=args.threads, sentences={n: s["n"] for n, s in sets.items()},
+                     final_weights=args.final_weights)
+    if not args.no_decoding:
+        tunings: Dict[str, List[dict]] = {"base": [], "nlm": []}
+        runs: Dict[str, List[Dict[str, str]]] = {"base": [], "nlm": []}
+        other: Dict[str, List[Dict[str, str]]] = {"base": [], "nlm": []}
+        seconds: Dict[str, Dict[str, List[float]]] = {n: {"base": [], "nlm": []} for n in sets}
+        for seed in range(1, args.tunings + 1):
+            for side, ini in (("base", base_ini), ("nlm", nlm_ini_path)):
+                tdir = os.path.join(work, f"tuning.{key}", f"{side if side == 'base' else 'nlm' + mkey}"
+                                                           f".{args.algorithm}{seed}")
+                t0 = time.time()
+                info = tune(args, ini, sets[args.dev], tdir, seed, side == "nlm")
+                _log(f"{side} seed {seed}: {len(info['iterations'])} iterations, dev BLEU "
+                     + " ".join(f"{i['dev_bleu']:.2f}" for i in info["iterations"])
+                     + f" ({time.time() - t0:.0f} s)")
+                outs: Dict[str, Dict[str, str]] = {"last": {}, "best": {}}
+                from nlmfeature.mt.tuning.config import rewrite_moses_ini
+
+                same = info["weights"]["last"] == info["weights"]["best"]
+                for rule in ("last", "best"):
+                    rini = os.path.join(tdir, f"final.{rule}.moses.ini")
+                    rewrite_moses_ini(ini, rini, info["weights"][rule])
+                    for name, s in sets.items():
+                        if rule == "best" and same:
+                            outs[rule][name] = outs["last"][name]
+                            continue
+                        if rule == "best" and name == args.dev:
+                            # the tuning run decoded dev with these weights: its 1-best output
+                            outs[rule][name] = os.path.join(tdir, f"run{info['best_iteration']}.out")
+                            continue
+                        out = os.path.join(tdir, f"{name}.{rule}.1best")
+                        secs = decode(args.moses, rini, s["src"], out, args.threads)
+                        if rule == args.final_weights or same:
+                            seconds[name][side].append(secs)
+                        outs[rule][name] = out
+                info["outputs"] = outs
+                info.pop("weights")
+                tunings[side].append(info)
+                runs[side].append(outs[args.final_weights])
+                other[side].append(outs["best" if args.final_weights == "last" else "last"])
+        sizes = {n: s["n"] for n, s in sets.items()}
+        scores = collect(scorers, runs, args.bootstrap, seconds, sizes)
+        # the tuning rule: test BLEU of the last vs the best decoded weights of every tuning
+        rule_rows = []
+        for side in ("base", "nlm"):
+            for info in tunings[side]:
+                row = dict(side=side, seed=info["seed"], best_iteration=info["best_iteration"],
+                           iterations=len(info["iterations"]))
+                for rule in ("last", "best"):
+                    for name in sets:
+                        st = scorers[name].stats(info["outputs"][rule][name])["bleu"]
+                        row[f"{name}.{rule}"] = score(scorers[name], "bleu", st)
+                rule_rows.append(row)
+        doc["decoding"] = dict(scores=scores, tunings=tunings, final_weights_rule=rule_rows)
+    if not args.no_rescoring:
+        weights_src = os.path.join(work, f"tuning.{key}", f"base.{args.algorithm}1",
+                                   f"weights.{args.final_weights}.txt")
+        from nlmfeature.mt.weights import read_weights
+
+        w = read_weights(weights_src) if os.path.exists(weights_src) else base_weights
+        resc = rescoring(args, os.path.join(work, f"rescoring.{key}"), sets, base_ini, w, models,
+                         scorers, mkey)
+        doc["rescoring"] = dict(kbest=args.kbest, weights_from=weights_src if os.path.exists(weights_src)
+                                else f"moses.{args.init}.ini",
+                                scores=collect(scorers, resc["systems"], args.bootstrap))
+    doc["cdec"] = "not run: no hiero grammar for the shared system yet"
+    doc["seconds"] = time.time() - t_start
+    json_path = os.path.join(work, "bench-mt.json")
+    from nlmfeature.io.atomicfile import atomic_write_text
+
+    atomic_write_text(json_path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    note = (plot(args.plot or os.path.join(work, "bench-mt.png"), doc)
+            if "decoding" in doc or "rescoring" in doc else "nothing measured: no plot")
+    if args.json:
+        print(json.dumps(doc, indent=1, sort_keys=True))
+        return 0
+    print(f"nlmfeature bench mt — {label}")
+    print(f"models: {', '.join(models)}; final weights: {args.final_weights}; "
+          f"threads {args.threads}; {doc['seconds'] / 60:.1f} min")
+    print("BLEU/chrF: tokenised lowercased (sacrebleu -tok none); detok_bleu: sacremoses-"
+          "detokenised vs raw references (13a, case-insensitive); mean ± sd (min-max) over "
+          "tunings; p: paired bootstrap of the difference of the means")
+    if "decoding" in doc:
+        print()
+        print(format_table("== Moses decoding", doc["decoding"]["scores"]))
+        print("\n== tuning iterations (decoder dev BLEU) and test BLEU of the final-weight rules")
+        for row, info in zip(doc["decoding"]["final_weights_rule"],
+                             doc["decoding"]["tunings"]["base"] + doc["decoding"]["tunings"]["nlm"]):
+            its = " ".join(f"{i['dev_bleu']:.2f}" for i in info["iterations"])
+            rules = "  ".join(f"{n}: last {row[n + '.last']:.2f} best {row[n + '.best']:.2f}"
+                              for n in sets)
+            print(f"{row['side']:<4} seed {row['seed']}: {its}  (best at {row['best_iteration']})"
+                  f"  {rules}")
+        test_names = [n for n in sets if n != args.dev]
+        for n in test_names:
+            d = [r[f"{n}.best"] - r[f"{n}.last"] for r in doc["decoding"]["final_weights_rule"]]
+            print(f"{n}: best-decoded minus last, mean {np.mean(d):+.2f} over {len(d)} tunings "
+                  f"({sum(x > 0 for x in d)} better, {sum(x < 0 for x in d)} worse)")
+    if "rescoring" in doc:
+        print()
+        print(format_table(f"== rescoring the KenLM-only system's {args.kbest}-best lists",
+                           doc["rescoring"]["scores"]))
+    print(f"\ncdec: {doc['cdec']}")
+    print(f"JSON: {json_path}" + (f"; {note}" if note else
+                                  f"; plot: {args.plot or os.path.join(work, 'bench-mt.png')}"))
+    return 0
+
+
+def register(bench_sub: argparse._SubParsersAction) -> None:
+    from nlmfeature.mt.tuning.driver import FINAL_WEIGHTS, FINAL_WEIGHTS_DEFAULT
+
+    p = bench_sub.add_parser("mt", help="BLEU with and without NLMs in a real Moses system",
+                             description=__doc__,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--system", default=_repo_path(DEFAULT_SYSTEM),
+                   help="Moses system folder: moses.{tuned,untuned}.ini with MODEL_DIR/ paths, "
+                        "tables, ARPA LM, train.tok.lc.en.gz (default: " + DEFAULT_SYSTEM +
+                        " beside the repository)")
+    p.add_argument("--data", default=_repo_path(DEFAULT_DATA),
+                   help="raw parallel text: NAME.LANG.gz per set (default: " + DEFAULT_DATA +
+                        " beside the repository)")
+    p.add_argument("--src-lang", default="de", help="source language (default de)")
+    p.add_argument("--tgt-lang", default="en", help="target language (default en)")
+    p.add_argument("--dev", default="dev", help="tuning set name (default dev)")
+    p.add_argument("--test", action="append", default=None,
+                   help="test set name, repeatable (default test: Multi30k test2016); no "
+                        "choice is made on it")
+    p.add_argument("--moses", default=None,
+                   help="Moses executable built with NLMFeature (default $MOSES_ROOT/bin/moses)")
+    p.add_argument("--model", "-m", action="append", default=[],
+                   help="NLM model file; repeat for several NLM features in one system "
+                        "(default: train one with --recipe)")
+    p.add_argument("--recipe", default=DEFAULT_RECIPE,
+                   help="nlmfeature train options when no --model is given (default: the "
+                        "unnormalised LBL recipe of issue 16: %(default)s)")
+    p.add_argument("--init", default="tuned", choices=("tuned", "untuned"),
+                   help="starting weights: the system's moses.tuned.ini (KenLM-only MERT "
+                        "weights; the NLM weight starts at half the LM's) or moses.untuned.ini "
+                        "(default tuned)")
+    p.add_argument("--tunings", type=int, default=3,
+                   help="tuning runs per system, seeds 1..N (default 3)")
+    p.add_argument("--algorithm", default="mert", choices=("mert", "mira"),
+                   help="optimiser of nlmfeature-tune (default mert)")
+    p.add_argument("--max-iterations", type=int, default=None,
+                   help="decoding iterations per tuning at most (default 10; 6 with --quick)")
+    p.add_argument("--nbest-size", type=int, default=100, help="k-best size while tuning (100)")
+    p.add_argument("--final-weights", choices=FINAL_WEIGHTS, default=FINAL_WEIGHTS_DEFAULT,
+                   help="which weights of a tuning the headline scores use (both are always "
+                        "measured; default %(default)s, nlmfeature-tune's default)")
+    p.add_argument("--kbest", type=int, default=1000,
+                   help="k-best size of the rescoring lists (default 1000)")
+    p.add_argument("--distinct", action="store_true",
+                   help="distinct k-best strings for rescoring (Moses 'distinct': on Multi30k "
+                        "40-80 s per sentence for 1000 on a loaded 2-core machine, against about "
+                        "1 s without)")
+    p.add_argument("--quick", action="store_true",
+                   help="tune on the first --quick-sentences dev sentences (labelled QUICK)")
+    p.add_argument("--quick-sentences", type=int, default=300, help="(default 300)")
+    p.add_argument("--test-sentences", type=int, default=0,
+                   help="translate only the first N sentences of each test set (default 0: "
+                        "all; for smoke tests, labelled)")
+    p.add_argument("--threads", type=int, default=2, help="Moses threads (default 2)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="processes of the optimiser and the rescorer (default 1)")
+    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (1000)")
+    p.add_argument("--no-decoding", action="store_true", help="skip the decoder-in-the-loop part")
+    p.add_argument("--no-rescoring", action="store_true", help="skip the k-best rescoring part")
+    p.add_argument("--workdir", default="nlmfeature-bench-mt",
+                   help="work directory; rerunning reuses finished steps (default "
+                        "./nlmfeature-bench-mt)")
+    p.add_argument("--plot", default=None, help="PNG plot path (default WORKDIR/bench-mt.png)")
+    p.add_argument("--json", action="store_true", help="print the JSON report instead of tables")
+    p.set_defaults(func=_run, test=None)
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _run(args: argparse.Namespace) -> int:
+    import signal
+
+    if threading_main():
+        # `kill` stops like Ctrl-C: the running decoder is killed, finished steps stay
+        signal.signal(signal.SIGTERM, _interrupted)
+    if not args.test:
+        args.test = ["test"]
+    if args.max_iterations is None:
+        args.max_iterations = 6 if args.quick else 10
+    return run(args)

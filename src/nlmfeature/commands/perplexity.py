@@ -1,0 +1,215 @@
+"""``nlmfeature perplexity``: perplexity of a neural model, a KenLM baseline and their
+linear and log-linear interpolations on the same test text, with the same OOV treatment."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from nlmfeature.errors import NLMFeatureError
+from nlmfeature.training.kenlm_baseline import (VOCAB_MISMATCH_WARN, KenLMScorer, LogLinear, interpolate, is_arpa,
+                              nlm_ngrams, nlm_token_scores, spaced_subset, train_kenlm)
+from nlmfeature.io.atomicfile import check_output
+from nlmfeature.io.textio import read_tokens
+from nlmfeature.core.model import load
+
+OOV_NOTE = ("Tokens: every word plus one </s> per sentence. OOV = word outside the neural "
+            "vocabulary; both models score it as the unknown word ({}).")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "perplexity", help="perplexity of the neural model, a KenLM model and their interpolations",
+        description="Report, on the same test text and with the same token and OOV conventions, "
+                    "the perplexity of the neural model, of a KenLM n-gram model, and of their "
+                    "linear and (exactly renormalised) log-linear interpolations, whose weight is "
+                    "tuned on the validation text. Every word and one </s> per sentence are "
+                    "predicted; a word outside the neural vocabulary is an OOV, scored by both "
+                    "models as the unknown word and counted (unless --exclude-oov).")
+    p.add_argument("--model", "-m", required=True, metavar="NLM", help="neural model file (.nlm)")
+    p.add_argument("--test", required=True, metavar="FILE",
+                   help="test text, one sentence per line (.gz allowed)")
+    p.add_argument("--kenlm", metavar="ARPA_OR_BIN",
+                   help="KenLM model to compare with (log-linear interpolation needs the ARPA "
+                        "file); best trained with --kenlm-train so that it predicts the same "
+                        "events as the neural model")
+    p.add_argument("--kenlm-train", metavar="TEXT",
+                   help="train a modified Kneser-Ney model on TEXT with lmplz first (words "
+                        "outside the neural vocabulary become one unknown token); written to "
+                        "--kenlm if given, else next to the model as MODEL.kenlm<order>.arpa")
+    p.add_argument("--kenlm-order", type=int, default=5, metavar="N",
+                   help="order of the model --kenlm-train estimates (default 5)")
+    p.add_argument("--valid", metavar="FILE",
+                   help="validation text on which the interpolation weights are tuned "
+                        "(without it and without --weight, no interpolation is reported)")
+    p.add_argument("--weight", type=float, metavar="W",
+                   help="use this neural-model weight for both interpolations instead of tuning")
+    p.add_argument("--tune-tokens", type=int, default=10000, metavar="N",
+                   help="tune the log-linear weight on at most N evenly spaced validation tokens "
+                        "(each costs a pass over the vocabulary; default 10000); the linear "
+                        "weight uses every validation token")
+    p.add_argument("--no-loglinear", action="store_true",
+                   help="skip the log-linear interpolation (it needs a whole-vocabulary pass "
+                        "per test token)")
+    p.add_argument("--exclude-oov", action="store_true",
+                   help="skip OOV tokens for every model (SRILM's convention) instead of "
+                        "scoring them as the unknown word")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
+    p.set_defaults(func=run)
+
+
+def _row(name: str, logprob: np.ndarray, oov: np.ndarray, exclude: bool, **extra: Any) -> Dict:
+    keep = ~oov if exclude else np.ones(len(logprob), dtype=bool)
+    lp = logprob[keep]
+    total = float(lp.sum())
+    ppl = float(np.exp(-total / lp.size)) if lp.size else float("nan")
+    row = {"model": name, "perplexity": ppl, "log_prob": total, "tokens": int(lp.size),
+           "oovs": int(oov.sum())}
+    row.update(extra)
+    return row
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.weight is not None and not 0.0 <= args.weight <= 1.0:
+        raise NLMFeatureError(f"--weight must be in [0, 1] (got {args.weight})")
+    if args.kenlm_train:              # the ARPA written after training KenLM: check it first
+        check_output(args.kenlm or f"{args.model}.kenlm{args.kenlm_order}.arpa", "KenLM output")
+    model = load(args.model)
+    test = read_tokens(args.test)
+    valid = read_tokens(args.valid) if args.valid else None
+    kenlm_path: Optional[str] = args.kenlm
+    if args.kenlm_train:
+        kenlm_path = kenlm_path or f"{args.model}.kenlm{args.kenlm_order}.arpa"
+        _log(args, f"training a {args.kenlm_order}-gram KenLM model on {args.kenlm_train} "
+                   f"-> {kenlm_path}")
+        train_kenlm(args.kenlm_train, kenlm_path, args.kenlm_order, vocab=model.vocab)
+
+    ex = args.exclude_oov
+    nlm = nlm_token_scores(model, test)
+    rows: List[Dict] = [_row("neural", nlm.logprob, nlm.oov, ex)]
+    notes = []
+    result: Dict[str, Any] = {"model": args.model, "test": args.test, "exclude_oov": ex}
+    if kenlm_path:
+        scorer = KenLMScorer(kenlm_path, model.vocab)
+        kn, kn_oov = scorer.token_scores(test)
+        _check_kenlm(args, scorer, kn_oov, test, notes)
+        result["kenlm"] = kenlm_path
+        rows.append(_row("kenlm", kn.logprob, kn.oov, ex, kenlm_unknown_tokens=kn_oov))
+        notes.append(OOV_NOTE.format(
+            f"KenLM: {scorer.unk_token}" + ("" if scorer.unk_token != "<unk>" else
+                                            ", KenLM's own unknown word: the KenLM model was not "
+                                            "trained with this vocabulary")))
+        if not model.normalised:
+            notes.append("the neural model's output layer is unnormalised: its perplexity and "
+                         "the linear interpolation use raw scores; the log-linear one is "
+                         "renormalised exactly")
+        if model.reverse:
+            notes.append("right-to-left model (trained with --reverse): its perplexity is over the "
+                         "same text read backwards; token-by-token interpolation with the left-to-right "
+                         "KenLM model is not defined, so none is reported")
+        elif valid is not None or args.weight is not None:
+            keep = ~nlm.oov if ex else slice(None)
+            if valid is not None:
+                vn = nlm_token_scores(model, valid)
+                vk, _ = scorer.token_scores(valid)
+                vkeep = ~vn.oov if ex else slice(None)
+            w_lin = args.weight
+            if w_lin is None:
+                _, w_lin = interpolate(vn.logprob[vkeep], vk.logprob[vkeep])
+            lin, _ = interpolate(nlm.logprob, kn.logprob, weight=w_lin)
+            rows.append(_row("linear", lin, nlm.oov, ex, weight=round(w_lin, 4)))
+            if args.no_loglinear:
+                pass
+            elif not is_arpa(kenlm_path):
+                notes.append("log-linear interpolation skipped: it needs the ARPA file, and "
+                             f"{kenlm_path} is a KenLM binary")
+            elif model.header.get("direct"):
+                notes.append("log-linear interpolation skipped: whole-vocabulary distributions "
+                             "of models with direct n-gram features are not supported")
+            else:
+                rows.append(_loglinear(args, model, kenlm_path, scorer, test, valid, nlm, kn))
+        else:
+            notes.append("no --valid (or --weight): interpolations not reported")
+    result["rows"] = rows
+    result["notes"] = notes
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        _print_table(rows, notes)
+    return 0
+
+
+def _check_kenlm(args, scorer: KenLMScorer, kn_oov: int, test, notes: List[str]) -> None:
+    """Refuse or warn when the KenLM numbers would be silent nonsense."""
+    if scorer.missing_unk and kn_oov:
+        raise NLMFeatureError(
+            f"{scorer.path}: the ARPA file has no <unk> entry, so KenLM gives the {kn_oov} test "
+            "token(s) it does not know log10 probability -100 and its perplexity is meaningless; "
+            "use a model with <unk> (lmplz always writes it; --kenlm-train trains one on the "
+            "neural model's vocabulary)")
+    unknown, known = scorer.unknown_known_words(test)
+    if known and unknown / known > VOCAB_MISMATCH_WARN:
+        msg = (f"KenLM model {scorer.path} does not know {unknown} of the {known} test tokens "
+               f"({100.0 * unknown / known:.1f}%) that the neural vocabulary knows: it was built "
+               "for another vocabulary (other text, tokenisation or casing?), so the two models "
+               "predict different events; --kenlm-train TEXT trains a comparable one")
+        notes.append(msg)
+        print(f"nlmfeature perplexity: warning: {msg}", file=sys.stderr)
+
+
+def _loglinear(args, model, kenlm_path, scorer, test, valid, nlm, kn) -> Dict:
+    ex = args.exclude_oov
+    sets = [test] + ([valid] if valid is not None else [])
+    ll = LogLinear(model, kenlm_path, scorer, sets)
+    ctx, _ = nlm_ngrams(model, test)
+    hist = scorer.histories(test)
+    w = args.weight
+    tuned_on = None
+    if w is None:
+        vn = nlm_token_scores(model, valid)
+        vk, _ = scorer.token_scores(valid)
+        vctx, _ = nlm_ngrams(model, valid)
+        vhist = scorer.histories(valid)
+        idx = np.flatnonzero(~vn.oov) if ex else np.arange(len(vn.logprob))
+        idx = idx[spaced_subset(len(idx), args.tune_tokens)]
+        tuned_on = int(idx.size)
+        bar = _bar(args, 3 * idx.size, "tuning log-linear weight")
+        w = ll.tune(vctx[idx], [vhist[i] for i in idx], vn.logprob[idx], vk.logprob[idx],
+                    progress=bar.update if bar else None)
+        if bar:
+            bar.close()
+    bar = _bar(args, len(hist), "log-linear on test")
+    lp = ll.logprob(ctx, hist, nlm.logprob, kn.logprob, w, progress=bar.update if bar else None)
+    if bar:
+        bar.close()
+    extra = {"weight": round(w, 4)}
+    if tuned_on is not None:
+        extra["tuned_on_tokens"] = tuned_on
+    return _row("log-linear", lp, nlm.oov, ex, **extra)
+
+
+def _bar(args, total: int, desc: str):
+    if args.quiet:
+        return None
+    from nlmfeature.io.progress import progress
+
+    return progress(total=total, desc=desc, unit="tok")
+
+
+def _log(args, msg: str) -> None:
+    if not args.quiet:
+        print(f"nlmfeature perplexity: {msg}", file=sys.stderr)
+
+
+def _print_table(rows: List[Dict], notes: List[str]) -> None:
+    print(f"{'model':12s} {'perplexity':>12s} {'log_prob':>14s} {'tokens':>9s} {'oovs':>7s}  weight")
+    for r in rows:
+        w = r.get("weight")
+        print(f"{r['model']:12s} {r['perplexity']:12.3f} {r['log_prob']:14.2f} {r['tokens']:9d} "
+              f"{r['oovs']:7d}  {'' if w is None else w}")
+    for n in notes:
+        print(f"# {n}")

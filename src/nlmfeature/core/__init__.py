@@ -1,0 +1,1 @@
+"""Model files, vocabularies, models and the native scorer's Python wrappers."""

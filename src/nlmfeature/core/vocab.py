@@ -1,0 +1,126 @@
+"""Vocabulary: UTF-8 words <-> integer ids, with the special tokens every model has.
+
+Ids 0..3 are always ``<unk>``, ``<s>``, ``</s>`` and ``<null>`` (NPLM's order), followed by
+the words, usually by decreasing frequency.  A vocabulary is stored in the model file as
+``vocab.offsets`` (int64, V+1) and ``vocab.bytes`` (the UTF-8 words back to back), plus
+``vocab.hash``, an open-addressing table the native code uses for word -> id lookups.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence
+
+import numpy as np
+
+UNK = "<unk>"
+BOS = "<s>"
+EOS = "</s>"
+NULL = "<null>"
+SPECIALS = (UNK, BOS, EOS, NULL)
+#: characters that str.isspace() calls white space (the regex class misses a few of them)
+_SPACE = re.compile("[\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]")
+
+
+class Vocabulary:
+    """An ordered list of words with constant-time lookups in both directions."""
+
+    def __init__(self, words: Sequence[str]) -> None:
+        words = list(words)
+        index: Dict[str, int] = {w: i for i, w in enumerate(words)}
+        if len(index) != len(words) or not all(isinstance(w, str) and w for w in words) \
+                or _SPACE.search("".join(words)):  # the common case in one pass of C loops
+            index = {}
+            for i, w in enumerate(words):
+                if not isinstance(w, str) or not w or any(c.isspace() for c in w):
+                    raise ValueError(f"vocabulary entry {i} ({w!r}) is empty or contains white space")
+                if w in index:
+                    raise ValueError(f"vocabulary entry {i} ({w!r}) is a duplicate")
+                index[w] = i
+        missing = [s for s in SPECIALS if s not in index]
+        if missing:
+            raise ValueError(f"vocabulary lacks the special tokens {missing}")
+        self._words = words
+        self._index = index
+        self.unk = index[UNK]
+        self.bos = index[BOS]
+        self.eos = index[EOS]
+        self.null = index[NULL]
+
+    # -- construction -------------------------------------------------------------------
+    @classmethod
+    def from_counts(cls, counts: Counter, min_count: int = 1,
+                    max_size: Optional[int] = None) -> "Vocabulary":
+        """Specials first, then words with ``count >= min_count`` by decreasing count (ties by
+        spelling), at most ``max_size`` entries in all."""
+        kept = [w for w, c in counts.items() if c >= min_count and w not in SPECIALS]
+        kept.sort(key=lambda w: (-counts[w], w))
+        if max_size is not None:
+            kept = kept[: max(0, max_size - len(SPECIALS))]
+        return cls(list(SPECIALS) + kept)
+
+    @classmethod
+    def from_arrays(cls, offsets: np.ndarray, data: np.ndarray) -> "Vocabulary":
+        """Decode the ``vocab.offsets`` / ``vocab.bytes`` arrays of a model file."""
+        raw = bytes(data)
+        offs = np.asarray(offsets).tolist()
+        try:
+            words = [raw[a:b].decode("utf-8") for a, b in zip(offs[:-1], offs[1:])]
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"vocabulary is not valid UTF-8: {exc}") from None
+        return cls(words)
+
+    def to_arrays(self) -> Dict[str, np.ndarray]:
+        """The arrays stored in a model file for this vocabulary."""
+        from nlmfeature._scorer import vocab_hash_table
+
+        encoded = [w.encode("utf-8") for w in self._words]
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum([len(b) for b in encoded], out=offsets[1:])
+        data = np.frombuffer(b"".join(encoded), dtype=np.uint8).copy()
+        return {"vocab.offsets": offsets, "vocab.bytes": data,
+                "vocab.hash": vocab_hash_table(offsets, data)}
+
+    # -- lookups ------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._words)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._words)
+
+    def __contains__(self, word: object) -> bool:
+        return word in self._index
+
+    def __getitem__(self, wid: int) -> str:
+        return self._words[wid]
+
+    def id(self, word: str) -> int:
+        """Id of ``word``; ``<unk>``'s id for an unknown word."""
+        return self._index.get(word, self.unk)
+
+    def ids(self, words: Iterable[str]) -> np.ndarray:
+        """Ids of ``words`` as an int32 array (unknown words -> ``<unk>``); a string is split
+        on white space (not iterated character by character)."""
+        if isinstance(words, str):
+            words = words.split()
+        get, unk = self._index.get, self.unk
+        return np.fromiter((get(w, unk) for w in words), dtype=np.int32)
+
+    @property
+    def words(self) -> List[str]:
+        """All words, in id order (a copy)."""
+        return list(self._words)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Vocabulary) and self._words == other._words
+
+    def __repr__(self) -> str:
+        return f"Vocabulary({len(self)} words)"
+
+
+def count_words(lines: Iterable[str]) -> Counter:
+    """Token counts of whitespace-tokenised lines."""
+    counts: Counter = Counter()
+    for line in lines:
+        counts.update(line.split())
+    return counts

@@ -1,0 +1,1 @@
+"""What decoders load: the C API build, query logs, the persistent cache."""

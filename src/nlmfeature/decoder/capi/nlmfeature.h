@@ -1,0 +1,280 @@
+/*
+ * nlmfeature.h -- C interface of libnlmfeature: feed-forward neural language models for
+ * machine-translation decoders (Moses, cdec, your own).
+ *
+ * Build against it with
+ *     cc $(nlmfeature config --cflags) my.c $(nlmfeature config --libs)
+ * Plain C (C89 types plus <stdint.h>); usable from C++ (extern "C").  Only the nlm_*
+ * functions below are exported.
+ *
+ * SCORES are natural logarithms (base e), as Moses and NPLM use; divide by log(10) for
+ * KenLM-style log10.  For "unnormalised" models the score is the raw network output, which
+ * training (NCE / self-normalisation) makes approximately a log-probability.
+ *
+ * WORDS are int32 ids of the model's vocabulary (0 <unk>, 1 <s>, 2 </s>, 3 <null>, then the
+ * model's words).  Map your decoder's words to ids once, at load (nlm_word_id, or enumerate
+ * with nlm_vocab_word), not per query.  Ids outside [0, vocab size) are scored as <unk>.
+ *
+ * CONTEXTS are arrays of ids, oldest first.  The model looks at the last n-1 of them
+ * (n = nlm_model_order).  A shorter context is padded on the left: with <s> when its first
+ * id is <s> (the sentence start is known), otherwise with <null> -- the padding for
+ * future-cost estimates of words whose left context is not known yet.
+ *
+ * THREADS: a model is read-only and shared by all threads.  A session (per-sentence caches,
+ * work buffers, persistent cache) belongs to one thread at a time.  Scoring and sessions
+ * never take Python's GIL nor touch Python objects.
+ *
+ * PYTHON: loading a model runs the Python package nlmfeature.  If the process has no Python
+ * interpreter, the library starts one itself on the first nlm_model_load (with the Python
+ * that built the library; set NLMFEATURE_PYTHONHOME / PYTHONPATH only to override) and
+ * releases its GIL, so a C program linking only -lnlmfeature needs no set-up.  If the
+ * process already runs Python, the library uses that interpreter.
+ *
+ * ERRORS: functions return NLM_OK (0) or a negative nlm_status; the message of the last
+ * failure on the calling thread is nlm_last_error().  Bad model paths or files are errors,
+ * never aborts: a model file is validated completely at load (checksum, header, every
+ * array and derived table), so nothing a file holds can make scoring read out of bounds.
+ * Scoring functions return NaN (and set nlm_last_error) for a NULL session, or a NULL
+ * context/words array with a non-zero length; they never crash on any id value.
+ *
+ * REPLACING A MODEL FILE: a loaded model is memory-mapped.  Write the new model next to the
+ * old one and rename it over it (mv new.nlm live.nlm; nlmfeature's own writers do this):
+ * running processes keep the old file until they reload.  Never overwrite a loaded file in
+ * place (cp new.nlm live.nlm): nlm_session_begin notices it (file size or modification time
+ * changed), returns NLM_ERR_MODEL, and the session scores NaN from then on -- but a process
+ * that is inside a sentence when the file shrinks can still die of SIGBUS.
+ */
+#ifndef NLMFEATURE_H
+#define NLMFEATURE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Version of this interface; nlm_abi_version() returns the library's. */
+#define NLM_ABI_VERSION 1
+
+/** Default bound of the per-sentence context / normaliser caches (nlm_session_options
+ *  cache_entries).  The one place this default is spelled: the Python package, the
+ *  shims and the docs read it from here. */
+#define NLM_DEFAULT_CACHE_ENTRIES 262144
+
+/** Status codes (0 = success; failures are negative). */
+typedef enum nlm_status {
+    NLM_OK = 0,
+    NLM_ERR_ARGUMENT = -1,   /**< a NULL or out-of-range argument */
+    NLM_ERR_MODEL = -2,      /**< the model file is missing, unreadable, corrupt or inconsistent */
+    NLM_ERR_PYTHON = -3,     /**< the embedded Python or the nlmfeature package could not start */
+    NLM_ERR_MEMORY = -4,     /**< out of memory */
+    NLM_ERR_IO = -5,         /**< a file or directory (e.g. the persistent cache) is unusable */
+    NLM_ERR_STATE = -6,      /**< call out of order (e.g. nlm_session_end without begin) */
+    NLM_ERR_ABI = -7         /**< library and package versions do not match: reinstall */
+} nlm_status;
+
+/** Output layer types (nlm_model_output_type). */
+enum {
+    NLM_OUTPUT_UNNORMALISED = 0, /**< raw scores, approximately log-probabilities */
+    NLM_OUTPUT_SOFTMAX = 1,      /**< exact log-probabilities (full softmax) */
+    NLM_OUTPUT_CLASS = 2,        /**< exact log-probabilities (class-factored softmax) */
+    NLM_OUTPUT_TREE = 3          /**< exact log-probabilities (binary tree) */
+};
+
+/** Fixed ids of the special words (the same in every model). */
+enum { NLM_UNK = 0, NLM_BOS = 1, NLM_EOS = 2, NLM_NULL = 3 };
+
+typedef struct nlm_model nlm_model;     /**< a loaded model (opaque, thread-safe) */
+typedef struct nlm_session nlm_session; /**< a per-thread scorer (opaque) */
+
+/** Options of nlm_model_load_ex.  Initialise with nlm_load_options_init. */
+typedef struct nlm_load_options {
+    size_t struct_size;  /**< sizeof(nlm_load_options) */
+    int verify;          /**< 1 (default): check the file's checksum at load (one read) */
+    int use_tables;      /**< 1 (default): use precomputed first-layer tables when present */
+} nlm_load_options;
+
+/** Options of nlm_session_new.  Initialise with nlm_session_options_init. */
+typedef struct nlm_session_options {
+    size_t struct_size;           /**< sizeof(nlm_session_options) */
+    int64_t cache_entries;        /**< bound of the per-sentence context / normaliser caches
+                                       (default NLM_DEFAULT_CACHE_ENTRIES; tables grow with the sentence up to it; 0 turns them off) */
+    int64_t ngram_cache_entries;  /**< bound of the per-sentence exact n-gram score cache.
+                                       Default -1: on (4 * cache_entries) when a lookup costs
+                                       more than a probe (normalised outputs, dense layers),
+                                       off for cheap models; 0 off.  With a persistent cache
+                                       it is always on (default bound 1048576) */
+    const char* persistent_cache; /**< directory of the persistent tuning cache, or NULL:
+                                       sentence i's n-gram scores and context / class
+                                       normalisers are kept in DIR/<checksum>/i.nlmc (and
+                                       deltas i.<k>.nlmc), memory-mapped at begin.  Used
+                                       where it pays: models that score an n-gram faster
+                                       than a probe (unnormalised, no dense layers) skip it
+                                       with one line on stderr, unless the environment has
+                                       NLMFEATURE_PERSISTENT_CACHE=always (or =never: off
+                                       for every model) */
+    int64_t persistent_max_bytes; /**< disk bound of that directory (default 4 GiB); least
+                                       recently used files are deleted beyond it */
+    int quiet;                    /**< 1: do not warn on stderr about ignored cache files */
+    int context_cache;            /**< cache each context's hidden vector: -1 (default) when the
+                                       model makes it pay (normalised outputs, dense layers),
+                                       1 always, 0 never */
+    int64_t span_memo_entries;    /**< slots of the per-sentence memo of nlm_score_span results, a
+                                       direct-mapped cache of recent spans (rounded up to a power of
+                                       two, 64 bytes each; default -1: NLM_SPAN_MEMO_DEFAULT = off; 0 off) */
+} nlm_session_options;
+
+/** Longest span nlm_score_span memoises (scored words plus, with `final`, the words after them). */
+#define NLM_SPAN_MAX_WORDS 8
+/** Default slots of the span memo: 0 (off).  Measured in Moses on Multi30k (docs/decoder-speed.md):
+ *  only ~46% of expansions repeat a recent one and a hit saves ~1 lookup, so the probe cost
+ *  (a growing table of all expansions: main-memory misses; a 16384-slot cache: L2 probes) was
+ *  not recovered for the unnormalised or the class model.  Turn it on for models whose lookups
+ *  cost much more than a probe (e.g. span_memo_entries = 16384 for dense NPLM-style networks). */
+#define NLM_SPAN_MEMO_DEFAULT 0
+
+/** Counters of a session (nlm_session_stats).  All count since the session was created. */
+typedef struct nlm_stats {
+    size_t struct_size;          /**< sizeof(nlm_stats), set by the caller */
+    int64_t lookups;             /**< n-gram scores asked for */
+    int64_t ngram_hits;          /**< answered by the exact n-gram cache (incl. persistent) */
+    int64_t context_hits;        /**< hidden-layer / normaliser cache hits (per context) */
+    int64_t context_misses;      /**< contexts computed */
+    int64_t class_hits;          /**< within-class normaliser cache hits (class models) */
+    int64_t class_misses;
+    int64_t persistent_hits;     /**< answered by entries loaded from the persistent cache */
+    int64_t persistent_loaded;   /**< entries in the persistent cache files mapped */
+    int64_t persistent_written;  /**< entries written to persistent cache files */
+    int64_t files_read;          /**< persistent cache files loaded */
+    int64_t files_written;       /**< persistent cache files (re)written */
+    int64_t files_ignored;       /**< corrupt or foreign cache files ignored (and rewritten) */
+    int64_t files_pruned;        /**< cache files deleted to respect the disk bound */
+    int64_t sentences;           /**< nlm_session_begin calls */
+    int64_t persistent_context_hits; /**< context normalisers found in persistent cache files */
+    int64_t persistent_class_hits;   /**< within-class normalisers found in persistent cache files */
+    int64_t span_calls;          /**< nlm_score_span calls that could use the memo */
+    int64_t span_hits;           /**< of those, answered by the per-sentence span memo */
+} nlm_stats;
+
+/* ---- library ------------------------------------------------------------------------ */
+
+/** The library's ABI version (NLM_ABI_VERSION it was built with). */
+int nlm_abi_version(void);
+
+/** Message of the last failure on the calling thread ("" if none).  Valid until the next
+ *  failing call on this thread. */
+const char* nlm_last_error(void);
+
+/** Human-readable name of a status code. */
+const char* nlm_status_string(int status);
+
+/* ---- models ------------------------------------------------------------------------- */
+
+void nlm_load_options_init(nlm_load_options* o);
+
+/** Load (memory-map) a model file.  On success *out is the model and NLM_OK is returned;
+ *  on failure *out is NULL and the status says why (NLM_ERR_MODEL for a missing or bad
+ *  file; see nlm_last_error).  Thread-safe; the mapping is shared by all threads. */
+int nlm_model_load(const char* path, nlm_model** out);
+int nlm_model_load_ex(const char* path, const nlm_load_options* options, nlm_model** out);
+
+/** Release a model.  NULL is ignored.  If sessions of the model are still alive, the model
+ *  is released when the last of them is freed (they keep working until then). */
+void nlm_model_free(nlm_model* model);
+
+/** n: the model scores a word given the n-1 words before it. */
+int nlm_model_order(const nlm_model* model);
+
+/** Number of trailing context words that matter for recombination: n-1.  Two decoder
+ *  states with the same last n-1 ids get the same future scores, so keep exactly these
+ *  ids as the state (no hashes needed). */
+int nlm_model_state_size(const nlm_model* model);
+
+/** Vocabulary size V (ids 0..V-1, including the 4 special words). */
+int32_t nlm_model_vocab_size(const nlm_model* model);
+
+/** One of NLM_OUTPUT_*. */
+int nlm_model_output_type(const nlm_model* model);
+
+/** The model file's checksum (16 hex digits); keys the persistent cache. */
+const char* nlm_model_checksum(const nlm_model* model);
+
+/** Path the model was loaded from. */
+const char* nlm_model_path(const nlm_model* model);
+
+/** Id of a UTF-8 word of `len` bytes, or NLM_UNK if it is not in the vocabulary. */
+int32_t nlm_word_id(const nlm_model* model, const char* word, size_t len);
+
+/** Like nlm_word_id but returns -1 for unknown words. */
+int32_t nlm_word_find(const nlm_model* model, const char* word, size_t len);
+
+/** The word of id `id` (not NUL-terminated; *len gets its byte length), or NULL if the id
+ *  is out of range.  Points into the model; valid while the model is loaded.  Enumerate
+ *  the vocabulary with id = 0 .. nlm_model_vocab_size()-1. */
+const char* nlm_vocab_word(const nlm_model* model, int32_t id, size_t* len);
+
+/* ---- sessions ----------------------------------------------------------------------- */
+
+void nlm_session_options_init(nlm_session_options* o);
+
+/** A new per-thread session (options may be NULL for the defaults).  NLM_ERR_IO if the
+ *  persistent cache directory cannot be created. */
+int nlm_session_new(const nlm_model* model, const nlm_session_options* options, nlm_session** out);
+
+/** Release a session (ends an open sentence first).  NULL is ignored. */
+void nlm_session_free(nlm_session* session);
+
+/** Start sentence `sentence_id`: empties the per-sentence caches and, with a persistent
+ *  cache, loads that sentence's stored scores (ids >= 0 only).  A corrupt or foreign cache
+ *  file is ignored with a warning on stderr and rewritten at the end.  Implicitly ends an
+ *  open sentence.  Returns NLM_ERR_MODEL if the model file was overwritten in place since
+ *  it was loaded (see REPLACING A MODEL FILE above): the session then scores NaN and
+ *  stores nothing in the persistent cache.  NLM_ERR_ARGUMENT for a NULL session. */
+int nlm_session_begin(nlm_session* session, int64_t sentence_id);
+
+/** End the sentence: with a persistent cache, merges its new scores into the sentence's
+ *  file (atomically; safe with other threads and processes sharing the directory).
+ *  A write failure returns NLM_ERR_IO (the scores were fine). */
+int nlm_session_end(nlm_session* session);
+
+/** Natural-log score of `word` after `context` (n ids, oldest first).  With n >= order-1
+ *  the last order-1 ids are used; shorter contexts are padded with <s> if context[0] is
+ *  <s>, else with <null> (a future-cost estimate).  context may be NULL when n == 0. */
+double nlm_score(nlm_session* session, const int32_t* context, int n, int32_t word);
+
+/** Future-cost estimate for a word whose left context is only partly known: the `n` known
+ *  words before it are `context` (oldest first, may be 0) and the words before those are
+ *  unknown (<null> padding), unless `sentence_start` is 1, in which case `context` starts
+ *  the sentence (<s> padding).  Equals nlm_score once n >= order-1. */
+double nlm_score_partial(nlm_session* session, const int32_t* context, int n, int32_t word,
+                         int sentence_start);
+
+/** Score with an already padded context of exactly order-1 ids (no padding logic).  Ids
+ *  outside [0, vocab size), in the context or as the word, are read as <unk>, as in every
+ *  scoring function.  context may be NULL only for order-1 models. */
+double nlm_score_padded(nlm_session* session, const int32_t* context, int32_t word);
+
+/** Sum of the scores of `n` words after `context` (nctx ids, padded as nlm_score does): the
+ *  score of appending words[0..n-1].  Writes per-word scores to `scores` if not NULL. */
+double nlm_score_sequence(nlm_session* session, const int32_t* context, int nctx,
+                          const int32_t* words, int n, double* scores);
+
+/** The score a decoder adds when it appends words to a hypothesis: the sum, in order, of
+ *  nlm_score(hist, i, hist[i]) for i = first .. first+count-1, plus nlm_score(hist, nhist,
+ *  </s>) if `final` is 1 -- exactly the double those calls would sum (bit-identical).
+ *  hist holds the state's ids followed by the new words (nhist ids, oldest first).  A
+ *  phrase-based decoder calls it once per hypothesis expansion with first = the state's
+ *  length and count = min(phrase length, order-1); the result is memoised per sentence
+ *  (a beam search applies the same phrase to the same state many times), keyed by the ids
+ *  it depends on.  Spans longer than NLM_SPAN_MAX_WORDS are computed without the memo. */
+double nlm_score_span(nlm_session* session, const int32_t* hist, int nhist, int first, int count,
+                      int final);
+
+/** Copy the session's counters into *stats (set stats->struct_size first). */
+int nlm_session_stats(nlm_session* session, nlm_stats* stats);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NLMFEATURE_H */

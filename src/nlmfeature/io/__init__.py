@@ -1,0 +1,1 @@
+"""The one text reader and the one atomic writer."""

@@ -1,0 +1,1 @@
+"""Machine translation: k-best lists, rescoring, BLEU, tuning, evaluation."""

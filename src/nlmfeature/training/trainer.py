@@ -1,0 +1,620 @@
+"""The training loop: minibatch AdaGrad, held-out perplexity, checkpoints, best-model writing.
+
+>>> from nlmfeature.training.trainer import TrainConfig, train
+>>> cfg = TrainConfig(train="train.txt", test_set="valid.txt", model_out="lm.nlm",
+...                   order=5, word_width=100, output="class", classes=100,
+...                   noise_samples=10, iterations=5)     # doctest: +SKIP
+>>> result = train(cfg)                                  # doctest: +SKIP
+
+The model is initialised by :func:`nlmfeature.core.architecture.random_model` and written with
+:func:`nlmfeature.save` in the model-file format the scorer reads, so that
+``nlmfeature.load(cfg.model_out)`` scores with exactly the trained parameters.
+
+* Estimator: ``--noise-samples k > 0`` trains with NCE (``unnormalised``/``softmax`` output)
+  or class-factored NCE (``class`` output); ``k = 0`` with maximum likelihood (softmax,
+  class- or tree-factored; ``unnormalised`` output needs ``--self-normalise ALPHA``).
+* Held-out perplexity on ``--test-set`` is computed with the scorer itself (an in-memory
+  :class:`nlmfeature.Model` over the current arrays) every ``eval_every`` minibatches and at the
+  end of every epoch; a new best is written to ``model_out`` at once (atomically).
+* Checkpoints (``model_out + '.ckpt.npz'``: parameters, AdaGrad sums, position, history;
+  plain arrays, no pickle) are written atomically at every evaluation, every
+  ``checkpoint_minutes`` and on Ctrl-C; a later run with the same settings resumes from
+  there and produces what an uninterrupted run would have.
+* The same seed (and thread count) gives the same model: the epoch order comes from
+  ``numpy.random.default_rng([seed, epoch])`` and noise from a counter-based generator.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from nlmfeature.core import modelfile
+from nlmfeature.core.architecture import ModelSpec, precompute_tables, random_model, set_null_embedding
+from nlmfeature.io.atomicfile import atomic_open, check_output
+from nlmfeature.errors import InputError, NLMFeatureError
+from nlmfeature.core.model import Model
+from nlmfeature.core.vocab import Vocabulary
+from nlmfeature.training.corpus import NgramData, build_vocabulary, ngrams, read_corpus, read_heldout
+from nlmfeature.training.estimators import OutputSpec
+from nlmfeature.training.objective import Objective, dropout_mask, trainable_names
+from nlmfeature.training.optim import AdaGrad, Gradients
+from nlmfeature.training.sampling import ClassNoise, UnigramNoise
+from nlmfeature.training.threads import kernel_threads, set_blas_threads
+
+CHECKPOINT_VERSION = 1
+
+
+@dataclass
+class TrainConfig:
+    """Every setting of a training run (the ``nlmfeature train`` flags, whose defaults are
+    these).  The defaults are the recipe measured best on real data (docs/training.md,
+    "Choosing the defaults"): an 8-gram log-bilinear model with diagonal context matrices, 200-wide
+    embeddings, NCE (unnormalised, self-normalised output) with 10 noise samples, direct
+    n-gram features of orders 1-3, minibatches of 250 with L2 20, four held-out evaluations
+    per epoch and early stopping after four without improvement."""
+
+    train: str = ""
+    model_out: str = ""
+    test_set: Optional[str] = None
+    # vocabulary
+    min_count: int = 2
+    reverse: bool = False
+    max_vocab: Optional[int] = None
+    # architecture
+    arch: str = "lbl"
+    order: int = 8
+    word_width: int = 200
+    hidden: int = 0
+    diagonal_contexts: bool = True
+    activation: str = "identity"
+    hidden_layers: List[int] = field(default_factory=list)
+    branches: int = 1
+    combine: str = "none"
+    output: str = "unnormalised"
+    classes: int = 100
+    class_file: Optional[str] = None
+    class_fallback: str = "nearest"
+    direct_order: int = 3
+    hash_space: int = 1 << 22
+    min_ngram_freq: int = 2
+    # estimator and optimiser
+    noise_samples: Optional[int] = None     # None: 10 (NCE), or 0 for tree / --self-normalise
+    self_normalise: float = 0.0
+    minibatch_size: int = 250
+    iterations: int = 20
+    step_size: float = 0.05
+    lambda_lbl: float = 20.0
+    lr_decay: float = 1.0
+    max_decays: int = 2
+    dropout: float = 0.0
+    init_scale: float = 0.01
+    # running
+    threads: int = 2
+    seed: int = 1
+    eval_every: int = 0
+    evals_per_epoch: int = 4
+    patience: int = 4
+    max_minutes: float = 0.0
+    max_updates: int = 0
+    checkpoint_minutes: float = 10.0
+    resume: bool = True
+    tables: bool = True
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.noise_samples is None:
+            self.noise_samples = 0 if self.output == "tree" or self.self_normalise else 10
+
+    def spec(self) -> ModelSpec:
+        """The architecture to build."""
+        return ModelSpec(arch=self.arch, order=self.order, word_width=self.word_width, hidden=self.hidden,
+                         diagonal_contexts=self.diagonal_contexts, activation=self.activation,
+                         hidden_layers=list(self.hidden_layers), branches=self.branches,
+                         combine=self.combine, output=self.output,
+                         classes=self.classes if self.output == "class" else 0,
+                         direct_order=min(self.direct_order, self.order), hash_space=self.hash_space)
+
+    def estimator(self) -> str:
+        """The estimator these settings select (raises ValueError for impossible pairs)."""
+        k, out = self.noise_samples, self.output
+        if k < 0:
+            raise ValueError("--noise-samples must be >= 0")
+        if self.self_normalise < 0:
+            raise ValueError("--self-normalise must be >= 0")
+        if self.self_normalise and out not in ("unnormalised", "softmax"):
+            raise ValueError("--self-normalise applies to the unnormalised and softmax outputs "
+                             "(class- and tree-factored models are normalised exactly)")
+        if self.self_normalise and k:
+            raise ValueError("--self-normalise is a maximum-likelihood penalty: use it with "
+                             "--noise-samples 0 (NCE self-normalises by itself)")
+        if out == "tree":
+            if k:
+                raise ValueError("the tree output is trained by maximum likelihood: use --noise-samples 0")
+            return "tree-ml"
+        if out == "class":
+            return "class-nce" if k else "class-ml"
+        if k:
+            return "nce"
+        if out == "unnormalised" and not self.self_normalise:
+            raise ValueError("an unnormalised output needs NCE (--noise-samples K) or a "
+                             "self-normalisation penalty (--self-normalise ALPHA)")
+        return "softmax"
+
+    def fingerprint(self) -> str:
+        """Hash of the settings that must not change when a run is resumed."""
+        keep = {k: v for k, v in asdict(self).items()
+                if k not in ("iterations", "threads", "eval_every", "evals_per_epoch", "patience", "max_decays",
+                             "max_minutes", "max_updates",
+                             "checkpoint_minutes", "resume", "tables", "progress", "model_out")}
+        return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class TrainResult:
+    """What a run did."""
+
+    model_out: str
+    best_perplexity: float
+    best_epoch: float
+    epochs: float
+    words_per_second: float
+    history: List[Dict[str, float]]
+    vocab_size: int
+    train_tokens: int
+    estimator: str
+    resumed_from: Optional[str] = None
+
+    def as_dict(self) -> Dict[str, Any]:
+        """Plain JSON-able values (no held-out set: ``best_perplexity`` is None)."""
+        d = asdict(self)
+        if not math.isfinite(d["best_perplexity"]):
+            d["best_perplexity"] = None
+        return d
+
+
+# ---------------------------------------------------------------------------------------
+# setting up
+# ---------------------------------------------------------------------------------------
+
+def class_partition(path: str, vocab: Vocabulary, counts: np.ndarray, unknown: str = "nearest") -> np.ndarray:
+    """class_of_word for a vocabulary from a Brown-cluster paths file (``bitstring TAB word TAB
+    count``), read by :func:`nlmfeature.training.clusters.load_class_of_word`.  Vocabulary words the
+    file does not list get a class per ``unknown``: ``nearest`` (the class of the listed word
+    of nearest frequency), ``own`` (one extra class for all of them) or ``error``."""
+    from nlmfeature.training.clusters import load_class_of_word
+
+    if not os.path.exists(path):
+        raise InputError(path, 0, "no such class file")
+    return np.asarray(load_class_of_word(path, vocab, counts, unknown=unknown), dtype=np.int32)
+
+
+def direct_filter(data: NgramData, header: Dict[str, Any], min_freq: int, kind_classes: Optional[np.ndarray]
+                  ) -> Optional[np.ndarray]:
+    """Buckets that may be trained: those of training n-grams seen at least ``min_freq``
+    times (word features; for a class output also the class n-grams).  Other buckets keep
+    their initial value 0, so n-grams below the cut contribute nothing at test time unless
+    they share a bucket with a frequent one (hash collisions)."""
+    from nlmfeature import _train
+
+    d = header["direct"]
+    allowed = np.zeros(d["hash_space"], dtype=np.uint8)
+    sets = [(0, data.words)]
+    if kind_classes is not None:
+        sets.append((1, kind_classes[data.words].astype(np.int32)))
+    for kind, targets in sets:
+        keys = _train.direct_keys(data.contexts, np.ascontiguousarray(targets), kind, d["order"])
+        for k in range(d["order"]):
+            u, cnt = np.unique(keys[:, k], return_counts=True)
+            allowed[(u[cnt >= min_freq] % np.uint64(d["hash_space"])).astype(np.int64)] = 1
+    return None if allowed.all() else allowed
+
+
+def export_arrays(header: Dict[str, Any], template: Dict[str, np.ndarray], params: Dict[str, np.ndarray],
+                  vocab: Vocabulary, tables: bool) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
+    """(header, arrays) of a model file holding the current parameters, with the ``<null>``
+    embedding set to the unigram-weighted average and, if ``tables``, precomputed tables."""
+    h = json.loads(json.dumps(header))
+    arrays = {n: a for n, a in template.items() if not n.endswith(".tables")}
+    for n, p in params.items():
+        arrays[n] = np.ascontiguousarray(p, dtype=np.float32).copy()
+    set_null_embedding(arrays, vocab)
+    h["precomputed"] = False
+    if tables:
+        precompute_tables(h, arrays)
+    return h, arrays
+
+
+def heldout_logprob(header: Dict[str, Any], arrays: Dict[str, np.ndarray], data: NgramData,
+                    output_type: Optional[str] = None) -> np.ndarray:
+    """Per-n-gram natural-log scores of held-out data by the scorer, over in-memory arrays.
+    ``output_type`` overrides the header's (``softmax`` renormalises an unnormalised model)."""
+    h = json.loads(json.dumps(header))
+    if output_type:
+        h["output"]["type"] = output_type
+    model = Model("<in-memory>", h, arrays, "", use_tables=bool(h.get("precomputed")))
+    return model.score_batch(data.contexts, data.words)
+
+
+def _atomic_savez(path: str, arrays: Dict[str, np.ndarray]) -> None:
+    with atomic_open(path, suffix=".npz") as f:
+        np.savez(f, **arrays)
+
+
+def checkpoint_path(model_out: str) -> str:
+    """Where a run's checkpoint lives."""
+    return model_out + ".ckpt.npz"
+
+
+# ---------------------------------------------------------------------------------------
+# the trainer
+# ---------------------------------------------------------------------------------------
+
+class Trainer:
+    """One training run (see the module docstring)."""
+
+    def __init__(self, cfg: TrainConfig, log: Callable[[str], None] = None) -> None:
+        self.cfg = cfg
+        self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        if not cfg.train:
+            raise NLMFeatureError("no training text given")
+        if not cfg.model_out:
+            raise NLMFeatureError("no --model-out given")
+        try:
+            self.estimator = cfg.estimator()
+            spec = cfg.spec().normalised()
+        except ValueError as exc:
+            raise NLMFeatureError(str(exc)) from None
+        if cfg.order < 1 or cfg.order > 16:
+            raise NLMFeatureError("--order must be between 1 and 16")
+        if cfg.minibatch_size < 1 or cfg.iterations < 0:
+            raise NLMFeatureError("--minibatch-size must be >= 1 and --iterations >= 0")
+        if not 0 <= cfg.dropout < 1:
+            raise NLMFeatureError("--dropout must be in [0, 1)")
+        if cfg.direct_order < 0:
+            raise NLMFeatureError("--direct-order must be >= 0")
+        if cfg.patience < 0 or cfg.evals_per_epoch < 1 or cfg.eval_every < 0:
+            raise NLMFeatureError("--patience and --eval-every must be >= 0, --evals-per-epoch >= 1")
+        if not 0 < cfg.lr_decay <= 1:
+            raise NLMFeatureError("--lr-decay must be in (0, 1]")
+        if cfg.lr_decay < 1 and not (cfg.patience and cfg.test_set):
+            raise NLMFeatureError("--lr-decay acts when --patience evaluations in a row on --test-set "
+                                  "do not improve: give --test-set and --patience >= 1")
+        sents = read_corpus(cfg.train)
+        if cfg.reverse:
+            sents = [s[::-1] for s in sents]
+        self.vocab, self.counts = build_vocabulary(sents, cfg.min_count, cfg.max_vocab)
+        self.data = ngrams(sents, self.vocab, cfg.order)
+        del sents
+        self.heldout: Optional[NgramData] = None
+        self.heldout_oov = 0
+        if cfg.test_set:
+            self.heldout, self.heldout_oov = read_heldout(cfg.test_set, self.vocab, cfg.order, cfg.reverse)
+        class_of_word = None
+        if cfg.output == "class" and cfg.class_file:
+            class_of_word = class_partition(cfg.class_file, self.vocab, self.counts, cfg.class_fallback)
+            spec.classes = int(class_of_word.max()) + 1
+        elif cfg.output == "class" and cfg.classes > len(self.vocab):
+            raise NLMFeatureError(f"--classes {cfg.classes} exceeds the vocabulary size {len(self.vocab)}")
+        # counts for initialisation/structure: <s> and <null> are never predicted
+        struct_counts = self.counts.copy()
+        self.header, self.template = random_model(spec, self.vocab, struct_counts, seed=cfg.seed,
+                                                  scale=cfg.init_scale, class_of_word=class_of_word)
+        self.header.setdefault("metadata", {})
+        names = trainable_names(self.header, self.template)
+        self.params = {n: np.ascontiguousarray(self.template[n], dtype=np.float32).copy() for n in names}
+        if "direct.weights" in self.params:
+            self.params["direct.weights"][...] = 0.0
+        kt = self.kernel_threads = kernel_threads(cfg.threads)
+        ospec = OutputSpec(estimator=self.estimator, k=cfg.noise_samples, alpha=cfg.self_normalise,
+                           threads=kt)
+        self.noise = None
+        noise_counts = self.counts.copy()
+        if self.estimator == "nce":
+            self.noise = UnigramNoise(noise_counts, cfg.noise_samples)
+            ospec.logq = self.noise.logq
+        elif self.estimator == "class-nce":
+            a = self.template
+            self.noise = ClassNoise(noise_counts, a["class.of_word"], a["class.start"], a["class.members"],
+                                    cfg.noise_samples)
+            ospec.logq, ospec.logq_class = self.noise.logq_word, self.noise.logq_class
+        d = self.header.get("direct")
+        if d:
+            ospec.direct_order, ospec.hash_space = d["order"], d["hash_space"]
+            ospec.allowed = direct_filter(self.data, self.header, max(1, cfg.min_ngram_freq),
+                                          self.template["class.of_word"] if cfg.output == "class" else None)
+        live = {n: a for n, a in self.template.items() if n not in self.params}
+        live.update(self.params)  # the same arrays the optimiser updates
+        self.objective = Objective(self.header, live, ospec, threads=kt)
+        self.grads = Gradients(self.params, names, threads=kt)
+        self.opt = AdaGrad(self.params, names, cfg.step_size, threads=kt)
+        # position
+        self.epoch = 0
+        self.batch = 0
+        self.step = 0
+        self.best = math.inf
+        self.best_epoch = 0.0
+        self.bad_evals = 0
+        self.decays = 0
+        self.history: List[Dict[str, float]] = []
+        self.train_seconds = 0.0
+        self.trained_words = 0
+        self.resumed_from: Optional[str] = None
+        self.best_params: Dict[str, np.ndarray] = {}
+        self.best_state: Dict[str, np.ndarray] = {}
+        self._stop = False
+
+    # -- evaluation and writing ---------------------------------------------------------
+    def model_arrays(self, tables: bool = False) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
+        """(header, arrays) of the current parameters."""
+        return export_arrays(self.header, self.template, self.params, self.vocab, tables)
+
+    def perplexity(self, data: Optional[NgramData] = None) -> float:
+        """Held-out perplexity of the current parameters (scored by the scorer)."""
+        data = data or self.heldout
+        h, a = self.model_arrays(tables=False)
+        s = heldout_logprob(h, a, data)
+        return float(math.exp(-s.sum() / len(s)))
+
+    def write_model(self) -> str:
+        """Write the current parameters to ``model_out`` (atomically); returns the checksum."""
+        h, a = self.model_arrays(tables=self.cfg.tables)
+        h["metadata"] = {"trained_by": "nlmfeature train", "estimator": self.estimator,
+                         "epochs": round(self.epoch + self.batch / max(1, self.batches_per_epoch), 4),
+                         "heldout_perplexity": None if math.isinf(self.best) else self.best,
+                         "train": os.path.basename(self.cfg.train), "seed": self.cfg.seed,
+                         "noise_samples": self.cfg.noise_samples, "self_normalise": self.cfg.self_normalise,
+                         "reverse": bool(self.cfg.reverse)}
+        return modelfile.write_model(self.cfg.model_out, h, a)
+
+    # -- checkpoints --------------------------------------------------------------------
+    def save_checkpoint(self) -> None:
+        """Write everything needed to resume, atomically (no pickle)."""
+        meta = {"version": CHECKPOINT_VERSION, "fingerprint": self.cfg.fingerprint(), "epoch": self.epoch,
+                "batch": self.batch, "step": self.step, "best": self.best if not math.isinf(self.best) else None,
+                "best_epoch": self.best_epoch, "bad_evals": self.bad_evals, "decays": self.decays, "history": self.history,
+                "vocab_size": len(self.vocab), "train_seconds": self.train_seconds,
+                "trained_words": self.trained_words, "lr": self.opt.lr}
+        arrays = {"meta": np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)}
+        for n, p in self.params.items():
+            arrays["param/" + n] = p
+            arrays["adagrad/" + n] = self.opt.state[n]
+            if n in self.best_params:
+                arrays["best_param/" + n] = self.best_params[n]
+                arrays["best_adagrad/" + n] = self.best_state[n]
+        _atomic_savez(checkpoint_path(self.cfg.model_out), arrays)
+
+    def load_checkpoint(self, path: str) -> bool:
+        """Resume from ``path`` if it belongs to this run; returns whether it did."""
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                meta = json.loads(bytes(z["meta"]).decode("utf-8"))
+                if meta.get("version") != CHECKPOINT_VERSION:
+                    raise NLMFeatureError(f"{path}: checkpoint version {meta.get('version')} is not "
+                                          f"{CHECKPOINT_VERSION}; delete it or pass --no-resume")
+                if meta["fingerprint"] != self.cfg.fingerprint() or meta["vocab_size"] != len(self.vocab):
+                    raise NLMFeatureError(
+                        f"{path}: this checkpoint was written with other settings or data; "
+                        "delete it, choose another --model-out, or pass --no-resume to start afresh")
+                for n in self.params:
+                    self.params[n][...] = z["param/" + n]
+                    self.opt.state[n][...] = z["adagrad/" + n]
+                    if "best_param/" + n in z.files:
+                        self.best_params[n] = z["best_param/" + n]
+                        self.best_state[n] = z["best_adagrad/" + n]
+        except (OSError, ValueError, KeyError) as exc:
+            raise NLMFeatureError(f"{path}: unreadable checkpoint ({exc}); delete it or pass --no-resume") from None
+        self.epoch, self.batch, self.step = meta["epoch"], meta["batch"], meta["step"]
+        self.best = math.inf if meta["best"] is None else meta["best"]
+        self.best_epoch, self.bad_evals = meta["best_epoch"], meta["bad_evals"]
+        self.decays = meta.get("decays", 0)
+        self.history = meta["history"]
+        self.train_seconds = meta.get("train_seconds", 0.0)
+        self.trained_words = meta.get("trained_words", 0)
+        self.opt.lr = meta.get("lr", self.opt.lr)
+        self.resumed_from = path
+        return True
+
+    # -- the loop -----------------------------------------------------------------------
+    @property
+    def batches_per_epoch(self) -> int:
+        return max(1, math.ceil(len(self.data) / self.cfg.minibatch_size))
+
+    @property
+    def eval_interval(self) -> int:
+        """Minibatches between held-out evaluations inside an epoch (0: only at epoch ends)."""
+        if self.heldout is None:
+            return 0
+        if self.cfg.eval_every:
+            return self.cfg.eval_every
+        e = self.cfg.evals_per_epoch   # the last of the e evaluations is the epoch end's
+        return math.ceil(self.batches_per_epoch / e) if e > 1 and self.batches_per_epoch >= e else 0
+
+    def _evaluate(self, tag: str) -> float:
+        ep = self.epoch + self.batch / self.batches_per_epoch
+        if self.heldout is None:
+            self.write_model()
+            self.history.append({"epoch": ep, "perplexity": float("nan")})
+            return math.nan
+        t0 = time.time()
+        ppl = self.perplexity()
+        self.history.append({"epoch": round(ep, 4), "perplexity": ppl})
+        improved = ppl < self.best
+        note = ""
+        if improved:
+            self.best, self.best_epoch, self.bad_evals = ppl, round(ep, 4), 0
+            self.write_model()
+            if self.cfg.lr_decay < 1:
+                self._keep_best()
+        else:
+            self.bad_evals += 1
+            if (self.cfg.patience and self.bad_evals >= self.cfg.patience and self.cfg.lr_decay < 1
+                    and self.decays < self.cfg.max_decays and self.best_params):
+                # newbob: only when the held-out perplexity has stalled (--patience evaluations
+                # in a row), not at the first noisy evaluation
+                self._restore_best()
+                self.opt.lr *= self.cfg.lr_decay
+                self.decays += 1
+                self.bad_evals = 0
+                note = (f"; {self.cfg.patience} evaluations without improvement: back to the best "
+                        f"parameters, step size now {self.opt.lr:.3g} (decay {self.decays}/{self.cfg.max_decays})")
+        self.log(f"{tag}: epoch {ep:.2f}  held-out perplexity {ppl:.2f}"
+                 f"{'  (best: model written)' if improved else f'  (best {self.best:.2f}{note})'}"
+                 f"  [{time.time() - t0:.1f}s]")
+        return ppl
+
+    def _keep_best(self) -> None:
+        """Remember the parameters and AdaGrad sums of the best evaluation (--lr-decay)."""
+        for n, p in self.params.items():
+            if n not in self.best_params:
+                self.best_params[n] = np.empty_like(p)
+                self.best_state[n] = np.empty_like(p)
+            np.copyto(self.best_params[n], p)
+            np.copyto(self.best_state[n], self.opt.state[n])
+
+    def _restore_best(self) -> None:
+        for n, p in self.params.items():
+            np.copyto(p, self.best_params[n])
+            np.copyto(self.opt.state[n], self.best_state[n])
+
+    def _interrupt(self, signum, frame) -> None:  # pragma: no cover - signal path
+        if self._stop:
+            raise KeyboardInterrupt
+        self._stop = True
+        self.log("interrupted: finishing this minibatch and writing a checkpoint (Ctrl-C again to abort)")
+
+    def run(self) -> TrainResult:
+        """Train (resuming if a matching checkpoint exists) and return the result."""
+        cfg = self.cfg
+        set_blas_threads(max(1, cfg.threads))
+        ck = checkpoint_path(cfg.model_out)
+        if cfg.resume and os.path.exists(ck):
+            self.load_checkpoint(ck)
+            self.log(f"resuming from {ck}: epoch {self.epoch}, minibatch {self.batch}")
+        elif not cfg.resume and os.path.exists(ck):
+            os.unlink(ck)
+        N, B = len(self.data), cfg.minibatch_size
+        nb = self.batches_per_epoch
+        l2 = cfg.lambda_lbl * B / N
+        if self.heldout is None:
+            self.log(f"warning: no --test-set, so no early stopping: all {cfg.iterations} epochs run and the "
+                     "last is kept (it may over-fit; a held-out text picks the best evaluation)")
+        self.log(f"training {self.estimator} on {N} n-grams ({len(self.vocab)} words, "
+                 f"{int(self.counts[self.vocab.unk])} <unk> tokens), {cfg.iterations} epochs of {nb} minibatches")
+        old_handler = None
+        try:
+            old_handler = signal.signal(signal.SIGINT, self._interrupt)
+        except ValueError:  # not the main thread
+            pass
+        every = self.eval_interval
+        deadline = time.time() + cfg.max_minutes * 60 if cfg.max_minutes else math.inf
+        last_ck = time.time()
+        updates = 0
+        bar = None
+        try:
+            from nlmfeature.io.progress import progress
+
+            stop_reason = ""
+            while self.epoch < cfg.iterations and not stop_reason:
+                perm = np.random.default_rng([cfg.seed, self.epoch]).permutation(N)
+                bar = progress(total=nb, initial=self.batch, desc=f"epoch {self.epoch + 1}/{cfg.iterations}",
+                               unit="batch", enabled=cfg.progress, leave=False)
+                t_epoch, w_epoch = time.time(), 0
+                while self.batch < nb:
+                    idx = perm[self.batch * B:(self.batch + 1) * B]
+                    ctx = self.data.contexts[idx]
+                    tg = self.data.words[idx]
+                    t0 = time.time()
+                    noise = self.noise.draw(tg, cfg.seed, self.step, self.kernel_threads) if self.noise else None
+                    mask = dropout_mask((len(idx), self.header["output"]["dim"]), cfg.dropout, cfg.seed,
+                                        self.step) if cfg.dropout else None
+                    loss = self.objective.loss_and_grads(ctx, tg, noise, self.grads, mask)
+                    if not math.isfinite(loss):
+                        raise NLMFeatureError(f"training diverged (loss {loss}) at epoch {self.epoch + 1}, "
+                                              f"minibatch {self.batch}: lower --step-size")
+                    self.opt.step(self.grads, l2=l2)
+                    self.train_seconds += time.time() - t0
+                    self.trained_words += len(idx)
+                    w_epoch += len(idx)
+                    self.batch += 1
+                    self.step += 1
+                    bar.update(1)
+                    if self.batch % 20 == 0 or self.batch == nb:
+                        post = {"loss/word": f"{loss / len(idx):.3f}",
+                                "words/s": f"{w_epoch / max(1e-9, time.time() - t_epoch):.0f}"}
+                        if not math.isinf(self.best):
+                            post["held-out ppl"] = f"{self.history[-1]['perplexity']:.1f}"
+                        bar.set_postfix(post, refresh=False)
+                    if every and self.batch % every == 0 and self.batch < nb:
+                        self._evaluate("minibatch")
+                        self.save_checkpoint()
+                        last_ck = time.time()
+                        if cfg.patience and self.bad_evals >= cfg.patience:
+                            stop_reason = "no improvement"
+                            break
+                    updates += 1
+                    if self._stop:
+                        stop_reason = "interrupted"
+                        break
+                    if cfg.max_updates and updates >= cfg.max_updates:
+                        stop_reason = "update limit"
+                        break
+                    if time.time() > deadline:
+                        stop_reason = "time limit"
+                        break
+                    if cfg.checkpoint_minutes and time.time() - last_ck > cfg.checkpoint_minutes * 60:
+                        self.save_checkpoint()
+                        last_ck = time.time()
+                bar.close()
+                if self.batch >= nb:
+                    self.epoch += 1
+                    self.batch = 0
+                    self._evaluate(f"epoch {self.epoch}")
+                    if cfg.patience and self.bad_evals >= cfg.patience:
+                        stop_reason = "no improvement"
+                self.save_checkpoint()
+                last_ck = time.time()
+            if stop_reason in ("interrupted", "update limit"):
+                self.log(f"checkpoint written to {ck}; run the same command again to resume")
+            elif stop_reason:
+                self.log(f"stopped: {stop_reason}")
+                if stop_reason == "time limit" and self.heldout is not None and self.batch:
+                    self._evaluate("time limit")
+            if not os.path.exists(cfg.model_out):
+                self.write_model()
+            if stop_reason == "time limit":
+                self.save_checkpoint()
+                self.log(f"checkpoint written to {ck}; run the same command again to train on")
+            elif stop_reason not in ("interrupted", "update limit") and os.path.exists(ck):
+                os.unlink(ck)   # a finished run: nothing left to resume
+        finally:
+            if bar is not None:
+                bar.close()
+            if old_handler is not None:
+                signal.signal(signal.SIGINT, old_handler)
+        ep = self.epoch + self.batch / nb
+        return TrainResult(model_out=cfg.model_out, best_perplexity=self.best, best_epoch=self.best_epoch,
+                           epochs=round(ep, 4), words_per_second=self.trained_words / max(1e-9, self.train_seconds),
+                           history=self.history, vocab_size=len(self.vocab), train_tokens=len(self.data),
+                           estimator=self.estimator, resumed_from=self.resumed_from)
+
+
+def train(cfg: TrainConfig, log: Callable[[str], None] = None) -> TrainResult:
+    """Train a model as ``cfg`` says (see :class:`TrainConfig`).  The outputs (the model and
+    its checkpoint) are checked before the corpus is read and the work starts."""
+    if cfg.model_out:
+        check_output(cfg.model_out, "--model-out")
+        check_output(checkpoint_path(cfg.model_out), "checkpoint")
+    return Trainer(cfg, log).run()
+
+
+__all__ = ["TrainConfig", "TrainResult", "Trainer", "train", "export_arrays", "heldout_logprob",
+           "checkpoint_path", "InputError"]
