@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import gzip
 import hashlib
 import json
 import os

@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gzip
 import io
 import json
-import math
 import os
 import re
 import shlex
 import sys
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List
 
 from nlmfeature.errors import NLMFeatureError
 

@@ -112,7 +112,6 @@ def run(args: argparse.Namespace) -> int:
                          "same text read backwards; token-by-token interpolation with the left-to-right "
                          "KenLM model is not defined, so none is reported")
         elif valid is not None or args.weight is not None:
-            keep = ~nlm.oov if ex else slice(None)
             if valid is not None:
                 vn = nlm_token_scores(model, valid)
                 vk, _ = scorer.token_scores(valid)

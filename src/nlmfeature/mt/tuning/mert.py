@@ -26,7 +26,6 @@ BLEU is corpus BLEU of the re-ranked 1-best hypotheses from the cached statistic
 from __future__ import annotations
 
 import multiprocessing
-import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence, Tuple
