@@ -64,19 +64,22 @@ class BatchScorer:
         """Final hidden vectors (N, D) for padded contexts (N, n-1)."""
         h, a = self.h, self.a
         acc = None
+        w = int(h["source"]["window"]) if h.get("source") else 0  # joint: source columns first
         for k, br in enumerate(h["branches"]):
             v = np.zeros((len(ctx), br["hidden"]), dtype=np.float32)
             if br.get("bias"):
                 v += a[f"branch{k}.bias"]
             W = a[f"branch{k}.weights"]
             T = a.get(f"branch{k}.tables") if self.use_tables else None
+            S = a.get(f"branch{k}.source.tables") if self.use_tables else None
             for j in range(ctx.shape[1]):
-                if T is not None:
-                    v += T[j][ctx[:, j]]
+                emb, tab, t = (a["source.embeddings"], S, j) if j < w else (a["embeddings"], T, j - w)
+                if tab is not None:
+                    v += tab[t][ctx[:, j]]
                 elif br["diagonal"]:
-                    v += a["embeddings"][ctx[:, j]] * W[j]
+                    v += emb[ctx[:, j]] * W[j]
                 else:
-                    v += a["embeddings"][ctx[:, j]] @ W[j].T
+                    v += emb[ctx[:, j]] @ W[j].T
             activation(br["activation"], v)
             if acc is None:
                 acc = v

@@ -21,7 +21,11 @@ import numpy as np
 from .errors import ModelFileError
 
 MAGIC = b"NLMFEAT\x00"
-FORMAT_VERSION = 1
+#: version written for joint models (a source vocabulary and window: an older reader would
+#: misread their branch weights); target-only models are still written as version 1
+FORMAT_VERSION = 2
+#: versions this reader accepts
+READ_VERSIONS = (1, 2)
 PREAMBLE = struct.Struct("<8sIIQQQ8s16s")  # magic, version, flags, hdr off, hdr len, file len, checksum, pad
 PREAMBLE_SIZE = 64
 ALIGN = 64
@@ -32,7 +36,7 @@ OUTPUT_TYPES = ("unnormalised", "softmax", "class", "tree")
 ACTIVATION_NAMES = ("identity", "sigmoid", "relu", "tanh", "hardtanh")
 COMBINE_NAMES = ("none", "max", "add", "mul")
 #: arrays that may be stored as float16 (``storage: float16``) and are widened at load
-HALF_ELIGIBLE = ("embeddings", "output.weight", "tables")
+HALF_ELIGIBLE = ("embeddings", "source.embeddings", "output.weight", "tables")
 
 Header = Dict[str, Any]
 Arrays = Dict[str, np.ndarray]
@@ -57,6 +61,23 @@ def expected_arrays(h: Header) -> Dict[str, Tuple[str, Tuple[int, ...], bool]]:
         raise ValueError(f"bad sizes: order {n}, vocab_size {V}, embed_dim {E}")
     c = n - 1
     f4 = "<f4"
+    src = h.get("source")
+    w = 0  # joint models: source-window positions, first in the branch weights
+    if src is not None:
+        try:
+            w, Vs = int(src["window"]), int(src["vocab_size"])
+            ssp = src["special"]
+        except (KeyError, TypeError, ValueError):
+            raise ValueError("the source description needs window, vocab_size and special") from None
+        if w < 1 or w % 2 == 0 or w > 31:
+            raise ValueError(f"source window {w} is not an odd number in 1..31")
+        if Vs < 4:
+            raise ValueError(f"bad source vocab_size {Vs}")
+        for tok in ("<unk>", "<s>", "</s>", "<null>"):
+            if not 0 <= int(ssp.get(tok, -1)) < Vs:
+                raise ValueError(f"source special token {tok} has no valid id")
+        if h.get("direct"):
+            raise ValueError("direct n-gram features are not supported in joint models")
     out: Dict[str, Tuple[str, Tuple[int, ...], bool]] = {
         "vocab.offsets": ("<i8", (V + 1,), True),
         "vocab.hash": ("<i4", (-1,), True),
@@ -64,6 +85,12 @@ def expected_arrays(h: Header) -> Dict[str, Tuple[str, Tuple[int, ...], bool]]:
         "unigram": (f4, (V,), True),
         "embeddings": (f4, (V, E), True),
     }
+    if src is not None:
+        out.update({"source.vocab.offsets": ("<i8", (Vs + 1,), True),
+                    "source.vocab.hash": ("<i4", (-1,), True),
+                    "source.vocab.bytes": ("|u1", (-1,), True),
+                    "source.unigram": (f4, (Vs,), True),
+                    "source.embeddings": (f4, (Vs, E), True)})
     branches = h["branches"]
     if not branches:
         raise ValueError("a model needs at least one first-layer branch")
@@ -76,11 +103,13 @@ def expected_arrays(h: Header) -> Dict[str, Tuple[str, Tuple[int, ...], bool]]:
         if br["diagonal"]:
             if H != E:
                 raise ValueError(f"branch {k}: a diagonal context matrix needs hidden == embed_dim")
-            out[f"branch{k}.weights"] = (f4, (c, E), True)
+            out[f"branch{k}.weights"] = (f4, (w + c, E), True)
         else:
-            out[f"branch{k}.weights"] = (f4, (c, H, E), True)
+            out[f"branch{k}.weights"] = (f4, (w + c, H, E), True)
         out[f"branch{k}.bias"] = (f4, (H,), bool(br.get("bias", False)))
         out[f"branch{k}.tables"] = (f4, (c, V, H), bool(h.get("precomputed", False)))
+        if src is not None:
+            out[f"branch{k}.source.tables"] = (f4, (w, Vs, H), bool(h.get("precomputed", False)))
     if h.get("combine", "none") not in COMBINE_NAMES:
         raise ValueError(f"unknown combination {h.get('combine')!r}")
     if len(branches) > 1 and h.get("combine", "none") == "none":
@@ -150,9 +179,10 @@ def validate_structure(h: Header, arrays: Mapping[str, np.ndarray], strict: bool
     if extra and strict:
         raise ValueError(f"unexpected arrays {sorted(extra)}")
     V = int(h["vocab_size"])
-    offs = arrays["vocab.offsets"]
-    if offs[0] != 0 or np.any(np.diff(offs) <= 0) or offs[-1] != len(arrays["vocab.bytes"]):
-        raise ValueError("vocabulary offsets are inconsistent")
+    for prefix in ("", "source.") if h.get("source") is not None else ("",):
+        offs = arrays[prefix + "vocab.offsets"]
+        if offs[0] != 0 or np.any(np.diff(offs) <= 0) or offs[-1] != len(arrays[prefix + "vocab.bytes"]):
+            raise ValueError(f"{prefix or 'target '}vocabulary offsets are inconsistent")
     out = h["output"]
     if out["type"] == "class":
         C = int(out["classes"])
@@ -232,7 +262,8 @@ def write_model(path: str, header: Header, arrays: Mapping[str, np.ndarray],
             if total > pos:
                 put(b"\0" * (total - pos))
             f.seek(0)
-            f.write(PREAMBLE.pack(MAGIC, FORMAT_VERSION, 0, PREAMBLE_SIZE, len(hdr), total,
+            version = FORMAT_VERSION if header.get("source") is not None else 1
+            f.write(PREAMBLE.pack(MAGIC, version, 0, PREAMBLE_SIZE, len(hdr), total,
                                   digest.digest(), b"\0" * 16))
             f.flush()
             os.fsync(f.fileno())
@@ -255,10 +286,10 @@ def read_preamble(path: str, buf) -> Tuple[int, int, int, bytes]:
         if bytes(buf[:7]) == b"\\config":
             hint = " (this looks like an NPLM text model: import it with `nlmfeature convert`)"
         raise ModelFileError(f"{path}: not an nlmfeature model (bad magic number){hint}")
-    if version != FORMAT_VERSION:
+    if version not in READ_VERSIONS:
         raise ModelFileError(
-            f"{path}: model format version {version}, but this nlmfeature reads version "
-            f"{FORMAT_VERSION}; convert the model with a matching nlmfeature release")
+            f"{path}: model format version {version}, but this nlmfeature reads versions "
+            f"{', '.join(map(str, READ_VERSIONS))}; convert the model with a matching nlmfeature release")
     if len(buf) < total:
         raise ModelFileError(f"{path}: truncated: the file has {len(buf)} bytes but its header "
                              f"says {total}; copy or write the model again")
@@ -298,6 +329,7 @@ def read_model(path: str, verify: bool = True) -> Tuple[Header, Arrays, str]:
             raise ModelFileError(f"{path}: not an nlmfeature model (the file is empty)")
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     hoff, hlen, total, checksum = read_preamble(path, mm)
+    version = PREAMBLE.unpack_from(mm, 0)[1]
     if verify:
         digest = hashlib.blake2b(digest_size=8)
         view = memoryview(mm)
@@ -329,6 +361,9 @@ def read_model(path: str, verify: bool = True) -> Tuple[Header, Arrays, str]:
         if dt == np.float16:
             arr = arr.astype(np.float32)
         arrays[name] = arr
+    if (header.get("source") is not None) != (version >= 2):
+        raise ModelFileError(f"{path}: format version {version} does not match its header "
+                             "(joint models, with a source vocabulary, are version 2)")
     try:
         validate_structure(header, arrays, strict=False)
     except (ValueError, KeyError, TypeError) as exc:

@@ -9,6 +9,8 @@ cdef enum:
     NLM_MAX_ORDER = 16
     NLM_MAX_BRANCHES = 8
     NLM_MAX_LAYERS = 8
+    NLM_MAX_WINDOW = 31      # joint models: most source-window positions (2m+1)
+    NLM_MAX_KEY = NLM_MAX_ORDER + NLM_MAX_WINDOW  # ids in a full context (window + n-1)
 
 # activation functions
 cdef enum:
@@ -39,6 +41,7 @@ ctypedef struct BranchC:
     const float* weights     # (n-1, H, E) or (n-1, E)
     const float* bias        # (H,) or NULL
     const float* tables      # (n-1, V, H) precomputed position contributions, or NULL
+    const float* src_tables  # joint models: (w, Vs, H) precomputed source positions, or NULL
 
 ctypedef struct LayerC:
     int n_in
@@ -86,6 +89,16 @@ ctypedef struct ModelC:
     int64_t hash_space
     const float* direct_weights   # (hash_space,)
     int use_tables                # 1: use branch tables when present
+    # joint models (NNJM): a full context is [w source-window ids | n-1 target ids]; the
+    # branch weights hold the w source positions first.  w = 0 for a target-only model.
+    int src_window                # w = 2m+1 (0: no source)
+    int src_vocab_size            # Vs
+    const float* src_embeddings   # (Vs, E)
+    int src_unk
+    int src_bos
+    int src_eos
+    int src_null
+    int key_len                   # w + n-1: ids in a full context (the caches' keys)
 
 # Exact-key hash table with O(1) clearing (generation counter) and bounded size.
 # Each hash slot is ``stride = key_len + 2`` int32: [generation, entry, key...]; values live
@@ -154,6 +167,11 @@ cdef void nlm_session_free(SessionC* s) noexcept nogil
 cdef void nlm_session_begin(SessionC* s, int64_t sentence_id) noexcept nogil
 cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t word) noexcept nogil
 cdef double nlm_score(SessionC* s, const int32_t* ctx, int n, int32_t word) noexcept nogil
+# joint models
+cdef void nlm_source_window(const ModelC* m, const int32_t* src, int n, int affiliation,
+                            int32_t* out) noexcept nogil
+cdef double nlm_joint_score(SessionC* s, const int32_t* window, const int32_t* ids, int n,
+                            int32_t word) noexcept nogil
 
 # exact-key tables (also used by the persistent cache)
 cdef int table_init(TableC* t, int key_len, int fval_len, int dval_len, int64_t entries) noexcept nogil

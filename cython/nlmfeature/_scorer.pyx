@@ -578,11 +578,37 @@ cdef int nlm_pad_context(const ModelC* m, const int32_t* ids, int n, int32_t* ou
     return pad
 
 
+cdef void source_forward(const ModelC* m, const BranchC* br, const int32_t* window, float* v) noexcept nogil:
+    """Add the source-window positions' contributions (joint models) to ``v``."""
+    cdef int j, o, H = br.hidden, E = m.embed_dim
+    cdef int64_t Vs = m.src_vocab_size
+    cdef const float* e
+    if br.src_tables != NULL and m.use_tables:
+        for j in range(m.src_window):
+            addf(v, br.src_tables + (j * Vs + window[j]) * H, H)
+    elif br.diagonal:
+        for j in range(m.src_window):
+            mulaccf(v, br.weights + j * E, m.src_embeddings + <int64_t>window[j] * E, E)
+    else:
+        for j in range(m.src_window):
+            e = m.src_embeddings + <int64_t>window[j] * E
+            for o in range(H):
+                v[o] += dotf(br.weights + (<int64_t>j * H + o) * E, e, E)
+
+
 cdef void branch_forward(const ModelC* m, const BranchC* br, const int32_t* ctx, float* v) noexcept nogil:
+    """First-layer branch for a full context: [source window (joint models) | n-1 target ids]."""
     cdef int j, o, H = br.hidden, E = m.embed_dim
     cdef int64_t V = m.vocab_size
     cdef const float* e
+    cdef BranchC tb
     init_bias(v, br.bias, H)
+    if m.src_window:
+        source_forward(m, br, ctx, v)
+        ctx += m.src_window
+        tb = br[0]  # target positions follow the source ones in the weights
+        tb.weights = br.weights + <int64_t>m.src_window * (E if br.diagonal else <int64_t>H * E)
+        br = &tb
     if br.tables != NULL and m.use_tables:
         for j in range(m.ctx_len):
             addf(v, br.tables + (j * V + ctx[j]) * H, H)
@@ -771,15 +797,15 @@ cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t n
     s.ctx_cache_enabled = s.cache_enabled and context_cache_pays(m)
     s.sentence_id = -1
     if s.cache_enabled:
-        ckey = m.ctx_len if m.ctx_len > 0 else 1
+        ckey = m.key_len if m.key_len > 0 else 1
         if (table_init(&s.ctx_cache, ckey, m.out_dim, 2, cache_entries) != 0 or
-                table_init(&s.class_cache, m.ctx_len + 1, 0, 1, cache_entries) != 0):
+                table_init(&s.class_cache, m.key_len + 1, 0, 1, cache_entries) != 0):
             nlm_session_free(s)
             return NULL
     if ngram_entries < 0:
         ngram_entries = 4 * cache_entries if (cache_entries > 0 and nlm_ngram_cache_pays(m)) else 0
     s.ngram_cache_enabled = ngram_entries > 0
-    s.ngram_cache.key_len = m.order
+    s.ngram_cache.key_len = m.key_len + 1
     s.ngram_cache.limit = ngram_entries
     return s
 
@@ -809,16 +835,17 @@ cdef void nlm_session_begin(SessionC* s, int64_t sentence_id) noexcept nogil:
 
 
 cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t w) noexcept nogil:
-    """Natural-log score of word ``w`` after the padded context ``ctx`` (n-1 valid ids)."""
-    cdef int32_t key[NLM_MAX_ORDER + 1]
+    """Natural-log score of word ``w`` after the padded context ``ctx`` (n-1 valid ids; for a
+    joint model the full context: the source window, then the n-1 target ids)."""
+    cdef int32_t key[NLM_MAX_KEY + 1]
     cdef int found = 0, i
     cdef int64_t slot
     cdef double v
     if not s.ngram_cache_enabled:
         return score_uncached_ngram(s, ctx, w)
-    for i in range(s.model.ctx_len):
+    for i in range(s.model.key_len):
         key[i] = ctx[i]
-    key[s.model.ctx_len] = w
+    key[s.model.key_len] = w
     slot = nt_insert(&s.ngram_cache, key, &found)
     if found:
         s.lookups += 1
@@ -839,13 +866,13 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
     cdef int found = 0, i
     cdef int64_t slot
     cdef int32_t c
-    cdef int32_t key[NLM_MAX_ORDER + 1]
+    cdef int32_t key[NLM_MAX_KEY + 1]
     cdef uint64_t states[NLM_MAX_ORDER]
     cdef uint64_t cstates[NLM_MAX_ORDER]
     cdef double lz, score
     s.lookups += 1
     if s.ctx_cache_enabled:
-        if m.ctx_len > 0:
+        if m.key_len > 0:
             slot = table_slot(&s.ctx_cache, ctx, &found)
         else:
             key[0] = 0
@@ -861,7 +888,7 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
         norms = NULL
         nlm_compute_hidden(m, ctx, h, s.buf0, s.buf1, s.buf2)
     if m.direct_order:
-        direct_states(m, ctx, 0, states)
+        direct_states(m, ctx + m.src_window, 0, states)
     if m.output_type == OUT_UNNORMALISED:
         return word_logit(m, h, w, states)
     if m.output_type == OUT_TREE:
@@ -877,7 +904,7 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
     # class-factored
     c = m.word_class[w]
     if m.direct_order:
-        direct_states(m, ctx, 1, cstates)
+        direct_states(m, ctx + m.src_window, 1, cstates)
     if norms != NULL and not isnan(norms[1]):
         lz = norms[1]
     else:
@@ -886,9 +913,9 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
             norms[1] = lz
     score = class_logit(m, h, c, cstates) - lz
     if s.cache_enabled:
-        for i in range(m.ctx_len):
+        for i in range(m.key_len):
             key[i] = ctx[i]
-        key[m.ctx_len] = c
+        key[m.key_len] = c
         slot = table_slot(&s.class_cache, key, &found)
         if found:
             lz = s.class_cache.dvals[slot]
@@ -907,6 +934,45 @@ cdef double nlm_score(SessionC* s, const int32_t* ids, int n, int32_t w) noexcep
     if w < 0 or w >= s.model.vocab_size:
         w = s.model.unk
     return nlm_score_padded(s, ctx, w)
+
+
+cdef void nlm_source_window(const ModelC* m, const int32_t* src, int n, int affiliation,
+                            int32_t* out) noexcept nogil:
+    """The w = 2m+1 source ids around ``affiliation`` in a source sentence of ``n`` ids.
+
+    Position ``n`` is the sentence end (``</s>``, the affiliation of the target ``</s>``);
+    positions before 0 are ``<s>``, after ``n`` ``</s>``.  A negative affiliation (unknown:
+    future-cost estimates) gives a window of ``<null>``.  Ids outside the source vocabulary
+    become ``<unk>``.
+    """
+    cdef int j, p, half = m.src_window // 2
+    cdef int32_t x
+    for j in range(m.src_window):
+        p = affiliation - half + j
+        if affiliation < 0:
+            out[j] = m.src_null
+        elif p < 0:
+            out[j] = m.src_bos
+        elif p >= n:
+            out[j] = m.src_eos
+        else:
+            x = src[p]
+            out[j] = x if 0 <= x < m.src_vocab_size else m.src_unk
+
+
+cdef double nlm_joint_score(SessionC* s, const int32_t* window, const int32_t* ids, int n,
+                            int32_t w) noexcept nogil:
+    """Joint models: score ``w`` given a source window (from :c:func:`nlm_source_window`)
+    and an unpadded target history of ``n`` ids (padded as :c:func:`nlm_pad_context`)."""
+    cdef int32_t key[NLM_MAX_KEY]
+    cdef const ModelC* m = s.model
+    cdef int j
+    for j in range(m.src_window):
+        key[j] = window[j]
+    nlm_pad_context(m, ids, n, key + m.src_window)
+    if w < 0 or w >= m.vocab_size:
+        w = m.unk
+    return nlm_score_padded(s, key, w)
 
 # ---------------------------------------------------------------------------------------
 # Python wrappers
@@ -1025,6 +1091,21 @@ cdef class NativeModel:
             if not 1 <= m.direct_order <= m.order:
                 raise ValueError("direct feature order must be between 1 and the model order")
         m.use_tables = use_tables
+        m.key_len = m.ctx_len
+        source = header.get("source")
+        if source:
+            m.src_window = source["window"]
+            if not 1 <= m.src_window <= NLM_MAX_WINDOW or m.src_window % 2 == 0:
+                raise ValueError(f"source window {m.src_window} is not an odd number in 1..{NLM_MAX_WINDOW}")
+            m.src_vocab_size = source["vocab_size"]
+            ssp = source["special"]
+            m.src_unk, m.src_bos, m.src_eos, m.src_null = ssp["<unk>"], ssp["<s>"], ssp["</s>"], ssp["<null>"]
+            m.src_embeddings = fptr(arrays, "source.embeddings")
+            for k in range(m.n_branches):
+                m.branches[k].src_tables = fptr(arrays, f"branch{k}.source.tables", False)
+                if (m.branches[k].tables == NULL) != (m.branches[k].src_tables == NULL):
+                    raise ValueError("a joint model has tables for all positions or none")
+            m.key_len = m.ctx_len + m.src_window
 
     @property
     def order(self) -> int:
@@ -1033,6 +1114,28 @@ cdef class NativeModel:
     @property
     def vocab_size(self) -> int:
         return self.m.vocab_size
+
+    @property
+    def source_window(self) -> int:
+        """Joint models: source-window width w (0 for a target-only model)."""
+        return self.m.src_window
+
+    @property
+    def key_len(self) -> int:
+        """Ids in a full context: w source-window ids, then n-1 target ids."""
+        return self.m.key_len
+
+    def source_window_ids(self, const int32_t[::1] source, int affiliation):
+        """The w source ids around ``affiliation`` (see ``nlm_source_window``): position
+        ``len(source)`` is ``</s>``, a negative affiliation gives ``<null>``s."""
+        if self.m.src_window == 0:
+            raise ValueError("not a joint model: it has no source window")
+        out = np.empty(self.m.src_window, dtype=np.int32)
+        cdef int32_t[::1] o = out
+        cdef int32_t dummy = 0
+        nlm_source_window(&self.m, &source[0] if source.shape[0] else &dummy, source.shape[0],
+                          affiliation, &o[0])
+        return out
 
     @property
     def uses_tables(self) -> bool:
@@ -1053,9 +1156,9 @@ cdef class NativeModel:
 
     def hidden(self, const int32_t[::1] padded):
         """Final hidden vector for a padded context (testing and the batched path)."""
-        if padded.shape[0] != self.m.ctx_len:
-            raise ValueError(f"a padded context has {self.m.ctx_len} ids")
-        _check_ids(padded, self.m.vocab_size, "the context")
+        if padded.shape[0] != self.m.key_len:
+            raise ValueError(f"a padded context has {self.m.key_len} ids")
+        _check_context_ids(&self.m, padded, "the context")
         out = np.empty(self.m.out_dim, dtype=np.float32)
         b = np.empty(3 * self.m.max_width, dtype=np.float32)
         cdef float[::1] o = out, bb = b
@@ -1068,6 +1171,20 @@ cdef class NativeModel:
         """A new scoring session (one per thread); ``cache_entries=0`` disables caching;
         ``ngram_entries`` bounds the exact n-gram cache (-1: automatic, 0: off)."""
         return Session(self, cache_entries, ngram_entries)
+
+
+cdef _check_context_ids(const ModelC* m, a, what):
+    """Like :func:`_check_ids` for full contexts: the first ``src_window`` columns hold
+    source ids (joint models), the rest target ids."""
+    arr = np.asarray(a)
+    w = m.src_window
+    if w == 0:
+        _check_ids(arr, m.vocab_size, what)
+        return
+    if arr.ndim == 1:
+        arr = arr[None, :]
+    _check_ids(arr[:, :w], m.src_vocab_size, what + " (source window)")
+    _check_ids(arr[:, w:], m.vocab_size, what)
 
 
 cdef _check_ids(a, int64_t vocab_size, what):
@@ -1107,10 +1224,10 @@ cdef class Session:
     def score_padded(self, const int32_t[:, ::1] contexts, const int32_t[::1] words):
         """Score N n-grams one lookup at a time (through the caches); contexts are padded, (N, n-1)."""
         cdef int64_t n = words.shape[0], i
-        cdef int c = self.model.m.ctx_len
+        cdef int c = self.model.m.key_len
         if contexts.shape[0] != n or (n and contexts.shape[1] != c):
             raise ValueError(f"contexts must have shape ({n}, {c})")
-        _check_ids(contexts, self.model.m.vocab_size, "contexts")
+        _check_context_ids(&self.model.m, contexts, "contexts")
         out = np.empty(n, dtype=np.float64)
         cdef double[::1] o = out
         cdef int32_t V = self.model.m.vocab_size, unk = self.model.m.unk, w
@@ -1131,11 +1248,11 @@ cdef class Session:
         Returns the sum of the scores (the benchmark's hot loop; runs without the GIL).
         """
         cdef int64_t n = words.shape[0], i, k = 0, ns = sentence_starts.shape[0]
-        cdef int c = self.model.m.ctx_len
+        cdef int c = self.model.m.key_len
         cdef double total = 0
         if contexts.shape[0] != n or (n and contexts.shape[1] != c):
             raise ValueError(f"contexts must have shape ({n}, {c})")
-        _check_ids(contexts, self.model.m.vocab_size, "contexts")
+        _check_context_ids(&self.model.m, contexts, "contexts")
         _check_ids(words, self.model.m.vocab_size, "words")
         cdef int32_t dummy = 0
         cdef const int32_t* base = &contexts[0, 0] if (n and c) else &dummy

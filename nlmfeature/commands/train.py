@@ -25,6 +25,11 @@ resuming: a checkpoint MODEL_OUT.ckpt.npz is written at every evaluation, every
   --checkpoint-minutes and on Ctrl-C; running the same command again resumes from it
   (--no-resume starts afresh).  The same --seed and --threads give the same model.
 
+example (joint model, German-English parallel text with its fast_align alignment):
+  nlmfeature train --source train.de.gz --train train.en.gz --alignment train.align.gz \
+      --test-source dev.de --test-set dev.en --test-alignment dev.align --model-out joint.nlm \
+      --output class --classes 100 --noise-samples 10 --source-window 7
+
 example (Brown corpus, class-factored NCE log-bilinear model):
   nlmfeature train --train train.txt.gz --test-set valid.txt.gz --model-out brown.nlm \\
       --order 5 --word-width 200 --diagonal-contexts --output class --classes 128 \\
@@ -55,6 +60,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="words seen fewer times become <unk> (default 2: singletons, as OxLM)")
     g.add_argument("--max-vocab", type=int, default=None,
                    help="keep at most this many vocabulary entries (specials included), most frequent first")
+    j = p.add_argument_group("joint models (NNJM: condition on the source sentence)")
+    j.add_argument("--source", metavar="FILE",
+                   help="source side of the parallel text, line by line with --train (the target "
+                        "side): trains a joint model whose words also see --source-window source "
+                        "words around their affiliated source word")
+    j.add_argument("--alignment", metavar="FILE",
+                   help="word alignment of --source/--train, one line per pair, i-j points (source "
+                        "position i, target position j, from 0: Moses / fast_align format); "
+                        "affiliation as Devlin et al. 2014")
+    j.add_argument("--test-source", metavar="FILE", help="source side of the held-out set (--test-set)")
+    j.add_argument("--test-alignment", metavar="FILE", help="word alignment of the held-out set")
+    j.add_argument("--source-window", type=int, default=7, metavar="W",
+                   help="source words the model sees, 2m+1 centred on the affiliated word "
+                        "(default 7, Devlin et al. 2014's window)")
     a = p.add_argument_group("architecture")
     a.add_argument("--arch", choices=["lbl", "nplm", "lateral"], default="lbl",
                    help="log-bilinear (OxLM), NPLM (Vaswani et al.) or lateral branches (default lbl)")
