@@ -34,6 +34,9 @@ from .errors import InputError
 from .model import Model, Perplexity, _tokens
 from .vocab import Vocabulary
 
+import re
+
+_POINT = re.compile(r"^\d+-\d+$")
 Tokens = Union[str, Sequence[str]]
 Alignment = Union[str, Sequence[Tuple[int, int]]]
 
@@ -146,11 +149,11 @@ def joint_ngrams(sources: Sequence[Sequence[str]], targets: Sequence[Sequence[st
                      np.concatenate(words).astype(np.int32), np.asarray(starts, dtype=np.int64))
 
 
-def read_parallel(source: str, target: str, alignment: str,
+def read_parallel(source: str, target: str, alignment: str, keep_empty: bool = False,
                   ) -> Tuple[List[List[str]], List[List[str]], List[np.ndarray]]:
     """(source sentences, target sentences, affiliations) of a tokenised parallel text and
     its ``i-j`` alignment, line by line (plain or .gz).  Pairs with an empty side are
-    skipped.  Raises :class:`InputError` naming the file and line when the files have
+    skipped unless ``keep_empty`` (test sets: every line is a sentence).  Raises :class:`InputError` naming the file and line when the files have
     different numbers of lines or an alignment point is malformed or out of range."""
     srcs, tgts, affs = [], [], []
     it_s, it_t, it_a = textio.iter_lines(source), textio.iter_lines(target), textio.iter_lines(alignment)
@@ -172,7 +175,7 @@ def read_parallel(source: str, target: str, alignment: str,
                     raise InputError(path, lineno, f"contains the reserved token {tok!r}; sentence "
                                      "boundaries are added by nlmfeature, remove them from the text")
         pairs = parse_alignment(c[1], len(s), len(t), alignment, lineno)
-        if not s or not t:
+        if (not s or not t) and not keep_empty:
             continue
         srcs.append(s)
         tgts.append(t)
@@ -275,5 +278,49 @@ class JointModel(Model):
         return Perplexity(ppl, total, n_tok, n_sent, n_oov, exclude_oov)
 
 
-__all__ = ["JointModel", "JointData", "affiliations", "parse_alignment", "source_windows",
+def alignment_field(extra: Sequence[str], path: str, lineno: int) -> str:
+    """The word-alignment field among a k-best line's extra fields: Moses'
+    ``-print-alignment-info-in-n-best`` field of ``i-j`` points (the last field made only of
+    such points; segmentation fields ``0-1=0-1`` are not).  Raises :class:`InputError` when
+    there is none."""
+    for f in reversed(extra):
+        toks = f.split()
+        if all(_POINT.match(t) for t in toks):
+            return f
+    raise InputError(path, lineno, "a joint model needs each hypothesis' word alignment: decode "
+                     "with Moses -print-alignment-info-in-n-best (a field of i-j points after "
+                     "the total score); this line has none")
+
+
+def joint_sentence_logprobs(model: "JointModel", sources: Sequence[Sequence[str]],
+                            targets: Sequence[Sequence[str]],
+                            alignments: Sequence[Sequence[Tuple[int, int]]],
+                            batch_size: int = 8192) -> List[float]:
+    """Natural-log probabilities of many (source, target, alignment) triples, through the
+    matrix path (:meth:`Model.score_batch`); equal to :meth:`JointModel.sentence_logprob`."""
+    if not targets:
+        return []
+    affs = [affiliations(len(s), len(t), a) for s, t, a in zip(sources, targets, alignments)]
+    d = joint_ngrams(sources, targets, affs, model.vocab, model.source_vocab, model.order, model.window)
+    scores = np.empty(len(d.words), dtype=np.float64)
+    for a in range(0, len(d.words), batch_size):
+        scores[a:a + batch_size] = model.score_batch(d.contexts[a:a + batch_size], d.words[a:a + batch_size])
+    return [float(x) for x in np.add.reduceat(scores, d.sentence_starts[:-1])]
+
+
+def joint_token_scores(model: "JointModel", sources: Sequence[Sequence[str]],
+                       targets: Sequence[Sequence[str]], affils: Sequence[np.ndarray]):
+    """Per-token scores of a joint model on a parallel test set, as
+    :func:`nlmfeature.kenlm_baseline.nlm_token_scores` gives them for a target-only model
+    (every target word and one ``</s>`` per sentence; same OOV flags)."""
+    from .kenlm_baseline import TokenScores, oov_mask
+
+    d = joint_ngrams(sources, targets, affils, model.vocab, model.source_vocab, model.order, model.window)
+    out = np.empty(len(d.words), dtype=np.float64)
+    for a in range(0, len(d.words), 8192):
+        out[a:a + 8192] = model.score_batch(d.contexts[a:a + 8192], d.words[a:a + 8192])
+    return TokenScores(out, oov_mask(targets, model.vocab), len(targets))
+
+
+__all__ = ["joint_token_scores", "joint_sentence_logprobs", "alignment_field", "JointModel", "JointData", "affiliations", "parse_alignment", "source_windows",
            "target_contexts", "joint_ngrams", "read_parallel"]

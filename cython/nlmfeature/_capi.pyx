@@ -15,8 +15,9 @@ from cpython.pycapsule cimport PyCapsule_New, PyCapsule_GetPointer
 cimport numpy as cnp
 import numpy as np
 
-from nlmfeature._scorer cimport ModelC, nlm_vocab_find
-from nlmfeature._pcache cimport (CSession, cs_new, cs_free, cs_begin, cs_end, cs_score,
+from nlmfeature._scorer cimport (ModelC, nlm_vocab_find, nlm_source_window, nlm_joint_score,
+                                 NLM_MAX_WINDOW)
+from nlmfeature._pcache cimport (NLM_VT_STAT_LOOKUPS, CSession, cs_new, cs_free, cs_begin, cs_end, cs_score,
                                  cs_score_padded, cs_stats)
 
 cnp.import_array()
@@ -38,6 +39,13 @@ cdef extern from "../../nlmfeature/capi/nlm_vtable.h":
         unsigned char checksum[8]
         char checksum_hex[17]
         char path[4096]
+        int32_t src_window
+        int32_t src_vocab_size
+        int32_t src_unk
+        const int64_t* src_vocab_offsets
+        const unsigned char* src_vocab_bytes
+        const int32_t* src_vocab_hash
+        int64_t src_vocab_hash_size
     ctypedef struct nlm_vt_session_opts:
         int64_t cache_entries
         int64_t ngram_cache_entries
@@ -56,6 +64,8 @@ cdef extern from "../../nlmfeature/capi/nlm_vtable.h":
         double (*score_padded)(void*, const int32_t*, int32_t) noexcept nogil
         void (*stats)(void*, int64_t*, int) noexcept nogil
         int32_t (*vocab_find)(const nlm_vt_model*, const char*, size_t) noexcept nogil
+        int32_t (*source_find)(const nlm_vt_model*, const char*, size_t) noexcept nogil
+        double (*joint_score)(void*, const int32_t*, int, int, const int32_t*, int, int32_t) noexcept nogil
 
 OUTPUT_CODES = {"unnormalised": 0, "softmax": 1, "class": 2, "tree": 3}
 
@@ -65,6 +75,12 @@ OUTPUT_CODES = {"unnormalised": 0, "softmax": 1, "class": 2, "tree": 3}
 
 cdef void* vt_session_new(const nlm_vt_model* m, const nlm_vt_session_opts* o, char* err,
                           size_t errlen) noexcept nogil:
+    cdef const ModelC* mc = <const ModelC*>m.model_c
+    if mc.src_window and o.persistent_dir != NULL and o.persistent_dir[0] != 0:
+        if err != NULL and errlen > 0:
+            strncpy(err, b"joint models do not support the persistent cache (persistent_cache must be NULL)", errlen - 1)
+            err[errlen - 1] = 0
+        return NULL
     return <void*>cs_new(<const ModelC*>m.model_c, m.checksum, m.checksum_hex, o.cache_entries,
                          o.ngram_cache_entries, o.persistent_dir, o.persistent_max_bytes, o.quiet,
                          o.context_cache, err, errlen)
@@ -83,7 +99,29 @@ cdef int vt_end(void* s) noexcept nogil:
 
 
 cdef double vt_score(void* s, const int32_t* ctx, int n, int32_t w) noexcept nogil:
+    if (<CSession*>s).model.src_window:  # joint model, affiliation unknown: the <null> window
+        return vt_joint_score(s, ctx, 0, -1, ctx, n, w)
     return cs_score(<CSession*>s, ctx, n, w)
+
+
+cdef double vt_joint_score(void* s, const int32_t* src, int nsrc, int affiliation,
+                           const int32_t* ctx, int n, int32_t w) noexcept nogil:
+    cdef CSession* c = <CSession*>s
+    cdef int32_t window[NLM_MAX_WINDOW]
+    if not c.model.src_window:  # a target-only model: the source does not matter
+        return cs_score(c, ctx, n, w)
+    nlm_source_window(c.model, src, nsrc, affiliation, window)
+    c.stats[NLM_VT_STAT_LOOKUPS] += 1
+    return nlm_joint_score(c.core, window, ctx, n, w)
+
+
+cdef int32_t vt_source_find(const nlm_vt_model* m, const char* word, size_t n) noexcept nogil:
+    cdef int64_t w
+    if m.src_window == 0:
+        return -1
+    w = nlm_vocab_find(m.src_vocab_offsets, m.src_vocab_bytes, m.src_vocab_hash, m.src_vocab_hash_size,
+                       word, n)
+    return <int32_t>w if w >= 0 else -1
 
 
 cdef double vt_score_padded(void* s, const int32_t* ctx, int32_t w) noexcept nogil:
@@ -111,6 +149,8 @@ _vtable.score = vt_score
 _vtable.score_padded = vt_score_padded
 _vtable.stats = vt_stats
 _vtable.vocab_find = vt_vocab_find
+_vtable.source_find = vt_source_find
+_vtable.joint_score = vt_joint_score
 
 #: PyCapsule "nlmfeature._capi.vtable" holding the ``nlm_vtable*``
 VTABLE = PyCapsule_New(<void*>&_vtable, b"nlmfeature._capi.vtable", NULL)
@@ -160,7 +200,23 @@ def load_model(str path, bint verify=True, bint use_tables=True) -> int:
     memcpy(vm.checksum, <const char*>cs, 8)
     strncpy(vm.checksum_hex, cs_hex, 16)
     strncpy(vm.path, bpath, 4095)
-    _registry[<uintptr_t>vm] = (model, cap, offsets, data, table)
+    keep = (model, cap, offsets, data, table)
+    src = model.header.get("source")
+    if src:
+        soff = np.ascontiguousarray(model.arrays["source.vocab.offsets"], dtype=np.int64)
+        sdata = np.ascontiguousarray(model.arrays["source.vocab.bytes"], dtype=np.uint8)
+        if sdata.size == 0:
+            sdata = np.zeros(1, dtype=np.uint8)
+        stable = np.ascontiguousarray(model.arrays["source.vocab.hash"], dtype=np.int32)
+        vm.src_window = int(src["window"])
+        vm.src_vocab_size = int(src["vocab_size"])
+        vm.src_unk = int(src["special"]["<unk>"])
+        vm.src_vocab_offsets = <const int64_t*>_data(soff)
+        vm.src_vocab_bytes = <const unsigned char*>_data(sdata)
+        vm.src_vocab_hash = <const int32_t*>_data(stable)
+        vm.src_vocab_hash_size = stable.shape[0]
+        keep = keep + (soff, sdata, stable)
+    _registry[<uintptr_t>vm] = keep
     return <uintptr_t>vm
 
 

@@ -42,6 +42,9 @@ struct nlm_session {
     void* cs;
     const struct nlm_model* model;
     int active;
+    int32_t* src;      /* joint models: the source sentence of nlm_session_begin_source */
+    int nsrc;
+    int src_cap;
 };
 
 static __thread char g_error[2048];
@@ -395,6 +398,7 @@ NLM_API int nlm_session_new(const nlm_model* model, const nlm_session_options* o
 NLM_API void nlm_session_free(nlm_session* session) {
     if (!session) return;
     g_vt->session_free(session->cs);
+    free(session->src);
     free(session);
 }
 
@@ -462,6 +466,48 @@ NLM_API double nlm_score_sequence(nlm_session* session, const int32_t* context, 
     }
     if (hist != stack) free(hist);
     return sum;
+}
+
+/* ---- joint models --------------------------------------------------------------------- */
+
+NLM_API int nlm_model_source_window(const nlm_model* model) { return model ? model->vm->src_window : 0; }
+
+NLM_API int32_t nlm_model_source_vocab_size(const nlm_model* model) {
+    return model ? model->vm->src_vocab_size : 0;
+}
+
+NLM_API int32_t nlm_source_word_id(const nlm_model* model, const char* word, size_t len) {
+    int32_t id;
+    if (!model || !model->vm->src_window || (!word && len)) return NLM_UNK;
+    id = g_vt->source_find(model->vm, word ? word : "", len);
+    return id < 0 ? model->vm->src_unk : id;
+}
+
+NLM_API int nlm_session_begin_source(nlm_session* session, int64_t sentence_id, const int32_t* source, int n) {
+    if (!session) return fail(NLM_ERR_ARGUMENT, "nlm_session_begin_source: NULL session");
+    if (!session->model->vm->src_window)
+        return fail(NLM_ERR_ARGUMENT, "nlm_session_begin_source: %s is not a joint model",
+                    session->model->vm->path);
+    if (n < 0 || (n > 0 && !source))
+        return fail(NLM_ERR_ARGUMENT, "nlm_session_begin_source: NULL source or negative length");
+    if (n > session->src_cap) {
+        int32_t* p = (int32_t*)realloc(session->src, sizeof(int32_t) * (size_t)n);
+        if (!p) return fail(NLM_ERR_MEMORY, "out of memory");
+        session->src = p;
+        session->src_cap = n;
+    }
+    if (n) memcpy(session->src, source, sizeof(int32_t) * (size_t)n);
+    session->nsrc = n;
+    return nlm_session_begin(session, sentence_id);
+}
+
+NLM_API double nlm_joint_score(nlm_session* session, const int32_t* context, int n, int32_t word,
+                               int affiliation) {
+    static const int32_t none[1] = {0};
+    if (n < 0) n = 0;
+    if (affiliation > session->nsrc) affiliation = session->nsrc;
+    return g_vt->joint_score(session->cs, session->nsrc ? session->src : none, session->nsrc,
+                             affiliation, n ? context : none, n, word);
 }
 
 NLM_API int nlm_session_stats(nlm_session* session, nlm_stats* stats) {
