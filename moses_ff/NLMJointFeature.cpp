@@ -7,8 +7,6 @@
 #include <set>
 #include <sstream>
 
-#include <boost/functional/hash.hpp>
-
 #include "moses/AlignmentInfo.h"
 #include "moses/FactorCollection.h"
 #include "moses/Hypothesis.h"
@@ -37,19 +35,6 @@ struct NLMJointFeature::ThreadSession {
   }
   ~ThreadSession() { nlm_session_free(session); }
 };
-
-size_t NLMJointState::hash() const
-{
-  size_t seed = static_cast<size_t>(size);
-  boost::hash_range(seed, ids, ids + size);
-  return seed;
-}
-
-bool NLMJointState::operator==(const FFState& o) const
-{
-  const NLMJointState &other = static_cast<const NLMJointState&>(o);
-  return size == other.size && std::memcmp(ids, other.ids, sizeof(int32_t) * size) == 0;
-}
 
 NLMJointFeature::NLMJointFeature(const std::string &line)
   : StatefulFeatureFunction(1, line)

@@ -30,31 +30,18 @@
 #include <boost/thread/tss.hpp>
 
 #include "moses/FF/StatefulFeatureFunction.h"
-#include "moses/FF/FFState.h"
 #include "moses/TypeDef.h"
 #include "moses/Word.h"
 #include "moses/Factor.h"
-
-struct nlm_model;
-struct nlm_session;
+#include "NLMFeature.h"  // NLMFeatureState: the same exact state, the last n-1 target ids
 
 namespace Moses
 {
 
 class TargetPhrase;
 
-//! Exact joint-model state: the last n-1 target ids (fewer only right after <s>), oldest first.
-class NLMJointState : public FFState
-{
-public:
-  enum { MAX_CONTEXT = 15 };
-  int32_t ids[MAX_CONTEXT];
-  int32_t size;
-
-  NLMJointState() : size(0) {}
-  virtual size_t hash() const;
-  virtual bool operator==(const FFState& other) const;
-};
+//! Exact joint-model state: the target-only feature's (the last n-1 target ids, oldest first).
+typedef NLMFeatureState NLMJointState;
 
 class NLMJointFeature : public StatefulFeatureFunction
 {

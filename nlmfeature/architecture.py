@@ -193,22 +193,18 @@ def random_model(spec: ModelSpec, vocab: Vocabulary, counts: Optional[Sequence[f
 def set_null_embedding(arrays: Arrays, vocab: Vocabulary) -> None:
     """Make ``<null>``'s input embedding the unigram-weighted average of the others
     (Vaswani et al. 2013), in place."""
-    p = np.asarray(arrays["unigram"], dtype=np.float64).copy()
-    p[[vocab.null, vocab.bos]] = 0.0
-    if p.sum() <= 0:
-        p[:] = 1.0
-    emb = np.array(arrays["embeddings"], dtype=np.float32)
-    emb[vocab.null] = (p / p.sum()) @ emb.astype(np.float64)
-    arrays["embeddings"] = emb
+    tables = [("", vocab)]
     if "source.embeddings" in arrays:  # joint models: the source <null> likewise
-        sv = Vocabulary.from_arrays(arrays["source.vocab.offsets"], arrays["source.vocab.bytes"])
-        p = np.asarray(arrays["source.unigram"], dtype=np.float64).copy()
-        p[[sv.null, sv.bos]] = 0.0
+        tables.append(("source.", Vocabulary.from_arrays(arrays["source.vocab.offsets"],
+                                                         arrays["source.vocab.bytes"])))
+    for prefix, v in tables:
+        p = np.asarray(arrays[prefix + "unigram"], dtype=np.float64).copy()
+        p[[v.null, v.bos]] = 0.0
         if p.sum() <= 0:
             p[:] = 1.0
-        emb = np.array(arrays["source.embeddings"], dtype=np.float32)
-        emb[sv.null] = (p / p.sum()) @ emb.astype(np.float64)
-        arrays["source.embeddings"] = emb
+        emb = np.array(arrays[prefix + "embeddings"], dtype=np.float32)
+        emb[v.null] = (p / p.sum()) @ emb.astype(np.float64)
+        arrays[prefix + "embeddings"] = emb
 
 
 def precompute_tables(header: Dict[str, Any], arrays: Arrays, diagonal: bool = False) -> None:

@@ -11,7 +11,6 @@ moses_ff/moses.patch and moses_ff/moses-joint.patch if needed and runs bjam (MOS
 from __future__ import annotations
 
 import filecmp
-import glob
 import gzip
 import os
 import re
@@ -31,18 +30,7 @@ from nlmfeature.vocab import Vocabulary, count_words
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 DATA = os.path.join(HERE, "data", "decoder", "multi30k")
-MOSES_ROOT = os.environ.get("MOSES_ROOT")
-DEFAULT_BJAM_ARGS = "-j2 --without-tcmalloc --notrace --no-xmlrpc-c --without-libsegfault link=static"
-
-pytestmark = pytest.mark.skipif(
-    not MOSES_ROOT or not os.path.exists(os.path.join(MOSES_ROOT or "/", "moses", "LM", "Jamfile")),
-    reason="set MOSES_ROOT to a built mosesdecoder tree to test the Moses joint feature")
-
-
-def _moses_binaries(root):
-    return [p for p in glob.glob(os.path.join(root, "moses-cmd", "bin", "*", "*", "*", "*", "moses"))
-            + glob.glob(os.path.join(root, "moses-cmd", "bin", "*", "*", "*", "moses"))
-            if os.path.isfile(p) and os.access(p, os.X_OK)]
+from test_moses_shim import DEFAULT_BJAM_ARGS, MOSES_ROOT, _moses_binaries, pytestmark  # noqa: F401
 
 
 @pytest.fixture(scope="module")

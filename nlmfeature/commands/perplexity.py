@@ -139,6 +139,10 @@ def run(args: argparse.Namespace) -> int:
                 rows.append(_loglinear(args, model, kenlm_path, scorer, test, valid, nlm, kn))
         else:
             notes.append("no --valid (or --weight): interpolations not reported")
+    return _emit(args, result, rows, notes)
+
+
+def _emit(args: argparse.Namespace, result: Dict[str, Any], rows: List[Dict], notes: List[str]) -> int:
     result["rows"] = rows
     result["notes"] = notes
     if args.json:
@@ -184,13 +188,7 @@ def _run_joint(args: argparse.Namespace, model) -> int:
         rows.append(_row("kenlm", kn.logprob, js.oov, ex, kenlm_unknown_tokens=kn_oov))
     if not model.normalised:
         notes.append("the joint model's output layer is unnormalised: its perplexity uses raw scores")
-    result["rows"] = rows
-    result["notes"] = notes
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        _print_table(rows, notes)
-    return 0
+    return _emit(args, result, rows, notes)
 
 
 def _loglinear(args, model, kenlm_path, scorer, test, valid, nlm, kn) -> Dict:
