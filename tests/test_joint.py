@@ -54,6 +54,13 @@ def test_windows_pad_with_sentence_boundaries_and_native_agrees(tmp_path):
         ref = source_windows(src, np.array([aff]), 5, sv.bos, sv.eos)[0]
         assert native.tolist() == ref.tolist()
     assert source_windows(src, np.array([0]), 5, sv.bos, sv.eos)[0].tolist()[:3] == [sv.bos, sv.bos, src[0]]
+    # scoring without a source (Model.score, nlm_score): the <null> window
+    ctx, words = model.sentence_ngrams("ein mann", "a man with", "0-0 1-1")
+    ctx[:, :5] = sv.null
+    assert model.score(["<s>", "a", "man"], "with") == pytest.approx(model.score_batch(ctx[2:3], words[2:3])[0], abs=1e-5)
+    from nlmfeature.pcache import CachedScorer  # target-only by design
+    with pytest.raises(ValueError, match="target-only"):
+        CachedScorer(model)
     assert source_windows(src, np.array([len(src)]), 5, sv.bos, sv.eos)[0].tolist()[2:] == [sv.eos] * 3
 
 

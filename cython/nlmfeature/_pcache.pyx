@@ -746,6 +746,9 @@ cdef class CachedScorer:
         self.model = model
         self._capsule = model.native.capsule()
         m = <const ModelC*>PyCapsule_GetPointer(self._capsule, b"nlmfeature.ModelC")
+        if m.src_window:
+            raise ValueError("cached sessions take target-only models; score a joint model "
+                             "with JointModel or the C API (nlm_joint_score)")
         err[0] = 0
         self.s = cs_new(m, <const unsigned char*><char*>cs, cs_hex, cache_entries, ngram_entries,
                         <const char*>d, max_bytes, quiet, context_cache, err, sizeof(err))

@@ -928,9 +928,13 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
 
 
 cdef double nlm_score(SessionC* s, const int32_t* ids, int n, int32_t w) noexcept nogil:
-    """Score ``w`` after an unpadded history of ``n`` ids (see :c:func:`nlm_pad_context`)."""
-    cdef int32_t ctx[NLM_MAX_ORDER]
-    nlm_pad_context(s.model, ids, n, ctx)
+    """Score ``w`` after an unpadded history of ``n`` ids (see :c:func:`nlm_pad_context`).
+    A joint model sees a window of source ``<null>`` (affiliation unknown)."""
+    cdef int32_t ctx[NLM_MAX_KEY]
+    cdef int j
+    for j in range(s.model.src_window):
+        ctx[j] = s.model.src_null
+    nlm_pad_context(s.model, ids, n, ctx + s.model.src_window)
     if w < 0 or w >= s.model.vocab_size:
         w = s.model.unk
     return nlm_score_padded(s, ctx, w)
