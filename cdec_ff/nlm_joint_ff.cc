@@ -186,8 +186,9 @@ class NLMJointFF : public FeatureFunction {
           continue;
         }
         const int32_t w = Map(e[i]);
-        v += nlm_joint_score(session_, a.right, a.nright, w, aff[i]);
-        a.Push(w, aff[i]);
+        const int32_t af = w == NLM_EOS ? nsrc_ : aff[i];  // a rule's own </s>: the source </s>
+        v += nlm_joint_score(session_, a.right, a.nright, w, af);
+        a.Push(w, af);
       } else {
         StateView st(ant_states[-e[i]], c_);
         if (st.flags() & kBos) {
