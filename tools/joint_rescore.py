@@ -107,6 +107,24 @@ def bleu(hyp, ref):
     return float(out.split()[2]), out.splitlines()[0]
 
 
+def paired_bootstrap(ref, base_hyp, hyp, samples=1000, seed=0):
+    """(BLEU gain, p-value): Koehn 2004's paired bootstrap, the fraction of resampled test
+    sets on which ``hyp`` is not better than ``base_hyp``."""
+    import numpy as np
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from nlmfeature.bleu import References, corpus_bleu
+
+    refs = References.from_files([ref])
+    a = np.array([refs.stats(i, h) for i, h in enumerate(lines(base_hyp))])
+    b = np.array([refs.stats(i, h) for i, h in enumerate(lines(hyp))])
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(a), size=(samples, len(a)))
+    sa = corpus_bleu(a[idx].sum(axis=1))
+    sb = corpus_bleu(b[idx].sum(axis=1))
+    gain = float(corpus_bleu(b.sum(axis=0)[None])[0] - corpus_bleu(a.sum(axis=0)[None])[0])
+    return gain, float(np.mean(sb <= sa))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", required=True)
@@ -159,6 +177,10 @@ def main(argv=None) -> int:
         results[cfg] = {name: bleu(f"{W}/{name}.{cfg}.1best", sets[name][2]) for name in sets}
         print(f"{cfg:10s} dev {results[cfg]['dev'][0]:6.2f}  test2016 {results[cfg]['test'][0]:6.2f}   "
               f"({results[cfg]['test'][1]})", flush=True)
+    for cfg, base in (("nlm", "kenlm"), ("nnjm", "kenlm"), ("nlm+nnjm", "kenlm"), ("nlm+nnjm", "nlm")):
+        gain, p = paired_bootstrap(sets["test"][2], f"{W}/test.{base}.1best", f"{W}/test.{cfg}.1best")
+        results[f"{cfg} vs {base}"] = {"test_gain": gain, "p": p}
+        print(f"test2016 {cfg} vs {base}: {gain:+.2f} BLEU, paired bootstrap p = {p:.3f}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
