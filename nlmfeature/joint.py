@@ -228,6 +228,18 @@ class JointModel(Model):
         s.begin_sentence()
         return s.score_padded(ctx, words)
 
+    def score_affiliated(self, source: Tokens, target: Tokens, affiliation: Sequence[int]) -> np.ndarray:
+        """Per-token scores with explicit affiliations (one per target word, then ``</s>``'s),
+        e.g. a decoder's, which come from its phrases' alignments."""
+        src, tgt = _tokens(source), _tokens(target)
+        aff = np.asarray(affiliation, dtype=np.int32)
+        if aff.shape != (len(tgt) + 1,):
+            raise ValueError(f"need {len(tgt) + 1} affiliations (the target words and </s>)")
+        d = joint_ngrams([src], [tgt], [aff], self.vocab, self.source_vocab, self.order, self.window)
+        s = self._default_session()
+        s.begin_sentence()
+        return s.score_padded(d.contexts, d.words)
+
     def sentence_logprob(self, source: Tokens, target: Tokens = None,
                          alignment: Alignment = "") -> float:  # type: ignore[override]
         return float(self.score_sentence(source, target, alignment).sum())

@@ -194,6 +194,19 @@ def test_perplexity_command_compares_joint_and_target_only(trained):
     missing = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "perplexity", "--model",
                               rj.model_out, "--test", TEST["en"]], capture_output=True, text=True, cwd=ROOT)
     assert missing.returncode == 2 and "--source" in missing.stderr
+    # nlmfeature score: one total per line, as JointModel.sentence_logprob
+    out = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "score", "--model", rj.model_out, "--input",
+                          TEST["en"], "--source", TEST["de"], "--alignment", TEST["align"]],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    jm = nlmfeature.load(rj.model_out)
+    totals = [float(x) for x in out.stdout.split()]
+    assert len(totals) == 200
+    for (s, t, a), v in list(zip(zip(open(TEST["de"]), open(TEST["en"]), open(TEST["align"])), totals))[:20]:
+        assert v == pytest.approx(jm.sentence_logprob(s, t, a.strip()), abs=1e-4)
+    out = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "score", "--model", rj.model_out, "--input",
+                          TEST["en"]], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2 and "is a joint model" in out.stderr
 
 
 # -- C API ------------------------------------------------------------------------------------
