@@ -73,7 +73,7 @@ NLMFeature::~NLMFeature()
   nlm_model_free(m_model);
 }
 
-static int64_t ParseBytes(const std::string &value)
+int64_t NLMParseBytes(const std::string &value)
 {
   char *end = NULL;
   double v = std::strtod(value.c_str(), &end);
@@ -101,7 +101,7 @@ void NLMFeature::SetParameter(const std::string& key, const std::string& value)
   } else if (key == "persistent-cache") {
     m_persistentCache = value;
   } else if (key == "persistent-cache-max") {
-    m_persistentMaxBytes = ParseBytes(value);
+    m_persistentMaxBytes = NLMParseBytes(value);
   } else if (key == "cache-entries") {
     m_cacheEntries = Scan<int64_t>(value);
   } else if (key == "ngram-cache-entries") {

@@ -34,6 +34,9 @@ namespace Moses
 {
 
 //! Exact LM state: the last n-1 ids (fewer only right after <s>), oldest first.
+//! "500M", "2G", ... in bytes (the persistent-cache-max parameter of both features)
+int64_t NLMParseBytes(const std::string &value);
+
 class NLMFeatureState : public FFState
 {
 public:

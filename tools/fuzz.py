@@ -9,11 +9,13 @@ run in a worker subprocess under a time limit, through the Python API and the C 
 Input kinds and what a case checks:
 
 * ``model``  a model file (Brown-vocabulary models of every output type, direct features,
-  lateral branches) with a mutated header value, integer array (vocab.hash, offsets, class
-  and tree arrays), float or raw byte -- the checksum recomputed so the mutation reaches the
-  checks behind it.  Loading must give a ``ModelFileError`` naming the file, or load; then
-  the native scorer (sessions), the batched matrix scorer, the persistent-cache scorer and
-  the float64 reference (tests/reference.py) must agree.
+  lateral branches, and a joint model with a source vocabulary and window) with a mutated
+  header value, integer array (vocab.hash, offsets, class and tree arrays), float or raw
+  byte -- the checksum recomputed so the mutation reaches the checks behind it.  Loading
+  must give a ``ModelFileError`` naming the file, or load; then the native scorer
+  (sessions), the batched matrix scorer, the persistent-cache scorer and the float64
+  reference (tests/reference.py) must agree (joint models: native and batched scores of
+  real Multi30k triples, and of the ``<null>`` window).
 * ``capi``   the same mutated model files through ``tests/c/test_capi.c`` (the C API): a file
   Python refuses must give ``NLM_ERR_MODEL`` naming it; a file Python loads must give the
   same scores from 2 threads.
@@ -104,6 +106,9 @@ def make_seeds(workdir: str) -> Dict[str, Any]:
         tables = fields.pop("tables", True)
         idx["model"].append(make_model(d, f"{name}.nlm", tables=tables, min_count=8, seed=len(idx["model"]),
                                        **fields))
+    idx["model"].append(_joint_seed(d))
+    idx["joint_text"] = [os.path.join(ROOT, "tests", "data", "multi30k", f"test2016.200.{k}")
+                         for k in ("de", "en", "align")]
     text = os.path.join(d, "text.txt")
     with open(text, "w", encoding="utf-8") as f:
         f.write("\n".join(read_lines(BROWN_VALID, 6)) + "\n")
@@ -140,6 +145,27 @@ def make_seeds(workdir: str) -> Dict[str, Any]:
     with open(index_path, "w") as f:
         json.dump(idx, f)
     return idx
+
+
+def _joint_seed(d: str) -> str:
+    """A joint model (NNJM, window 5, class output, precomputed tables for target and source
+    positions) on the vocabularies of the bundled Multi30k slice."""
+    import nlmfeature
+    from nlmfeature.core.architecture import ModelSpec, precompute_tables, random_model
+    from nlmfeature.core.joint import read_parallel
+    from nlmfeature.training.corpus import build_vocabulary
+
+    m30k = os.path.join(ROOT, "tests", "data", "multi30k")
+    srcs, tgts, _ = read_parallel(*(os.path.join(m30k, f"train.3k.{k}.gz") for k in ("de", "en", "align")))
+    tv, tc = build_vocabulary(tgts[:600], 3)
+    sv, sc = build_vocabulary(srcs[:600], 3)
+    header, arrays = random_model(ModelSpec(arch="lbl", order=4, word_width=12, hidden=12, output="class",
+                                            classes=7, diagonal_contexts=True, source_window=5),
+                                  tv, tc, seed=5, scale=0.3, source_vocab=sv, source_counts=sc)
+    precompute_tables(header, arrays, diagonal=True)
+    path = os.path.join(d, "joint-class-tables.nlm")
+    nlmfeature.save(path, header, arrays)
+    return path
 
 
 # ---------------------------------------------------------------------------------------
@@ -310,7 +336,8 @@ def make_case(seeds: Dict[str, Any], case_id: int, run_seed: int, kinds, casedir
     _paths()
     rng = random.Random(run_seed * 1_000_003 + case_id)
     kind = kinds[case_id % len(kinds)]
-    case: Dict[str, Any] = {"id": case_id, "kind": kind, "seed": run_seed, "text": seeds["text"]}
+    case: Dict[str, Any] = {"id": case_id, "kind": kind, "seed": run_seed, "text": seeds["text"],
+                            "joint_text": seeds["joint_text"]}
     if kind in ("model", "capi"):
         src = rng.choice(seeds["model"])
         with open(src, "rb") as f:
@@ -409,8 +436,34 @@ class _Checker:
             m = self.nlm.load(case["path"])
         except self.ModelFileError as exc:
             return self._clear(exc, case)
-        bad = self.scorers_agree(m, self._lines(case))
+        if m.header.get("source"):
+            bad = self.joint_scorers_agree(m, case)
+        else:
+            bad = self.scorers_agree(m, self._lines(case))
         return {"outcome": "wrong", "detail": bad} if bad else {"outcome": "ok"}
+
+    def joint_scorers_agree(self, m, case) -> Optional[str]:
+        """A joint model: native (one lookup at a time, through the caches) against batched
+        scores of real (source, target, alignment) triples, and the <null>-window scores
+        of target-only calls against batched ones."""
+        np = self.np
+        files = [open(p, encoding="utf-8") for p in case["joint_text"]]
+        try:
+            rows = [tuple(l.strip() for l in t) for _, t in zip(range(3), zip(*files))]
+        finally:
+            for f in files:
+                f.close()
+        for k, (src, tgt, al) in enumerate(rows):
+            native = m.score_sentence(src, tgt, al)
+            ctx, words = m.sentence_ngrams(src, tgt, al)
+            if not self._agree(np, native, m.score_batch(ctx, words)):
+                return f"joint sentence {k}: native {native[:4]} != batched"
+            toks = tgt.split()
+            nulls = [m.score(["<s>"] + toks[:i], w) for i, w in enumerate(toks + ["</s>"])]
+            ctx[:, :m.native.source_window] = m.source_vocab.null
+            if not self._agree(np, nulls, m.score_batch(ctx, words)):
+                return f"joint sentence {k}: <null>-window native {nulls[:4]} != batched"
+        return None
 
     def capi_case(self, case) -> Dict[str, Any]:
         np = self.np
@@ -432,7 +485,11 @@ class _Checker:
             return {"outcome": "unclear", "detail": f"C API exit {p.returncode}: {p.stderr[-300:]}"}
         got = [[float(x) for x in l.split()] for l in p.stdout.splitlines()]
         with open(case["text"], encoding="utf-8") as f:
-            want = [m.score_sentence(l.strip()) for l in f]
+            if m.header.get("source"):  # nlm_score on a joint model: the <null> window
+                want = [[m.score(["<s>"] + t[:i], w) for i, w in enumerate(t + ["</s>"])]
+                        for t in (l.split() for l in f)]
+            else:
+                want = [m.score_sentence(l.strip()) for l in f]
         if len(got) != len(want) or any(not np.allclose(a, b, atol=1e-6, equal_nan=True) for a, b in zip(got, want)):
             return {"outcome": "wrong", "detail": "C API scores differ from Python's"}
         return {"outcome": "ok"}

@@ -15,7 +15,8 @@ from cpython.pycapsule cimport PyCapsule_New, PyCapsule_GetPointer
 cimport numpy as cnp
 import numpy as np
 
-from nlmfeature._scorer cimport ModelC, SessionC, nlm_vocab_find, nlm_pad_context, NLM_MAX_ORDER
+from nlmfeature._scorer cimport (ModelC, SessionC, nlm_vocab_find, nlm_pad_context,
+                                 nlm_source_window, NLM_MAX_KEY, NLM_MAX_WINDOW)
 from nlmfeature._pcache cimport pc_session_new, pc_session_free, pc_begin, pc_end, pc_stats, pc_lookup
 
 cnp.import_array()
@@ -37,6 +38,13 @@ cdef extern from "../../src/nlmfeature/decoder/capi/nlm_vtable.h":
         unsigned char checksum[8]
         char checksum_hex[17]
         char path[4096]
+        int32_t src_window
+        int32_t src_vocab_size
+        int32_t src_unk
+        const int64_t* src_vocab_offsets
+        const unsigned char* src_vocab_bytes
+        const int32_t* src_vocab_hash
+        int64_t src_vocab_hash_size
     ctypedef struct nlm_vt_session_opts:
         int64_t cache_entries
         int64_t ngram_cache_entries
@@ -56,6 +64,8 @@ cdef extern from "../../src/nlmfeature/decoder/capi/nlm_vtable.h":
         double (*score_padded)(void*, const int32_t*, int32_t) noexcept nogil
         void (*stats)(void*, int64_t*, int) noexcept nogil
         int32_t (*vocab_find)(const nlm_vt_model*, const char*, size_t) noexcept nogil
+        int32_t (*source_find)(const nlm_vt_model*, const char*, size_t) noexcept nogil
+        double (*joint_score)(void*, const int32_t*, int, int, const int32_t*, int, int32_t) noexcept nogil
 
 OUTPUT_CODES = {"unnormalised": 0, "softmax": 1, "class": 2, "tree": 3}
 
@@ -84,24 +94,49 @@ cdef int vt_end(void* s) noexcept nogil:
     return pc_end(<SessionC*>s)
 
 
+cdef double joint_lookup(SessionC* c, const int32_t* src, int nsrc, int affiliation,
+                        const int32_t* ids, int n, int32_t w) noexcept nogil:
+    """The one C-API scoring step: the full context (a joint model's source window around
+    ``affiliation``, then the padded target history) and the word, through the core."""
+    cdef int32_t key[NLM_MAX_KEY]
+    cdef int32_t dummy = 0
+    cdef const ModelC* m = c.model
+    if m.src_window:
+        nlm_source_window(m, src if src != NULL else &dummy, nsrc if src != NULL else 0,
+                          affiliation, key)
+    nlm_pad_context(m, ids, n, key + m.src_window)
+    if w < 0 or w >= m.vocab_size:
+        w = m.unk
+    return pc_lookup(c, key, w)
+
+
 cdef double vt_score(void* s, const int32_t* ids, int n, int32_t w) noexcept nogil:
-    cdef SessionC* c = <SessionC*>s
-    cdef int32_t ctx[NLM_MAX_ORDER]
-    nlm_pad_context(c.model, ids, n, ctx)
-    if w < 0 or w >= c.model.vocab_size:
-        w = c.model.unk
-    return pc_lookup(c, ctx, w)
+    # a joint model with the affiliation unknown sees a window of source <null>
+    return joint_lookup(<SessionC*>s, NULL, 0, -1, ids, n, w)
+
+
+cdef double vt_joint_score(void* s, const int32_t* src, int nsrc, int affiliation,
+                           const int32_t* ids, int n, int32_t w) noexcept nogil:
+    if src == NULL:
+        nsrc = 0
+    if nsrc < 0:
+        nsrc = 0
+    return joint_lookup(<SessionC*>s, src, nsrc, affiliation, ids, n, w)
+
+
+cdef int32_t vt_source_find(const nlm_vt_model* m, const char* word, size_t n) noexcept nogil:
+    cdef int64_t w
+    if m.src_window == 0:
+        return -1
+    w = nlm_vocab_find(m.src_vocab_offsets, m.src_vocab_bytes, m.src_vocab_hash, m.src_vocab_hash_size,
+                       word, n)
+    return <int32_t>w if w >= 0 else -1
 
 
 cdef double vt_score_padded(void* s, const int32_t* ctx, int32_t w) noexcept nogil:
-    cdef SessionC* c = <SessionC*>s
-    cdef int32_t safe[NLM_MAX_ORDER]
-    cdef int i
-    if w < 0 or w >= c.model.vocab_size:
-        w = c.model.unk
-    for i in range(c.model.ctx_len):
-        safe[i] = ctx[i] if 0 <= ctx[i] < c.model.vocab_size else c.model.unk
-    return pc_lookup(c, safe, w)
+    """A padded full context: n-1 target ids (a joint model: its w source-window ids first).
+    Ids outside their vocabulary are cleaned by the core (nlm_clean_ngram)."""
+    return pc_lookup(<SessionC*>s, ctx, w)
 
 
 cdef void vt_stats(void* s, int64_t* out, int n) noexcept nogil:
@@ -125,6 +160,8 @@ _vtable.score = vt_score
 _vtable.score_padded = vt_score_padded
 _vtable.stats = vt_stats
 _vtable.vocab_find = vt_vocab_find
+_vtable.source_find = vt_source_find
+_vtable.joint_score = vt_joint_score
 
 #: PyCapsule "nlmfeature._capi.vtable" holding the ``nlm_vtable*``
 VTABLE = PyCapsule_New(<void*>&_vtable, b"nlmfeature._capi.vtable", NULL)
@@ -174,7 +211,23 @@ def load_model(str path, bint verify=True, bint use_tables=True) -> int:
     memcpy(vm.checksum, <const char*>cs, 8)
     strncpy(vm.checksum_hex, cs_hex, 16)
     strncpy(vm.path, bpath, 4095)
-    _registry[<uintptr_t>vm] = (model, cap, offsets, data, table)
+    keep = (model, cap, offsets, data, table)
+    src = model.header.get("source")
+    if src:
+        soff = np.ascontiguousarray(model.arrays["source.vocab.offsets"], dtype=np.int64)
+        sdata = np.ascontiguousarray(model.arrays["source.vocab.bytes"], dtype=np.uint8)
+        if sdata.size == 0:
+            sdata = np.zeros(1, dtype=np.uint8)
+        stable = np.ascontiguousarray(model.arrays["source.vocab.hash"], dtype=np.int32)
+        vm.src_window = int(src["window"])
+        vm.src_vocab_size = int(src["vocab_size"])
+        vm.src_unk = int(src["special"]["<unk>"])
+        vm.src_vocab_offsets = <const int64_t*>_data(soff)
+        vm.src_vocab_bytes = <const unsigned char*>_data(sdata)
+        vm.src_vocab_hash = <const int32_t*>_data(stable)
+        vm.src_vocab_hash_size = stable.shape[0]
+        keep = keep + (soff, sdata, stable)
+    _registry[<uintptr_t>vm] = keep
     return <uintptr_t>vm
 
 

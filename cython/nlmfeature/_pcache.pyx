@@ -774,8 +774,10 @@ cdef SessionC* pc_session_new(const ModelC* m, const unsigned char* checksum, co
         return NULL
     s.store = &ps.view
     ps.model = m
-    ps.order = m.order
-    ps.ctx_key_len = m.ctx_len if m.ctx_len > 0 else 1
+    # key lengths of the n-gram / context / class regions: the full context (joint models:
+    # the source window, then the n-1 target ids) plus the word or class
+    ps.order = m.key_len + 1
+    ps.ctx_key_len = m.key_len if m.key_len > 0 else 1
     ps.sentence_id = -1
     ps.est_bytes = -1
     ps.quiet = quiet
@@ -823,6 +825,10 @@ cdef void open_query_log(SessionC* s, const unsigned char* checksum) noexcept no
     cdef char path[PATH_MAX_LEN]
     cdef int32_t head[4]
     if d == NULL or d[0] == 0:
+        return
+    if s.model.src_window:
+        fprintf(stderr, "nlmfeature: note: NLMFEATURE_QUERY_LOG records target-only models; "
+                "this joint model's queries are not recorded\n")
         return
     make_dirs(d)
     snprintf(path, PATH_MAX_LEN, "%s/queries.%d.%llu.bin", d, c_getpid(), nlm_pcache_next())
@@ -1211,6 +1217,9 @@ cdef class CachedScorer:
         self.model = model
         self._capsule = model.native.capsule()
         m = <const ModelC*>PyCapsule_GetPointer(self._capsule, b"nlmfeature.ModelC")
+        if m.src_window:
+            raise ValueError("cached sessions take target-only models; score a joint model "
+                             "with JointModel or the C API (nlm_joint_score)")
         err[0] = 0
         self.s = pc_session_new(m, <const unsigned char*><char*>cs, cs_hex, <const char*>mp,
                                 cache_entries, ngram_entries, <const char*>d, max_bytes, quiet,

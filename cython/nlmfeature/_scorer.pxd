@@ -9,6 +9,8 @@ cdef enum:
     NLM_MAX_ORDER = 16
     NLM_MAX_BRANCHES = 8
     NLM_MAX_LAYERS = 8
+    NLM_MAX_WINDOW = 31      # joint models: most source-window positions (2m+1)
+    NLM_MAX_KEY = NLM_MAX_ORDER + NLM_MAX_WINDOW  # ids in a full context (window + n-1)
 
 # activation functions
 cdef enum:
@@ -39,6 +41,7 @@ ctypedef struct BranchC:
     const float* weights     # (n-1, H, E) or (n-1, E)
     const float* bias        # (H,) or NULL
     const float* tables      # (n-1, V, H) precomputed position contributions, or NULL
+    const float* src_tables  # joint models: (w, Vs, H) precomputed source positions, or NULL
 
 ctypedef struct LayerC:
     int n_in
@@ -95,6 +98,16 @@ ctypedef struct ModelC:
     int64_t file_ino
     int64_t file_size
     int64_t file_mtime_ns
+    # joint models (NNJM): a full context is [w source-window ids | n-1 target ids]; the
+    # branch weights hold the w source positions first.  w = 0 for a target-only model.
+    int src_window                # w = 2m+1 (0: no source)
+    int src_vocab_size            # Vs
+    const float* src_embeddings   # (Vs, E)
+    int src_unk
+    int src_bos
+    int src_eos
+    int src_null
+    int key_len                   # w + n-1: ids in a full context (the caches' keys)
 
 cdef enum:
     NLM_STORE_MAX_FILES = 8   # mapped persistent-cache files per sentence (a base + deltas)
@@ -177,18 +190,27 @@ cdef int nlm_model_file_changed(const ModelC* m) noexcept nogil
 cdef int nlm_session_begin(SessionC* s, int64_t sentence_id) noexcept nogil
 cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t word) noexcept nogil
 cdef double nlm_score(SessionC* s, const int32_t* ctx, int n, int32_t word) noexcept nogil
+# joint models
+cdef void nlm_source_window(const ModelC* m, const int32_t* src, int n, int affiliation,
+                            int32_t* out) noexcept nogil
+cdef double nlm_joint_score(SessionC* s, const int32_t* window, const int32_t* ids, int n,
+                            int32_t word) noexcept nogil
 
 
 cdef inline void nlm_clean_ngram(const ModelC* m, const int32_t* ctx, int32_t w, int32_t* key) noexcept nogil:
-    """key[0..n-2] = the padded context, key[n-1] = the word, ids outside the vocabulary
-    mapped to <unk> (the contract of nlm_score_padded in nlmfeature.h): every scoring entry
-    goes through this before an id indexes an array."""
-    cdef int i
+    """key[0..key_len-1] = the full padded context (joint models: the source window first),
+    key[key_len] = the word, ids outside their vocabulary mapped to its <unk> (the contract of
+    nlm_score_padded in nlmfeature.h): every scoring entry goes through this before an id
+    indexes an array."""
+    cdef int i, w0 = m.src_window
     cdef int32_t x
-    for i in range(m.ctx_len):
+    for i in range(w0):
+        x = ctx[i]
+        key[i] = x if (0 <= x < m.src_vocab_size) else m.src_unk
+    for i in range(w0, m.key_len):
         x = ctx[i]
         key[i] = x if (0 <= x < m.vocab_size) else m.unk
-    key[m.ctx_len] = w if (0 <= w < m.vocab_size) else m.unk
+    key[m.key_len] = w if (0 <= w < m.vocab_size) else m.unk
 
 # the one exact-key table
 cdef uint64_t key_hash(const int32_t* key, int n) noexcept nogil

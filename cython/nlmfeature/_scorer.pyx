@@ -324,7 +324,7 @@ cdef inline void direct_states(const ModelC* m, const int32_t* ctx, int kind, ui
     cdef int k
     states[0] = direct_state0(kind)
     for k in range(1, m.direct_order):
-        states[k] = splitmix64(states[k - 1] ^ <uint64_t>ctx[m.ctx_len - k])
+        states[k] = splitmix64(states[k - 1] ^ <uint64_t>ctx[m.key_len - k])
 
 
 cdef inline uint64_t direct_index(const ModelC* m, uint64_t h) noexcept nogil:
@@ -590,15 +590,48 @@ cdef int nlm_pad_context(const ModelC* m, const int32_t* ids, int n, int32_t* ou
     return pad
 
 
+cdef void source_forward(const ModelC* m, const BranchC* br, const int32_t* window, float* v) noexcept nogil:
+    """Add the source-window positions' contributions (joint models) to ``v``."""
+    cdef int j, o, H = br.hidden, E = m.embed_dim
+    cdef int64_t Vs = m.src_vocab_size
+    cdef const float* e
+    if br.src_tables != NULL and m.use_tables:
+        for j in range(m.src_window):
+            addf(v, br.src_tables + (j * Vs + window[j]) * H, H)
+    elif br.diagonal:
+        for j in range(m.src_window):
+            mulaccf(v, br.weights + j * E, m.src_embeddings + <int64_t>window[j] * E, E)
+    else:
+        for j in range(m.src_window):
+            e = m.src_embeddings + <int64_t>window[j] * E
+            for o in range(H):
+                v[o] += dotf(br.weights + (<int64_t>j * H + o) * E, e, E)
+
+
 cdef void branch_forward(const ModelC* m, const BranchC* br, const int32_t* ctx, float* v) noexcept nogil:
+    """First-layer branch for a full context: [source window (joint models) | n-1 target ids]."""
     cdef int j, o, H = br.hidden, E = m.embed_dim
     cdef int64_t V = m.vocab_size
     cdef const float* e
+    cdef BranchC tb
+    cdef int w0 = m.src_window
+    if w0:  # joint models: the target positions follow the source ones in the weights
+        tb = br[0]
+        tb.weights = br.weights + <int64_t>w0 * (E if br.diagonal else <int64_t>H * E)
     if br.diagonal and not (br.tables != NULL and m.use_tables):
-        nlm_diag_forward(br.bias, br.weights, m.embeddings, ctx, m.ctx_len, E, v)
+        nlm_diag_forward(br.bias, tb.weights if w0 else br.weights, m.embeddings, ctx + w0,
+                         m.ctx_len, E, v)
+        if w0:
+            source_forward(m, br, ctx, v)
         activate(v, H, br.activation)
         return
     init_bias(v, br.bias, H)
+    if m.src_window:
+        source_forward(m, br, ctx, v)
+        ctx += m.src_window
+        tb = br[0]  # target positions follow the source ones in the weights
+        tb.weights = br.weights + <int64_t>m.src_window * (E if br.diagonal else <int64_t>H * E)
+        br = &tb
     if br.tables != NULL and m.use_tables:
         for j in range(m.ctx_len):
             addf(v, br.tables + (j * V + ctx[j]) * H, H)
@@ -786,13 +819,13 @@ cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t n
     s.cache_enabled = cache_entries > 0
     s.ctx_cache_enabled = s.cache_enabled and context_cache_pays(m)
     s.sentence_id = -1
-    # context key: the padded context (one dummy id for unigram models)
-    table_init(&s.ctx_cache, m.ctx_len if m.ctx_len > 0 else 1, 2, m.out_dim, cache_entries, 1)
-    table_init(&s.class_cache, m.ctx_len + 1, 1, 0, cache_entries, 1)
+    # context key: the full padded context (one dummy id for unigram models)
+    table_init(&s.ctx_cache, m.key_len if m.key_len > 0 else 1, 2, m.out_dim, cache_entries, 1)
+    table_init(&s.class_cache, m.key_len + 1, 1, 0, cache_entries, 1)
     if ngram_entries < 0:
         ngram_entries = 4 * cache_entries if (cache_entries > 0 and nlm_ngram_cache_pays(m)) else 0
     s.ngram_cache_enabled = ngram_entries > 0
-    table_init(&s.ngram_cache, m.order, 1, 0, ngram_entries, 0)
+    table_init(&s.ngram_cache, m.key_len + 1, 1, 0, ngram_entries, 0)
     return s
 
 
@@ -858,12 +891,13 @@ cdef inline int store_probe(const TableC* files, int n, const int32_t* key, int 
 
 
 cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t w) noexcept nogil:
-    """Natural-log score of word ``w`` after the padded context ``ctx`` (n-1 ids; ids
-    outside the vocabulary are read as ``<unk>``).  The one scoring path of every entry.
+    """Natural-log score of word ``w`` after the padded context ``ctx`` (n-1 ids; for a joint
+    model the full context: the source window, then the n-1 target ids; ids outside their
+    vocabulary are read as ``<unk>``).  The one scoring path of every entry.
 
     Through the session's n-gram cache, then the persistent cache's files (if attached),
     then the context and normaliser caches (each also backed by the files)."""
-    cdef int32_t key[NLM_MAX_ORDER + 1]
+    cdef int32_t key[NLM_MAX_KEY + 1]
     cdef int found = 0
     cdef int64_t slot
     cdef int32_t* p
@@ -871,7 +905,7 @@ cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t w) noexcep
     nlm_clean_ngram(s.model, ctx, w, key)
     if s.model_changed:
         return NAN
-    w = key[s.model.ctx_len]
+    w = key[s.model.key_len]
     if not s.ngram_cache_enabled:
         return score_uncached_ngram(s, key, w)
     slot = table_insert(&s.ngram_cache, key, &found)
@@ -907,7 +941,7 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
     cdef int found = 0, i, which
     cdef int64_t slot = -1
     cdef int32_t c
-    cdef int32_t key[NLM_MAX_ORDER + 1]
+    cdef int32_t key[NLM_MAX_KEY + 1]
     cdef uint64_t states[NLM_MAX_ORDER]
     cdef uint64_t cstates[NLM_MAX_ORDER]
     cdef double lz, score
@@ -918,7 +952,7 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
         direct_states(m, ctx, 0, states)
         direct_prefetch(m, states, w)
     if s.ctx_cache_enabled:
-        if m.ctx_len <= 0:
+        if m.key_len <= 0:
             key[0] = 0
             ckey = key
         slot = table_insert(&s.ctx_cache, ckey, &found)
@@ -962,9 +996,9 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
     c = m.word_class[w]
     score = class_logit(m, h, c, cstates) - lz
     if s.cache_enabled:
-        for i in range(m.ctx_len):
+        for i in range(m.key_len):
             key[i] = ctx[i]
-        key[m.ctx_len] = c
+        key[m.key_len] = c
         slot = table_insert(&s.class_cache, key, &found)
         kp = table_at(&s.class_cache, slot)
         if slot < 0:  # out of memory
@@ -985,12 +1019,55 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
 
 
 cdef double nlm_score(SessionC* s, const int32_t* ids, int n, int32_t w) noexcept nogil:
-    """Score ``w`` after an unpadded history of ``n`` ids (see :c:func:`nlm_pad_context`)."""
-    cdef int32_t ctx[NLM_MAX_ORDER]
-    nlm_pad_context(s.model, ids, n, ctx)
+    """Score ``w`` after an unpadded history of ``n`` ids (see :c:func:`nlm_pad_context`).
+    A joint model sees a window of source ``<null>`` (affiliation unknown)."""
+    cdef int32_t ctx[NLM_MAX_KEY]
+    cdef int j
+    for j in range(s.model.src_window):
+        ctx[j] = s.model.src_null
+    nlm_pad_context(s.model, ids, n, ctx + s.model.src_window)
     if w < 0 or w >= s.model.vocab_size:
         w = s.model.unk
     return nlm_score_padded(s, ctx, w)
+
+
+cdef void nlm_source_window(const ModelC* m, const int32_t* src, int n, int affiliation,
+                            int32_t* out) noexcept nogil:
+    """The w = 2m+1 source ids around ``affiliation`` in a source sentence of ``n`` ids.
+
+    Position ``n`` is the sentence end (``</s>``, the affiliation of the target ``</s>``);
+    positions before 0 are ``<s>``, after ``n`` ``</s>``.  A negative affiliation (unknown:
+    future-cost estimates) gives a window of ``<null>``.  Ids outside the source vocabulary
+    become ``<unk>``.
+    """
+    cdef int j, p, half = m.src_window // 2
+    cdef int32_t x
+    for j in range(m.src_window):
+        p = affiliation - half + j
+        if affiliation < 0:
+            out[j] = m.src_null
+        elif p < 0:
+            out[j] = m.src_bos
+        elif p >= n:
+            out[j] = m.src_eos
+        else:
+            x = src[p]
+            out[j] = x if 0 <= x < m.src_vocab_size else m.src_unk
+
+
+cdef double nlm_joint_score(SessionC* s, const int32_t* window, const int32_t* ids, int n,
+                            int32_t w) noexcept nogil:
+    """Joint models: score ``w`` given a source window (from :c:func:`nlm_source_window`)
+    and an unpadded target history of ``n`` ids (padded as :c:func:`nlm_pad_context`)."""
+    cdef int32_t key[NLM_MAX_KEY]
+    cdef const ModelC* m = s.model
+    cdef int j
+    for j in range(m.src_window):
+        key[j] = window[j]
+    nlm_pad_context(m, ids, n, key + m.src_window)
+    if w < 0 or w >= m.vocab_size:
+        w = m.unk
+    return nlm_score_padded(s, key, w)
 
 # ---------------------------------------------------------------------------------------
 # Python wrappers
@@ -1128,6 +1205,21 @@ cdef class NativeModel:
             self._extra.append(nz)
             m.direct_nonzero = <const uint64_t*>cnp.PyArray_DATA(nz)
         m.use_tables = use_tables
+        m.key_len = m.ctx_len
+        source = header.get("source")
+        if source:
+            m.src_window = source["window"]
+            if not 1 <= m.src_window <= NLM_MAX_WINDOW or m.src_window % 2 == 0:
+                raise ValueError(f"source window {m.src_window} is not an odd number in 1..{NLM_MAX_WINDOW}")
+            m.src_vocab_size = source["vocab_size"]
+            ssp = source["special"]
+            m.src_unk, m.src_bos, m.src_eos, m.src_null = ssp["<unk>"], ssp["<s>"], ssp["</s>"], ssp["<null>"]
+            m.src_embeddings = fptr(arrays, "source.embeddings")
+            for k in range(m.n_branches):
+                m.branches[k].src_tables = fptr(arrays, f"branch{k}.source.tables", False)
+                if (m.branches[k].tables == NULL) != (m.branches[k].src_tables == NULL):
+                    raise ValueError("a joint model has tables for all positions or none")
+            m.key_len = m.ctx_len + m.src_window
 
     def watch_file(self, str path, int fd, tuple identity) -> None:
         """Take ownership of ``fd``, an open descriptor of the mapped model file, whose
@@ -1157,6 +1249,28 @@ cdef class NativeModel:
         return self.m.vocab_size
 
     @property
+    def source_window(self) -> int:
+        """Joint models: source-window width w (0 for a target-only model)."""
+        return self.m.src_window
+
+    @property
+    def key_len(self) -> int:
+        """Ids in a full context: w source-window ids, then n-1 target ids."""
+        return self.m.key_len
+
+    def source_window_ids(self, const int32_t[::1] source, int affiliation):
+        """The w source ids around ``affiliation`` (see ``nlm_source_window``): position
+        ``len(source)`` is ``</s>``, a negative affiliation gives ``<null>``s."""
+        if self.m.src_window == 0:
+            raise ValueError("not a joint model: it has no source window")
+        out = np.empty(self.m.src_window, dtype=np.int32)
+        cdef int32_t[::1] o = out
+        cdef int32_t dummy = 0
+        nlm_source_window(&self.m, &source[0] if source.shape[0] else &dummy, source.shape[0],
+                          affiliation, &o[0])
+        return out
+
+    @property
     def uses_tables(self) -> bool:
         return bool(self.m.use_tables and self.m.branches[0].tables != NULL)
 
@@ -1175,9 +1289,9 @@ cdef class NativeModel:
 
     def hidden(self, const int32_t[::1] padded):
         """Final hidden vector for a padded context (testing and the batched path)."""
-        if padded.shape[0] != self.m.ctx_len:
-            raise ValueError(f"a padded context has {self.m.ctx_len} ids")
-        _check_ids(padded, self.m.vocab_size, "the context")
+        if padded.shape[0] != self.m.key_len:
+            raise ValueError(f"a padded context has {self.m.key_len} ids")
+        _check_context_ids(&self.m, padded, "the context")
         out = np.empty(self.m.out_dim, dtype=np.float32)
         b = np.empty(3 * self.m.max_width, dtype=np.float32)
         cdef float[::1] o = out, bb = b
@@ -1201,6 +1315,20 @@ def _changed_error(path):
         "stops scoring with it.  Replace a model by writing the new file next to it and "
         "renaming it over the old one (mv new.nlm live.nlm; nlmfeature's writers do this), "
         "never by copying over it; then reload.")
+
+
+cdef _check_context_ids(const ModelC* m, a, what):
+    """Like :func:`_check_ids` for full contexts: the first ``src_window`` columns hold
+    source ids (joint models), the rest target ids."""
+    arr = np.asarray(a)
+    w = m.src_window
+    if w == 0:
+        _check_ids(arr, m.vocab_size, what)
+        return
+    if arr.ndim == 1:
+        arr = arr[None, :]
+    _check_ids(arr[:, :w], m.src_vocab_size, what + " (source window)")
+    _check_ids(arr[:, w:], m.vocab_size, what)
 
 
 cdef _check_ids(a, int64_t vocab_size, what):
@@ -1243,10 +1371,10 @@ cdef class Session:
     def score_padded(self, const int32_t[:, ::1] contexts, const int32_t[::1] words):
         """Score N n-grams one lookup at a time (through the caches); contexts are padded, (N, n-1)."""
         cdef int64_t n = words.shape[0], i
-        cdef int c = self.model.m.ctx_len
+        cdef int c = self.model.m.key_len
         if contexts.shape[0] != n or (n and contexts.shape[1] != c):
             raise ValueError(f"contexts must have shape ({n}, {c})")
-        _check_ids(contexts, self.model.m.vocab_size, "contexts")
+        _check_context_ids(&self.model.m, contexts, "contexts")
         out = np.empty(n, dtype=np.float64)
         cdef double[::1] o = out
         cdef int32_t V = self.model.m.vocab_size, unk = self.model.m.unk, w
@@ -1267,11 +1395,11 @@ cdef class Session:
         Returns the sum of the scores (the benchmark's hot loop; runs without the GIL).
         """
         cdef int64_t n = words.shape[0], i, k = 0, ns = sentence_starts.shape[0]
-        cdef int c = self.model.m.ctx_len
+        cdef int c = self.model.m.key_len
         cdef double total = 0
         if contexts.shape[0] != n or (n and contexts.shape[1] != c):
             raise ValueError(f"contexts must have shape ({n}, {c})")
-        _check_ids(contexts, self.model.m.vocab_size, "contexts")
+        _check_context_ids(&self.model.m, contexts, "contexts")
         _check_ids(words, self.model.m.vocab_size, "words")
         cdef int32_t dummy = 0
         cdef const int32_t* base = &contexts[0, 0] if (n and c) else &dummy

@@ -57,6 +57,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--exclude-oov", action="store_true",
                    help="skip OOV tokens for every model (SRILM's convention) instead of "
                         "scoring them as the unknown word")
+    j = p.add_argument_group("joint models (--model trained with train --source)")
+    j.add_argument("--source", metavar="FILE",
+                   help="source side of the test text, line by line with --test (a joint model needs it)")
+    j.add_argument("--alignment", metavar="FILE",
+                   help="word alignment of --source/--test, i-j points (source position i, target "
+                        "position j, from 0), one line per sentence pair")
+    j.add_argument("--compare", metavar="NLM",
+                   help="also score --test with this target-only neural model (same tokens and OOV "
+                        "flags) and report the joint/target-only perplexity ratio")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
@@ -79,6 +88,11 @@ def run(args: argparse.Namespace) -> int:
     if args.kenlm_train:              # the ARPA written after training KenLM: check it first
         check_output(args.kenlm or f"{args.model}.kenlm{args.kenlm_order}.arpa", "KenLM output")
     model = load(args.model)
+    if model.header.get("source"):
+        return _run_joint(args, model)
+    if args.source or args.alignment or args.compare:
+        raise NLMFeatureError(f"{args.model} is a target-only model: --source, --alignment and "
+                              "--compare apply to joint models")
     test = read_tokens(args.test)
     valid = read_tokens(args.valid) if args.valid else None
     kenlm_path: Optional[str] = args.kenlm
@@ -133,6 +147,10 @@ def run(args: argparse.Namespace) -> int:
                 rows.append(_loglinear(args, model, kenlm_path, scorer, test, valid, nlm, kn))
         else:
             notes.append("no --valid (or --weight): interpolations not reported")
+    return _emit(args, result, rows, notes)
+
+
+def _emit(args: argparse.Namespace, result: Dict[str, Any], rows: List[Dict], notes: List[str]) -> int:
     result["rows"] = rows
     result["notes"] = notes
     if args.json:
@@ -158,6 +176,45 @@ def _check_kenlm(args, scorer: KenLMScorer, kn_oov: int, test, notes: List[str])
                "predict different events; --kenlm-train TEXT trains a comparable one")
         notes.append(msg)
         print(f"nlmfeature perplexity: warning: {msg}", file=sys.stderr)
+
+
+def _run_joint(args: argparse.Namespace, model) -> int:
+    """Perplexity of a joint model on a parallel test set, beside a target-only model and
+    KenLM on the same target tokens."""
+    from nlmfeature.core.joint import joint_token_scores, read_parallel
+
+    if not (args.source and args.alignment):
+        raise NLMFeatureError(f"{args.model} is a joint model: give the test set's --source and "
+                              "--alignment too")
+    if args.valid or args.weight is not None or args.kenlm_train:
+        raise NLMFeatureError("interpolation (--valid, --weight) and --kenlm-train are not "
+                              "supported for joint models; compare with --kenlm and --compare")
+    srcs, tgts, affs = read_parallel(args.source, args.test, args.alignment, keep_empty=True)
+    ex = args.exclude_oov
+    js = joint_token_scores(model, srcs, tgts, affs)
+    rows: List[Dict] = [_row("joint", js.logprob, js.oov, ex, source_window=model.window)]
+    notes: List[str] = []
+    result: Dict[str, Any] = {"model": args.model, "test": args.test, "source": args.source,
+                              "alignment": args.alignment, "exclude_oov": ex}
+    if args.compare:
+        lm = load(args.compare)
+        if lm.header.get("source"):
+            raise NLMFeatureError(f"--compare {args.compare}: expected a target-only model")
+        if lm.vocab != model.vocab:
+            notes.append("the target-only model has another vocabulary: OOV flags follow the joint model's")
+        ts = nlm_token_scores(lm, tgts)
+        rows.append(_row("target-only", ts.logprob, js.oov, ex))
+        result["compare"] = args.compare
+        result["ratio"] = rows[0]["perplexity"] / rows[1]["perplexity"]
+        notes.append(f"joint / target-only perplexity: {result['ratio']:.3f}")
+    if args.kenlm:
+        scorer = KenLMScorer(args.kenlm, model.vocab)
+        kn, kn_oov = scorer.token_scores(tgts)
+        result["kenlm"] = args.kenlm
+        rows.append(_row("kenlm", kn.logprob, js.oov, ex, kenlm_unknown_tokens=kn_oov))
+    if not model.normalised:
+        notes.append("the joint model's output layer is unnormalised: its perplexity uses raw scores")
+    return _emit(args, result, rows, notes)
 
 
 def _loglinear(args, model, kenlm_path, scorer, test, valid, nlm, kn) -> Dict:

@@ -6,6 +6,7 @@ import math
 import sys
 
 from nlmfeature.core.model import load
+from nlmfeature.errors import NLMFeatureError
 from nlmfeature.io.textio import iter_lines
 
 
@@ -20,6 +21,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="print 'word=score' for every token and </s> instead of the total")
     p.add_argument("--log10", action="store_true",
                    help="print base-10 logs (as KenLM's query) instead of natural logs")
+    p.add_argument("--source", metavar="FILE",
+                   help="joint models: the source sentence of each input line (line by line)")
+    p.add_argument("--alignment", metavar="FILE",
+                   help="joint models: the i-j word alignment of each source/input pair")
     p.add_argument("--no-verify", action="store_true",
                    help="skip the model checksum check when loading (faster start on big models)")
     p.set_defaults(func=run)
@@ -29,9 +34,21 @@ def run(args: argparse.Namespace) -> int:
     model = load(args.model, verify=not args.no_verify)
     scale = 1 / math.log(10) if args.log10 else 1.0
     out = sys.stdout
-    for _, line in iter_lines(args.input, stream=True):
-        toks = line.split()
-        scores = model.score_sentence(toks) * scale
+    joint = bool(model.header.get("source"))
+    if joint != bool(args.source and args.alignment) or (not joint and (args.source or args.alignment)):
+        raise NLMFeatureError(f"{args.model} is a joint model: give --source and --alignment" if joint else
+                              f"{args.model} is a target-only model: --source and --alignment apply to joint models")
+    if joint:
+        from nlmfeature.core.joint import read_parallel
+        srcs, tgts, affs = read_parallel(args.source, args.input, args.alignment, keep_empty=True)
+        pairs = iter(zip(srcs, affs))
+    for line in (tgts if joint else (line for _, line in iter_lines(args.input, stream=True))):
+        toks = line if joint else line.split()
+        if joint:
+            src, aff = next(pairs)
+            scores = model.score_affiliated(src, toks, aff) * scale
+        else:
+            scores = model.score_sentence(toks) * scale
         if args.per_word:
             out.write(" ".join(f"{w}={s:.6f}" for w, s in zip(toks + ["</s>"], scores)) + "\n")
         else:

@@ -33,6 +33,12 @@ defaults: the recipe measured best on real data (docs/training.md, "Choosing the
   nlmfeature train --train train.txt.gz --test-set valid.txt.gz --model-out lm.nlm
   A right-to-left model for k-best rescoring beside it (nlmfeature-rescore -m lm.nlm -m r2l.nlm):
   nlmfeature train --train train.txt.gz --test-set valid.txt.gz --model-out r2l.nlm --reverse
+
+joint model (NNJM), German-English parallel text with its word alignment:
+  nlmfeature train --source train.de.gz --train train.en.gz --alignment train.align.gz \\
+      --test-source dev.de --test-set dev.en --test-alignment dev.align --model-out joint.nlm \\
+      --output class --classes 100 --noise-samples 10 --source-window 7
+
 """
 
 
@@ -67,6 +73,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="train a right-to-left model (sentences read backwards; the model file says so "
                         "and nlmfeature-rescore / perplexity reverse hypotheses for it). For k-best "
                         "rescoring beside a left-to-right model, not for decoders")
+    j = p.add_argument_group("joint models (NNJM: condition on the source sentence)")
+    j.add_argument("--source", metavar="FILE",
+                   help="source side of the parallel text, line by line with --train (the target "
+                        "side): trains a joint model whose words also see --source-window source "
+                        "words around their affiliated source word")
+    j.add_argument("--alignment", metavar="FILE",
+                   help="word alignment of --source/--train, one line per pair, i-j points (source "
+                        "position i, target position j, from 0: Moses / fast_align format); "
+                        "affiliation as Devlin et al. 2014")
+    j.add_argument("--test-source", metavar="FILE", help="source side of the held-out set (--test-set)")
+    j.add_argument("--test-alignment", metavar="FILE", help="word alignment of the held-out set")
+    j.add_argument("--source-window", type=int, default=7, metavar="W",
+                   help="source words the model sees, 2m+1 centred on the affiliated word "
+                        "(default 7, Devlin et al. 2014's window)")
     a = p.add_argument_group("architecture")
     a.add_argument("--arch", choices=["lbl", "nplm", "lateral"], default=D.arch,
                    help=f"log-bilinear (OxLM), NPLM (Vaswani et al.) or lateral branches (default {D.arch})")

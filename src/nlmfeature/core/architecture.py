@@ -12,6 +12,12 @@ All three architectures share one shape, which the scorer computes:
 
 The *precomputed tables* hold M_{k,j} e(w) for every word and position, so the first layer
 costs n-1 vector additions.
+
+A *joint model* (NNJM, Devlin et al. 2014) has ``source_window`` = w = 2m+1 > 0: its first
+layer also sees the w source words around the target word's affiliated source position,
+through a source vocabulary and embeddings of its own (``source.embeddings``).  Its
+positions come first: M_{k,0..w-1} are the source positions, M_{k,w..w+n-2} the target
+ones, and a full context is [w source ids | n-1 target ids].
 """
 from __future__ import annotations
 
@@ -44,6 +50,7 @@ class ModelSpec:
     classes: int = 0                        #: class output: number of classes
     direct_order: int = 0                   #: direct n-gram features: orders 1..N (0 = none)
     hash_space: int = 0                     #: direct features: size of the hashed store
+    source_window: int = 0                  #: joint models: source words 2m+1 (0 = target-only)
 
     def normalised(self) -> "ModelSpec":
         """A copy with architecture defaults filled in and checked."""
@@ -71,10 +78,16 @@ class ModelSpec:
             raise ValueError("a class-factored output needs classes > 0 (or a class file)")
         if s.direct_order and s.hash_space <= 0:
             s.hash_space = 1 << 20
+        if s.source_window and (s.source_window < 1 or s.source_window % 2 == 0 or s.source_window > 31):
+            raise ValueError(f"the source window must be an odd number of words in 1..31, not {s.source_window}")
+        if s.source_window and s.direct_order:
+            raise ValueError("direct n-gram features are not supported in joint models")
         return s
 
-    def header(self, vocab: Vocabulary, classes: int = 0, nodes: int = 0) -> Dict[str, Any]:
-        """The model-file header for this spec (``classes``/``nodes`` of the output layer)."""
+    def header(self, vocab: Vocabulary, classes: int = 0, nodes: int = 0,
+               source_vocab: Optional[Vocabulary] = None) -> Dict[str, Any]:
+        """The model-file header for this spec (``classes``/``nodes`` of the output layer;
+        ``source_vocab`` for a joint model)."""
         s = self.normalised()
         bias = s.arch != "lbl"
         branches = [{"hidden": s.hidden, "diagonal": bool(s.diagonal_contexts),
@@ -88,13 +101,23 @@ class ModelSpec:
             output["classes"] = int(classes or s.classes)
         if s.output == "tree":
             output["nodes"] = int(nodes)
-        return {
+        if s.source_window and source_vocab is None:
+            raise ValueError("a joint model (source_window > 0) needs a source vocabulary")
+        source = None
+        if s.source_window:
+            source = {"window": s.source_window, "vocab_size": len(source_vocab),
+                      "special": {"<unk>": source_vocab.unk, "<s>": source_vocab.bos,
+                                  "</s>": source_vocab.eos, "<null>": source_vocab.null}}
+        head = {
             "arch": s.arch, "order": s.order, "vocab_size": len(vocab), "embed_dim": s.word_width,
             "branches": branches, "combine": s.combine, "layers": layers, "output": output,
             "direct": {"order": s.direct_order, "hash_space": s.hash_space} if s.direct_order else None,
             "special": {"<unk>": vocab.unk, "<s>": vocab.bos, "</s>": vocab.eos, "<null>": vocab.null},
             "precomputed": False,
         }
+        if source is not None:
+            head["source"] = source
+        return head
 
 
 def output_structure(spec: ModelSpec, counts: np.ndarray,
@@ -111,10 +134,13 @@ def output_structure(spec: ModelSpec, counts: np.ndarray,
 
 def random_model(spec: ModelSpec, vocab: Vocabulary, counts: Optional[Sequence[float]] = None,
                  seed: int = 0, scale: float = 0.1, class_of_word: Optional[np.ndarray] = None,
-                 ) -> tuple:
+                 source_vocab: Optional[Vocabulary] = None,
+                 source_counts: Optional[Sequence[float]] = None) -> tuple:
     """(header, arrays) of a randomly initialised model: the start of training, and the
     models of the tests and benchmarks.  ``counts`` (per word id) fix the unigram
-    distribution, the frequency classes and the Huffman tree (uniform when omitted)."""
+    distribution, the frequency classes and the Huffman tree (uniform when omitted).
+    A joint model (``spec.source_window``) needs ``source_vocab`` (``source_counts``: its
+    unigram distribution, uniform when omitted)."""
     s = spec.normalised()
     rng = np.random.default_rng(seed)
     V, E, H, c = len(vocab), s.word_width, s.hidden, s.order - 1
@@ -124,18 +150,24 @@ def random_model(spec: ModelSpec, vocab: Vocabulary, counts: Optional[Sequence[f
     n_nodes = 0
     if s.output == "tree":
         n_nodes = int(structure["tree.path_node"].max()) + 1 if len(structure["tree.path_node"]) else 1
-    header = s.header(vocab, classes=n_classes, nodes=n_nodes)
+    header = s.header(vocab, classes=n_classes, nodes=n_nodes, source_vocab=source_vocab)
+    w = s.source_window
 
     def rand(*shape: int, fan_in: Optional[int] = None) -> np.ndarray:
         sd = scale if fan_in is None else 1.0 / np.sqrt(fan_in)
         return rng.normal(0.0, sd, size=shape).astype(np.float32)
 
     arrays: Arrays = {"unigram": (cnt / cnt.sum()).astype(np.float32), "embeddings": rand(V, E)}
+    if w:
+        scnt = np.ones(len(source_vocab)) if source_counts is None else np.asarray(source_counts, np.float64)
+        arrays["source.unigram"] = (scnt / scnt.sum()).astype(np.float32)
+        arrays["source.embeddings"] = rand(len(source_vocab), E)
+        arrays.update({"source." + n: a for n, a in source_vocab.to_arrays().items()})
     for k, br in enumerate(header["branches"]):
         if br["diagonal"]:
-            arrays[f"branch{k}.weights"] = (1.0 + rand(c, E)).astype(np.float32)
+            arrays[f"branch{k}.weights"] = (1.0 + rand(w + c, E)).astype(np.float32)
         else:
-            arrays[f"branch{k}.weights"] = rand(c, H, E, fan_in=E * max(c, 1))
+            arrays[f"branch{k}.weights"] = rand(w + c, H, E, fan_in=E * max(w + c, 1))
         if br["bias"]:
             arrays[f"branch{k}.bias"] = rand(H)
     for k, ly in enumerate(header["layers"]):
@@ -161,13 +193,18 @@ def random_model(spec: ModelSpec, vocab: Vocabulary, counts: Optional[Sequence[f
 def set_null_embedding(arrays: Arrays, vocab: Vocabulary) -> None:
     """Make ``<null>``'s input embedding the unigram-weighted average of the others
     (Vaswani et al. 2013), in place."""
-    p = np.asarray(arrays["unigram"], dtype=np.float64).copy()
-    p[[vocab.null, vocab.bos]] = 0.0
-    if p.sum() <= 0:
-        p[:] = 1.0
-    emb = np.array(arrays["embeddings"], dtype=np.float32)
-    emb[vocab.null] = (p / p.sum()) @ emb.astype(np.float64)
-    arrays["embeddings"] = emb
+    tables = [("", vocab)]
+    if "source.embeddings" in arrays:  # joint models: the source <null> likewise
+        tables.append(("source.", Vocabulary.from_arrays(arrays["source.vocab.offsets"],
+                                                         arrays["source.vocab.bytes"])))
+    for prefix, v in tables:
+        p = np.asarray(arrays[prefix + "unigram"], dtype=np.float64).copy()
+        p[[v.null, v.bos]] = 0.0
+        if p.sum() <= 0:
+            p[:] = 1.0
+        emb = np.array(arrays[prefix + "embeddings"], dtype=np.float32)
+        emb[v.null] = (p / p.sum()) @ emb.astype(np.float64)
+        arrays[prefix + "embeddings"] = emb
 
 
 def precompute_tables(header: Dict[str, Any], arrays: Arrays, diagonal: bool = False) -> None:
@@ -180,15 +217,23 @@ def precompute_tables(header: Dict[str, Any], arrays: Arrays, diagonal: bool = F
     E = header["embed_dim"]
     emb = np.asarray(arrays["embeddings"], dtype=np.float32)
     c = header["order"] - 1
+    w = int(header["source"]["window"]) if header.get("source") else 0
     for k, br in enumerate(header["branches"]):
         if br["diagonal"] and not diagonal:
             arrays.pop(f"branch{k}.tables", None)
+            arrays.pop(f"branch{k}.source.tables", None)
             continue
         W = np.asarray(arrays[f"branch{k}.weights"], dtype=np.float32)
         T = np.empty((c, emb.shape[0], br["hidden"]), dtype=np.float32)
         for j in range(c):
-            T[j] = emb * W[j] if br["diagonal"] else emb @ W[j].T
+            T[j] = emb * W[w + j] if br["diagonal"] else emb @ W[w + j].T
         arrays[f"branch{k}.tables"] = T
+        if w:  # joint models: the source positions (the first w matrices)
+            semb = np.asarray(arrays["source.embeddings"], dtype=np.float32)
+            S = np.empty((w, semb.shape[0], br["hidden"]), dtype=np.float32)
+            for j in range(w):
+                S[j] = semb * W[j] if br["diagonal"] else semb @ W[j].T
+            arrays[f"branch{k}.source.tables"] = S
     assert E == emb.shape[1]
     header["precomputed"] = all(f"branch{k}.tables" in arrays for k in range(len(header["branches"])))
 
@@ -197,4 +242,5 @@ def drop_tables(header: Dict[str, Any], arrays: Arrays) -> None:
     """Remove precomputed tables (smaller file; slower first layer), in place."""
     for k in range(len(header["branches"])):
         arrays.pop(f"branch{k}.tables", None)
+        arrays.pop(f"branch{k}.source.tables", None)
     header["precomputed"] = False

@@ -275,14 +275,29 @@ class Model:
             self._batch = BatchScorer(self)
         return self._batch
 
+    @property
+    def context_width(self) -> int:
+        """Ids in a padded context: n-1 (joint models: the source window first, then n-1)."""
+        return int(self.native.key_len)
+
+    def _check_contexts(self, contexts: np.ndarray) -> None:
+        w = self.native.source_window
+        if contexts.size and w:
+            src, tgt = contexts[:, :w], contexts[:, w:]
+            if src.min() < 0 or src.max() >= int(self.header["source"]["vocab_size"]):
+                raise ValueError("contexts hold source-window ids outside the source vocabulary")
+            if tgt.size and (tgt.min() < 0 or tgt.max() >= len(self.vocab)):
+                raise ValueError("contexts hold ids outside the vocabulary")
+        elif contexts.size and (contexts.min() < 0 or contexts.max() >= len(self.vocab)):
+            raise ValueError("contexts hold ids outside the vocabulary")
+
     def hidden(self, contexts: np.ndarray) -> np.ndarray:
         """Final hidden vectors (N, D) of padded contexts (N, n-1): what the output layer
         sees (for whole-vocabulary distributions, analyses)."""
         contexts = np.ascontiguousarray(contexts, dtype=np.int32)
-        if contexts.ndim != 2 or contexts.shape[1] != self.order - 1:
-            raise ValueError(f"contexts must have shape (N, {self.order - 1})")
-        if contexts.size and (contexts.min() < 0 or contexts.max() >= len(self.vocab)):
-            raise ValueError("contexts hold ids outside the vocabulary")
+        if contexts.ndim != 2 or contexts.shape[1] != self.context_width:
+            raise ValueError(f"contexts must have shape (N, {self.context_width})")
+        self._check_contexts(contexts)
         return self._batcher().hidden(contexts)
 
     def score_batch(self, contexts: np.ndarray, words: np.ndarray) -> np.ndarray:
@@ -304,10 +319,9 @@ class Model:
                                 "arrays with Model.sentence_ngrams)")
         contexts = np.asarray(contexts)
         words = np.asarray(words)
-        if contexts.ndim != 2 or contexts.shape[1] != self.order - 1 or len(contexts) != len(words):
-            raise ValueError(f"contexts must have shape (N, {self.order - 1}) with N = len(words)")
-        if contexts.size and (contexts.min() < 0 or contexts.max() >= len(self.vocab)):
-            raise ValueError("contexts hold ids outside the vocabulary")
+        if contexts.ndim != 2 or contexts.shape[1] != self.context_width or len(contexts) != len(words):
+            raise ValueError(f"contexts must have shape (N, {self.context_width}) with N = len(words)")
+        self._check_contexts(contexts)
         self.check_file()
         return self._batcher().score(np.ascontiguousarray(contexts, dtype=np.int32),
                                  np.ascontiguousarray(words, dtype=np.int32))
@@ -396,7 +410,11 @@ def load(path: str, verify: bool = True, use_tables: bool = True) -> Model:
     """
     header, arrays, checksum, fd, identity = modelfile.open_model(path, verify=verify)
     try:
-        model = Model(path, header, arrays, checksum, use_tables)
+        if header.get("source"):
+            from .joint import JointModel
+            model = JointModel(path, header, arrays, checksum, use_tables)
+        else:
+            model = Model(path, header, arrays, checksum, use_tables)
     except (ValueError, KeyError, TypeError) as exc:
         os.close(fd)
         raise modelfile.ModelFileError(f"{path}: wrong architecture description: {exc}") from None

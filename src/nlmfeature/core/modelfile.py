@@ -14,7 +14,7 @@ import mmap
 import os
 import stat
 import struct
-from typing import Any, Dict, Mapping, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -22,7 +22,13 @@ from nlmfeature.io.atomicfile import atomic_open
 from nlmfeature.errors import ModelFileError
 
 MAGIC = b"NLMFEAT\x00"
-FORMAT_VERSION = 1
+#: version written for joint models (a source vocabulary and window: an older reader would
+#: misread their branch weights); target-only models are still written as version 1
+FORMAT_VERSION = 2
+#: versions this reader accepts
+READ_VERSIONS = (1, 2)
+#: widest source window of a joint model (NLM_MAX_WINDOW of the scorer)
+MAX_SOURCE_WINDOW = 31
 PREAMBLE = struct.Struct("<8sIIQQQ8s16s")  # magic, version, flags, hdr off, hdr len, file len, checksum, pad
 PREAMBLE_SIZE = 64
 ALIGN = 64
@@ -33,7 +39,7 @@ OUTPUT_TYPES = ("unnormalised", "softmax", "class", "tree")
 ACTIVATION_NAMES = ("identity", "sigmoid", "relu", "tanh", "hardtanh")
 COMBINE_NAMES = ("none", "max", "add", "mul")
 #: arrays that may be stored as float16 (``storage: float16``) and are widened at load
-HALF_ELIGIBLE = ("embeddings", "output.weight", "tables")
+HALF_ELIGIBLE = ("embeddings", "source.embeddings", "output.weight", "tables")
 
 Header = Dict[str, Any]
 Arrays = Dict[str, np.ndarray]
@@ -138,6 +144,23 @@ def check_header(h: Any) -> None:
         if sp.get(tok) != want or type(sp.get(tok)) is not int:
             raise ValueError(f"special token {tok} has id {sp.get(tok)!r}; every model has "
                              f"<unk> <s> </s> <null> at ids 0-3 (re-import or re-write the model)")
+    src = h.get("source")
+    if src is not None:  # joint models: a source vocabulary and window
+        where = "source: "
+        _obj(src, "'source'")
+        w = _int(src, "window", where, 1, MAX_SOURCE_WINDOW)
+        if w % 2 == 0:
+            raise ValueError(f"source window {w} is not an odd number (2m+1)")
+        _int(src, "vocab_size", where, 4)
+        ssp = _obj(src.get("special"), "the source 'special'")
+        for tok, want in SPECIAL_IDS.items():
+            if ssp.get(tok) != want or type(ssp.get(tok)) is not int:
+                raise ValueError(f"source special token {tok} has id {ssp.get(tok)!r}; the source "
+                                 "vocabulary has <unk> <s> </s> <null> at ids 0-3")
+        if h.get("direct"):
+            raise ValueError("direct n-gram features are not supported in joint models")
+        if n + w > MAX_ORDER + MAX_SOURCE_WINDOW:
+            raise ValueError("the source window and order are too large")
 
 
 def expected_arrays(h: Header) -> Dict[str, Tuple[str, Tuple[int, ...], bool]]:
@@ -156,6 +179,15 @@ def expected_arrays(h: Header) -> Dict[str, Tuple[str, Tuple[int, ...], bool]]:
         "unigram": (f4, (V,), True),
         "embeddings": (f4, (V, E), True),
     }
+    src = h.get("source")
+    w = 0  # joint models: source-window positions, first in the branch weights
+    if src is not None:
+        w, Vs = int(src["window"]), int(src["vocab_size"])
+        out.update({"source.vocab.offsets": ("<i8", (Vs + 1,), True),
+                    "source.vocab.hash": ("<i4", (-1,), True),
+                    "source.vocab.bytes": ("|u1", (-1,), True),
+                    "source.unigram": (f4, (Vs,), True),
+                    "source.embeddings": (f4, (Vs, E), True)})
     branches = h["branches"]
     H = int(branches[0]["hidden"])
     for k, br in enumerate(branches):
@@ -164,11 +196,13 @@ def expected_arrays(h: Header) -> Dict[str, Tuple[str, Tuple[int, ...], bool]]:
         if br["diagonal"]:
             if H != E:
                 raise ValueError(f"branch {k}: a diagonal context matrix needs hidden == embed_dim")
-            out[f"branch{k}.weights"] = (f4, (c, E), True)
+            out[f"branch{k}.weights"] = (f4, (w + c, E), True)
         else:
-            out[f"branch{k}.weights"] = (f4, (c, H, E), True)
+            out[f"branch{k}.weights"] = (f4, (w + c, H, E), True)
         out[f"branch{k}.bias"] = (f4, (H,), bool(br.get("bias", False)))
         out[f"branch{k}.tables"] = (f4, (c, V, H), bool(h.get("precomputed", False)))
+        if src is not None:
+            out[f"branch{k}.source.tables"] = (f4, (w, Vs, H), bool(h.get("precomputed", False)))
     if len(branches) > 1 and h.get("combine", "none") == "none":
         raise ValueError("several branches need a combination (max, add or mul)")
     width = H
@@ -213,25 +247,26 @@ def _check_array(name: str, arr: np.ndarray, dtype: str, shape: Tuple[int, ...])
         raise ValueError(f"array {name!r} has type {arr.dtype}, expected {want_dt}")
 
 
-def _check_vocabulary(V: int, arrays: Mapping[str, np.ndarray]) -> None:
+def _check_vocabulary(V: int, arrays: Mapping[str, np.ndarray], prefix: str = "") -> None:
     """Offsets, UTF-8 words (non-empty, no white space, unique, the specials at 0-3) and the
     lookup table the C library probes (rebuilt and compared: a wrong, full or oddly sized
     table would send ``nlm_word_id`` out of bounds or round in circles)."""
     from nlmfeature._scorer import vocab_hash_table
     from nlmfeature.core.vocab import Vocabulary
 
-    offs, data = arrays["vocab.offsets"], arrays["vocab.bytes"]
+    what = "source vocabulary" if prefix else "vocabulary"
+    offs, data = arrays[prefix + "vocab.offsets"], arrays[prefix + "vocab.bytes"]
     if offs[0] != 0 or np.any(np.diff(offs) <= 0) or offs[-1] != len(data):
-        raise ValueError("vocabulary offsets are inconsistent")
+        raise ValueError(f"{what} offsets are inconsistent")
     words = Vocabulary.from_arrays(offs, data).words  # UTF-8, white space, duplicates
     for tok, wid in SPECIAL_IDS.items():
         if words[wid] != tok:
-            raise ValueError(f"vocabulary entry {wid} is {words[wid]!r}, not {tok}")
-    table = arrays["vocab.hash"]
+            raise ValueError(f"{what} entry {wid} is {words[wid]!r}, not {tok}")
+    table = arrays[prefix + "vocab.hash"]
     rebuilt = vocab_hash_table(np.ascontiguousarray(offs, dtype=np.int64),
                                np.ascontiguousarray(data, dtype=np.uint8))
     if table.shape != rebuilt.shape or not np.array_equal(table, rebuilt):
-        raise ValueError(f"vocab.hash ({len(table)} slots) is not the lookup table of the vocabulary "
+        raise ValueError(f"{prefix}vocab.hash ({len(table)} slots) is not the lookup table of the {what} "
                          f"({len(rebuilt)} slots); re-write the model with nlmfeature")
 
 
@@ -292,33 +327,42 @@ def _check_tables(h: Header, arrays: Mapping[str, np.ndarray]) -> None:
     random vector r, ``tables[j] r`` must equal ``E (M_j^T r)`` row by row, to float
     rounding.  Any entry changed by more than rounding shows (with probability ~1); the cost
     is one read of the tables, a fraction of the checksum's."""
-    E = arrays["embeddings"]
     half = h.get("storage") == "float16"
     rng = np.random.default_rng(12345)
+    w = int(h["source"]["window"]) if h.get("source") is not None else 0
     for k, br in enumerate(h["branches"]):
-        t = arrays.get(f"branch{k}.tables")
-        if t is None:
-            continue
-        H = t.shape[2]
-        r = rng.standard_normal(H).astype(np.float32)
-        W = arrays[f"branch{k}.weights"]
-        absE = np.abs(E)
-        for j in range(t.shape[0]):
-            lhs = t[j] @ r
-            if br["diagonal"]:
-                rhs = E @ (W[j] * r)
-                bound = absE @ np.abs(W[j] * r)
-            else:
-                rhs = E @ (W[j].T @ r)
-                bound = absE @ (np.abs(W[j]).T @ np.abs(r))
-            tol = ((H + 16) * 1.2e-7 + (2e-3 if half else 0.0)) * bound + 1e-30
-            with np.errstate(invalid="ignore", over="ignore"):
-                fin_l, fin_r = np.isfinite(lhs), np.isfinite(rhs) & np.isfinite(tol)
-                ok = (fin_l & fin_r & (np.abs(lhs.astype(np.float64) - rhs) <= tol)) | (~fin_l & ~fin_r)
-            if not np.all(ok):
-                w = int(np.flatnonzero(~ok)[0])
-                raise ValueError(f"branch{k}.tables[{j}] does not match the embeddings and weights "
-                                 f"(word {w} first); convert the model again to recompute them")
+        # target tables use the weights after the w source positions (joint models)
+        for name, E, first in ((f"branch{k}.source.tables", arrays.get("source.embeddings"), 0),
+                               (f"branch{k}.tables", arrays["embeddings"], w)):
+            _check_table(name, arrays.get(name), E, arrays[f"branch{k}.weights"][first:],
+                         br["diagonal"], half, rng)
+
+
+def _check_table(name: str, t: Optional[np.ndarray], E: np.ndarray, W: np.ndarray,
+                 diagonal: bool, half: bool, rng: np.random.Generator) -> None:
+    """One precomputed table against its embeddings and context matrices (see
+    :func:`_check_tables`)."""
+    if t is None:
+        return
+    H = t.shape[2]
+    r = rng.standard_normal(H).astype(np.float32)
+    absE = np.abs(E)
+    for j in range(t.shape[0]):
+        lhs = t[j] @ r
+        if diagonal:
+            rhs = E @ (W[j] * r)
+            bound = absE @ np.abs(W[j] * r)
+        else:
+            rhs = E @ (W[j].T @ r)
+            bound = absE @ (np.abs(W[j]).T @ np.abs(r))
+        tol = ((H + 16) * 1.2e-7 + (2e-3 if half else 0.0)) * bound + 1e-30
+        with np.errstate(invalid="ignore", over="ignore"):
+            fin_l, fin_r = np.isfinite(lhs), np.isfinite(rhs) & np.isfinite(tol)
+            ok = (fin_l & fin_r & (np.abs(lhs.astype(np.float64) - rhs) <= tol)) | (~fin_l & ~fin_r)
+        if not np.all(ok):
+            w = int(np.flatnonzero(~ok)[0])
+            raise ValueError(f"{name}[{j}] does not match the embeddings and weights "
+                             f"(word {w} first); convert the model again to recompute them")
 
 
 def validate_structure(h: Header, arrays: Mapping[str, np.ndarray], strict: bool = True) -> None:
@@ -341,6 +385,8 @@ def validate_structure(h: Header, arrays: Mapping[str, np.ndarray], strict: bool
         raise ValueError(f"unexpected arrays {sorted(extra)}")
     V = int(h["vocab_size"])
     _check_vocabulary(V, arrays)
+    if h.get("source") is not None:
+        _check_vocabulary(int(h["source"]["vocab_size"]), arrays, "source.")
     out = h["output"]
     if out["type"] == "class":
         _check_classes(V, int(out["classes"]), arrays)
@@ -409,7 +455,8 @@ def write_model(path: str, header: Header, arrays: Mapping[str, np.ndarray],
         if total > pos:
             put(b"\0" * (total - pos))
         f.seek(0)
-        f.write(PREAMBLE.pack(MAGIC, FORMAT_VERSION, 0, PREAMBLE_SIZE, len(hdr), total,
+        version = FORMAT_VERSION if header.get("source") is not None else 1
+        f.write(PREAMBLE.pack(MAGIC, version, 0, PREAMBLE_SIZE, len(hdr), total,
                               digest.digest(), b"\0" * 16))
     return digest.hexdigest()
 
@@ -424,10 +471,10 @@ def read_preamble(path: str, buf) -> Tuple[int, int, int, bytes]:
         if bytes(buf[:7]) == b"\\config":
             hint = " (this looks like an NPLM text model: import it with `nlmfeature convert`)"
         raise ModelFileError(f"{path}: not an nlmfeature model (bad magic number){hint}")
-    if version != FORMAT_VERSION:
+    if version not in READ_VERSIONS:
         raise ModelFileError(
-            f"{path}: model format version {version}, but this nlmfeature reads version "
-            f"{FORMAT_VERSION}; convert the model with a matching nlmfeature release")
+            f"{path}: model format version {version}, but this nlmfeature reads versions "
+            f"{', '.join(map(str, READ_VERSIONS))}; convert the model with a matching nlmfeature release")
     if len(buf) < total:
         raise ModelFileError(f"{path}: truncated: the file has {len(buf)} bytes but its header "
                              f"says {total}; copy or write the model again")
@@ -561,6 +608,10 @@ def _read_mapped(path: str, mm, verify: bool) -> Tuple[Header, Arrays, str]:
                                      f"{', '.join(HALF_ELIGIBLE)} may be")
             arr = arr.astype(np.float32)
         arrays[name] = arr
+    version = PREAMBLE.unpack_from(mm, 0)[1]
+    if (header.get("source") is not None) != (version >= 2):
+        raise ModelFileError(f"{path}: format version {version} does not match its header "
+                             "(joint models, with a source vocabulary, are version 2)")
     try:
         validate_structure(header, arrays, strict=False)
     except (ValueError, KeyError, TypeError, AttributeError, IndexError, OverflowError,

@@ -1,7 +1,9 @@
 """``nlmfeature rescore`` (alias ``nlmfeature-rescore``): append neural-LM features to Moses / cdec k-best lists.
 
 For every hypothesis, each ``--model`` adds one feature: the sentence's natural-log
-probability (the sum of :meth:`Model.score_sentence`, ``</s>`` included), named ``NLM0``,
+probability (the sum of :meth:`Model.score_sentence`, ``</s>`` included; for a joint model,
+given the source sentence of ``--source`` and the hypothesis' word alignment, the field of
+``i-j`` points Moses writes with ``-print-alignment-info-in-n-best``), named ``NLM0``,
 ``NLM1``, ... (``--name`` overrides); ``--oov-feature`` also adds ``NLMOOV0``, ... (the count
 of tokens not in that model's vocabulary).  The features are appended to the feature field
 in the file's own style (``NLM0= v`` in Moses lists, ``NLM0: v`` in old-style ones,
@@ -64,6 +66,7 @@ class RescoreConfig:
     batch_size: int = 8192
     verify: bool = True
     compress: bool = False              #: return each chunk as a gzip member
+    source: Optional[str] = None        #: joint models: source sentences, line = sentence id
 
 
 def check_name(name: str) -> str:
@@ -136,6 +139,13 @@ class Rescorer:
 
         self.cfg = cfg
         self.models = [load(p, verify=cfg.verify) for p in cfg.models]
+        self.joint = any(m.header.get("source") for m in self.models)
+        self.sources: List[List[str]] = []
+        if self.joint:
+            if not cfg.source:
+                raise NLMFeatureError("a joint model (trained with --source) needs the source "
+                                      "sentences of the k-best list: give --source FILE")
+            self.sources = [line.split() for _, line in iter_lines(cfg.source)]
         self.new_names = set(cfg.names) | set(cfg.oov_names)
         self.mark = {"moses": "=", "moses-old": ":", "cdec": "="}[cfg.fmt]
         self.sep = "" if cfg.fmt == "cdec" else " "
@@ -160,9 +170,11 @@ class Rescorer:
         kept: List[Tuple[int, str, Optional[Hypothesis]]] = []
         tokens: List[List[str]] = []
         full = cfg.weights is not None           # reranking needs the feature values
+        aligns: List[List[Tuple[int, int]]] = []
+        srcs: List[List[str]] = []
         for lineno, line in lines:
             try:
-                if full or any(n in line for n in self.new_names):
+                if full or self.joint or any(n in line for n in self.new_names):
                     hyp: Optional[Hypothesis] = parse_line(line, cfg.fmt, cfg.path, lineno)
                     text = hyp.text
                     clash = self.new_names.intersection(lbl for lbl, _ in hyp.features)
@@ -172,6 +184,15 @@ class Rescorer:
                 else:   # only check the line: faster than building the features
                     hyp = None
                     text = check_line(line, cfg.fmt, cfg.path, lineno)[1]
+                if self.joint:
+                    from nlmfeature.core.joint import alignment_field, parse_alignment
+                    assert hyp is not None
+                    if not 0 <= hyp.sid < len(self.sources):
+                        raise InputError(cfg.path, lineno, f"sentence id {hyp.sid} has no line in "
+                                         f"--source {cfg.source} ({len(self.sources)} lines)")
+                    src = self.sources[hyp.sid]
+                    al = parse_alignment(alignment_field(hyp.extra, cfg.path, lineno), len(src),
+                                         len(text.split()), cfg.path, lineno)
             except InputError as exc:
                 if not cfg.skip_bad:
                     res.error = _error_parts(exc)
@@ -182,11 +203,19 @@ class Rescorer:
                 continue
             kept.append((lineno, line, hyp))
             tokens.append(text.split())
+            if self.joint:
+                srcs.append(src)
+                aligns.append(al)
         columns: List[Tuple[str, List[float]]] = []
         res.tokens = sum(len(t) for t in tokens)
         for model, name in zip(self.models, cfg.names):
             counts = [0]
-            columns.append((name, sentence_logprobs(model, tokens, cfg.batch_size, counts)))
+            if model.header.get("source"):
+                from nlmfeature.core.joint import joint_sentence_logprobs
+                columns.append((name, joint_sentence_logprobs(model, srcs, tokens, aligns, cfg.batch_size)))
+                counts[0] = sum(1 for toks in tokens for t in toks if t not in model.vocab or t == "<unk>")
+            else:
+                columns.append((name, sentence_logprobs(model, tokens, cfg.batch_size, counts)))
             res.oovs.append(counts[0])
         for model, name in zip(self.models, cfg.oov_names):
             vocab = model.vocab
@@ -471,7 +500,8 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
             chunk_size: int = 2000, batch_size: int = 8192, weights_path: Optional[str] = None,
             one_best: Optional[str] = None, update_total: bool = False,
             sentences: Optional[int] = None, skip_bad: bool = False, verify: bool = True,
-            progress: bool = True, log=None, prog: str = "nlmfeature rescore") -> RescoreStats:
+            progress: bool = True, log=None, prog: str = "nlmfeature rescore",
+            source: Optional[str] = None) -> RescoreStats:
     """Rescore ``input_path`` into ``output_path`` (either may be ``-``; ``.gz`` compresses;
     ``None`` output writes no k-best list).  See the module docstring; returns statistics.
     Raises :class:`InputError` (file:line) on malformed input, :class:`NLMFeatureError` on
@@ -500,7 +530,11 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
         raise NLMFeatureError(f"unknown --format {fmt!r}")
     for p in cfg_models:   # fail early, and verify checksums once
         from nlmfeature.core.model import load
-        load(p, verify=verify)
+        if load(p, verify=verify).header.get("source") and not source:
+            raise NLMFeatureError(f"{p} is a joint model: give the source sentences of the "
+                                  "k-best list with --source FILE (line i = sentence id i)")
+    if source:
+        check_input(source)   # fail early on a missing or unreadable file
 
     stats = RescoreStats()
     chunker = Chunker(input_path, chunk_size, skip_bad, strict_order=one_best is not None,
@@ -516,7 +550,7 @@ def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[st
     stats.format = detect_format(first[0][1]) if fmt == "auto" else fmt
     cfg = RescoreConfig(list(cfg_models), lp_names, ov_names, input_path, stats.format,
                         skip_bad, weights, update_total, batch_size, verify=False,
-                        compress=bool(output_path and output_path.endswith(".gz")))
+                        compress=bool(output_path and output_path.endswith(".gz")), source=source)
 
     def all_chunks() -> Iterator[List[Tuple[int, str]]]:
         yield first
@@ -650,6 +684,10 @@ def build_parser(sub: Optional[argparse._SubParsersAction] = None) -> argparse.A
                         "2 x jobs units are in memory at once")
     p.add_argument("--batch-size", type=int, default=8192, metavar="N",
                    help="n-grams per matrix-product batch of the scorer (default 8192)")
+    p.add_argument("--source", metavar="FILE",
+                   help="joint models (trained with train --source): the source sentences of the "
+                        "list, tokenised as for training, line i = sentence id i; each hypothesis "
+                        "needs its word alignment (Moses -print-alignment-info-in-n-best)")
     p.add_argument("--weights", metavar="FILE",
                    help="feature weights for reranking: a moses.ini ([weight] section) or a "
                         "'Name= v1 v2 ...' / 'name value' file; include the new features' weights")
@@ -681,7 +719,7 @@ def run(args: argparse.Namespace) -> int:
     st = rescore(args.input, output, args.model, args.name, args.oov_feature, args.oov_name,
                  args.format, args.jobs, args.chunk_size, args.batch_size, args.weights,
                  args.one_best, args.update_total, args.sentences, args.skip_bad,
-                 not args.no_verify, progress=not args.quiet, prog=args.prog_name)
+                 not args.no_verify, progress=not args.quiet, prog=args.prog_name, source=args.source)
     if not args.quiet:
         print(f"{args.prog_name}: {st.hypotheses} hypotheses of {st.sentences} sentences "
               f"({st.format} format)", file=sys.stderr)

@@ -12,7 +12,7 @@ from nlmfeature.training.optim import Gradients
 Params = Dict[str, np.ndarray]
 
 #: arrays of a model file that training never changes
-FIXED = ("unigram", "vocab.offsets", "vocab.hash", "vocab.bytes", "class.of_word", "class.start",
+FIXED = ("unigram", "source.unigram", "vocab.offsets", "vocab.hash", "vocab.bytes", "class.of_word", "class.start",
          "class.members", "tree.path_start", "tree.path_node", "tree.path_sign")
 
 

@@ -22,6 +22,12 @@ The model is initialised by :func:`nlmfeature.core.architecture.random_model` an
   there and produces what an uninterrupted run would have.
 * The same seed (and thread count) gives the same model: the epoch order comes from
   ``numpy.random.default_rng([seed, epoch])`` and noise from a counter-based generator.
+* Joint models (NNJM): ``source`` and ``alignment`` (and ``test_source`` /
+  ``test_alignment`` for the held-out set) make ``train`` the target side of a parallel text;
+  each target word also sees ``source_window`` source words around its affiliated source
+  position (:mod:`nlmfeature.joint`).  Training works on one combined input table (target
+  rows, then source rows) and a context of w + n-1 positions; the model file keeps the
+  source embeddings apart (``source.embeddings``).
 """
 from __future__ import annotations
 
@@ -65,6 +71,12 @@ class TrainConfig:
     train: str = ""
     model_out: str = ""
     test_set: Optional[str] = None
+    # joint models: the source side of the parallel text and its i-j word alignment
+    source: Optional[str] = None
+    alignment: Optional[str] = None
+    test_source: Optional[str] = None
+    test_alignment: Optional[str] = None
+    source_window: int = 7
     # vocabulary
     min_count: int = 2
     reverse: bool = False
@@ -121,7 +133,9 @@ class TrainConfig:
                          hidden_layers=list(self.hidden_layers), branches=self.branches,
                          combine=self.combine, output=self.output,
                          classes=self.classes if self.output == "class" else 0,
-                         direct_order=min(self.direct_order, self.order), hash_space=self.hash_space)
+                         direct_order=0 if self.source else min(self.direct_order, self.order),
+                         hash_space=self.hash_space,
+                         source_window=self.source_window if self.source else 0)
 
     def estimator(self) -> str:
         """The estimator these settings select (raises ValueError for impossible pairs)."""
@@ -155,6 +169,9 @@ class TrainConfig:
                 if k not in ("iterations", "threads", "eval_every", "evals_per_epoch", "patience", "max_decays",
                              "max_minutes", "max_updates",
                              "checkpoint_minutes", "resume", "tables", "progress", "model_out")}
+        if not self.source:  # target-only runs: the joint settings do not apply
+            for k in ("source", "alignment", "test_source", "test_alignment", "source_window"):
+                keep.pop(k, None)
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -221,11 +238,16 @@ def direct_filter(data: NgramData, header: Dict[str, Any], min_freq: int, kind_c
 def export_arrays(header: Dict[str, Any], template: Dict[str, np.ndarray], params: Dict[str, np.ndarray],
                   vocab: Vocabulary, tables: bool) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
     """(header, arrays) of a model file holding the current parameters, with the ``<null>``
-    embedding set to the unigram-weighted average and, if ``tables``, precomputed tables."""
+    embedding set to the unigram-weighted average and, if ``tables``, precomputed tables.
+    A joint model's combined training table ``embeddings`` (target rows, then source rows)
+    is split into ``embeddings`` and ``source.embeddings``."""
     h = json.loads(json.dumps(header))
     arrays = {n: a for n, a in template.items() if not n.endswith(".tables")}
     for n, p in params.items():
         arrays[n] = np.ascontiguousarray(p, dtype=np.float32).copy()
+    if h.get("source") and arrays["embeddings"].shape[0] > len(vocab):
+        arrays["source.embeddings"] = np.ascontiguousarray(arrays["embeddings"][len(vocab):])
+        arrays["embeddings"] = np.ascontiguousarray(arrays["embeddings"][:len(vocab)])
     set_null_embedding(arrays, vocab)
     h["precomputed"] = False
     if tables:
@@ -288,16 +310,26 @@ class Trainer:
         if cfg.lr_decay < 1 and not (cfg.patience and cfg.test_set):
             raise NLMFeatureError("--lr-decay acts when --patience evaluations in a row on --test-set "
                                   "do not improve: give --test-set and --patience >= 1")
-        sents = read_corpus(cfg.train)
-        if cfg.reverse:
-            sents = [s[::-1] for s in sents]
-        self.vocab, self.counts = build_vocabulary(sents, cfg.min_count, cfg.max_vocab)
-        self.data = ngrams(sents, self.vocab, cfg.order)
-        del sents
+        self.source_vocab: Optional[Vocabulary] = None
+        self.source_counts: Optional[np.ndarray] = None
         self.heldout: Optional[NgramData] = None
         self.heldout_oov = 0
-        if cfg.test_set:
-            self.heldout, self.heldout_oov = read_heldout(cfg.test_set, self.vocab, cfg.order, cfg.reverse)
+        if cfg.source:
+            if cfg.reverse:
+                raise NLMFeatureError("--reverse applies to target-only models, not to joint models (--source)")
+            self._read_parallel(spec)
+        else:
+            if cfg.alignment or cfg.test_source or cfg.test_alignment:
+                raise NLMFeatureError("--alignment, --test-source and --test-alignment belong to a "
+                                      "joint model: give --source too")
+            sents = read_corpus(cfg.train)
+            if cfg.reverse:
+                sents = [s[::-1] for s in sents]
+            self.vocab, self.counts = build_vocabulary(sents, cfg.min_count, cfg.max_vocab)
+            self.data = ngrams(sents, self.vocab, cfg.order)
+            del sents
+            if cfg.test_set:
+                self.heldout, self.heldout_oov = read_heldout(cfg.test_set, self.vocab, cfg.order, cfg.reverse)
         class_of_word = None
         if cfg.output == "class" and cfg.class_file:
             class_of_word = class_partition(cfg.class_file, self.vocab, self.counts, cfg.class_fallback)
@@ -307,10 +339,18 @@ class Trainer:
         # counts for initialisation/structure: <s> and <null> are never predicted
         struct_counts = self.counts.copy()
         self.header, self.template = random_model(spec, self.vocab, struct_counts, seed=cfg.seed,
-                                                  scale=cfg.init_scale, class_of_word=class_of_word)
+                                                  scale=cfg.init_scale, class_of_word=class_of_word,
+                                                  source_vocab=self.source_vocab,
+                                                  source_counts=self.source_counts)
         self.header.setdefault("metadata", {})
         names = trainable_names(self.header, self.template)
         self.params = {n: np.ascontiguousarray(self.template[n], dtype=np.float32).copy() for n in names}
+        train_header = self.header
+        if spec.source_window:  # one input table, target rows then source rows; w + n-1 positions
+            self.params["embeddings"] = np.ascontiguousarray(np.concatenate(
+                [self.params["embeddings"], self.params.pop("source.embeddings")]))
+            names = [n for n in names if n != "source.embeddings"]
+            train_header = dict(self.header, order=cfg.order + spec.source_window)
         if "direct.weights" in self.params:
             self.params["direct.weights"][...] = 0.0
         kt = self.kernel_threads = kernel_threads(cfg.threads)
@@ -333,7 +373,8 @@ class Trainer:
                                           self.template["class.of_word"] if cfg.output == "class" else None)
         live = {n: a for n, a in self.template.items() if n not in self.params}
         live.update(self.params)  # the same arrays the optimiser updates
-        self.objective = Objective(self.header, live, ospec, threads=kt)
+        live.pop("source.embeddings", None)
+        self.objective = Objective(train_header, live, ospec, threads=kt)
         self.grads = Gradients(self.params, names, threads=kt)
         self.opt = AdaGrad(self.params, names, cfg.step_size, threads=kt)
         # position
@@ -351,6 +392,32 @@ class Trainer:
         self.best_params: Dict[str, np.ndarray] = {}
         self.best_state: Dict[str, np.ndarray] = {}
         self._stop = False
+
+    def _read_parallel(self, spec: ModelSpec) -> None:
+        """Joint models: vocabularies and n-grams of the parallel training (and held-out) text."""
+        from nlmfeature.core.joint import joint_ngrams, read_parallel
+
+        cfg = self.cfg
+        if not cfg.alignment:
+            raise NLMFeatureError("a joint model (--source) needs the word alignment of the "
+                                  "training text (--alignment, i-j pairs)")
+        if bool(cfg.test_set) != bool(cfg.test_source and cfg.test_alignment):
+            raise NLMFeatureError("a joint model's held-out set needs all three of --test-set, "
+                                  "--test-source and --test-alignment")
+        if cfg.direct_order:  # the default (3) included: joint models have none
+            print(f"nlmfeature train: note: joint models have no direct n-gram features; "
+                  f"--direct-order {cfg.direct_order} does not apply", file=sys.stderr)
+        w = spec.source_window
+        srcs, tgts, affs = read_parallel(cfg.source, cfg.train, cfg.alignment)
+        self.vocab, self.counts = build_vocabulary(tgts, cfg.min_count, cfg.max_vocab)
+        self.source_vocab, self.source_counts = build_vocabulary(srcs, cfg.min_count, cfg.max_vocab)
+        self.data = joint_ngrams(srcs, tgts, affs, self.vocab, self.source_vocab, cfg.order, w)
+        self.data.contexts[:, :w] += len(self.vocab)  # combined input table: source rows after target
+        del srcs, tgts, affs
+        if cfg.test_set:
+            s2, t2, a2 = read_parallel(cfg.test_source, cfg.test_set, cfg.test_alignment)
+            self.heldout = joint_ngrams(s2, t2, a2, self.vocab, self.source_vocab, cfg.order, w)
+            self.heldout_oov = sum(1 for t in t2 for x in t if x not in self.vocab)
 
     # -- evaluation and writing ---------------------------------------------------------
     def model_arrays(self, tables: bool = False) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
@@ -373,6 +440,10 @@ class Trainer:
                          "train": os.path.basename(self.cfg.train), "seed": self.cfg.seed,
                          "noise_samples": self.cfg.noise_samples, "self_normalise": self.cfg.self_normalise,
                          "reverse": bool(self.cfg.reverse)}
+        if self.cfg.source:
+            h["metadata"].update({"source": os.path.basename(self.cfg.source),
+                                  "alignment": os.path.basename(self.cfg.alignment or ""),
+                                  "affiliation": "devlin2014"})
         return modelfile.write_model(self.cfg.model_out, h, a)
 
     # -- checkpoints --------------------------------------------------------------------

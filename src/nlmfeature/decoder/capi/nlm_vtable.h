@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define NLM_VTABLE_VERSION 2
+#define NLM_VTABLE_VERSION 3
 #define NLM_VT_ERRLEN 1024
 #define NLM_VT_MAX_ORDER 16 /* NLM_MAX_ORDER of the scorer */
 
@@ -31,6 +31,14 @@ typedef struct nlm_vt_model {
     unsigned char checksum[8];    /* model checksum (raw) */
     char checksum_hex[17];
     char path[4096];
+    /* joint models (NNJM): source window and vocabulary; src_window = 0 for target-only */
+    int32_t src_window;
+    int32_t src_vocab_size;
+    int32_t src_unk;
+    const int64_t* src_vocab_offsets;
+    const unsigned char* src_vocab_bytes;
+    const int32_t* src_vocab_hash;
+    int64_t src_vocab_hash_size;
 } nlm_vt_model;
 
 /* Options of a session (see nlm_session_options in nlmfeature.h). */
@@ -79,6 +87,11 @@ typedef struct nlm_vtable {
     double (*score_padded)(void* s, const int32_t* ctx, int32_t word);
     void (*stats)(void* s, int64_t* out, int n);
     int32_t (*vocab_find)(const nlm_vt_model* m, const char* word, size_t len);
+    /* joint models: source-vocabulary lookup (-1 if absent) and the score of `word` after the
+       target history ctx[0..n-1] with the source window around `affiliation` in src[0..nsrc-1] */
+    int32_t (*source_find)(const nlm_vt_model* m, const char* word, size_t len);
+    double (*joint_score)(void* s, const int32_t* src, int nsrc, int affiliation,
+                          const int32_t* ctx, int n, int32_t word);
 } nlm_vtable;
 
 #endif

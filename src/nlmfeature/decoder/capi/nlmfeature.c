@@ -63,6 +63,9 @@ struct nlm_session {
     const struct nlm_model* model;
     int active;
     memo_table memo;
+    int32_t* src;      /* joint models: the source sentence of nlm_session_begin_source */
+    int nsrc;
+    int src_cap;
 };
 
 static __thread char g_error[2048];
@@ -488,6 +491,7 @@ NLM_API void nlm_session_free(nlm_session* session) {
     g_vt->session_free(session->cs);
     free(session->memo.slots);
     m = (struct nlm_model*)session->model;
+    free(session->src);
     free(session);
     pthread_mutex_lock(&g_model_lock);
     release = --m->sessions == 0 && m->freed;
@@ -508,6 +512,7 @@ NLM_API int nlm_session_begin(nlm_session* session, int64_t sentence_id) {
                     session->model->vm->path);
     }
     memo_clear(&session->memo);
+    session->nsrc = 0;  /* joint models: nlm_session_begin_source gives the source */
     session->active = 1;
     return NLM_OK;
 }
@@ -642,6 +647,53 @@ NLM_API double nlm_score_span(nlm_session* session, const int32_t* hist, int nhi
     memcpy(slot + 2, key, sizeof(int32_t) * (size_t)n);
     memcpy(slot + 2 + t->max_key, &v, sizeof v);
     return v;
+}
+
+/* ---- joint models --------------------------------------------------------------------- */
+
+NLM_API int nlm_model_source_window(const nlm_model* model) { return model ? model->vm->src_window : 0; }
+
+NLM_API int32_t nlm_model_source_vocab_size(const nlm_model* model) {
+    return model ? model->vm->src_vocab_size : 0;
+}
+
+NLM_API int32_t nlm_source_word_id(const nlm_model* model, const char* word, size_t len) {
+    int32_t id;
+    if (!model || !model->vm->src_window || (!word && len)) return NLM_UNK;
+    id = g_vt->source_find(model->vm, word ? word : "", len);
+    return id < 0 ? model->vm->src_unk : id;
+}
+
+NLM_API int nlm_session_begin_source(nlm_session* session, int64_t sentence_id, const int32_t* source, int n) {
+    int rc;
+    if (!session) return fail(NLM_ERR_ARGUMENT, "nlm_session_begin_source: NULL session");
+    if (!session->model->vm->src_window)
+        return fail(NLM_ERR_ARGUMENT, "nlm_session_begin_source: %s is not a joint model",
+                    session->model->vm->path);
+    if (n < 0 || (n > 0 && !source))
+        return fail(NLM_ERR_ARGUMENT, "nlm_session_begin_source: NULL source or negative length");
+    rc = nlm_session_begin(session, sentence_id);
+    if (rc != NLM_OK) return rc;
+    if (n > session->src_cap) {
+        int32_t* p = (int32_t*)realloc(session->src, sizeof(int32_t) * (size_t)n);
+        if (!p) { session->active = 0; return fail(NLM_ERR_MEMORY, "out of memory"); }
+        session->src = p;
+        session->src_cap = n;
+    }
+    if (n) memcpy(session->src, source, sizeof(int32_t) * (size_t)n);
+    session->nsrc = n;
+    return NLM_OK;
+}
+
+NLM_API double nlm_joint_score(nlm_session* session, const int32_t* context, int n, int32_t word,
+                               int affiliation) {
+    static const int32_t none[1] = {0};
+    if (!session) { fail(NLM_ERR_ARGUMENT, "nlm_joint_score: NULL session"); return NAN; }
+    if (n < 0) n = 0;
+    if (n && !context) { fail(NLM_ERR_ARGUMENT, "nlm_joint_score: NULL context with n = %d", n); return NAN; }
+    if (affiliation > session->nsrc) affiliation = session->nsrc;
+    return g_vt->joint_score(session->cs, session->nsrc ? session->src : none, session->nsrc,
+                             affiliation, n ? context : none, n, word);
 }
 
 NLM_API int nlm_session_stats(nlm_session* session, nlm_stats* stats) {

@@ -274,6 +274,40 @@ double nlm_score_span(nlm_session* session, const int32_t* hist, int nhist, int 
 /** Copy the session's counters into *stats (set stats->struct_size first). */
 int nlm_session_stats(nlm_session* session, nlm_stats* stats);
 
+/* ---- joint models (NNJM) --------------------------------------------------------------
+ * A joint model (trained with `nlmfeature train --source ... --alignment ...`) scores a
+ * target word given its n-1 previous target words AND the w = 2m+1 source words around the
+ * word's affiliated source position.  Source words have their own vocabulary (ids 0..3 are
+ * <unk>, <s>, </s>, <null> there too).  Per sentence, give the source once with
+ * nlm_session_begin_source; per word, give its affiliation: the source position (0-based)
+ * it is affiliated with (Devlin et al. 2014: its aligned source word, the middle one of
+ * several; an unaligned word takes its nearest aligned neighbour's, right first), or the
+ * source length for the target </s>.  Positions beyond the sentence read <s> (left) and
+ * </s> (right).  An affiliation < 0 means "unknown": the window is all <null> (a
+ * future-cost estimate).  Exact decoder state: the last n-1 target ids plus, for the words
+ * whose scores are not yet final, their affiliations -- no hashes needed.
+ * nlm_score / nlm_score_partial / nlm_score_sequence on a joint model use the <null> window;
+ * nlm_score_padded takes the full context: w source-window ids, then n-1 target ids.
+ * The persistent cache works as for target-only models (its keys hold the window). */
+
+/** w = 2m+1, the number of source words a joint model sees; 0 for a target-only model. */
+int nlm_model_source_window(const nlm_model* model);
+
+/** Source vocabulary size of a joint model (0 for a target-only model). */
+int32_t nlm_model_source_vocab_size(const nlm_model* model);
+
+/** Source-vocabulary id of a UTF-8 word, or the source <unk> (0) if unknown. */
+int32_t nlm_source_word_id(const nlm_model* model, const char* word, size_t len);
+
+/** nlm_session_begin plus the source sentence: `n` source-vocabulary ids (copied). */
+int nlm_session_begin_source(nlm_session* session, int64_t sentence_id, const int32_t* source, int n);
+
+/** Natural-log score of `word` after the target `context` (n ids, oldest first, padded as
+ *  nlm_score does) given the source window around position `affiliation` of the sentence
+ *  passed to nlm_session_begin_source (0..len: len is the source </s>; < 0: unknown). */
+double nlm_joint_score(nlm_session* session, const int32_t* context, int n, int32_t word,
+                       int affiliation);
+
 #ifdef __cplusplus
 }
 #endif

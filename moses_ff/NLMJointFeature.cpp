@@ -1,0 +1,287 @@
+// NLMJointFeature: an nlmfeature joint model as a stateful Moses feature (see NLMJointFeature.h).
+#include "NLMJointFeature.h"
+
+#include <algorithm>
+#include <cstring>
+#include <iostream>
+#include <set>
+#include <sstream>
+
+#include "moses/AlignmentInfo.h"
+#include "moses/FactorCollection.h"
+#include "moses/Hypothesis.h"
+#include "moses/InputPath.h"
+#include "moses/InputType.h"
+#include "moses/Phrase.h"
+#include "moses/Range.h"
+#include "moses/ScoreComponentCollection.h"
+#include "moses/Sentence.h"
+#include "moses/TargetPhrase.h"
+#include "moses/TranslationTask.h"
+#include "moses/Util.h"
+#include "util/exception.hh"
+
+#include <nlmfeature.h>
+
+namespace Moses
+{
+
+struct NLMJointFeature::ThreadSession {
+  nlm_session *session;
+  nlm_stats last;
+  ThreadSession() : session(NULL) {
+    std::memset(&last, 0, sizeof last);
+    last.struct_size = sizeof(nlm_stats);
+  }
+  ~ThreadSession() { nlm_session_free(session); }
+};
+
+NLMJointFeature::NLMJointFeature(const std::string &line)
+  : StatefulFeatureFunction(1, line)
+  , m_persistentMaxBytes(0)
+  , m_cacheEntries(-1)
+  , m_factorType(0)
+  , m_sourceFactorType(0)
+  , m_verify(true)
+  , m_stats(false)
+  , m_model(NULL)
+  , m_context(0)
+{
+  ReadParameters();
+  UTIL_THROW_IF2(m_path.empty(), "NLMJointFeature: the feature line needs path=/abs/joint.nlm");
+}
+
+NLMJointFeature::~NLMJointFeature()
+{
+  m_sessions.reset();
+  nlm_model_free(m_model);
+}
+
+void NLMJointFeature::SetParameter(const std::string& key, const std::string& value)
+{
+  if (key == "path") {
+    m_path = value;
+  } else if (key == "factor") {
+    m_factorType = Scan<FactorType>(value);
+  } else if (key == "source-factor") {
+    m_sourceFactorType = Scan<FactorType>(value);
+  } else if (key == "cache-entries") {
+    m_cacheEntries = Scan<int64_t>(value);
+  } else if (key == "persistent-cache") {
+    m_persistentCache = value;
+  } else if (key == "persistent-cache-max") {
+    m_persistentMaxBytes = NLMParseBytes(value);
+  } else if (key == "verify") {
+    m_verify = Scan<bool>(value);
+  } else if (key == "stats") {
+    m_stats = Scan<bool>(value);
+  } else {
+    StatefulFeatureFunction::SetParameter(key, value);
+  }
+}
+
+void NLMJointFeature::Load(AllOptions::ptr const& opts)
+{
+  m_options = opts;
+  UTIL_THROW_IF2(nlm_abi_version() != NLM_ABI_VERSION,
+                 "NLMJointFeature: libnlmfeature has ABI " << nlm_abi_version() << " but Moses was built with "
+                 << NLM_ABI_VERSION << "; rebuild Moses against the installed nlmfeature");
+  nlm_load_options lo;
+  nlm_load_options_init(&lo);
+  lo.verify = m_verify ? 1 : 0;
+  int rc = nlm_model_load_ex(m_path.c_str(), &lo, &m_model);
+  UTIL_THROW_IF2(rc != NLM_OK, "NLMJointFeature " << GetScoreProducerDescription() << ": cannot load "
+                 << m_path << ": " << nlm_last_error());
+  UTIL_THROW_IF2(nlm_model_source_window(m_model) <= 0, "NLMJointFeature: " << m_path
+                 << " is a target-only model: use NLMFeature for it");
+  m_context = nlm_model_state_size(m_model);
+  UTIL_THROW_IF2(m_context > NLMJointState::MAX_CONTEXT, "NLMJointFeature: model order above 16");
+  FactorCollection &collection = FactorCollection::Instance();
+  const int32_t V = nlm_model_vocab_size(m_model);
+  for (int32_t v = 0; v < V; ++v) {
+    size_t len = 0;
+    const char *w = nlm_vocab_word(m_model, v, &len);
+    if (v == NLM_NULL) continue;
+    size_t id = collection.AddFactor(StringPiece(w, len))->GetId();
+    if (id >= m_lookup.size()) m_lookup.resize(id + 1, NLM_UNK);
+    m_lookup[id] = v;
+  }
+  Session();
+}
+
+bool NLMJointFeature::IsUseable(const FactorMask &mask) const
+{
+  return mask[m_factorType];
+}
+
+nlm_session *NLMJointFeature::Session() const
+{
+  ThreadSession *ts = m_sessions.get();
+  if (!ts) {
+    nlm_session_options o;
+    nlm_session_options_init(&o);
+    if (m_cacheEntries >= 0) o.cache_entries = m_cacheEntries;
+    if (!m_persistentCache.empty()) o.persistent_cache = m_persistentCache.c_str();
+    o.persistent_max_bytes = m_persistentMaxBytes;
+    nlm_session *s = NULL;
+    int rc = nlm_session_new(m_model, &o, &s);
+    UTIL_THROW_IF2(rc != NLM_OK, "NLMJointFeature " << GetScoreProducerDescription() << ": " << nlm_last_error());
+    ts = new ThreadSession();
+    ts->session = s;
+    m_sessions.reset(ts);
+  }
+  return ts->session;
+}
+
+void NLMJointFeature::Affiliations(const TargetPhrase &phrase, size_t start, size_t srcLen,
+                                   std::vector<int> &out)
+{
+  const size_t n = phrase.GetSize();
+  out.assign(n, -1);
+  const AlignmentInfo &ai = phrase.GetAlignTerm();
+  std::vector<int> own(n, -1);
+  bool any = false;
+  for (size_t j = 0; j < n; ++j) {
+    std::set<size_t> links = ai.GetAlignmentsForTarget(j);
+    if (links.empty()) continue;
+    std::set<size_t>::const_iterator it = links.begin();
+    std::advance(it, links.size() / 2);  // the middle one; the right one of two middle ones
+    own[j] = static_cast<int>(start + *it);
+    any = true;
+  }
+  for (size_t j = 0; j < n; ++j) {
+    if (!any) {  // no alignment point: proportional position in the source span
+      size_t p = srcLen ? std::min(srcLen - 1, j * srcLen / n) : 0;
+      out[j] = static_cast<int>(start + p);
+    } else if (own[j] >= 0) {
+      out[j] = own[j];
+    } else {     // nearest aligned word, the right one on ties
+      for (size_t d = 1; d < n; ++d) {
+        if (j + d < n && own[j + d] >= 0) { out[j] = own[j + d]; break; }
+        if (j >= d && own[j - d] >= 0) { out[j] = own[j - d]; break; }
+      }
+    }
+  }
+}
+
+const FFState* NLMJointFeature::EmptyHypothesisState(const InputType &/*input*/) const
+{
+  NLMJointState *s = new NLMJointState();
+  if (m_context > 0) {
+    s->ids[0] = NLM_BOS;
+    s->size = 1;
+  }
+  return s;
+}
+
+void NLMJointFeature::EvaluateWithSourceContext(const InputType &/*input*/, const InputPath &inputPath,
+                                                const TargetPhrase &targetPhrase, const StackVec * /*stackVec*/,
+                                                ScoreComponentCollection &scoreBreakdown,
+                                                ScoreComponentCollection *estimatedScores) const
+{
+  const size_t n = targetPhrase.GetSize();
+  if (!n) return;
+  const Range &range = inputPath.GetWordsRange();
+  std::vector<int> aff;
+  Affiliations(targetPhrase, range.GetStartPos(), range.GetNumWordsCovered(), aff);
+  nlm_session *s = Session();
+  std::vector<int32_t> ids;
+  ids.reserve(n);
+  double final = 0, estimate = 0;
+  for (size_t j = 0; j < n; ++j) {
+    const Word &word = targetPhrase.GetWord(j);
+    UTIL_THROW_IF2(word.IsNonTerminal(), "NLMJointFeature supports phrase-based decoding only");
+    int32_t id = Id(word);
+    // the real source window; the target context is the phrase so far (<null>-padded)
+    double v = nlm_joint_score(s, ids.empty() ? NULL : &ids[0], static_cast<int>(ids.size()), id, aff[j]);
+    if (j >= static_cast<size_t>(m_context)) final += v;
+    else estimate += v;
+    ids.push_back(id);
+  }
+  scoreBreakdown.PlusEquals(this, static_cast<float>(final));
+  if (estimatedScores) estimatedScores->PlusEquals(this, static_cast<float>(estimate));
+}
+
+FFState* NLMJointFeature::EvaluateWhenApplied(const Hypothesis &hypo, const FFState *ps,
+                                              ScoreComponentCollection *out) const
+{
+  const NLMJointState &in = static_cast<const NLMJointState&>(*ps);
+  NLMJointState *ret = new NLMJointState(in);
+  const size_t len = hypo.GetCurrTargetLength();
+  const bool complete = hypo.IsSourceCompleted();
+  if (!len && !complete) return ret;
+
+  nlm_session *s = Session();
+  const TargetPhrase &phrase = hypo.GetCurrTargetPhrase();
+  const Range &range = hypo.GetCurrSourceWordsRange();
+  std::vector<int> aff;
+  Affiliations(phrase, range.GetStartPos(), range.GetNumWordsCovered(), aff);
+  int32_t stack[64];
+  std::vector<int32_t> heap;
+  int32_t *hist = stack;
+  const size_t total = in.size + len;
+  if (total > 64) {
+    heap.resize(total);
+    hist = &heap[0];
+  }
+  std::memcpy(hist, in.ids, sizeof(int32_t) * in.size);
+  for (size_t j = 0; j < len; ++j) hist[in.size + j] = Id(phrase.GetWord(j));
+
+  // the first n-1 words had only an estimate: score them with the real history now
+  double score = 0;
+  const size_t rescored = std::min(len, static_cast<size_t>(m_context));
+  for (size_t j = 0; j < rescored; ++j)
+    score += nlm_joint_score(s, hist, static_cast<int>(in.size + j), hist[in.size + j], aff[j]);
+  if (complete)  // </s>, affiliated with the source </s> (the position after the sentence)
+    score += nlm_joint_score(s, hist, static_cast<int>(total), NLM_EOS, 1 << 30);
+
+  const size_t keep = std::min(total, static_cast<size_t>(m_context));
+  std::memcpy(ret->ids, hist + (total - keep), sizeof(int32_t) * keep);
+  ret->size = static_cast<int32_t>(keep);
+  out->PlusEquals(this, static_cast<float>(score));
+  return ret;
+}
+
+FFState* NLMJointFeature::EvaluateWhenApplied(const ChartHypothesis &/*hypo*/, int /*featureID*/,
+                                              ScoreComponentCollection * /*accumulator*/) const
+{
+  UTIL_THROW2("NLMJointFeature supports phrase-based decoding only (not moses_chart)");
+}
+
+void NLMJointFeature::InitializeForInput(ttasksptr const& ttask)
+{
+  const InputType &input = *ttask->GetSource();
+  const Sentence *sent = dynamic_cast<const Sentence*>(&input);
+  UTIL_THROW_IF2(!sent, "NLMJointFeature needs plain sentence input (not lattices or confusion networks)");
+  std::vector<int32_t> src(sent->GetSize());
+  for (size_t i = 0; i < sent->GetSize(); ++i) {
+    const StringPiece w = sent->GetWord(i).GetFactor(m_sourceFactorType)->GetString();
+    src[i] = nlm_source_word_id(m_model, w.data(), w.size());
+  }
+  int rc = nlm_session_begin_source(Session(), input.GetTranslationId(), src.empty() ? NULL : &src[0],
+                                    static_cast<int>(src.size()));
+  UTIL_THROW_IF2(rc != NLM_OK, "NLMJointFeature: " << nlm_last_error());
+}
+
+void NLMJointFeature::CleanUpAfterSentenceProcessing(ttasksptr const& ttask)
+{
+  nlm_session *s = Session();
+  nlm_session_end(s);
+  if (m_stats) {
+    ThreadSession *ts = m_sessions.get();
+    nlm_stats now;
+    now.struct_size = sizeof now;
+    nlm_session_stats(s, &now);
+    std::ostringstream msg;
+    msg << "NLMJointFeature " << GetScoreProducerDescription() << " sentence "
+        << ttask->GetSource()->GetTranslationId()
+        << " lookups=" << now.lookups - ts->last.lookups
+        << " ngram_hits=" << now.ngram_hits - ts->last.ngram_hits
+        << " context_hits=" << now.context_hits - ts->last.context_hits
+        << " context_misses=" << now.context_misses - ts->last.context_misses << "\n";
+    std::cerr << msg.str();
+    ts->last = now;
+  }
+}
+
+}  // namespace Moses

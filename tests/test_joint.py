@@ -1,0 +1,301 @@
+"""Joint models (NNJM): affiliation, file format, scorers, training on real parallel text
+(Multi30k German-English slice with its real word alignment), perplexity against a
+target-only model trained the same way, the C API and k-best rescoring."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import nlmfeature
+from nlmfeature.core import modelfile
+from nlmfeature.core.architecture import ModelSpec, precompute_tables, random_model
+from nlmfeature.errors import InputError, ModelFileError
+from nlmfeature.core.joint import (JointModel, affiliations, joint_sentence_logprobs, parse_alignment,
+                              read_parallel, source_windows)
+from nlmfeature.training.corpus import build_vocabulary
+from nlmfeature.training.trainer import TrainConfig, train
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+M30K = os.path.join(HERE, "data", "multi30k")
+TRAIN = {k: os.path.join(M30K, f"train.3k.{k}.gz") for k in ("de", "en", "align")}
+TEST = {k: os.path.join(M30K, f"test2016.200.{k}") for k in ("de", "en", "align")}
+ROOT = os.path.dirname(HERE)
+
+
+# -- affiliation ------------------------------------------------------------------------------
+def test_affiliation_follows_devlin_2014():
+    # one link; several links -> the middle one (the right one of two); </s> -> source </s>
+    assert affiliations(5, 3, [(0, 0), (1, 1), (3, 1), (2, 2), (4, 2)]).tolist() == [0, 3, 4, 5]
+    assert affiliations(5, 1, [(0, 0), (2, 0), (4, 0)]).tolist() == [2, 5]
+    # unaligned words inherit the nearest aligned word's affiliation, the right one on ties
+    assert affiliations(4, 5, [(0, 0), (3, 4)]).tolist() == [0, 0, 3, 3, 3, 4]
+    assert affiliations(4, 4, [(1, 1)]).tolist() == [1, 1, 1, 1, 4]
+    # no alignment point at all: the proportional position
+    assert affiliations(4, 2, []).tolist() == [0, 2, 4]
+
+
+def test_windows_pad_with_sentence_boundaries_and_native_agrees(tmp_path):
+    model = _random_joint(tmp_path, window=5)
+    sv = model.source_vocab
+    src = sv.ids("ein mann mit einem orangefarbenen hut".split())
+    for aff in range(-1, len(src) + 1):
+        native = model.native.source_window_ids(src, aff)
+        if aff < 0:
+            assert native.tolist() == [sv.null] * 5
+            continue
+        ref = source_windows(src, np.array([aff]), 5, sv.bos, sv.eos)[0]
+        assert native.tolist() == ref.tolist()
+    assert source_windows(src, np.array([0]), 5, sv.bos, sv.eos)[0].tolist()[:3] == [sv.bos, sv.bos, src[0]]
+    # scoring without a source (Model.score, nlm_score): the <null> window
+    ctx, words = model.sentence_ngrams("ein mann", "a man with", "0-0 1-1")
+    ctx[:, :5] = sv.null
+    assert model.score(["<s>", "a", "man"], "with") == pytest.approx(model.score_batch(ctx[2:3], words[2:3])[0], abs=1e-5)
+    from nlmfeature.decoder.pcache import CachedScorer  # target-only by design
+    with pytest.raises(ValueError, match="target-only"):
+        CachedScorer(model)
+    assert source_windows(src, np.array([len(src)]), 5, sv.bos, sv.eos)[0].tolist()[2:] == [sv.eos] * 3
+
+
+# -- format and scorers -----------------------------------------------------------------------
+def _vocabs():
+    srcs, tgts, _ = read_parallel(TRAIN["de"], TRAIN["en"], TRAIN["align"])
+    tv, tc = build_vocabulary(tgts, 2)
+    sv, sc = build_vocabulary(srcs, 2)
+    return tv, tc, sv, sc
+
+
+def _random_joint(tmp_path, window=7, tables=True, name="joint.nlm", **fields) -> JointModel:
+    tv, tc, sv, sc = _vocabs()
+    spec = dict(arch="nplm", order=4, word_width=16, hidden=24, output="class", classes=20)
+    spec.update(fields)
+    header, arrays = random_model(ModelSpec(source_window=window, **spec), tv, tc, seed=3, scale=0.3,
+                                  source_vocab=sv, source_counts=sc)
+    if tables:
+        precompute_tables(header, arrays, diagonal=True)
+    path = str(tmp_path / name)
+    nlmfeature.save(path, header, arrays)
+    return nlmfeature.load(path)
+
+
+@pytest.mark.parametrize("fields", [
+    dict(arch="nplm", output="class", classes=20, hidden_layers=[12]),
+    dict(arch="lbl", output="softmax", diagonal_contexts=True),
+    dict(arch="lbl", output="tree"),
+    dict(arch="lateral", output="unnormalised", branches=2, combine="mul"),
+])
+def test_native_tables_and_batch_scorers_agree(tmp_path, fields):
+    with_tables = _random_joint(tmp_path, name="t.nlm", **fields)
+    without = _random_joint(tmp_path, tables=False, name="n.nlm", **fields)
+    assert isinstance(with_tables, JointModel) and with_tables.window == 7
+    with open(with_tables.path, "rb") as f:
+        assert int.from_bytes(f.read(12)[8:], "little") == 2       # joint models: version 2
+    src, tgt = [l.strip() for l in open(TEST["de"])][:3], [l.strip() for l in open(TEST["en"])][:3]
+    al = [l.strip() for l in open(TEST["align"])][:3]
+    for s, t, a in zip(src, tgt, al):
+        one = with_tables.score_sentence(s, t, a)
+        assert len(one) == len(t.split()) + 1
+        assert np.allclose(one, without.score_sentence(s, t, a), atol=2e-5)
+        ctx, words = with_tables.sentence_ngrams(s, t, a)
+        assert ctx.shape == (len(words), 7 + 3)
+        assert np.allclose(one, with_tables.score_batch(ctx, words), atol=2e-5)
+        assert np.allclose(one, without.score_batch(ctx, words), atol=2e-5)
+        # the source matters: another sentence's source changes the scores
+        other = with_tables.score_sentence(src[(src.index(s) + 1) % 3], t, "")
+        assert not np.allclose(one, other)
+
+
+def test_target_only_models_stay_format_version_1(tmp_path):
+    tv, tc, _, _ = _vocabs()
+    header, arrays = random_model(ModelSpec(order=3, word_width=8), tv, tc)
+    path = str(tmp_path / "lm.nlm")
+    nlmfeature.save(path, header, arrays)
+    with open(path, "rb") as f:
+        assert int.from_bytes(f.read(12)[8:], "little") == 1
+    assert type(nlmfeature.load(path)) is nlmfeature.Model
+
+
+def test_version_and_header_must_match(tmp_path):
+    m = _random_joint(tmp_path, tables=False)
+    data = bytearray(open(m.path, "rb").read())
+    data[8:12] = (1).to_bytes(4, "little")        # a joint model claiming version 1
+    bad = tmp_path / "bad.nlm"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ModelFileError, match="version 1 does not match"):
+        nlmfeature.load(str(bad))
+
+
+# -- bad input --------------------------------------------------------------------------------
+def test_parallel_text_errors_name_file_and_line(tmp_path):
+    de, en, al = tmp_path / "x.de", tmp_path / "x.en", tmp_path / "x.align"
+    de.write_text("ein hund\nzwei katzen\n")
+    en.write_text("a dog\ntwo cats\n")
+    al.write_text("0-0 1-1\n")
+    with pytest.raises(InputError, match=r"x.align:2: ends here"):
+        read_parallel(str(de), str(en), str(al))
+    al.write_text("0-0 1-1\n0-0 2-1\n")
+    with pytest.raises(InputError, match=r"x.align:2: alignment point '2-1' lies outside"):
+        read_parallel(str(de), str(en), str(al))
+    al.write_text("0-0 1-1\n0:0\n")
+    with pytest.raises(InputError, match=r"x.align:2: alignment point '0:0' is not of the form"):
+        read_parallel(str(de), str(en), str(al))
+    with pytest.raises(InputError, match="outside"):
+        parse_alignment("0-5", 2, 2)
+
+
+# -- training on real parallel text -----------------------------------------------------------
+SMALL = dict(arch="nplm", order=4, word_width=32, hidden=64, output="class", classes=30,
+             noise_samples=10, iterations=3, minibatch_size=200, step_size=0.1, threads=1,
+             progress=False, min_count=2)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A joint model and a target-only model trained identically on the 3k-pair slice."""
+    d = tmp_path_factory.mktemp("joint_train")
+    joint = TrainConfig(train=TRAIN["en"], source=TRAIN["de"], alignment=TRAIN["align"],
+                        test_set=TEST["en"], test_source=TEST["de"], test_alignment=TEST["align"],
+                        model_out=str(d / "joint.nlm"), source_window=5, **SMALL)
+    lm = TrainConfig(train=TRAIN["en"], test_set=TEST["en"], model_out=str(d / "lm.nlm"), **SMALL)
+    return train(joint, log=lambda m: None), train(lm, log=lambda m: None)
+
+
+def test_joint_model_beats_target_only_model_on_test2016(trained):
+    rj, rl = trained
+    jm, lm = nlmfeature.load(rj.model_out), nlmfeature.load(rl.model_out)
+    assert jm.vocab == lm.vocab and jm.window == 5 and jm.header["metadata"]["affiliation"] == "devlin2014"
+    triples = list(zip(open(TEST["de"]), open(TEST["en"]), open(TEST["align"])))
+    pj = jm.perplexity((s, t, a.strip()) for s, t, a in triples)
+    pl = lm.perplexity(t for _, t, _ in triples)
+    assert pj.tokens == pl.tokens and pj.oovs == pl.oovs
+    # the trainer's held-out figure is the scorer's
+    assert pj.perplexity == pytest.approx(rj.best_perplexity, rel=1e-4)
+    print(f"test2016[:200] perplexity: joint {pj.perplexity:.2f}, target-only {pl.perplexity:.2f}")
+    assert pj.perplexity < 0.8 * pl.perplexity, (pj.perplexity, pl.perplexity)
+
+
+def test_perplexity_command_compares_joint_and_target_only(trained):
+    rj, rl = trained
+    out = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "perplexity", "--model", rj.model_out,
+                          "--test", TEST["en"], "--source", TEST["de"], "--alignment", TEST["align"],
+                          "--compare", rl.model_out, "--json"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    rows = {r["model"]: r for r in res["rows"]}
+    assert rows["joint"]["perplexity"] == pytest.approx(rj.best_perplexity, rel=1e-4)
+    assert res["ratio"] == pytest.approx(rows["joint"]["perplexity"] / rows["target-only"]["perplexity"])
+    missing = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "perplexity", "--model",
+                              rj.model_out, "--test", TEST["en"]], capture_output=True, text=True, cwd=ROOT)
+    assert missing.returncode == 2 and "--source" in missing.stderr
+    # nlmfeature score: one total per line, as JointModel.sentence_logprob
+    out = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "score", "--model", rj.model_out, "--input",
+                          TEST["en"], "--source", TEST["de"], "--alignment", TEST["align"]],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    jm = nlmfeature.load(rj.model_out)
+    totals = [float(x) for x in out.stdout.split()]
+    assert len(totals) == 200
+    for (s, t, a), v in list(zip(zip(open(TEST["de"]), open(TEST["en"]), open(TEST["align"])), totals))[:20]:
+        assert v == pytest.approx(jm.sentence_logprob(s, t, a.strip()), abs=1e-4)
+    out = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "score", "--model", rj.model_out, "--input",
+                          TEST["en"]], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2 and "is a joint model" in out.stderr
+
+
+# -- C API ------------------------------------------------------------------------------------
+def _config(*flags):
+    out = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "config", *flags], check=True,
+                         capture_output=True, text=True, cwd=ROOT)
+    return shlex.split(out.stdout)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+def test_c_api_scores_equal_python(trained, tmp_path):
+    rj, _ = trained
+    jm = nlmfeature.load(rj.model_out)
+    exe = str(tmp_path / "test_joint")
+    subprocess.run(["cc", "-O1", "-Wall", "-Werror", *_config("--cflags"), os.path.join(HERE, "c", "test_joint.c"),
+                    "-o", exe, *_config("--libs")], check=True)
+    rows = list(zip(open(TEST["de"]), open(TEST["en"]), open(TEST["align"])))[:40]
+    feed = tmp_path / "feed.txt"
+    with open(feed, "w") as f:
+        for s, t, a in rows:
+            aff = affiliations(len(s.split()), len(t.split()), parse_alignment(a, len(s.split()), len(t.split())))
+            f.write(f"{s.strip()}\t{t.strip()}\t{' '.join(map(str, aff))}\n")
+    p = subprocess.run([exe, rj.model_out, str(feed)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert "window=5" in p.stderr
+    c_scores = [[float(x) for x in line.split()] for line in p.stdout.splitlines()]
+    assert len(c_scores) == len(rows)
+    for (s, t, a), cs in zip(rows, c_scores):
+        assert np.allclose(cs, jm.score_sentence(s, t, a.strip()), atol=1e-5)
+    # through the persistent cache: the first run writes, the second reads (keys hold the
+    # source window, so a second run's scores are the joint scores, not another window's)
+    env = dict(os.environ, NLMFEATURE_PERSISTENT_CACHE="always")
+    cache = f"cache={tmp_path / 'pcache'}"
+    for run in range(2):
+        p = subprocess.run([exe, rj.model_out, str(feed), cache], capture_output=True, text=True, env=env)
+        assert p.returncode == 0, p.stderr
+        assert [[float(x) for x in line.split()] for line in p.stdout.splitlines()] == c_scores
+        hits = int(p.stderr.split("persistent_hits=")[1].split()[0])
+        assert (hits == 0) if run == 0 else (hits == sum(len(cs) for cs in c_scores)), p.stderr
+    # nlm_score on a joint model: the <null> window (affiliation unknown)
+    p = subprocess.run([exe, rj.model_out, str(feed), "null"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    s, t, a = rows[0]
+    ctx, words = jm.sentence_ngrams(s, t, a.strip())
+    ctx[:, :5] = jm.source_vocab.null
+    expect = jm.score_batch(ctx, words)
+    assert np.allclose([float(x) for x in p.stdout.splitlines()[0].split()], expect, atol=1e-5)
+
+
+# -- rescoring --------------------------------------------------------------------------------
+def test_rescoring_adds_the_joint_feature(trained, tmp_path):
+    rj, rl = trained
+    jm = nlmfeature.load(rj.model_out)
+    rows = list(zip(open(TEST["de"]), open(TEST["en"]), open(TEST["align"])))[:10]
+    kb = tmp_path / "list.nbest"
+    src = tmp_path / "src.de"
+    src.write_text("".join(s for s, _, _ in rows))
+    lines, expect = [], []
+    for sid, (s, t, a) in enumerate(rows):
+        t, a = t.strip(), a.strip()
+        words = t.split()
+        # the reference and a variant without its last word (alignment points on it dropped)
+        for hyp, al in ((t, a), (" ".join(words[:-1]), " ".join(p for p in a.split()
+                                                                  if int(p.split("-")[1]) < len(words) - 1))):
+            lines.append(f"{sid} ||| {hyp} ||| LM0= -1.5 ||| -1.5 ||| {al}")
+            expect.append(jm.sentence_logprob(s, hyp, al))
+    kb.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out.nbest"
+    p = subprocess.run([sys.executable, "-m", "nlmfeature.mt.rescore", "-m", rj.model_out, "-m", rl.model_out,
+                        "--source", str(src), "-i", str(kb), "-o", str(out), "-q"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    got = []
+    for line in out.read_text().splitlines():
+        fields = line.split("|||")
+        feats = fields[2].split()
+        got.append(float(feats[feats.index("NLM0=") + 1]))
+        assert fields[4].strip() in (l.split("|||")[4].strip() for l in lines)  # alignment kept
+    assert np.allclose(got, expect, atol=1e-4)
+    assert np.allclose(joint_sentence_logprobs(jm, [s.split() for s, _, _ in rows],
+                                               [t.split() for _, t, _ in rows],
+                                               [parse_alignment(a, len(s.split()), len(t.split()))
+                                                for s, t, a in rows]),
+                       expect[::2], atol=1e-4)
+    # without the source, or without alignments: clear errors
+    p = subprocess.run([sys.executable, "-m", "nlmfeature.mt.rescore", "-m", rj.model_out, "-i", str(kb), "-q"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 2 and "--source" in p.stderr
+    kb.write_text("0 ||| a dog ||| LM0= -1 ||| -1\n")
+    p = subprocess.run([sys.executable, "-m", "nlmfeature.mt.rescore", "-m", rj.model_out, "--source", str(src),
+                        "-i", str(kb), "-q"], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 2 and "list.nbest:1" in p.stderr and "print-alignment-info-in-n-best" in p.stderr
