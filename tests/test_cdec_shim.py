@@ -44,7 +44,7 @@ def shim(tmp_path_factory) -> str:
     # flags of the package under test (the `nlmfeature` script on PATH may be another install's)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
     p = subprocess.run(["make", f"CDEC_ROOT={CDEC_ROOT}", f"CDEC_BUILD={CDEC_BUILD}",
-                        f"NLMFEATURE={sys.executable} -m nlmfeature.cli"], cwd=d, env=env,
+                        f"NLMFEATURE={sys.executable} -m nlmfeature.cli", "libcdec_ff_nlm.so"], cwd=d, env=env,
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     lib = str(d / "libcdec_ff_nlm.so")
