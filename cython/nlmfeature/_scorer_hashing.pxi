@@ -1,0 +1,161 @@
+# Included by _scorer.pyx (one compilation unit): Hashing: the vocabulary lookup table, direct n-gram feature hashes, cache-key hashes.
+
+# ---------------------------------------------------------------------------------------
+# hashing: vocabulary lookup, direct n-gram features, cache keys
+# ---------------------------------------------------------------------------------------
+
+cdef uint64_t splitmix64(uint64_t x) noexcept nogil:
+    x += 0x9E3779B97F4A7C15ULL
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL
+    return x ^ (x >> 31)
+
+
+cdef inline uint64_t fnv1a(const char* s, int64_t n) noexcept nogil:
+    cdef uint64_t h = 0xcbf29ce484222325ULL
+    cdef int64_t i
+    for i in range(n):
+        h = (h ^ <unsigned char>s[i]) * 0x100000001b3ULL
+    return h
+
+
+cdef int64_t nlm_vocab_find(const int64_t* offsets, const unsigned char* data, const int32_t* table,
+                            int64_t table_size, const char* word, int64_t length) noexcept nogil:
+    """Id of ``word`` (``length`` bytes) in the vocabulary hash table, or -1."""
+    cdef uint64_t mask = <uint64_t>table_size - 1
+    cdef uint64_t slot = fnv1a(word, length) & mask
+    cdef int32_t wid
+    cdef int64_t start, i
+    while True:
+        wid = table[slot]
+        if wid < 0:
+            return -1
+        start = offsets[wid]
+        if offsets[wid + 1] - start == length:
+            i = 0
+            while i < length and data[start + i] == <unsigned char>word[i]:
+                i += 1
+            if i == length:
+                return wid
+        slot = (slot + 1) & mask
+
+
+def vocab_hash_table(const int64_t[::1] offsets, const unsigned char[::1] data):
+    """Open-addressing table (FNV-1a 64, linear probing, -1 = empty) over the vocabulary."""
+    cdef int64_t n = offsets.shape[0] - 1
+    cdef int64_t size = 1
+    while size < 2 * n + 2:
+        size *= 2
+    table = np.full(size, -1, dtype=np.int32)
+    cdef int32_t[::1] t = table
+    cdef uint64_t mask = size - 1, slot
+    cdef int64_t w
+    for w in range(n):
+        slot = fnv1a(<const char*>&data[offsets[w]] if offsets[w + 1] > offsets[w] else <const char*>"",
+                     offsets[w + 1] - offsets[w]) & mask
+        while t[slot] >= 0:
+            slot = (slot + 1) & mask
+        t[slot] = <int32_t>w
+    return table
+
+
+def vocab_find(const int64_t[::1] offsets, const unsigned char[::1] data, const int32_t[::1] table,
+               bytes word):
+    """Look ``word`` (UTF-8 bytes) up in a table made by :func:`vocab_hash_table`; -1 if absent."""
+    cdef const char* w = word
+    cdef const unsigned char* d = <const unsigned char*>b""
+    if data.shape[0]:
+        d = &data[0]
+    return nlm_vocab_find(&offsets[0], d, &table[0], table.shape[0], w, len(word))
+
+
+cdef inline uint64_t direct_state0(int kind) noexcept nogil:
+    return splitmix64(<uint64_t>kind)
+
+
+cdef inline void direct_states(const ModelC* m, const int32_t* ctx, int kind, uint64_t* states) noexcept nogil:
+    """states[k] is the hash of the last k context words (k = 0 .. direct_order-1)."""
+    cdef int k
+    states[0] = direct_state0(kind)
+    for k in range(1, m.direct_order):
+        states[k] = splitmix64(states[k - 1] ^ <uint64_t>ctx[m.key_len - k])
+
+
+cdef inline uint64_t direct_index(const ModelC* m, uint64_t h) noexcept nogil:
+    """h mod hash_space; a mask when hash_space is a power of two (the usual case: the same
+    index without a 64-bit division, ~25 cycles per feature)."""
+    cdef uint64_t hs = <uint64_t>m.hash_space
+    if (hs & (hs - 1)) == 0:
+        return h & (hs - 1)
+    return h % hs
+
+
+cdef inline int direct_nonzero(const ModelC* m, uint64_t i) noexcept nogil:
+    return m.direct_nonzero == NULL or <int>((m.direct_nonzero[i >> 6] >> (i & 63)) & 1)
+
+
+cdef inline double direct_value(const ModelC* m, const uint64_t* states, int32_t target) noexcept nogil:
+    """Sum of the hashed direct-feature weights of ``target`` after the context whose hash
+    states are ``states``.  Zero weights (untrained n-grams, most of the table) are skipped
+    through the bitmap without touching the table: adding +-0.0 to a sum that is never
+    -0.0 leaves it unchanged, so the value is bit-identical."""
+    cdef double s = 0
+    cdef int k
+    cdef uint64_t t = (<uint64_t>target) << 32, i
+    for k in range(m.direct_order):
+        i = direct_index(m, splitmix64(states[k] ^ t))
+        if direct_nonzero(m, i):
+            s += m.direct_weights[i]
+    return s
+
+
+cdef inline void lines_prefetch(const void* p, size_t nbytes) noexcept nogil:
+    cdef size_t i
+    for i in range(0, nbytes, 64):
+        __builtin_prefetch(<const char*>p + i)
+
+
+cdef inline void direct_prefetch(const ModelC* m, const uint64_t* states, int32_t target) noexcept nogil:
+    """Start loading the direct-feature weights of ``target`` (random places in a table of
+    megabytes) so that the forward pass overlaps their cache misses."""
+    cdef int k
+    cdef uint64_t t = (<uint64_t>target) << 32
+    cdef uint64_t i
+    for k in range(m.direct_order):
+        i = direct_index(m, splitmix64(states[k] ^ t))
+        if direct_nonzero(m, i):
+            __builtin_prefetch(&m.direct_weights[i])
+
+
+def direct_feature_indices(const int32_t[:, ::1] contexts, const int32_t[::1] targets, int kind,
+                           int direct_order, int64_t hash_space):
+    """Indices into the direct-feature store for each (context, target): shape (N, direct_order).
+
+    ``contexts`` are padded contexts of n-1 ids; ``kind`` is 0 for word and 1 for class features.
+    Used by the batched scorer and by training, so both index exactly as the native scorer does.
+    """
+    cdef int64_t n = contexts.shape[0], i
+    cdef int ctx_len = contexts.shape[1], k
+    out = np.empty((n, direct_order), dtype=np.int64)
+    cdef int64_t[:, ::1] o = out
+    cdef uint64_t state, t
+    with nogil:
+        for i in range(n):
+            state = direct_state0(kind)
+            t = (<uint64_t>targets[i]) << 32
+            for k in range(direct_order):
+                if k > 0:
+                    state = splitmix64(state ^ <uint64_t>contexts[i, ctx_len - k])
+                o[i, k] = <int64_t>(splitmix64(state ^ t) % <uint64_t>hash_space)
+    return out
+
+
+cdef uint64_t key_hash(const int32_t* key, int n) noexcept nogil:
+    """Hash of an exact key of ``n`` ids: one multiply-xorshift step per id, then a
+    splitmix64 finaliser (the hash of every cache table and of the persistent cache files)."""
+    cdef uint64_t h = 0x9E3779B97F4A7C15ULL
+    cdef int i
+    for i in range(n):
+        h = (h + <uint32_t>key[i]) * 0xBF58476D1CE4E5B9ULL
+        h ^= h >> 31
+    return splitmix64(h)

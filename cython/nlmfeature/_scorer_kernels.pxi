@@ -1,0 +1,204 @@
+# Included by _scorer.pyx (one compilation unit): Small vector kernels (written so that gcc vectorises them) and activations.
+
+# ---------------------------------------------------------------------------------------
+# small kernels (written so that gcc vectorises them)
+# ---------------------------------------------------------------------------------------
+
+cdef inline float dotf(const float* a, const float* b, int n) noexcept nogil:
+    cdef float s = 0
+    cdef int i
+    for i in range(n):
+        s += a[i] * b[i]
+    return s
+
+
+cdef inline void addf(float* acc, const float* x, int n) noexcept nogil:
+    cdef int i
+    for i in range(n):
+        acc[i] += x[i]
+
+
+cdef inline void axpyf(float* acc, const float* x, float a, int n) noexcept nogil:
+    cdef int i
+    for i in range(n):
+        acc[i] += a * x[i]
+
+
+cdef inline void mulaccf(float* acc, const float* x, const float* y, int n) noexcept nogil:
+    cdef int i
+    for i in range(n):
+        acc[i] += x[i] * y[i]
+
+
+cdef inline void init_bias(float* v, const float* bias, int n) noexcept nogil:
+    if bias != NULL:
+        memcpy(v, bias, n * sizeof(float))
+    else:
+        memset(v, 0, n * sizeof(float))
+
+
+cdef void activate(float* v, int n, int act) noexcept nogil:
+    cdef int i
+    if act == ACT_RELU:
+        for i in range(n):
+            v[i] = v[i] if v[i] > 0 else 0
+    elif act == ACT_SIGMOID:
+        for i in range(n):
+            v[i] = 1.0 / (1.0 + expf(-v[i]))
+    elif act == ACT_TANH:
+        for i in range(n):
+            v[i] = tanhf(v[i])
+    elif act == ACT_HARDTANH:
+        for i in range(n):
+            v[i] = -1 if v[i] < -1 else (1 if v[i] > 1 else v[i])
+
+
+
+# Vector kernels in C, written so that gcc vectorises them (-O3 -march=native
+# -fassociative-math): several output rows per pass over the input vector, and a float
+# exp by range reduction + a degree-6 polynomial for 2^f (relative error 1e-7, the
+# precision of the float logits it sums).
+cdef extern from *:
+    """
+    #include <math.h>
+    #include <string.h>
+    static inline void nlm_gemv_rows(const float* W, int n, int D, const float* h, float* out) {
+        int r = 0, d;
+        for (; r + 4 <= n; r += 4) {
+            const float* w0 = W + (size_t)r * D; const float* w1 = w0 + D;
+            const float* w2 = w1 + D; const float* w3 = w2 + D;
+            float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+            for (d = 0; d < D; d++) {
+                float x = h[d];
+                a0 += w0[d] * x; a1 += w1[d] * x; a2 += w2[d] * x; a3 += w3[d] * x;
+            }
+            out[r] = a0; out[r + 1] = a1; out[r + 2] = a2; out[r + 3] = a3;
+        }
+        for (; r < n; r++) {
+            const float* w0 = W + (size_t)r * D;
+            float a0 = 0.f;
+            for (d = 0; d < D; d++) a0 += w0[d] * h[d];
+            out[r] = a0;
+        }
+    }
+    /* out[c] = bias[c] + sum_d h[d] * WT[d, c] for c < n; WT is (D, npad), npad a multiple of
+       128 (zero columns): 8 x 16-float accumulators stay in registers (gcc vector extensions,
+       lowered to whatever SIMD the target has) */
+    typedef float nlm_v16 __attribute__((vector_size(64)));
+    static inline nlm_v16 nlm_load16(const float* p) { nlm_v16 v; memcpy(&v, p, sizeof v); return v; }
+    static inline void nlm_gemv_t(const float* WT, int D, int n, int npad, const float* h,
+                                  const float* bias, float* out) {
+        int c0, d, c;
+        for (c0 = 0; c0 < npad; c0 += 128) {
+            nlm_v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};
+            for (d = 0; d < D; d++) {
+                const float* r = WT + (size_t)d * npad + c0;
+                nlm_v16 x = (nlm_v16){0} + h[d];
+                a0 += x * nlm_load16(r);       a1 += x * nlm_load16(r + 16);
+                a2 += x * nlm_load16(r + 32);  a3 += x * nlm_load16(r + 48);
+                a4 += x * nlm_load16(r + 64);  a5 += x * nlm_load16(r + 80);
+                a6 += x * nlm_load16(r + 96);  a7 += x * nlm_load16(r + 112);
+            }
+            memcpy(out + c0, &a0, 64);       memcpy(out + c0 + 16, &a1, 64);
+            memcpy(out + c0 + 32, &a2, 64);  memcpy(out + c0 + 48, &a3, 64);
+            memcpy(out + c0 + 64, &a4, 64);  memcpy(out + c0 + 80, &a5, 64);
+            memcpy(out + c0 + 96, &a6, 64);  memcpy(out + c0 + 112, &a7, 64);
+        }
+        for (c = 0; c < n; c++) out[c] += bias[c];
+    }
+    /* diagonal log-bilinear context layer in one pass: v[i] = bias[i] + sum_j W[j, i] * emb[ctx[j], i].
+       Each element gets the same fused multiply-adds in the same order as one pass per context
+       position (which gcc contracts to FMA where the target has it), so the result is
+       bit-identical to them; v is written once instead of read and written per position. */
+    #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+    #include <immintrin.h>
+    #endif
+    #ifdef __FMA__
+    #define NLM_FMAF(x, y, a) fmaf((x), (y), (a))
+    #else
+    #define NLM_FMAF(x, y, a) ((a) + (x) * (y))
+    #endif
+    static inline void nlm_diag_forward(const float* bias, const float* W, const float* emb,
+                                        const int32_t* ctx, int c, int E, float* v) {
+        int i = 0, j;
+    #if defined(__AVX512F__)
+        for (; i + 16 <= E; i += 16) {
+            __m512 a = bias ? _mm512_loadu_ps(bias + i) : _mm512_setzero_ps();
+            for (j = 0; j < c; j++)
+                a = _mm512_fmadd_ps(_mm512_loadu_ps(W + (size_t)j * E + i),
+                                    _mm512_loadu_ps(emb + (size_t)ctx[j] * E + i), a);
+            _mm512_storeu_ps(v + i, a);
+        }
+    #endif
+    #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+        for (; i + 8 <= E; i += 8) {
+            __m256 a = bias ? _mm256_loadu_ps(bias + i) : _mm256_setzero_ps();
+            for (j = 0; j < c; j++)
+                a = _mm256_fmadd_ps(_mm256_loadu_ps(W + (size_t)j * E + i),
+                                    _mm256_loadu_ps(emb + (size_t)ctx[j] * E + i), a);
+            _mm256_storeu_ps(v + i, a);
+        }
+    #endif
+        for (; i < E; i++) {
+            float a = bias ? bias[i] : 0.f;
+            for (j = 0; j < c; j++) a = NLM_FMAF(W[(size_t)j * E + i], emb[(size_t)ctx[j] * E + i], a);
+            v[i] = a;
+        }
+    }
+    static inline float nlm_expf_neg(float x) {   /* e^x for x <= 0 */
+        float t, fl, f, p;
+        union { int i; float f; } u;
+        x = x < -87.f ? -87.f : x;
+        t = x * 1.4426950408889634f;
+        fl = floorf(t);
+        f = t - fl;
+        p = 0.00021690620633307844f;
+        p = p * f + 0.0012443091254681349f;
+        p = p * f + 0.009678469970822334f;
+        p = p * f + 0.05548352748155594f;
+        p = p * f + 0.2402298003435135f;
+        p = p * f + 0.6931470036506653f;
+        p = p * f + 1.0f;
+        u.i = ((int)fl + 127) << 23;
+        return p * u.f;
+    }
+    #include <sys/stat.h>
+    #include <unistd.h>
+    static int nlm_fstat_identity(int fd, long long* size, long long* mtime_ns) {
+        struct stat st;
+        if (fstat(fd, &st) != 0) return -1;
+        *size = (long long)st.st_size;
+        *mtime_ns = (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+        return 0;
+    }
+    /* log sum exp in blocks of 256 terms: float sums inside a block (vectorised), blocks
+       added in double.  A float running sum over a 40k-word vocabulary loses ~2e-6 of the
+       total without -march=native's wide vectors (NLMFEATURE_PORTABLE=1 builds), which
+       breaks sum-to-one; per block the float error stays ~1e-8. */
+    static double nlm_logsumexp_f(const float* x, int n) {
+        float m = -INFINITY, b;
+        double s = 0.0;
+        int i, j, end;
+        for (i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+        if (!(m > -INFINITY)) return -INFINITY;
+        for (i = 0; i < n; i = end) {
+            end = i + 256 < n ? i + 256 : n;
+            b = 0.f;
+            for (j = i; j < end; j++) b += nlm_expf_neg(x[j] - m);
+            s += (double)b;
+        }
+        return (double)m + log(s);
+    }
+    """
+    void nlm_gemv_rows(const float* W, int n, int D, const float* h, float* out) nogil
+    int nlm_fstat_identity(int fd, long long* size, long long* mtime_ns) nogil
+    void nlm_gemv_t(const float* WT, int D, int n, int npad, const float* h, const float* bias, float* out) nogil
+    void nlm_diag_forward(const float* bias, const float* W, const float* emb, const int32_t* ctx, int c, int E,
+                          float* v) nogil
+    double nlm_logsumexp_f(const float* x, int n) nogil
+
+
+cdef inline double log_sigmoid(double x) noexcept nogil:
+    if x >= 0:
+        return -log1p(exp(-x))
+    return x - log1p(exp(x))

@@ -1,0 +1,74 @@
+# Included by _scorer.pyx (one compilation unit): Output layers: word and class logits, softmax / class / within-class normalisers, binary tree.
+
+# ---------------------------------------------------------------------------------------
+# output layers
+# ---------------------------------------------------------------------------------------
+
+cdef inline double word_logit(const ModelC* m, const float* h, int32_t w, const uint64_t* states) noexcept nogil:
+    cdef double s = dotf(m.out_weight + <int64_t>w * m.out_dim, h, m.out_dim) + m.out_bias[w]
+    if m.direct_order:
+        s += direct_value(m, states, w)
+    return s
+
+
+cdef inline double class_logit(const ModelC* m, const float* h, int32_t c, const uint64_t* states) noexcept nogil:
+    cdef double s = dotf(m.class_weight + <int64_t>c * m.out_dim, h, m.out_dim) + m.class_bias[c]
+    if m.direct_order:
+        s += direct_value(m, states, c)
+    return s
+
+
+cdef double softmax_lognorm(const ModelC* m, const float* h, const uint64_t* states, float* scratch) noexcept nogil:
+    cdef int32_t w
+    nlm_gemv_rows(m.out_weight, m.vocab_size, m.out_dim, h, scratch)
+    for w in range(m.vocab_size):
+        scratch[w] += m.out_bias[w]
+        if m.direct_order:
+            scratch[w] += <float>direct_value(m, states, w)
+    return nlm_logsumexp_f(scratch, m.vocab_size)
+
+
+cdef double class_lognorm(const ModelC* m, const float* h, const uint64_t* cstates, float* scratch) noexcept nogil:
+    cdef int32_t c
+    nlm_gemv_t(m.class_weight_t, m.out_dim, m.n_classes, m.n_classes_padded, h, m.class_bias, scratch)
+    if m.direct_order:
+        for c in range(m.n_classes):
+            scratch[c] += <float>direct_value(m, cstates, c)
+    return nlm_logsumexp_f(scratch, m.n_classes)
+
+
+cdef double within_class_lognorm(const ModelC* m, const float* h, int32_t c, const uint64_t* states,
+                                 float* scratch) noexcept nogil:
+    """log of the sum of exp(word logit) over class ``c``; rows of a class whose members are
+    consecutive ids (frequency-binned classes) are one block of the output matrix."""
+    cdef int32_t i, w, a = m.class_start[c], b = m.class_start[c + 1]
+    cdef int32_t first = m.class_members[a]
+    if b - a == 1:  # p(w | c) = 1
+        return word_logit(m, h, first, states)
+    if m.class_members[b - 1] - first == b - 1 - a:
+        nlm_gemv_rows(m.out_weight + <int64_t>first * m.out_dim, b - a, m.out_dim, h, scratch)
+        for i in range(b - a):
+            scratch[i] += m.out_bias[first + i]
+    else:
+        # Brown classes: rows scattered over megabytes; the row two members ahead is loaded
+        # while this one is multiplied (the arithmetic is unchanged)
+        for i in range(a, b):
+            w = m.class_members[i]
+            if i + 2 < b:
+                lines_prefetch(m.out_weight + <int64_t>m.class_members[i + 2] * m.out_dim, m.out_dim * sizeof(float))
+            scratch[i - a] = dotf(m.out_weight + <int64_t>w * m.out_dim, h, m.out_dim) + m.out_bias[w]
+    if m.direct_order:
+        for i in range(a, b):
+            scratch[i - a] += <float>direct_value(m, states, m.class_members[i])
+    return nlm_logsumexp_f(scratch, b - a)
+
+
+cdef double tree_logprob(const ModelC* m, const float* h, int32_t w) noexcept nogil:
+    cdef double s = 0, x
+    cdef int64_t p
+    cdef int32_t node
+    for p in range(m.path_start[w], m.path_start[w + 1]):
+        node = m.path_node[p]
+        x = dotf(m.tree_weight + <int64_t>node * m.out_dim, h, m.out_dim) + m.tree_bias[node]
+        s += log_sigmoid(m.path_sign[p] * x)
+    return s

@@ -1,0 +1,158 @@
+# Included by _scorer.pyx (one compilation unit): The one exact-key hash table (TableC in _scorer.pxd): per-sentence caches and the persistent cache's files.
+
+# ---------------------------------------------------------------------------------------
+# the exact-key table (see TableC in _scorer.pxd)
+# ---------------------------------------------------------------------------------------
+
+cdef void table_init(TableC* t, int key_len, int nd, int fval_len, int64_t limit,
+                     int clear_when_full) noexcept nogil:
+    """An empty table for at most ``limit`` keys of ``key_len`` ids with ``nd`` doubles per
+    slot (and ``fval_len`` floats per entry).  Memory comes with the first insert and grows
+    with the sentence, so probes stay within what a sentence really uses (a table sized for
+    the bound would make every probe a cache miss)."""
+    memset(t, 0, sizeof(TableC))
+    t.key_len = key_len
+    t.nd = nd
+    t.fval_len = fval_len
+    t.stride = 1 + key_len + 2 * nd + (1 if fval_len > 0 else 0)
+    t.clear_when_full = clear_when_full
+    t.limit = limit if limit > 0 else 1
+    t.generation = 1
+
+
+cdef void* alloc_table(size_t nbytes) noexcept nogil:
+    """Zeroed memory for a cache table; from 2 MB up in transparent huge pages, so probes
+    scattered over a sentence's table do not also miss the TLB."""
+    cdef size_t huge = 2 << 20, size
+    cdef void* p
+    if nbytes < huge:
+        return calloc(1, nbytes if nbytes else 1)
+    size = (nbytes + huge - 1) & ~(huge - 1)
+    p = aligned_alloc(huge, size)
+    if p != NULL:
+        madvise(p, size, MADV_HUGEPAGE)
+        memset(p, 0, size)
+    return p
+
+
+cdef int table_grow(TableC* t) noexcept nogil:
+    """Rehash into twice the slots (1,024 at first), keeping entry numbers, flags and the
+    dense values; -1 (table untouched) when out of memory."""
+    cdef int64_t cap = t.capacity * 2 if t.capacity else 1024
+    cdef int32_t* slots = <int32_t*>alloc_table(cap * t.stride * sizeof(int32_t))
+    cdef int64_t room, had, i
+    cdef uint64_t h
+    cdef int32_t* src
+    cdef float* fv
+    if slots == NULL:
+        return -1
+    if t.fval_len:
+        room = cap // 2 if cap // 2 < t.limit else t.limit
+        had = t.capacity // 2 if t.capacity // 2 < t.limit else t.limit
+        fv = <float*>alloc_table(room * t.fval_len * sizeof(float))
+        if fv == NULL:
+            free(slots)
+            return -1
+        if t.fvals != NULL:
+            memcpy(fv, t.fvals, had * t.fval_len * sizeof(float))
+            free(t.fvals)
+        t.fvals = fv
+    for i in range(t.capacity):
+        src = t.slots + i * t.stride
+        if table_live(t, src):
+            h = nlm_home(key_hash(src + 1, t.key_len), cap)
+            while slots[h * t.stride] != 0:
+                h = 0 if h + 1 == <uint64_t>cap else h + 1
+            memcpy(slots + h * t.stride, src, t.stride * sizeof(int32_t))
+    # live entries keep generation and flag; empty slots are 0 (never a generation)
+    free(t.slots)
+    t.slots = slots
+    t.capacity = cap
+    return 0
+
+
+cdef void table_free(TableC* t) noexcept nogil:
+    free(t.slots)
+    free(t.fvals)
+    t.slots = NULL
+    t.fvals = NULL
+    t.capacity = 0
+    t.count = 0
+
+
+cdef void table_clear(TableC* t) noexcept nogil:
+    """Forget every entry in O(1)."""
+    t.count = 0
+    t.generation += 1
+    if t.generation > 0x7fffffffu:  # 31 bits used up after 2^31 clears: really wipe
+        memset(t.slots, 0, t.capacity * t.stride * sizeof(int32_t))
+        t.generation = 1
+
+
+cdef inline int key_same(const int32_t* p, const int32_t* key, int n) noexcept nogil:
+    cdef int i
+    for i in range(n):
+        if p[1 + i] != key[i]:
+            return 0
+    return 1
+
+
+cdef int64_t table_find(const TableC* t, const int32_t* key) noexcept nogil:
+    """Slot of ``key``, or -1."""
+    cdef uint64_t slot
+    cdef const int32_t* p
+    cdef int64_t probes = t.max_probe if t.max_probe > 0 else t.capacity
+    if t.capacity == 0:
+        return -1
+    slot = nlm_home(key_hash(key, t.key_len), t.capacity)
+    while probes > 0:
+        p = table_at(t, slot)
+        if not table_live(t, p):
+            return -1
+        if key_same(p, key, t.key_len):
+            return <int64_t>slot
+        slot = table_next(t, slot)
+        probes -= 1
+    return -1
+
+
+cdef int64_t table_insert(TableC* t, const int32_t* key, int* found) noexcept nogil:
+    """Slot of ``key``; inserted (values undefined, disk bit clear, ``found`` = 0) when
+    absent.  A full table is cleared first (``clear_when_full``) or takes no new key (-1);
+    -1 also when out of memory."""
+    cdef uint64_t slot
+    cdef int32_t* p
+    found[0] = 0
+    if t.capacity:
+        slot = nlm_home(key_hash(key, t.key_len), t.capacity)
+        while True:
+            p = table_at(t, slot)
+            if not table_live(t, p):
+                break
+            if key_same(p, key, t.key_len):
+                found[0] = 1
+                t.hits += 1
+                return <int64_t>slot
+            slot = table_next(t, slot)
+    t.misses += 1
+    if t.count >= t.limit:
+        if not t.clear_when_full:
+            return -1
+        table_clear(t)
+        t.clears += 1
+    if 2 * (t.count + 1) > t.capacity:
+        if table_grow(t) != 0:
+            if t.capacity == 0 or not t.clear_when_full:
+                return -1
+            table_clear(t)  # out of memory: start the table again
+            t.clears += 1
+    slot = nlm_home(key_hash(key, t.key_len), t.capacity)
+    while table_live(t, table_at(t, slot)):
+        slot = table_next(t, slot)
+    p = table_at(t, slot)
+    p[0] = <int32_t>t.generation
+    memcpy(p + 1, key, t.key_len * sizeof(int32_t))
+    if t.fval_len:
+        p[1 + t.key_len + 2 * t.nd] = <int32_t>t.count
+    t.count += 1
+    return <int64_t>slot

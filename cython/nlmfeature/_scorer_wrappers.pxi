@@ -1,0 +1,359 @@
+# Included by _scorer.pyx (one compilation unit): Python wrappers: NativeModel (a ModelC over the mapped arrays) and Session.
+
+# ---------------------------------------------------------------------------------------
+# Python wrappers
+# ---------------------------------------------------------------------------------------
+
+cdef const float* fptr(arrays, name, required=True) except? NULL:
+    a = arrays.get(name)
+    if a is None:
+        if required:
+            raise ValueError(f"model has no array {name!r}")
+        return NULL
+    _check(a, name, np.float32)
+    return <const float*>cnp.PyArray_DATA(a)
+
+
+cdef _check(a, name, dtype):
+    if not isinstance(a, np.ndarray) or a.dtype != dtype or not a.flags.c_contiguous:
+        raise ValueError(f"array {name!r} must be a C-contiguous {np.dtype(dtype).name} array")
+
+
+cdef const void* rawptr(arrays, name, dtype) except? NULL:
+    a = arrays.get(name)
+    if a is None:
+        raise ValueError(f"model has no array {name!r}")
+    _check(a, name, dtype)
+    return <const void*>cnp.PyArray_DATA(a)
+
+
+cdef class NativeModel:
+    """The C view of a model's arrays.  Keeps the arrays (and so the mmap) alive.
+
+    ``header`` is the parsed model-file header; ``arrays`` maps array names to numpy arrays
+    whose shapes :mod:`nlmfeature.core.modelfile` has already validated.
+    """
+    cdef ModelC m
+    cdef object _arrays
+    cdef object _extra
+    cdef readonly object path
+
+    def __cinit__(self, *args, **kwargs):
+        self.m.file_fd = -1
+
+    def __dealloc__(self):
+        if self.m.file_fd >= 0:
+            close(self.m.file_fd)
+            self.m.file_fd = -1
+
+    def __init__(self, dict header, dict arrays, bint use_tables=True):
+        cdef int k
+        cdef ModelC* m = &self.m
+        self._arrays = arrays
+        self._extra = []
+        self.path = None
+        if m.file_fd >= 0:
+            close(m.file_fd)
+        memset(m, 0, sizeof(ModelC))
+        m.file_fd = -1
+        m.order = header["order"]
+        if not 1 <= m.order <= NLM_MAX_ORDER:
+            raise ValueError(f"order {m.order} is outside 1..{NLM_MAX_ORDER}")
+        m.ctx_len = m.order - 1
+        m.vocab_size = header["vocab_size"]
+        m.embed_dim = header["embed_dim"]
+        sp = header["special"]
+        m.unk, m.bos, m.eos, m.null = sp["<unk>"], sp["<s>"], sp["</s>"], sp["<null>"]
+        m.embeddings = fptr(arrays, "embeddings")
+        branches = header["branches"]
+        if not 1 <= len(branches) <= NLM_MAX_BRANCHES:
+            raise ValueError(f"between 1 and {NLM_MAX_BRANCHES} first-layer branches are supported")
+        m.n_branches = len(branches)
+        m.combine = COMBINERS[header.get("combine", "none")]
+        m.max_width = m.embed_dim
+        for k, br in enumerate(branches):
+            m.branches[k].hidden = br["hidden"]
+            m.branches[k].diagonal = br["diagonal"]
+            m.branches[k].activation = ACTIVATIONS[br["activation"]]
+            m.branches[k].weights = fptr(arrays, f"branch{k}.weights")
+            m.branches[k].bias = fptr(arrays, f"branch{k}.bias", False)
+            m.branches[k].tables = fptr(arrays, f"branch{k}.tables", False)
+            m.max_width = max(m.max_width, br["hidden"])
+        layers = header["layers"]
+        if len(layers) > NLM_MAX_LAYERS:
+            raise ValueError(f"at most {NLM_MAX_LAYERS} extra hidden layers are supported")
+        m.n_layers = len(layers)
+        for k, ly in enumerate(layers):
+            m.layers[k].n_in = ly["n_in"]
+            m.layers[k].n_out = ly["n_out"]
+            m.layers[k].activation = ACTIVATIONS[ly["activation"]]
+            m.layers[k].weight = fptr(arrays, f"layer{k}.weight")
+            m.layers[k].bias = fptr(arrays, f"layer{k}.bias", False)
+            # inputs that a ReLU produced are sparse: keep a transposed copy to skip zeros
+            prev_act = branches[0]["activation"] if k == 0 else layers[k - 1]["activation"]
+            if ACTIVATIONS[prev_act] == ACT_RELU and header.get("combine", "none") != "mul":
+                wt = np.ascontiguousarray(arrays[f"layer{k}.weight"].T)
+                self._extra.append(wt)
+                m.layers[k].weight_t = <const float*>cnp.PyArray_DATA(wt)
+            m.max_width = max(m.max_width, ly["n_out"], ly["n_in"])
+        out = header["output"]
+        m.out_dim = out["dim"]
+        m.max_width = max(m.max_width, m.out_dim)
+        m.output_type = OUTPUTS[out["type"]]
+        m.out_weight = fptr(arrays, "output.weight")
+        m.out_bias = fptr(arrays, "output.bias")
+        if m.output_type == OUT_CLASS:
+            m.n_classes = out["classes"]
+            m.class_weight = fptr(arrays, "class.weight")
+            # (D, C) copy padded to 128 columns: the class logits in one register-blocked pass
+            m.n_classes_padded = (m.n_classes + 127) // 128 * 128
+            cwt = np.zeros((m.out_dim, m.n_classes_padded), dtype=np.float32)
+            cwt[:, :m.n_classes] = arrays["class.weight"].T
+            self._extra.append(cwt)
+            m.class_weight_t = <const float*>cnp.PyArray_DATA(cwt)
+            m.class_bias = fptr(arrays, "class.bias")
+            m.word_class = <const int32_t*>rawptr(arrays, "class.of_word", np.int32)
+            m.class_start = <const int32_t*>rawptr(arrays, "class.start", np.int32)
+            m.class_members = <const int32_t*>rawptr(arrays, "class.members", np.int32)
+        elif m.output_type == OUT_TREE:
+            m.n_nodes = out["nodes"]
+            m.tree_weight = fptr(arrays, "tree.weight")
+            m.tree_bias = fptr(arrays, "tree.bias")
+            m.path_start = <const int64_t*>rawptr(arrays, "tree.path_start", np.int64)
+            m.path_node = <const int32_t*>rawptr(arrays, "tree.path_node", np.int32)
+            m.path_sign = <const int8_t*>rawptr(arrays, "tree.path_sign", np.int8)
+        direct = header.get("direct")
+        if direct:
+            m.direct_order = direct["order"]
+            m.hash_space = direct["hash_space"]
+            m.direct_weights = fptr(arrays, "direct.weights")
+            if not 1 <= m.direct_order <= m.order:
+                raise ValueError("direct feature order must be between 1 and the model order")
+            # which hashed weights are non-zero (most are: only trained n-grams get a weight)
+            bits = np.packbits(np.asarray(arrays["direct.weights"]) != 0, bitorder="little")
+            nz = np.zeros((m.hash_space + 63) // 64, dtype=np.uint64)
+            nz.view(np.uint8)[:bits.shape[0]] = bits
+            self._extra.append(nz)
+            m.direct_nonzero = <const uint64_t*>cnp.PyArray_DATA(nz)
+        m.use_tables = use_tables
+        m.key_len = m.ctx_len
+        source = header.get("source")
+        if source:
+            m.src_window = source["window"]
+            if not 1 <= m.src_window <= NLM_MAX_WINDOW or m.src_window % 2 == 0:
+                raise ValueError(f"source window {m.src_window} is not an odd number in 1..{NLM_MAX_WINDOW}")
+            m.src_vocab_size = source["vocab_size"]
+            ssp = source["special"]
+            m.src_unk, m.src_bos, m.src_eos, m.src_null = ssp["<unk>"], ssp["<s>"], ssp["</s>"], ssp["<null>"]
+            m.src_embeddings = fptr(arrays, "source.embeddings")
+            for k in range(m.n_branches):
+                m.branches[k].src_tables = fptr(arrays, f"branch{k}.source.tables", False)
+                if (m.branches[k].tables == NULL) != (m.branches[k].src_tables == NULL):
+                    raise ValueError("a joint model has tables for all positions or none")
+            m.key_len = m.ctx_len + m.src_window
+
+    def watch_file(self, str path, int fd, tuple identity) -> None:
+        """Take ownership of ``fd``, an open descriptor of the mapped model file, whose
+        (st_dev, st_ino, size, mtime_ns) were ``identity`` when it was mapped: each sentence
+        start then checks that the file was not changed in place (``nlm_model_file_changed``)."""
+        if self.m.file_fd >= 0:
+            close(self.m.file_fd)
+        self.m.file_dev, self.m.file_ino, self.m.file_size, self.m.file_mtime_ns = identity
+        self.m.file_fd = fd
+        self.path = path
+
+    def file_changed(self) -> bool:
+        """Whether the model file was changed in place since it was loaded."""
+        return bool(nlm_model_file_changed(&self.m))
+
+    def check_file(self) -> None:
+        """Raise :class:`nlmfeature.errors.ModelFileError` if the model file was changed in place."""
+        if nlm_model_file_changed(&self.m):
+            raise _changed_error(self.path)
+
+    @property
+    def order(self) -> int:
+        return self.m.order
+
+    @property
+    def vocab_size(self) -> int:
+        return self.m.vocab_size
+
+    @property
+    def source_window(self) -> int:
+        """Joint models: source-window width w (0 for a target-only model)."""
+        return self.m.src_window
+
+    @property
+    def key_len(self) -> int:
+        """Ids in a full context: w source-window ids, then n-1 target ids."""
+        return self.m.key_len
+
+    def source_window_ids(self, const int32_t[::1] source, int affiliation):
+        """The w source ids around ``affiliation`` (see ``nlm_source_window``): position
+        ``len(source)`` is ``</s>``, a negative affiliation gives ``<null>``s."""
+        if self.m.src_window == 0:
+            raise ValueError("not a joint model: it has no source window")
+        out = np.empty(self.m.src_window, dtype=np.int32)
+        cdef int32_t[::1] o = out
+        cdef int32_t dummy = 0
+        nlm_source_window(&self.m, &source[0] if source.shape[0] else &dummy, source.shape[0],
+                          affiliation, &o[0])
+        return out
+
+    @property
+    def uses_tables(self) -> bool:
+        return bool(self.m.use_tables and self.m.branches[0].tables != NULL)
+
+    def capsule(self):
+        """A PyCapsule holding the ``ModelC*`` (for the C ABI library)."""
+        return PyCapsule_New(<void*>&self.m, b"nlmfeature.ModelC", NULL)
+
+    def pad_context(self, const int32_t[::1] ids):
+        """Padded n-1 context ids for a history (see the C function ``nlm_pad_context``)."""
+        out = np.empty(max(self.m.ctx_len, 0), dtype=np.int32)
+        cdef int32_t[::1] o = out
+        cdef int32_t dummy = 0
+        nlm_pad_context(&self.m, &ids[0] if ids.shape[0] else &dummy, ids.shape[0],
+                        &o[0] if o.shape[0] else &dummy)
+        return out
+
+    def hidden(self, const int32_t[::1] padded):
+        """Final hidden vector for a padded context (testing and the batched path)."""
+        if padded.shape[0] != self.m.key_len:
+            raise ValueError(f"a padded context has {self.m.key_len} ids")
+        _check_context_ids(&self.m, padded, "the context")
+        out = np.empty(self.m.out_dim, dtype=np.float32)
+        b = np.empty(3 * self.m.max_width, dtype=np.float32)
+        cdef float[::1] o = out, bb = b
+        cdef int32_t dummy = 0
+        cdef int W = self.m.max_width
+        nlm_compute_hidden(&self.m, &padded[0] if padded.shape[0] else &dummy, &o[0], &bb[0], &bb[W], &bb[2 * W])
+        return out
+
+    def session(self, int64_t cache_entries=NLM_DEFAULT_CACHE_ENTRIES, int64_t ngram_entries=-1):
+        """A new scoring session (one per thread); ``cache_entries=0`` disables caching;
+        ``ngram_entries`` bounds the exact n-gram cache (-1: automatic, 0: off)."""
+        return Session(self, cache_entries, ngram_entries)
+
+
+def _changed_error(path):
+    """The error for a model file overwritten in place under a running process."""
+    from .errors import ModelFileError
+    return ModelFileError(
+        f"{path}: the model file was changed in place after it was loaded (its size or "
+        "modification time differ); its memory mapping now holds other bytes, so this process "
+        "stops scoring with it.  Replace a model by writing the new file next to it and "
+        "renaming it over the old one (mv new.nlm live.nlm; nlmfeature's writers do this), "
+        "never by copying over it; then reload.")
+
+
+cdef _check_context_ids(const ModelC* m, a, what):
+    """Like :func:`_check_ids` for full contexts: the first ``src_window`` columns hold
+    source ids (joint models), the rest target ids."""
+    arr = np.asarray(a)
+    w = m.src_window
+    if w == 0:
+        _check_ids(arr, m.vocab_size, what)
+        return
+    if arr.ndim == 1:
+        arr = arr[None, :]
+    _check_ids(arr[:, :w], m.src_vocab_size, what + " (source window)")
+    _check_ids(arr[:, w:], m.vocab_size, what)
+
+
+cdef _check_ids(a, int64_t vocab_size, what):
+    """Reject ids outside the vocabulary before they reach nogil code (no out-of-bounds reads)."""
+    arr = np.asarray(a)
+    if arr.size and (arr.min() < 0 or arr.max() >= vocab_size):
+        raise ValueError(f"{what} hold ids outside 0..{vocab_size - 1}; map words with the "
+                         "model's vocabulary (unknown words -> <unk>)")
+
+
+cdef class Session:
+    """Per-thread scorer state: work buffers and the bounded per-sentence caches.
+
+    One session must not be used by two threads at once; the model may be shared freely.
+    """
+    cdef SessionC* s
+    cdef readonly NativeModel model
+
+    def __cinit__(self, NativeModel model, int64_t cache_entries=NLM_DEFAULT_CACHE_ENTRIES, int64_t ngram_entries=-1):
+        self.model = model
+        self.s = nlm_session_new(&model.m, cache_entries, ngram_entries)
+        if self.s == NULL:
+            raise MemoryError("could not allocate a scoring session")
+
+    def __dealloc__(self):
+        nlm_session_free(self.s)
+
+    def begin_sentence(self, int64_t sentence_id=-1) -> None:
+        """Start a new sentence: empties the per-sentence caches.  Raises
+        :class:`nlmfeature.errors.ModelFileError` if the model file was changed in place
+        since it was loaded (the session then refuses to score: NaN)."""
+        if nlm_session_begin(self.s, sentence_id) != 0:
+            raise _changed_error(self.model.path)
+
+    def score(self, const int32_t[::1] history, int32_t word) -> float:
+        """Natural-log score of ``word`` after ``history`` (ids, oldest first, padded as needed)."""
+        cdef int32_t dummy = 0
+        return nlm_score(self.s, &history[0] if history.shape[0] else &dummy, history.shape[0], word)
+
+    def score_padded(self, const int32_t[:, ::1] contexts, const int32_t[::1] words):
+        """Score N n-grams one lookup at a time (through the caches); contexts are padded, (N, n-1)."""
+        cdef int64_t n = words.shape[0], i
+        cdef int c = self.model.m.key_len
+        if contexts.shape[0] != n or (n and contexts.shape[1] != c):
+            raise ValueError(f"contexts must have shape ({n}, {c})")
+        _check_context_ids(&self.model.m, contexts, "contexts")
+        out = np.empty(n, dtype=np.float64)
+        cdef double[::1] o = out
+        cdef int32_t V = self.model.m.vocab_size, unk = self.model.m.unk, w
+        cdef int32_t dummy = 0
+        cdef const int32_t* base = &contexts[0, 0] if (n and c) else &dummy
+        with nogil:
+            for i in range(n):
+                w = words[i]
+                if w < 0 or w >= V:
+                    w = unk
+                o[i] = nlm_score_padded(self.s, base + i * c, w)
+        return out
+
+    def score_stream(self, const int32_t[:, ::1] contexts, const int32_t[::1] words,
+                     const int64_t[::1] sentence_starts):
+        """Like :meth:`score_padded`, but begins a new sentence at each index in ``sentence_starts``.
+
+        Returns the sum of the scores (the benchmark's hot loop; runs without the GIL).
+        """
+        cdef int64_t n = words.shape[0], i, k = 0, ns = sentence_starts.shape[0]
+        cdef int c = self.model.m.key_len
+        cdef double total = 0
+        if contexts.shape[0] != n or (n and contexts.shape[1] != c):
+            raise ValueError(f"contexts must have shape ({n}, {c})")
+        _check_context_ids(&self.model.m, contexts, "contexts")
+        _check_ids(words, self.model.m.vocab_size, "words")
+        cdef int32_t dummy = 0
+        cdef const int32_t* base = &contexts[0, 0] if (n and c) else &dummy
+        with nogil:
+            for i in range(n):
+                while k < ns and sentence_starts[k] == i:
+                    nlm_session_begin(self.s, k)
+                    k += 1
+                total += nlm_score_padded(self.s, base + i * c, words[i])
+        return total
+
+    def stats(self) -> dict:
+        """Counters: lookups, and hits/misses/clears of the context and class caches."""
+        return {
+            "lookups": self.s.lookups,
+            "context_hits": self.s.ctx_cache.hits,
+            "context_misses": self.s.ctx_cache.misses,
+            "class_hits": self.s.class_cache.hits,
+            "class_misses": self.s.class_cache.misses,
+            "ngram_hits": self.s.ngram_cache.hits,
+            "ngram_misses": self.s.ngram_cache.misses,
+            "ngram_cache_enabled": bool(self.s.ngram_cache_enabled),
+            "cache_clears": self.s.ctx_cache.clears + self.s.class_cache.clears,
+            "cache_enabled": bool(self.s.cache_enabled),
+            "context_cache_enabled": bool(self.s.ctx_cache_enabled),
+        }
