@@ -278,7 +278,8 @@ void NLMJointFeature::CleanUpAfterSentenceProcessing(ttasksptr const& ttask)
         << " lookups=" << now.lookups - ts->last.lookups
         << " ngram_hits=" << now.ngram_hits - ts->last.ngram_hits
         << " context_hits=" << now.context_hits - ts->last.context_hits
-        << " context_misses=" << now.context_misses - ts->last.context_misses << "\n";
+        << " context_misses=" << now.context_misses - ts->last.context_misses
+        << " persistent_hits=" << now.persistent_hits - ts->last.persistent_hits << "\n";
     std::cerr << msg.str();
     ts->last = now;
   }

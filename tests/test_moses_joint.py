@@ -161,3 +161,25 @@ def test_target_only_model_is_a_clean_error(moses, tmp_path):
     p = subprocess.run([moses, "-f", ini, "-i", os.path.join(DATA, "de.txt")], capture_output=True, text=True,
                        timeout=300)
     assert p.returncode != 0 and "is a target-only model" in p.stderr
+
+
+def test_persistent_cache_second_run_is_identical(moses, model, tmp_path):
+    # the cache keys hold the source window: a second run reads every n-gram score from the
+    # files the first one wrote and decodes exactly the same n-best list
+    cache = tmp_path / "pcache"
+    ini = write_ini(tmp_path / "pc.ini", f"NLMJointFeature name=NNJM0 path={model} persistent-cache={cache} "
+                                         "stats=true")
+    env = dict(os.environ, NLMFEATURE_PERSISTENT_CACHE="always")
+    runs = []
+    for tag in ("first", "second"):
+        nb = str(tmp_path / f"{tag}.nbest")
+        p = subprocess.run([moses, "-f", ini, "-i", os.path.join(DATA, "de.txt"), "-n-best-list", nb, "20"],
+                           capture_output=True, text=True, timeout=900, env=env)
+        assert p.returncode == 0, p.stderr[-3000:]
+        runs.append((p.stdout, open(nb, encoding="utf-8").read(), p.stderr))
+    assert runs[0][:2] == runs[1][:2]
+    hits = [sum(int(h) for h in re.findall(r"persistent_hits=(\d+)", r[2])) for r in runs]
+    assert hits[0] == 0 and hits[1] > 0, hits
+    _, plain, _ = decode(moses, write_ini(tmp_path / "plain.ini", f"NLMJointFeature name=NNJM0 path={model}"),
+                         tmp_path, tag="plain")
+    assert len(runs[1][1].splitlines()) == len(plain)
