@@ -35,12 +35,10 @@
 
 #include <nlmfeature.h>
 
-#define NLM_STR_(x) #x
-#define NLM_STR(x) NLM_STR_(x)
+#include "nlm_client.h"  // options, model, session, word map, sentence start/end, stats
 
 namespace {
 
-enum { kMaxContext = 15 };
 enum { kLong = 1, kBos = 2 };  // state flags
 
 // Layout of the state buffer (StateSize() bytes, all zero where unused):
@@ -174,105 +172,42 @@ class EdgeMemo {
 };
 
 void Usage() {
-  std::cerr <<
-      "usage: feature_function=External /abs/libcdec_ff_nlm.so --model MODEL.nlm [options]\n"
-      "  --model PATH              nlmfeature model file (required)\n"
-      "  --name NAME               feature name (default NLM)\n"
-      "  --persistent-cache DIR    keep n-gram scores per sentence id in DIR (tuning)\n"
-      "  --persistent-cache-max S  disk bound of DIR, e.g. 500M, 2G (default 4G)\n"
-      "  --cache-entries N         per-sentence context cache bound (default " NLM_STR(NLM_DEFAULT_CACHE_ENTRIES) ")\n"
+  std::cerr << "usage: feature_function=External /abs/libcdec_ff_nlm.so --model MODEL.nlm [options]\n"
+            << kCommonUsage <<
       "  --edge-memo N             per-sentence memo of edge evaluations, N entries (default 0: off)\n"
       "  --oov-feature             also fire NAME_OOV: rule words unknown to the model\n"
-      "  --stats                   print cache statistics per sentence to stderr\n";
-}
-
-int64_t ParseBytes(const std::string& s) {
-  char* end = NULL;
-  double v = strtod(s.c_str(), &end);
-  int64_t m = 1;
-  if (end && *end) {
-    switch (*end) {
-      case 'k': case 'K': m = 1LL << 10; break;
-      case 'm': case 'M': m = 1LL << 20; break;
-      case 'g': case 'G': m = 1LL << 30; break;
-      case 't': case 'T': m = 1LL << 40; break;
-      default: return -1;
-    }
-  }
-  return static_cast<int64_t>(v * m);
+      "  (the feature name defaults to NLM)\n";
 }
 
 class NLMFeatureFF : public FeatureFunction {
  public:
   explicit NLMFeatureFF(const std::string& param)
-      : model_(NULL), session_(NULL), c_(0), fid_(0), oov_fid_(0), stats_(false), sentence_(-1),
-        memo_calls_last_(0), memo_hits_last_(0) {
-    std::string path, name = "NLM", pcache;
-    int64_t pmax = 0, cache_entries = -1, edge_memo = 0;  // off: measured not to pay (docs/decoder-speed.md)
+      : client_("NLMFeature", "NLMFeature (libcdec_ff_nlm)", Usage, "NLM"), session_(NULL), c_(0),
+        fid_(0), oov_fid_(0), memo_calls_last_(0), memo_hits_last_(0) {
+    int64_t edge_memo = 0;  // off: measured not to pay (docs/decoder-speed.md)
     bool oov = false;
-    std::istringstream in(param);
-    std::string key;
-    while (in >> key) {
+    client_.Open(param, [&](const std::string& key, std::istream& in) {
+      if (key == "--oov-feature") { oov = true; return true; }
+      if (key != "--edge-memo") return false;
       std::string value;
-      if (key == "--oov-feature") { oov = true; continue; }
-      if (key == "--stats") { stats_ = true; continue; }
-      if (!(in >> value)) Fail("option " + key + " needs a value");
-      if (key == "--model" || key == "-m") path = value;
-      else if (key == "--name" || key == "-n") name = value;
-      else if (key == "--persistent-cache") pcache = value;
-      else if (key == "--persistent-cache-max") {
-        pmax = ParseBytes(value);
-        if (pmax < 0) Fail("bad size " + value + " (use e.g. 500M or 2G)");
-      } else if (key == "--cache-entries") cache_entries = atoll(value.c_str());
-      else if (key == "--edge-memo") edge_memo = atoll(value.c_str());
-      else Fail("unknown option " + key);
-    }
-    if (path.empty()) Fail("--model is required");
-    int rc = nlm_model_load(path.c_str(), &model_);
-    if (rc != NLM_OK) Fail(std::string("cannot load the model: ") + nlm_last_error());
-    c_ = nlm_model_state_size(model_);
-    if (c_ < 1 || c_ > kMaxContext) Fail("the model order must be between 2 and 16");
-    nlm_session_options o;
-    nlm_session_options_init(&o);
-    if (!pcache.empty()) o.persistent_cache = pcache.c_str();
-    o.persistent_max_bytes = pmax;
-    if (cache_entries >= 0) o.cache_entries = cache_entries;
-    rc = nlm_session_new(model_, &o, &session_);
-    if (rc != NLM_OK) Fail(nlm_last_error());
-    // map every model word to its cdec id once (words cdec creates later are <unk>)
-    const int32_t V = nlm_model_vocab_size(model_);
-    for (int32_t v = 0; v < V; ++v) {
-      if (v == NLM_NULL) continue;  // padding, never a real word
-      size_t len = 0;
-      const char* w = nlm_vocab_word(model_, v, &len);
-      const WordID id = TD::Convert(std::string(w, len));
-      if (id < 0) continue;
-      if (static_cast<size_t>(id) >= map_.size()) map_.resize(id + 1, NLM_UNK);
-      map_[id] = v;
-    }
+      if (!(in >> value)) client_.Fail("option " + key + " needs a value");
+      edge_memo = atoll(value.c_str());
+      return true;
+    });
+    session_ = client_.session();
+    c_ = client_.context();
     cdec_bos_ = TD::Convert("<s>");
-    fid_ = FD::Convert(name);
-    if (oov) oov_fid_ = FD::Convert(name + "_OOV");
-    stats_last_.struct_size = sizeof(nlm_stats);
-    nlm_session_stats(session_, &stats_last_);
+    fid_ = FD::Convert(client_.name());
+    if (oov) oov_fid_ = FD::Convert(client_.name() + "_OOV");
     SetStateSize(8 * c_ + 4);
     memo_.Init(8 * c_ + 4, edge_memo);
   }
 
-  ~NLMFeatureFF() {
-    EndSentence();
-    nlm_session_free(session_);  // also writes the last sentence's persistent cache
-    nlm_model_free(model_);
-  }
+  ~NLMFeatureFF() { client_.End(MemoStats()); }
 
   void PrepareForInput(const SentenceMetadata& smeta) {
-    EndSentence();
-    sentence_ = smeta.GetSentenceId();
-    if (nlm_session_begin(session_, sentence_) != NLM_OK) {
-      // the model file was overwritten in place: every score would be NaN; stop with the reason
-      std::cerr << "NLMFeatureFF: error: " << nlm_last_error() << "\n";
-      std::exit(2);
-    }
+    client_.End(MemoStats());
+    client_.Begin(smeta.GetSentenceId());
     memo_.Clear();
   }
 
@@ -410,55 +345,23 @@ class NLMFeatureFF : public FeatureFunction {
     }
   };
 
-  int32_t Map(WordID w) const {
-    return (w >= 0 && static_cast<size_t>(w) < map_.size()) ? map_[w] : NLM_UNK;
+  int32_t Map(WordID w) const { return client_.Map(w); }
+
+  //! the edge memo's counters since the last call (for the --stats line)
+  std::string MemoStats() {
+    std::ostringstream o;
+    o << " edge_calls=" << memo_.calls() - memo_calls_last_ << " edge_hits=" << memo_.hits() - memo_hits_last_;
+    memo_calls_last_ = memo_.calls();
+    memo_hits_last_ = memo_.hits();
+    return o.str();
   }
 
-  void EndSentence() {
-    if (sentence_ < 0) return;
-    nlm_session_end(session_);
-    if (stats_) {
-      nlm_stats now;
-      now.struct_size = sizeof now;
-      nlm_session_stats(session_, &now);
-      fprintf(stderr, "NLMFeature sentence %d lookups=%lld ngram_hits=%lld context_hits=%lld "
-              "context_misses=%lld class_hits=%lld class_misses=%lld persistent_hits=%lld "
-              "persistent_loaded=%lld persistent_written=%lld files_ignored=%lld edge_calls=%lld "
-              "edge_hits=%lld\n", sentence_,
-              (long long)(now.lookups - stats_last_.lookups),
-              (long long)(now.ngram_hits - stats_last_.ngram_hits),
-              (long long)(now.context_hits - stats_last_.context_hits),
-              (long long)(now.context_misses - stats_last_.context_misses),
-              (long long)(now.class_hits - stats_last_.class_hits),
-              (long long)(now.class_misses - stats_last_.class_misses),
-              (long long)(now.persistent_hits - stats_last_.persistent_hits),
-              (long long)(now.persistent_loaded - stats_last_.persistent_loaded),
-              (long long)(now.persistent_written - stats_last_.persistent_written),
-              (long long)(now.files_ignored - stats_last_.files_ignored),
-              (long long)(memo_.calls() - memo_calls_last_), (long long)(memo_.hits() - memo_hits_last_));
-      stats_last_ = now;
-      memo_calls_last_ = memo_.calls();
-      memo_hits_last_ = memo_.hits();
-    }
-    sentence_ = -1;
-  }
-
-  static void Fail(const std::string& msg) {
-    std::cerr << "NLMFeature (libcdec_ff_nlm): " << msg << "\n";
-    Usage();
-    exit(1);
-  }
-
-  nlm_model* model_;
-  nlm_session* session_;  // cdec decodes one sentence at a time, on one thread
+  NLMClient client_;
+  nlm_session* session_;  // client_'s: cdec decodes one sentence at a time, on one thread
   int c_;                 // n-1
   int fid_, oov_fid_;
   WordID cdec_bos_;
-  bool stats_;
-  int sentence_;
-  nlm_stats stats_last_;
   int64_t memo_calls_last_, memo_hits_last_;
-  std::vector<int32_t> map_;  // cdec WordID -> model id
   mutable EdgeMemo memo_;     // one sentence at a time, one thread (cdec)
 };
 

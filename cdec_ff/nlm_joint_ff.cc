@@ -1,7 +1,7 @@
 // An nlmfeature joint model (NNJM, Devlin et al. 2014) as an External cdec feature.
 //
 //   feature_function=External /abs/libcdec_ff_nlmjoint.so --model /abs/joint.nlm [--name NNJM]
-//       [--cache-entries N] [--stats]
+//       [--cache-entries N] [--persistent-cache DIR] [--persistent-cache-max S] [--stats]
 //
 // Each target word is scored given its n-1 previous target words and the w = 2m+1 source
 // words around its affiliated source word; natural logs.  The affiliation comes from the
@@ -39,9 +39,10 @@
 
 #include <nlmfeature.h>
 
+#include "nlm_client.h"  // options, model, session, word map, sentence start/end, stats
+
 namespace {
 
-enum { kMaxContext = 15 };
 enum { kLong = 1, kBos = 2 };  // state flags
 
 // Layout (StateSize() = 12c + 8 bytes), c = n-1:
@@ -62,78 +63,36 @@ class StateView {
 };
 
 void Usage() {
-  std::cerr <<
-      "usage: feature_function=External /abs/libcdec_ff_nlmjoint.so --model JOINT.nlm [options]\n"
-      "  --model PATH         nlmfeature joint model (trained with nlmfeature train --source)\n"
-      "  --name NAME          feature name (default NNJM)\n"
-      "  --cache-entries N    per-sentence context cache bound\n"
-      "  --stats              print cache statistics per sentence to stderr\n";
+  std::cerr << "usage: feature_function=External /abs/libcdec_ff_nlmjoint.so --model JOINT.nlm [options]\n"
+            << kCommonUsage
+            << "  (a joint model, trained with nlmfeature train --source; the feature name defaults to NNJM)\n";
 }
 
 class NLMJointFF : public FeatureFunction {
  public:
   explicit NLMJointFF(const std::string& param)
-      : model_(NULL), session_(NULL), c_(0), fid_(0), stats_(false), sentence_(-1), nsrc_(0) {
-    std::string path, name = "NNJM";
-    int64_t cache_entries = -1;
-    std::istringstream in(param);
-    std::string key;
-    while (in >> key) {
-      std::string value;
-      if (key == "--stats") { stats_ = true; continue; }
-      if (!(in >> value)) Fail("option " + key + " needs a value");
-      if (key == "--model" || key == "-m") path = value;
-      else if (key == "--name" || key == "-n") name = value;
-      else if (key == "--cache-entries") cache_entries = atoll(value.c_str());
-      else Fail("unknown option " + key);
-    }
-    if (path.empty()) Fail("--model is required");
-    int rc = nlm_model_load(path.c_str(), &model_);
-    if (rc != NLM_OK) Fail(std::string("cannot load the model: ") + nlm_last_error());
-    if (nlm_model_source_window(model_) <= 0)
-      Fail(path + " is a target-only model: use libcdec_ff_nlm.so for it");
-    c_ = nlm_model_state_size(model_);
-    if (c_ < 1 || c_ > kMaxContext) Fail("the model order must be between 2 and 16");
-    nlm_session_options o;
-    nlm_session_options_init(&o);
-    if (cache_entries >= 0) o.cache_entries = cache_entries;
-    rc = nlm_session_new(model_, &o, &session_);
-    if (rc != NLM_OK) Fail(nlm_last_error());
-    const int32_t V = nlm_model_vocab_size(model_);
-    for (int32_t v = 0; v < V; ++v) {
-      if (v == NLM_NULL) continue;
-      size_t len = 0;
-      const char* w = nlm_vocab_word(model_, v, &len);
-      const WordID id = TD::Convert(std::string(w, len));
-      if (id < 0) continue;
-      if (static_cast<size_t>(id) >= map_.size()) map_.resize(id + 1, NLM_UNK);
-      map_[id] = v;
-    }
+      : client_("NLMJointFeature", "NLMJointFeature (libcdec_ff_nlmjoint)", Usage, "NNJM"), session_(NULL),
+        c_(0), fid_(0), nsrc_(0) {
+    client_.Open(param, [](const std::string&, std::istream&) { return false; });
+    if (nlm_model_source_window(client_.model()) <= 0)
+      client_.Fail(client_.path() + " is a target-only model: use libcdec_ff_nlm.so for it");
+    session_ = client_.session();
+    c_ = client_.context();
     cdec_bos_ = TD::Convert("<s>");
-    fid_ = FD::Convert(name);
-    stats_last_.struct_size = sizeof(nlm_stats);
-    nlm_session_stats(session_, &stats_last_);
+    fid_ = FD::Convert(client_.name());
     SetStateSize(12 * c_ + 8);
   }
 
-  ~NLMJointFF() {
-    EndSentence();
-    nlm_session_free(session_);
-    nlm_model_free(model_);
-  }
-
   void PrepareForInput(const SentenceMetadata& smeta) {
-    EndSentence();
-    sentence_ = smeta.GetSentenceId();
     const Lattice& lat = smeta.GetSourceLattice();
     std::vector<int32_t> src;
     for (size_t i = 0; i < lat.size(); ++i) {
-      if (lat[i].size() != 1 || lat[i][0].dist2next != 1) Fail("needs plain sentence input (not lattices)");
+      if (lat[i].size() != 1 || lat[i][0].dist2next != 1) client_.Fail("needs plain sentence input (not lattices)");
       const std::string& w = TD::Convert(lat[i][0].label);
-      src.push_back(nlm_source_word_id(model_, w.data(), w.size()));
+      src.push_back(nlm_source_word_id(client_.model(), w.data(), w.size()));
     }
     nsrc_ = static_cast<int>(src.size());
-    nlm_session_begin_source(session_, sentence_, src.empty() ? NULL : &src[0], nsrc_);
+    client_.Begin(smeta.GetSentenceId(), &src);
   }
 
   void FinalTraversalFeatures(const void* state, SparseVector<double>* features) const {
@@ -305,43 +264,14 @@ class NLMJointFF : public FeatureFunction {
     }
   };
 
-  int32_t Map(WordID w) const {
-    return (w >= 0 && static_cast<size_t>(w) < map_.size()) ? map_[w] : NLM_UNK;
-  }
+  int32_t Map(WordID w) const { return client_.Map(w); }
 
-  void EndSentence() {
-    if (sentence_ < 0) return;
-    nlm_session_end(session_);
-    if (stats_) {
-      nlm_stats now;
-      now.struct_size = sizeof now;
-      nlm_session_stats(session_, &now);
-      fprintf(stderr, "NLMJointFeature sentence %d lookups=%lld ngram_hits=%lld context_hits=%lld "
-              "context_misses=%lld\n", sentence_, (long long)(now.lookups - stats_last_.lookups),
-              (long long)(now.ngram_hits - stats_last_.ngram_hits),
-              (long long)(now.context_hits - stats_last_.context_hits),
-              (long long)(now.context_misses - stats_last_.context_misses));
-      stats_last_ = now;
-    }
-    sentence_ = -1;
-  }
-
-  static void Fail(const std::string& msg) {
-    std::cerr << "NLMJointFeature (libcdec_ff_nlmjoint): " << msg << "\n";
-    Usage();
-    exit(1);
-  }
-
-  nlm_model* model_;
-  nlm_session* session_;
-  int c_;
+  NLMClient client_;
+  nlm_session* session_;  // client_'s: one sentence at a time, one thread (cdec)
+  int c_;                 // n-1
   int fid_;
   WordID cdec_bos_;
-  bool stats_;
-  int sentence_;
   int nsrc_;
-  nlm_stats stats_last_;
-  std::vector<int32_t> map_;
 };
 
 }  // namespace

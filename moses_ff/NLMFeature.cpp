@@ -24,7 +24,9 @@
 namespace Moses
 {
 
-struct NLMFeature::ThreadSession {
+// ---- NLMClient -----------------------------------------------------------------------------
+
+struct NLMClient::ThreadSession {
   nlm_session *session;
   nlm_stats last;   // counters at the previous sentence end (for per-sentence stats)
   ThreadSession() : session(NULL) {
@@ -33,6 +35,141 @@ struct NLMFeature::ThreadSession {
   }
   ~ThreadSession() { nlm_session_free(session); }
 };
+
+//! "500M", "2G", ... in bytes (persistent-cache-max)
+static int64_t ParseBytes(const std::string &value)
+{
+  char *end = NULL;
+  double v = std::strtod(value.c_str(), &end);
+  std::string unit = end ? std::string(end) : std::string();
+  int64_t mult = 1;
+  if (!unit.empty()) {
+    char u = unit[0];
+    if (u == 'k' || u == 'K') mult = 1LL << 10;
+    else if (u == 'm' || u == 'M') mult = 1LL << 20;
+    else if (u == 'g' || u == 'G') mult = 1LL << 30;
+    else if (u == 't' || u == 'T') mult = 1LL << 40;
+    else UTIL_THROW2("nlmfeature: bad size '" << value << "' (use e.g. 500M or 2G)");
+  }
+  return static_cast<int64_t>(v * mult);
+}
+
+NLMClient::NLMClient()
+  : m_persistentMaxBytes(0), m_cacheEntries(-1), m_ngramCacheEntries(-1), m_spanMemoEntries(-1)
+  , m_contextCache(-1), m_factorType(0), m_verify(true), m_stats(false), m_model(NULL)
+{
+}
+
+NLMClient::~NLMClient()
+{
+  // sessions of other threads are freed with their threads; this thread's now
+  m_sessions.reset();
+  nlm_model_free(m_model);
+}
+
+bool NLMClient::SetParameter(const std::string &key, const std::string &value)
+{
+  if (key == "path") m_path = value;
+  else if (key == "factor") m_factorType = Scan<FactorType>(value);
+  else if (key == "persistent-cache") m_persistentCache = value;
+  else if (key == "persistent-cache-max") m_persistentMaxBytes = ParseBytes(value);
+  else if (key == "cache-entries") m_cacheEntries = Scan<int64_t>(value);
+  else if (key == "ngram-cache-entries") m_ngramCacheEntries = Scan<int64_t>(value);
+  else if (key == "span-memo-entries") m_spanMemoEntries = Scan<int64_t>(value);
+  else if (key == "context-cache") m_contextCache = value == "auto" ? -1 : (Scan<bool>(value) ? 1 : 0);
+  else if (key == "verify") m_verify = Scan<bool>(value);
+  else if (key == "stats") m_stats = Scan<bool>(value);
+  else return false;
+  return true;
+}
+
+void NLMClient::Load(const std::string &who)
+{
+  UTIL_THROW_IF2(nlm_abi_version() != NLM_ABI_VERSION,
+                 who << ": libnlmfeature has ABI " << nlm_abi_version() << " but Moses was built with "
+                 << NLM_ABI_VERSION << "; rebuild Moses against the installed nlmfeature");
+  nlm_load_options lo;
+  nlm_load_options_init(&lo);
+  lo.verify = m_verify ? 1 : 0;
+  int rc = nlm_model_load_ex(m_path.c_str(), &lo, &m_model);
+  UTIL_THROW_IF2(rc != NLM_OK, who << ": cannot load " << m_path << ": " << nlm_last_error());
+  FactorCollection &collection = FactorCollection::Instance();
+  const int32_t V = nlm_model_vocab_size(m_model);
+  for (int32_t v = 0; v < V; ++v) {
+    size_t len = 0;
+    const char *w = nlm_vocab_word(m_model, v, &len);
+    if (v == NLM_NULL) continue;  // <null> is padding, never a real word
+    size_t id = collection.AddFactor(StringPiece(w, len))->GetId();
+    if (id >= m_lookup.size()) m_lookup.resize(id + 1, NLM_UNK);
+    m_lookup[id] = v;
+  }
+  Session(who);
+}
+
+nlm_session *NLMClient::Session(const std::string &who) const
+{
+  ThreadSession *ts = m_sessions.get();
+  if (!ts) {
+    nlm_session_options o;
+    nlm_session_options_init(&o);
+    if (m_cacheEntries >= 0) o.cache_entries = m_cacheEntries;
+    if (m_ngramCacheEntries >= 0) o.ngram_cache_entries = m_ngramCacheEntries;
+    if (m_spanMemoEntries >= 0) o.span_memo_entries = m_spanMemoEntries;
+    if (!m_persistentCache.empty()) o.persistent_cache = m_persistentCache.c_str();
+    o.persistent_max_bytes = m_persistentMaxBytes;
+    o.context_cache = m_contextCache;
+    nlm_session *s = NULL;
+    int rc = nlm_session_new(m_model, &o, &s);
+    UTIL_THROW_IF2(rc != NLM_OK, who << ": " << nlm_last_error());
+    ts = new ThreadSession();
+    ts->session = s;
+    m_sessions.reset(ts);
+  }
+  return ts->session;
+}
+
+void NLMClient::Begin(const std::string &who, long id, const std::vector<int32_t> *source) const
+{
+  nlm_session *s = Session(who);
+  int rc = source ? nlm_session_begin_source(s, id, source->empty() ? NULL : &(*source)[0],
+                                             static_cast<int>(source->size()))
+                  : nlm_session_begin(s, id);
+  if (rc != NLM_OK) {
+    std::cerr << who << ": error: " << nlm_last_error() << "\n";
+    std::exit(2);
+  }
+}
+
+void NLMClient::End(const std::string &who, long id) const
+{
+  nlm_session *s = Session(who);
+  if (nlm_session_end(s) != NLM_OK)
+    std::cerr << who << ": warning: " << nlm_last_error() << "\n";
+  if (!m_stats) return;
+  ThreadSession *ts = m_sessions.get();
+  nlm_stats now;
+  now.struct_size = sizeof now;
+  nlm_session_stats(s, &now);
+  const nlm_stats &last = ts->last;
+  std::ostringstream msg;
+  msg << who << " sentence " << id
+      << " lookups=" << now.lookups - last.lookups
+      << " ngram_hits=" << now.ngram_hits - last.ngram_hits
+      << " context_hits=" << now.context_hits - last.context_hits
+      << " context_misses=" << now.context_misses - last.context_misses
+      << " class_hits=" << now.class_hits - last.class_hits
+      << " class_misses=" << now.class_misses - last.class_misses
+      << " persistent_hits=" << now.persistent_hits - last.persistent_hits
+      << " persistent_loaded=" << now.persistent_loaded - last.persistent_loaded
+      << " persistent_written=" << now.persistent_written - last.persistent_written
+      << " files_ignored=" << now.files_ignored - last.files_ignored
+      << " span_calls=" << now.span_calls - last.span_calls
+      << " span_hits=" << now.span_hits - last.span_hits << "\n";
+  std::cerr << msg.str();
+  ts->last = now;
+}
+
+// ---- NLMFeature ----------------------------------------------------------------------------
 
 size_t NLMFeatureState::hash() const
 {
@@ -49,73 +186,28 @@ bool NLMFeatureState::operator==(const FFState& o) const
 
 NLMFeature::NLMFeature(const std::string &line)
   : LanguageModel(line)
-  , m_persistentMaxBytes(0)
-  , m_cacheEntries(-1)
-  , m_ngramCacheEntries(-1)
-  , m_spanMemoEntries(-1)
-  , m_contextCache(-1)
   , m_order(0)
-  , m_factorType(0)
-  , m_verify(true)
-  , m_stats(false)
-  , m_model(NULL)
   , m_context(0)
   , m_bosFactor(FactorCollection::Instance().AddFactor(BOS_))
 {
   ReadParameters();
-  UTIL_THROW_IF2(m_path.empty(), "NLMFeature: the feature line needs path=/abs/model.nlm");
+  UTIL_THROW_IF2(m_nlm.Path().empty(), "NLMFeature: the feature line needs path=/abs/model.nlm");
 }
 
 NLMFeature::~NLMFeature()
 {
-  // sessions of other threads are freed with their threads; this thread's now
-  m_sessions.reset();
-  nlm_model_free(m_model);
 }
 
-int64_t NLMParseBytes(const std::string &value)
+inline nlm_session *NLMFeature::Session() const
 {
-  char *end = NULL;
-  double v = std::strtod(value.c_str(), &end);
-  std::string unit = end ? std::string(end) : std::string();
-  int64_t mult = 1;
-  if (!unit.empty()) {
-    char u = unit[0];
-    if (u == 'k' || u == 'K') mult = 1LL << 10;
-    else if (u == 'm' || u == 'M') mult = 1LL << 20;
-    else if (u == 'g' || u == 'G') mult = 1LL << 30;
-    else if (u == 't' || u == 'T') mult = 1LL << 40;
-    else UTIL_THROW2("NLMFeature: bad size '" << value << "' (use e.g. 500M or 2G)");
-  }
-  return static_cast<int64_t>(v * mult);
+  return m_nlm.Session(GetScoreProducerDescription());
 }
 
 void NLMFeature::SetParameter(const std::string& key, const std::string& value)
 {
-  if (key == "path") {
-    m_path = value;
-  } else if (key == "order") {
+  if (key == "order") {
     m_order = Scan<size_t>(value);
-  } else if (key == "factor") {
-    m_factorType = Scan<FactorType>(value);
-  } else if (key == "persistent-cache") {
-    m_persistentCache = value;
-  } else if (key == "persistent-cache-max") {
-    m_persistentMaxBytes = NLMParseBytes(value);
-  } else if (key == "cache-entries") {
-    m_cacheEntries = Scan<int64_t>(value);
-  } else if (key == "ngram-cache-entries") {
-    m_ngramCacheEntries = Scan<int64_t>(value);
-  } else if (key == "span-memo-entries") {
-    m_spanMemoEntries = Scan<int64_t>(value);
-  } else if (key == "context-cache") {
-    if (value == "auto") m_contextCache = -1;
-    else m_contextCache = Scan<bool>(value) ? 1 : 0;
-  } else if (key == "verify") {
-    m_verify = Scan<bool>(value);
-  } else if (key == "stats") {
-    m_stats = Scan<bool>(value);
-  } else {
+  } else if (!m_nlm.SetParameter(key, value)) {
     LanguageModel::SetParameter(key, value);
   }
 }
@@ -123,61 +215,18 @@ void NLMFeature::SetParameter(const std::string& key, const std::string& value)
 void NLMFeature::Load(AllOptions::ptr const& opts)
 {
   LanguageModel::Load(opts);
-  UTIL_THROW_IF2(nlm_abi_version() != NLM_ABI_VERSION,
-                 "NLMFeature: libnlmfeature has ABI " << nlm_abi_version() << " but Moses was built with "
-                 << NLM_ABI_VERSION << "; rebuild Moses against the installed nlmfeature");
-  nlm_load_options lo;
-  nlm_load_options_init(&lo);
-  lo.verify = m_verify ? 1 : 0;
-  int rc = nlm_model_load_ex(m_path.c_str(), &lo, &m_model);
-  UTIL_THROW_IF2(rc != NLM_OK, "NLMFeature " << GetScoreProducerDescription() << ": cannot load "
-                 << m_path << ": " << nlm_last_error());
-  m_context = nlm_model_state_size(m_model);
-  UTIL_THROW_IF2(m_order && m_order != static_cast<size_t>(nlm_model_order(m_model)),
-                 "NLMFeature: order=" << m_order << " on the feature line but " << m_path << " is an order-"
-                 << nlm_model_order(m_model) << " model");
+  m_nlm.Load("NLMFeature " + GetScoreProducerDescription());
+  nlm_model *model = m_nlm.Model();
+  m_context = nlm_model_state_size(model);
+  UTIL_THROW_IF2(m_order && m_order != static_cast<size_t>(nlm_model_order(model)),
+                 "NLMFeature: order=" << m_order << " on the feature line but " << m_nlm.Path() << " is an order-"
+                 << nlm_model_order(model) << " model");
   UTIL_THROW_IF2(m_context > NLMFeatureState::MAX_CONTEXT, "NLMFeature: model order above 16");
-
-  // map every model word to its Moses factor once (words Moses creates later are <unk>)
-  FactorCollection &collection = FactorCollection::Instance();
-  const int32_t V = nlm_model_vocab_size(m_model);
-  for (int32_t v = 0; v < V; ++v) {
-    size_t len = 0;
-    const char *w = nlm_vocab_word(m_model, v, &len);
-    if (v == NLM_NULL) continue;  // <null> is padding, never a real word
-    size_t id = collection.AddFactor(StringPiece(w, len))->GetId();
-    if (id >= m_lookup.size()) m_lookup.resize(id + 1, NLM_UNK);
-    m_lookup[id] = v;
-  }
-  // check the session options now (e.g. an unwritable persistent cache directory)
-  Session();
 }
 
 bool NLMFeature::IsUseable(const FactorMask &mask) const
 {
-  return mask[m_factorType];
-}
-
-nlm_session *NLMFeature::Session() const
-{
-  ThreadSession *ts = m_sessions.get();
-  if (!ts) {
-    nlm_session_options o;
-    nlm_session_options_init(&o);
-    if (m_cacheEntries >= 0) o.cache_entries = m_cacheEntries;
-    if (m_ngramCacheEntries >= 0) o.ngram_cache_entries = m_ngramCacheEntries;
-    if (m_spanMemoEntries >= 0) o.span_memo_entries = m_spanMemoEntries;
-    if (!m_persistentCache.empty()) o.persistent_cache = m_persistentCache.c_str();
-    o.persistent_max_bytes = m_persistentMaxBytes;
-    o.context_cache = m_contextCache;
-    nlm_session *s = NULL;
-    int rc = nlm_session_new(m_model, &o, &s);
-    UTIL_THROW_IF2(rc != NLM_OK, "NLMFeature " << GetScoreProducerDescription() << ": " << nlm_last_error());
-    ts = new ThreadSession();
-    ts->session = s;
-    m_sessions.reset(ts);
-  }
-  return ts->session;
+  return mask[m_nlm.Factor()];
 }
 
 const FFState* NLMFeature::EmptyHypothesisState(const InputType &/*input*/) const
@@ -201,7 +250,7 @@ void NLMFeature::CalcScore(const Phrase &phrase, float &fullScore, float &ngramS
   std::vector<int32_t> ids;
   ids.reserve(n + 1);
   size_t start = 0;
-  if (phrase.GetWord(0).GetFactor(m_factorType) == m_bosFactor) {
+  if (phrase.GetWord(0).GetFactor(m_nlm.Factor()) == m_bosFactor) {
     ids.push_back(NLM_BOS);  // a sentence start: context known to be <s>
     start = 1;
   }
@@ -277,42 +326,12 @@ FFState* NLMFeature::EvaluateWhenApplied(const ChartHypothesis &/*hypo*/, int /*
 
 void NLMFeature::InitializeForInput(ttasksptr const& ttask)
 {
-  long id = ttask->GetSource()->GetTranslationId();
-  if (nlm_session_begin(Session(), id) != NLM_OK) {
-    // the model file was overwritten in place: its mapping no longer holds the model, and
-    // every score would be NaN.  Stop with the reason rather than translate with garbage.
-    std::cerr << "NLMFeature " << GetScoreProducerDescription() << ": error: " << nlm_last_error() << "\n";
-    std::exit(2);
-  }
+  m_nlm.Begin("NLMFeature " + GetScoreProducerDescription(), ttask->GetSource()->GetTranslationId());
 }
 
 void NLMFeature::CleanUpAfterSentenceProcessing(ttasksptr const& ttask)
 {
-  nlm_session *s = Session();
-  if (nlm_session_end(s) != NLM_OK)
-    std::cerr << "NLMFeature " << GetScoreProducerDescription() << ": warning: " << nlm_last_error() << "\n";
-  if (m_stats) {
-    ThreadSession *ts = m_sessions.get();
-    nlm_stats now;
-    now.struct_size = sizeof now;
-    nlm_session_stats(s, &now);
-    std::ostringstream msg;
-    msg << "NLMFeature " << GetScoreProducerDescription() << " sentence " << ttask->GetSource()->GetTranslationId()
-        << " lookups=" << now.lookups - ts->last.lookups
-        << " ngram_hits=" << now.ngram_hits - ts->last.ngram_hits
-        << " context_hits=" << now.context_hits - ts->last.context_hits
-        << " context_misses=" << now.context_misses - ts->last.context_misses
-        << " class_hits=" << now.class_hits - ts->last.class_hits
-        << " class_misses=" << now.class_misses - ts->last.class_misses
-        << " persistent_hits=" << now.persistent_hits - ts->last.persistent_hits
-        << " persistent_loaded=" << now.persistent_loaded - ts->last.persistent_loaded
-        << " persistent_written=" << now.persistent_written - ts->last.persistent_written
-        << " files_ignored=" << now.files_ignored - ts->last.files_ignored
-        << " span_calls=" << now.span_calls - ts->last.span_calls
-        << " span_hits=" << now.span_hits - ts->last.span_hits << "\n";
-    std::cerr << msg.str();
-    ts->last = now;
-  }
+  m_nlm.End("NLMFeature " + GetScoreProducerDescription(), ttask->GetSource()->GetTranslationId());
 }
 
 }  // namespace Moses

@@ -26,17 +26,66 @@
 #include "moses/Word.h"
 #include "moses/Factor.h"
 
-// from nlmfeature.h (included by NLMFeature.cpp only, so Factory.cpp needs no include path)
+// from nlmfeature.h (included by the .cpp files only, so Factory.cpp needs no include path)
 struct nlm_model;
 struct nlm_session;
 
 namespace Moses
 {
 
-//! Exact LM state: the last n-1 ids (fewer only right after <s>), oldest first.
-//! "500M", "2G", ... in bytes (the persistent-cache-max parameter of both features)
-int64_t NLMParseBytes(const std::string &value);
+//! What the two nlmfeature features (NLMFeature, NLMJointFeature) share: the model, one
+//! session per decoder thread, the session options of the feature line, the Moses factor ->
+//! model word table, the sentence start and end, and the per-sentence stats.  Defined in
+//! NLMFeature.cpp (which alone includes nlmfeature.h).
+class NLMClient
+{
+public:
+  NLMClient();
+  ~NLMClient();
+  //! the feature-line keys of every nlmfeature feature (path, factor, persistent-cache,
+  //! persistent-cache-max, cache-entries, ngram-cache-entries, span-memo-entries,
+  //! context-cache, verify, stats); false for a key it does not know
+  bool SetParameter(const std::string &key, const std::string &value);
+  //! load the model (ABI and file checked), map every model word to its Moses factor once
+  //! (words Moses creates later are <unk>) and open this thread's session now, so that bad
+  //! session options (an unwritable persistent cache) fail at load
+  void Load(const std::string &who);
+  nlm_model *Model() const { return m_model; }
+  const std::string &Path() const { return m_path; }
+  FactorType Factor() const { return m_factorType; }
+  //! the model id of a Moses word (0 = <unk> for words the model does not know)
+  int32_t Id(const Word &word) const {
+    size_t f = word.GetFactor(m_factorType)->GetId();
+    return f < m_lookup.size() ? m_lookup[f] : 0;
+  }
+  //! this decoder thread's session (opened on first use)
+  nlm_session *Session(const std::string &who) const;
+  //! start sentence `id` (a joint model: with its source ids).  A model file overwritten in
+  //! place is fatal: its mapping no longer holds the model and every score would be NaN, so
+  //! Moses stops with the reason rather than translate with garbage.
+  void Begin(const std::string &who, long id, const std::vector<int32_t> *source = NULL) const;
+  //! end the sentence (the persistent cache writes); with stats=true print its counters
+  void End(const std::string &who, long id) const;
 
+private:
+  struct ThreadSession;  // a session and its counters (NLMFeature.cpp)
+
+  std::string m_path;
+  std::string m_persistentCache;
+  int64_t m_persistentMaxBytes;
+  int64_t m_cacheEntries;
+  int64_t m_ngramCacheEntries;
+  int64_t m_spanMemoEntries;  // -1: the library's default
+  int m_contextCache;         // -1 auto, 0 off, 1 on
+  FactorType m_factorType;
+  bool m_verify;
+  bool m_stats;
+  nlm_model *m_model;
+  std::vector<int32_t> m_lookup;  // Moses factor id -> model word id
+  mutable boost::thread_specific_ptr<ThreadSession> m_sessions;
+};
+
+//! Exact LM state: the last n-1 ids (fewer only right after <s>), oldest first.
 class NLMFeatureState : public FFState
 {
 public:
@@ -70,30 +119,13 @@ public:
   void CleanUpAfterSentenceProcessing(ttasksptr const& ttask);
 
 private:
-  struct ThreadSession;  // a session and its counters (NLMFeature.cpp)
-
   nlm_session *Session() const;
-  int32_t Id(const Word &word) const {
-    size_t f = word.GetFactor(m_factorType)->GetId();
-    return f < m_lookup.size() ? m_lookup[f] : 0;  // 0 = <unk>
-  }
+  int32_t Id(const Word &word) const { return m_nlm.Id(word); }
 
-  std::string m_path;
-  std::string m_persistentCache;
-  int64_t m_persistentMaxBytes;
-  int64_t m_cacheEntries;
-  int64_t m_ngramCacheEntries;
-  int64_t m_spanMemoEntries; // -1: the library's default
-  int m_contextCache;        // -1 auto, 0 off, 1 on
+  NLMClient m_nlm;
   size_t m_order;            // 0: take the model's
-  FactorType m_factorType;
-  bool m_verify;
-  bool m_stats;
-  nlm_model *m_model;
   int m_context;             // n-1
   const Factor *m_bosFactor;
-  std::vector<int32_t> m_lookup;  // Moses factor id -> model word id
-  mutable boost::thread_specific_ptr<ThreadSession> m_sessions;
 };
 
 }  // namespace Moses

@@ -26,56 +26,24 @@
 namespace Moses
 {
 
-struct NLMJointFeature::ThreadSession {
-  nlm_session *session;
-  nlm_stats last;
-  ThreadSession() : session(NULL) {
-    std::memset(&last, 0, sizeof last);
-    last.struct_size = sizeof(nlm_stats);
-  }
-  ~ThreadSession() { nlm_session_free(session); }
-};
-
 NLMJointFeature::NLMJointFeature(const std::string &line)
   : StatefulFeatureFunction(1, line)
-  , m_persistentMaxBytes(0)
-  , m_cacheEntries(-1)
-  , m_factorType(0)
   , m_sourceFactorType(0)
-  , m_verify(true)
-  , m_stats(false)
-  , m_model(NULL)
   , m_context(0)
 {
   ReadParameters();
-  UTIL_THROW_IF2(m_path.empty(), "NLMJointFeature: the feature line needs path=/abs/joint.nlm");
+  UTIL_THROW_IF2(m_nlm.Path().empty(), "NLMJointFeature: the feature line needs path=/abs/joint.nlm");
 }
 
 NLMJointFeature::~NLMJointFeature()
 {
-  m_sessions.reset();
-  nlm_model_free(m_model);
 }
 
 void NLMJointFeature::SetParameter(const std::string& key, const std::string& value)
 {
-  if (key == "path") {
-    m_path = value;
-  } else if (key == "factor") {
-    m_factorType = Scan<FactorType>(value);
-  } else if (key == "source-factor") {
+  if (key == "source-factor") {
     m_sourceFactorType = Scan<FactorType>(value);
-  } else if (key == "cache-entries") {
-    m_cacheEntries = Scan<int64_t>(value);
-  } else if (key == "persistent-cache") {
-    m_persistentCache = value;
-  } else if (key == "persistent-cache-max") {
-    m_persistentMaxBytes = NLMParseBytes(value);
-  } else if (key == "verify") {
-    m_verify = Scan<bool>(value);
-  } else if (key == "stats") {
-    m_stats = Scan<bool>(value);
-  } else {
+  } else if (!m_nlm.SetParameter(key, value)) {
     StatefulFeatureFunction::SetParameter(key, value);
   }
 }
@@ -83,54 +51,21 @@ void NLMJointFeature::SetParameter(const std::string& key, const std::string& va
 void NLMJointFeature::Load(AllOptions::ptr const& opts)
 {
   m_options = opts;
-  UTIL_THROW_IF2(nlm_abi_version() != NLM_ABI_VERSION,
-                 "NLMJointFeature: libnlmfeature has ABI " << nlm_abi_version() << " but Moses was built with "
-                 << NLM_ABI_VERSION << "; rebuild Moses against the installed nlmfeature");
-  nlm_load_options lo;
-  nlm_load_options_init(&lo);
-  lo.verify = m_verify ? 1 : 0;
-  int rc = nlm_model_load_ex(m_path.c_str(), &lo, &m_model);
-  UTIL_THROW_IF2(rc != NLM_OK, "NLMJointFeature " << GetScoreProducerDescription() << ": cannot load "
-                 << m_path << ": " << nlm_last_error());
-  UTIL_THROW_IF2(nlm_model_source_window(m_model) <= 0, "NLMJointFeature: " << m_path
+  m_nlm.Load("NLMJointFeature " + GetScoreProducerDescription());
+  UTIL_THROW_IF2(nlm_model_source_window(m_nlm.Model()) <= 0, "NLMJointFeature: " << m_nlm.Path()
                  << " is a target-only model: use NLMFeature for it");
-  m_context = nlm_model_state_size(m_model);
+  m_context = nlm_model_state_size(m_nlm.Model());
   UTIL_THROW_IF2(m_context > NLMJointState::MAX_CONTEXT, "NLMJointFeature: model order above 16");
-  FactorCollection &collection = FactorCollection::Instance();
-  const int32_t V = nlm_model_vocab_size(m_model);
-  for (int32_t v = 0; v < V; ++v) {
-    size_t len = 0;
-    const char *w = nlm_vocab_word(m_model, v, &len);
-    if (v == NLM_NULL) continue;
-    size_t id = collection.AddFactor(StringPiece(w, len))->GetId();
-    if (id >= m_lookup.size()) m_lookup.resize(id + 1, NLM_UNK);
-    m_lookup[id] = v;
-  }
-  Session();
 }
 
 bool NLMJointFeature::IsUseable(const FactorMask &mask) const
 {
-  return mask[m_factorType];
+  return mask[m_nlm.Factor()];
 }
 
-nlm_session *NLMJointFeature::Session() const
+inline nlm_session *NLMJointFeature::Session() const
 {
-  ThreadSession *ts = m_sessions.get();
-  if (!ts) {
-    nlm_session_options o;
-    nlm_session_options_init(&o);
-    if (m_cacheEntries >= 0) o.cache_entries = m_cacheEntries;
-    if (!m_persistentCache.empty()) o.persistent_cache = m_persistentCache.c_str();
-    o.persistent_max_bytes = m_persistentMaxBytes;
-    nlm_session *s = NULL;
-    int rc = nlm_session_new(m_model, &o, &s);
-    UTIL_THROW_IF2(rc != NLM_OK, "NLMJointFeature " << GetScoreProducerDescription() << ": " << nlm_last_error());
-    ts = new ThreadSession();
-    ts->session = s;
-    m_sessions.reset(ts);
-  }
-  return ts->session;
+  return m_nlm.Session(GetScoreProducerDescription());
 }
 
 void NLMJointFeature::Affiliations(const TargetPhrase &phrase, size_t start, size_t srcLen,
@@ -256,33 +191,14 @@ void NLMJointFeature::InitializeForInput(ttasksptr const& ttask)
   std::vector<int32_t> src(sent->GetSize());
   for (size_t i = 0; i < sent->GetSize(); ++i) {
     const StringPiece w = sent->GetWord(i).GetFactor(m_sourceFactorType)->GetString();
-    src[i] = nlm_source_word_id(m_model, w.data(), w.size());
+    src[i] = nlm_source_word_id(m_nlm.Model(), w.data(), w.size());
   }
-  int rc = nlm_session_begin_source(Session(), input.GetTranslationId(), src.empty() ? NULL : &src[0],
-                                    static_cast<int>(src.size()));
-  UTIL_THROW_IF2(rc != NLM_OK, "NLMJointFeature: " << nlm_last_error());
+  m_nlm.Begin("NLMJointFeature " + GetScoreProducerDescription(), input.GetTranslationId(), &src);
 }
 
 void NLMJointFeature::CleanUpAfterSentenceProcessing(ttasksptr const& ttask)
 {
-  nlm_session *s = Session();
-  nlm_session_end(s);
-  if (m_stats) {
-    ThreadSession *ts = m_sessions.get();
-    nlm_stats now;
-    now.struct_size = sizeof now;
-    nlm_session_stats(s, &now);
-    std::ostringstream msg;
-    msg << "NLMJointFeature " << GetScoreProducerDescription() << " sentence "
-        << ttask->GetSource()->GetTranslationId()
-        << " lookups=" << now.lookups - ts->last.lookups
-        << " ngram_hits=" << now.ngram_hits - ts->last.ngram_hits
-        << " context_hits=" << now.context_hits - ts->last.context_hits
-        << " context_misses=" << now.context_misses - ts->last.context_misses
-        << " persistent_hits=" << now.persistent_hits - ts->last.persistent_hits << "\n";
-    std::cerr << msg.str();
-    ts->last = now;
-  }
+  m_nlm.End("NLMJointFeature " + GetScoreProducerDescription(), ttask->GetSource()->GetTranslationId());
 }
 
 }  // namespace Moses

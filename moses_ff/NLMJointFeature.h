@@ -27,8 +27,6 @@
 #include <string>
 #include <vector>
 
-#include <boost/thread/tss.hpp>
-
 #include "moses/FF/StatefulFeatureFunction.h"
 #include "moses/TypeDef.h"
 #include "moses/Word.h"
@@ -72,27 +70,12 @@ public:
                            std::vector<int> &out);
 
 private:
-  struct ThreadSession;
-
   nlm_session *Session() const;
-  int32_t Id(const Word &word) const {
-    size_t f = word.GetFactor(m_factorType)->GetId();
-    return f < m_lookup.size() ? m_lookup[f] : 0;  // 0 = <unk>
-  }
+  int32_t Id(const Word &word) const { return m_nlm.Id(word); }
 
-  std::string m_path;
-  std::string m_persistentCache;
-  int64_t m_persistentMaxBytes;
-  int64_t m_cacheEntries;
-  FactorType m_factorType;
+  NLMClient m_nlm;           // model, per-thread sessions, options, stats (NLMFeature.h)
   FactorType m_sourceFactorType;
-  bool m_verify;
-  bool m_stats;
-  nlm_model *m_model;
   int m_context;             // n-1
-  std::vector<int32_t> m_lookup;     // Moses factor id -> target id
-  std::vector<int32_t> m_srcLookup;  // Moses factor id -> source id
-  mutable boost::thread_specific_ptr<ThreadSession> m_sessions;
 };
 
 }  // namespace Moses

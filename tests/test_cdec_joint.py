@@ -32,7 +32,7 @@ DATA = os.path.join(HERE, "data", "decoder", "multi30k")
 @pytest.fixture(scope="module")
 def shim(tmp_path_factory) -> str:
     d = tmp_path_factory.mktemp("cdec_ff_joint")
-    for name in ("nlm_joint_ff.cc", "Makefile", "exports.map"):
+    for name in ("nlm_joint_ff.cc", "nlm_client.h", "Makefile", "exports.map"):
         shutil.copy(os.path.join(REPO, "cdec_ff", name), d / name)
     p = subprocess.run(["make", f"CDEC_ROOT={CDEC_ROOT}", f"CDEC_BUILD={CDEC_BUILD}", "libcdec_ff_nlmjoint.so"],
                        cwd=d, capture_output=True, text=True)

@@ -39,7 +39,7 @@ pytestmark = [pytest.mark.decoder, pytestmark]   # -m decoder / -m "not decoder"
 def shim(tmp_path_factory) -> str:
     """libcdec_ff_nlm.so built by cdec_ff/Makefile (in a scratch copy of cdec_ff/)."""
     d = tmp_path_factory.mktemp("cdec_ff")
-    for name in ("nlm_ff.cc", "Makefile", "exports.map"):
+    for name in ("nlm_ff.cc", "nlm_client.h", "Makefile", "exports.map"):
         shutil.copy(os.path.join(REPO, "cdec_ff", name), d / name)
     # flags of the package under test (the `nlmfeature` script on PATH may be another install's)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))

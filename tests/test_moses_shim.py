@@ -54,8 +54,12 @@ def moses() -> str:
     if not _moses_binaries(root):
         pytest.skip(f"{root} has no built moses-cmd binary; build Moses first")
     lm_dir = os.path.join(root, "moses", "LM")
-    for name in ("NLMFeature.h", "NLMFeature.cpp"):
+    # NLMFeature.*, and the joint feature's files if the tree has them (it builds against
+    # NLMFeature.h: an old copy beside a new NLMFeature.h would not compile)
+    for name in ("NLMFeature.h", "NLMFeature.cpp", "NLMJointFeature.h", "NLMJointFeature.cpp"):
         src, dst = os.path.join(REPO, "moses_ff", name), os.path.join(lm_dir, name)
+        if name.startswith("NLMJoint") and not os.path.exists(dst):
+            continue
         if not os.path.exists(dst) or not filecmp.cmp(src, dst, shallow=False):
             shutil.copy(src, dst)
     factory = open(os.path.join(root, "moses", "FF", "Factory.cpp"), encoding="utf-8").read()

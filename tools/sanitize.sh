@@ -29,12 +29,15 @@ cd "$dir"
 echo "== building with NLMFEATURE_SANITIZE=$san in $dir" >&2
 NLMFEATURE_SANITIZE=$san python3 setup.py build_ext --inplace -q > build.log 2>&1 || { tail -30 build.log; exit 1; }
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+# the instrumented copy, not an installed nlmfeature (src/ layout: the package is in src/)
+export PYTHONPATH="$dir/src${PYTHONPATH:+:$PYTHONPATH}"
+python3 -c 'import importlib.util as u, sys; o = u.find_spec("nlmfeature").origin; sys.exit(0 if o.startswith(sys.argv[1]) else "the sanitizer copy is not the package imported: " + o)' "$dir/src"
 if [ "$mode" = asan ]; then
   export LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
   export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1:verify_asan_link_order=0
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   python3 -m pytest -q -x -p no:cacheprovider tests/test_scorer.py tests/test_modelfile.py tests/test_capi.py \
-    tests/test_pcache.py tests/test_kbest.py tests/test_boundary.py tests/test_nplm.py "$@" 2>&1 | tee asan.log
+    tests/test_pcache.py tests/test_kbest.py tests/test_boundary.py tests/test_nplm.py tests/test_joint.py "$@" 2>&1 | tee asan.log
   status=${PIPESTATUS[0]}
   if grep -q -e "ERROR: AddressSanitizer" -e "runtime error:" asan.log; then status=1; fi
   exit $status
@@ -42,8 +45,8 @@ fi
 # tsan: the C test program from 8 threads.  Python steps run on the normal build of the
 # source checkout (a Python process cannot dlopen the TSan runtime); the program itself
 # carries the runtime and loads the instrumented library and extensions.
-cc -O1 -g -fsanitize=thread -I"$dir/nlmfeature/include" tests/c/test_capi.c -o test_capi_tsan \
-  -L"$dir/nlmfeature/lib" -Wl,-rpath,"$dir/nlmfeature/lib" -lnlmfeature -lpthread -lm
+cc -O1 -g -fsanitize=thread -I"$dir/src/nlmfeature/include" tests/c/test_capi.c -o test_capi_tsan \
+  -L"$dir/src/nlmfeature/lib" -Wl,-rpath,"$dir/src/nlmfeature/lib" -lnlmfeature -lpthread -lm
 (cd "$src" && python3 - "$dir" <<'PY'
 import sys
 sys.path.insert(0, "tests")
