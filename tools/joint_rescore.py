@@ -36,9 +36,8 @@ def run(cmd, **kw):
 
 
 def lines(path):
-    op = gzip.open if path.endswith(".gz") else open
-    with op(path, "rt", encoding="utf-8") as f:
-        return [l.rstrip("\n") for l in f]
+    from nlmfeature.io.textio import read_lines  # the package's one text reader
+    return read_lines(path)
 
 
 def err_params(path):
@@ -87,7 +86,7 @@ def strip_features(src, dst, drop):
 
 
 def rerank(nbest, weights, out):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
     from nlmfeature.mt.kbest import read_kbest
     from nlmfeature.mt.weights import read_weights
 
@@ -111,7 +110,7 @@ def paired_bootstrap(ref, base_hyp, hyp, samples=1000, seed=0):
     """(BLEU gain, p-value): Koehn 2004's paired bootstrap, the fraction of resampled test
     sets on which ``hyp`` is not better than ``base_hyp``."""
     import numpy as np
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
     from nlmfeature.mt.bleu import References, corpus_bleu
 
     refs = References.from_files([ref])

@@ -29,10 +29,10 @@ cd "$dir"
 echo "== building with NLMFEATURE_SANITIZE=$san in $dir" >&2
 NLMFEATURE_SANITIZE=$san python3 setup.py build_ext --inplace -q > build.log 2>&1 || { tail -30 build.log; exit 1; }
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-# the instrumented copy, not an installed nlmfeature (src/ layout: the package is in src/)
-export PYTHONPATH="$dir/src${PYTHONPATH:+:$PYTHONPATH}"
-python3 -c 'import importlib.util as u, sys; o = u.find_spec("nlmfeature").origin; sys.exit(0 if o.startswith(sys.argv[1]) else "the sanitizer copy is not the package imported: " + o)' "$dir/src"
 if [ "$mode" = asan ]; then
+  # the instrumented copy, not an installed nlmfeature (src/ layout: the package is in src/)
+  export PYTHONPATH="$dir/src${PYTHONPATH:+:$PYTHONPATH}"
+  python3 -c 'import importlib.util as u, sys; o = u.find_spec("nlmfeature").origin; sys.exit(0 if o.startswith(sys.argv[1]) else "the sanitizer copy is not the package imported: " + o)' "$dir/src"
   export LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
   export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1:verify_asan_link_order=0
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
@@ -47,7 +47,7 @@ fi
 # carries the runtime and loads the instrumented library and extensions.
 cc -O1 -g -fsanitize=thread -I"$dir/src/nlmfeature/include" tests/c/test_capi.c -o test_capi_tsan \
   -L"$dir/src/nlmfeature/lib" -Wl,-rpath,"$dir/src/nlmfeature/lib" -lnlmfeature -lpthread -lm
-(cd "$src" && python3 - "$dir" <<'PY'
+(cd "$src" && PYTHONPATH="$src/src" python3 - "$dir" <<'PY'
 import sys
 sys.path.insert(0, "tests")
 from helpers import make_model, read_lines, BROWN_VALID
@@ -62,7 +62,9 @@ status=0
 for m in tsan-class.nlm tsan-unnorm.nlm; do
   for extra in "" "--pcache tsan-pcache"; do
     echo "== test_capi score $m --threads 8 $extra" >&2
-    ./test_capi_tsan score $m tsan-text.txt --threads 8 $extra > /dev/null 2> tsan.err || status=1
+    # the cache is used for every model (the policy would skip it for the unnormalised one)
+    NLMFEATURE_PERSISTENT_CACHE=always ./test_capi_tsan score $m tsan-text.txt --threads 8 $extra \
+      > /dev/null 2> tsan.err || status=1
     grep -v '^stats ' tsan.err || true
     if grep -q "WARNING: ThreadSanitizer" tsan.err; then status=1; fi
   done
