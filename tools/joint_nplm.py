@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 import nlmfeature  # noqa: E402
 from nlmfeature.core.joint import joint_ngrams, read_parallel  # noqa: E402
 
