@@ -57,3 +57,42 @@ def stats_totals(stderr: str, prefix: str) -> dict:
                     k, v = kv.split("=")
                     totals[k] = totals.get(k, 0) + int(v)
     return totals
+
+
+def decode_while_model_changes(cmd: List[str], sentences: List[str], live: str, replacement: str,
+                               timeout: float = 300):
+    """Run a decoder ``cmd`` reading sentences from its standard input: feed the first
+    sentence, wait for its translation on standard output, overwrite the model file ``live``
+    in place (``cp replacement live``: the unsafe way a user might replace it), then feed the
+    rest.  Returns (exit status, the translations printed, standard error)."""
+    import shutil
+    import subprocess
+    import threading
+
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    err: List[str] = []
+    reader = threading.Thread(target=lambda: err.append(p.stderr.read()), daemon=True)
+    reader.start()
+    p.stdin.write(sentences[0] + "\n")
+    p.stdin.flush()
+    got = []
+    first = [None]
+    t = threading.Thread(target=lambda: first.__setitem__(0, p.stdout.readline()), daemon=True)
+    t.start()
+    t.join(timeout)
+    if first[0] is None:
+        p.kill()
+        raise AssertionError("the decoder printed no translation of the first sentence")
+    got.append(first[0].rstrip("\n"))
+    shutil.copyfile(replacement, live)        # in place: same inode, other size
+    try:
+        p.stdin.write("\n".join(sentences[1:]) + "\n")
+        p.stdin.close()
+    except BrokenPipeError:
+        pass
+    rest = p.stdout.read()
+    p.wait(timeout=timeout)
+    reader.join(timeout)
+    got.extend(l for l in rest.splitlines() if l)
+    return p.returncode, got, "".join(err)

@@ -21,7 +21,7 @@ import nlmfeature
 from nlmfeature.core.architecture import ModelSpec, precompute_tables, random_model
 from nlmfeature.core.vocab import Vocabulary, count_words
 
-from helpers import stats_totals
+from helpers import decode_while_model_changes, stats_totals
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -158,3 +158,21 @@ def test_bad_arguments_fail_cleanly(shim, grammar, tmp_path):
                        text=True, timeout=300)
     assert p.returncode == 1
     assert "missing.nlm: cannot open model file" in p.stderr
+
+
+def test_model_overwritten_in_place_stops_cdec_with_the_reason(shim, grammar, models, tmp_path):
+    # as for Moses: the next sentence start notices `cp new.nlm live.nlm`; cdec stops with
+    # exit status 2 and a message naming the file
+    live = str(tmp_path / "live.nlm")
+    shutil.copyfile(models["unnormalised"], live)
+    ini = tmp_path / "live.ini"
+    ini.write_text(f"formalism=scfg\ngrammar={grammar}\nadd_pass_through_rules=true\n"
+                   f"feature_function=External {shim} --model {live}\n")
+    w = tmp_path / "weights"
+    w.write_text("".join(f"{k} {v}\n" for k, v in WEIGHTS.items()))
+    sentences = open(os.path.join(DATA, "fr.txt"), encoding="utf-8").read().splitlines()
+    status, out, err = decode_while_model_changes([CDEC, "-c", str(ini), "-w", str(w)], sentences, live,
+                                                  models["class"])
+    assert status == 2, err[-2000:]
+    assert len(out) == 1
+    assert f"{live}: the model file was changed in place" in err

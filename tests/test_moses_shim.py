@@ -27,7 +27,7 @@ from nlmfeature.core.architecture import ModelSpec, precompute_tables, random_mo
 from nlmfeature.commands import config as nlmconfig
 from nlmfeature.core.vocab import Vocabulary, count_words
 
-from helpers import stats_totals
+from helpers import decode_while_model_changes, stats_totals
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -199,3 +199,17 @@ def test_bad_model_path_is_a_clean_error(moses, tmp_path):
     assert p.returncode != 0
     assert "missing.nlm: cannot open model file" in p.stderr
     assert "Segmentation" not in p.stderr and p.returncode > 0
+
+
+def test_model_overwritten_in_place_stops_moses_with_the_reason(moses, models, tmp_path):
+    # `cp new.nlm live.nlm` under a running decoder: the next sentence start notices the file
+    # changed (size / mtime of the mapped file) and Moses stops with exit status 2 and a
+    # message naming the file, instead of SIGBUS or NaN scores
+    live = str(tmp_path / "live.nlm")
+    shutil.copyfile(models["unnormalised"], live)
+    ini = write_ini(tmp_path / "live.ini", f"NLMFeature name=NLM0 path={live}")
+    sentences = open(os.path.join(DATA, "fr.txt"), encoding="utf-8").read().splitlines()
+    status, out, err = decode_while_model_changes([moses, "-f", ini], sentences, live, models["class"])
+    assert status == 2, err[-2000:]
+    assert len(out) == 1
+    assert f"{live}: the model file was changed in place" in err
