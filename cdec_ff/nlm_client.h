@@ -154,7 +154,7 @@ class NLMClient {
       const nlm_stats& last = stats_last_;
       fprintf(stderr, "%s sentence %d lookups=%lld ngram_hits=%lld context_hits=%lld "
               "context_misses=%lld class_hits=%lld class_misses=%lld persistent_hits=%lld "
-              "persistent_loaded=%lld persistent_written=%lld files_ignored=%lld%s\n",
+              "persistent_loaded=%lld persistent_written=%lld files_ignored=%lld nlm_ns=%lld%s\n",
               kind_, sentence_,
               (long long)(now.lookups - last.lookups),
               (long long)(now.ngram_hits - last.ngram_hits),
@@ -165,7 +165,8 @@ class NLMClient {
               (long long)(now.persistent_hits - last.persistent_hits),
               (long long)(now.persistent_loaded - last.persistent_loaded),
               (long long)(now.persistent_written - last.persistent_written),
-              (long long)(now.files_ignored - last.files_ignored), extra.c_str());
+              (long long)(now.files_ignored - last.files_ignored),
+              (long long)(now.nlm_ns - last.nlm_ns), extra.c_str());
       stats_last_ = now;
     }
     sentence_ = -1;

@@ -164,7 +164,8 @@ void NLMClient::End(const std::string &who, long id) const
       << " persistent_written=" << now.persistent_written - last.persistent_written
       << " files_ignored=" << now.files_ignored - last.files_ignored
       << " span_calls=" << now.span_calls - last.span_calls
-      << " span_hits=" << now.span_hits - last.span_hits << "\n";
+      << " span_hits=" << now.span_hits - last.span_hits
+      << " nlm_ns=" << now.nlm_ns - last.nlm_ns << "\n";
   std::cerr << msg.str();
   ts->last = now;
 }

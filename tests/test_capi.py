@@ -97,6 +97,17 @@ def test_four_threads_match_python(binary, models, text, kind):
     n_tokens = sum(len(s) for s in c_scores)
     for st in stats:
         assert st["lookups"] == n_tokens and st["sentences"] == TEXT_LINES
+        assert st["nlm_ns"] == 0   # timing is off unless asked for
+
+
+def test_timing_counts_the_time_inside_the_scorer(binary, models, text):
+    # NLMFEATURE_TIMING=1: nanoseconds inside the scorer's calls; the scores are unchanged
+    env = dict(os.environ, NLMFEATURE_TIMING="1")
+    c_scores, stats, _ = run_score(binary, models["class"], text, "--threads", "1", env=env)
+    assert_same(c_scores, python_scores(models["class"], text))
+    n_tokens = sum(len(s) for s in c_scores)
+    # a class-factored lookup without caches costs well over a nanosecond and under 10 ms
+    assert n_tokens < stats[0]["nlm_ns"] < 10_000_000 * n_tokens
 
 
 def test_plain_c_program_needs_no_setup(binary, models, text):

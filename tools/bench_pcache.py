@@ -19,7 +19,11 @@ weights", as a resumed or repeated tuning run does).
 
 Printed per iteration: the decoders' CPU seconds (user + system of the Moses process, one
 decoder thread: steady on a shared machine, where wall time is not), the NLM's cost (CPU time
-beyond the KenLM-only decode) without and with the cache and their ratio, the share of each level found on disk (n-gram scores: share of
+beyond the KenLM-only decode) without and with the cache and their ratio, the time inside the
+scorer (``NLMFEATURE_TIMING=1``: every scoring call, sentence begin and end, the clock's cost
+subtracted) without and with the cache and their ratio -- the NLM cost minus this is the
+feature's effect on the search (other hypotheses, less recombination), which no cache can
+remove --, the share of each level found on disk (n-gram scores: share of
 lookups; context normalisers: share of distinct contexts; within-class normalisers: share
 of distinct (context, class) pairs; from ``NLMFEATURE_CACHE_STATS=1``), the share of the
 iteration's distinct n-grams already on disk (the n-gram-level bound: if only n-gram
@@ -119,7 +123,7 @@ def write_ini(path: str, head: List[str], weights: List[str], nlm: Optional[str]
     lines = list(head)
     if nlm:
         idx = max(i for i, l in enumerate(lines) if l.strip() and not l.startswith("#")) + 1
-        lines.insert(idx, f"NLMFeature name=NLM0 path={os.path.abspath(nlm)} factor=0 {extra}".rstrip())
+        lines.insert(idx, f"NLMFeature name=NLM0 path={os.path.abspath(nlm)} factor=0 stats=true {extra}".rstrip())
     lines.append("[weight]")
     lines += [w for w in weights if nlm or not w.startswith("NLM0=")]
     with open(path, "w", encoding="utf-8") as f:
@@ -139,12 +143,16 @@ def run_moses(moses: str, ini: str, src: str, nbest: str, threads: int, env: Dic
         raise RuntimeError(f"moses failed ({' '.join(cmd)}):\n{p.stderr[-3000:]}")
     trans = sum(float(m.group(1)) for m in re.finditer(r"Translation took ([0-9.]+) seconds total", p.stderr))
     st: Dict[str, int] = {}
+    scorer_ns = 0
     for line in p.stderr.splitlines():
         if line.startswith("nlmfeature: cache sentence "):
             for kv in line.split()[4:]:
                 k, v = kv.split("=")
                 st[k] = st.get(k, 0) + int(v)
+        elif line.startswith("NLMFeature ") and " nlm_ns=" in line:
+            scorer_ns += int(line.split(" nlm_ns=")[1].split()[0])
     return {"wall": wall, "cpu": cpu, "translation": trans, "stats": st, "output": p.stdout,
+            "scorer": scorer_ns / 1e9,
             "notes": [l for l in p.stderr.splitlines() if l.startswith("nlmfeature:") and "cache sentence" not in l]}
 
 
@@ -236,8 +244,8 @@ def main(argv=None) -> int:
     ini0 = prepare_system(args.system, args.moses_root, src, work)
     head, weights0 = split_ini(ini0)
     # this checkout's library and package (Moses' RUNPATH names the tree it was built against)
-    env = dict(os.environ, NLMFEATURE_CACHE_STATS="1",
-               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    env = dict(os.environ, NLMFEATURE_CACHE_STATS="1", NLMFEATURE_TIMING="1",
+               PYTHONPATH=os.path.join(REPO, "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
                LD_LIBRARY_PATH=os.path.join(REPO, "src", "nlmfeature", "lib") + os.pathsep
                + os.environ.get("LD_LIBRARY_PATH", ""))
     env.pop("NLMFEATURE_PERSISTENT_CACHE", None)
@@ -257,7 +265,8 @@ def main(argv=None) -> int:
             rows = []
             print(f"\n== {name} model, {alg.upper()} ({label})")
             print(f"{'iter':>4s} {'KenLM s':>8s} {'NLM s':>7s} {'+cache s':>8s} {'NLM cost':>8s} "
-                  f"{'w/ cache':>8s} {'ratio':>6s} {'ngram':>6s} {'dist.':>6s} {'ctx':>6s} {'class':>6s} "
+                  f"{'w/ cache':>8s} {'ratio':>6s} {'scorer':>7s} {'w/ cache':>8s} {'ratio':>6s} "
+                  f"{'ngram':>6s} {'dist.':>6s} {'ctx':>6s} {'class':>6s} "
                   f"{'bound':>6s} {'disk MB':>8s} {'same':>4s} {'BLEU':>6s}")
             for it in range(1, args.iterations + 2):
                 final = it == args.iterations + 1  # the last weights again: unchanged weights
@@ -282,6 +291,8 @@ def main(argv=None) -> int:
                                                "nlm_cache": rc["translation"]},
                        "nlm_cost_seconds": cost_n, "nlm_cost_cache_seconds": cost_c,
                        "cost_ratio": cost_c / cost_n if cost_n > 0 else float("nan"),
+                       "scorer_seconds": rn["scorer"], "scorer_cache_seconds": rc["scorer"],
+                       "scorer_ratio": rc["scorer"] / rn["scorer"] if rn["scorer"] > 0 else float("nan"),
                        "levels": lv, "ngram_level_bound": 1 - lv["distinct_ngrams_on_disk"],
                        "disk_bytes": disk, "identical_nbest": same, "bleu": b, "stats": rc["stats"],
                        "notes": rc["notes"], "weights": list(weights)}
@@ -291,6 +302,7 @@ def main(argv=None) -> int:
                     atomic_write_text(args.json, json.dumps(results, indent=2, default=str) + "\n")
                 print(f"{('same' if final else str(it)):>4s} {rk['cpu']:8.2f} {rn['cpu']:7.2f} "
                       f"{rc['cpu']:8.2f} {cost_n:8.2f} {cost_c:8.2f} {row['cost_ratio']:6.2f} "
+                      f"{rn['scorer']:7.2f} {rc['scorer']:8.2f} {row['scorer_ratio']:6.2f} "
                       f"{lv['ngram_lookups_from_disk']:6.3f} {lv['distinct_ngrams_on_disk']:6.3f} "
                       f"{lv['contexts_on_disk']:6.3f} {lv['class_pairs_on_disk']:6.3f} "
                       f"{row['ngram_level_bound']:6.3f} {disk / 1e6:8.1f} {('yes' if same else 'NO'):>4s} {b:6.2f}",
@@ -308,11 +320,23 @@ def main(argv=None) -> int:
                 tot_n = sum(r["nlm_cost_seconds"] for r in later)
                 tot_c = sum(r["nlm_cost_cache_seconds"] for r in later)
                 bound = sum(r["ngram_level_bound"] * r["nlm_cost_seconds"] for r in later) / tot_n
-                results["runs"][key + "/summary"] = {"iterations_2_to_n_ratio": tot_c / tot_n,
-                                                     "ngram_level_bound": bound}
+                sc_n = sum(r["scorer_seconds"] for r in later)
+                sc_c = sum(r["scorer_cache_seconds"] for r in later)
+                results["runs"][key + "/summary"] = {
+                    "iterations_2_to_n_ratio": tot_c / tot_n, "ngram_level_bound": bound,
+                    "scorer_iterations_2_to_n_ratio": sc_c / sc_n if sc_n else float("nan"),
+                    "unchanged_weights_ratio": rows[-1]["cost_ratio"],
+                    "unchanged_weights_scorer_ratio": rows[-1]["scorer_ratio"],
+                    # what no cache can remove: the NLM's effect on the search (more hypotheses,
+                    # less recombination), the NLM cost beyond the time inside the scorer
+                    "search_share_of_nlm_cost": (tot_n - sc_n) / tot_n}
                 print(f"   iterations 2-{args.iterations}: NLM cost {tot_n:.2f} s -> {tot_c:.2f} s with the cache "
                       f"({tot_c / tot_n:.2f}x); n-gram-level bound {bound:.2f}x; unchanged weights "
                       f"{rows[-1]['cost_ratio']:.2f}x")
+                print(f"   time inside the scorer, iterations 2-{args.iterations}: {sc_n:.2f} s -> {sc_c:.2f} s "
+                      f"({sc_c / sc_n if sc_n else float('nan'):.2f}x); unchanged weights {rows[-1]['scorer_ratio']:.2f}x; "
+                      f"the rest of the NLM cost ({(tot_n - sc_n) / tot_n:.0%}) is its effect on the search, "
+                      "which no cache removes")
     if args.json:
         atomic_write_text(args.json, json.dumps(results, indent=2, default=str) + "\n")
     return 0

@@ -188,11 +188,11 @@ static int cmd_score(int argc, char** argv) {
         nlm_stats* st = &jobs[t].stats;
         fprintf(stderr, "stats thread=%d lookups=%lld ngram_hits=%lld context_hits=%lld persistent_hits=%lld "
                         "persistent_loaded=%lld persistent_written=%lld files_read=%lld files_written=%lld "
-                        "files_ignored=%lld sentences=%lld\n", t,
+                        "files_ignored=%lld sentences=%lld nlm_ns=%lld\n", t,
                 (long long)st->lookups, (long long)st->ngram_hits, (long long)st->context_hits,
                 (long long)st->persistent_hits, (long long)st->persistent_loaded,
                 (long long)st->persistent_written, (long long)st->files_read, (long long)st->files_written,
-                (long long)st->files_ignored, (long long)st->sentences);
+                (long long)st->files_ignored, (long long)st->sentences, (long long)st->nlm_ns);
     }
     nlm_model_free(m);
     return 0;
