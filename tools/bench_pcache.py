@@ -20,8 +20,8 @@ weights", as a resumed or repeated tuning run does).
 Printed per iteration: the decoders' CPU seconds (user + system of the Moses process, one
 decoder thread: steady on a shared machine, where wall time is not), the NLM's cost (CPU time
 beyond the KenLM-only decode) without and with the cache and their ratio, the time inside the
-scorer (``NLMFEATURE_TIMING=1``: every scoring call, sentence begin and end, the clock's cost
-subtracted) without and with the cache and their ratio -- the NLM cost minus this is the
+scorer (``NLMFEATURE_TIMING=1``: the decoder thread's CPU time in scoring calls, sampled 1 in
+16, and in every sentence begin and end, the clock's cost subtracted) without and with the cache and their ratio -- the NLM cost minus this is the
 feature's effect on the search (other hypotheses, less recombination), which no cache can
 remove --, the share of each level found on disk (n-gram scores: share of
 lookups; context normalisers: share of distinct contexts; within-class normalisers: share
