@@ -403,9 +403,9 @@ def test_ctrl_c_leaves_a_checkpoint_and_the_run_resumes(tmp_path):
 
 
 def test_defaults_are_the_measured_recipe_with_early_stopping(tmp_path, capsys):
-    """`nlmfeature train` with only the data flags: NCE log-bilinear (diagonal contexts, 200
-    wide, direct features of orders 1-3), four evaluations per epoch, early stopping, and no
-    checkpoint left behind by the finished run."""
+    """`nlmfeature train` with only the data flags: log-bilinear (diagonal contexts, 200 wide,
+    direct features of orders 1-3) with a softmax output trained by maximum likelihood, four
+    evaluations per epoch, early stopping, and no checkpoint left behind by the finished run."""
     from nlmfeature.cli import main
 
     out = tmp_path / "default.nlm"
@@ -413,18 +413,20 @@ def test_defaults_are_the_measured_recipe_with_early_stopping(tmp_path, capsys):
                  "--threads", "1", "--no-progress", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     d = TrainConfig()
-    assert res["estimator"] == "nce"
+    assert res["estimator"] == "softmax" and d.noise_samples == 0
+    nce = TrainConfig(output="unnormalised")      # the decoder recipe: NCE, 10 noise samples
+    assert nce.estimator() == "nce" and nce.noise_samples == 10
     model = nlmfeature.load(str(out))
     h = model.header
     assert h["arch"] == "lbl" and h["embed_dim"] == d.word_width == 200 and h["branches"][0]["diagonal"]
-    assert h["output"]["type"] == "unnormalised" and h["direct"]["order"] == 3
+    assert h["output"]["type"] == "softmax" and h["direct"]["order"] == 3
     # four held-out evaluations per epoch; stopped early, after 4 without improvement
     ppl = [e["perplexity"] for e in res["history"]]
     assert [e["epoch"] for e in res["history"][:4]] == pytest.approx([0.25, 0.5, 0.75, 1.0], abs=0.01)
     assert res["epochs"] < d.iterations
     assert min(ppl[-4:]) >= min(ppl[:-4]) and res["best_perplexity"] == pytest.approx(min(ppl))
     assert not os.path.exists(checkpoint_path(str(out)))
-    # what --model-out holds is the best evaluation's model (raw unnormalised scores)
+    # what --model-out holds is the best evaluation's model (exact log-probabilities)
     assert model.perplexity(read_lines(BROWN_VALID)).perplexity == pytest.approx(min(ppl), rel=1e-5)
 
 

@@ -26,11 +26,15 @@ resuming: a checkpoint MODEL_OUT.ckpt.npz is written at every evaluation, every
   (--no-resume starts afresh); a finished run removes it.  The same --seed and --threads
   give the same model.
 
-defaults: the recipe measured best on real data (docs/training.md, "Choosing the defaults"):
-  8-gram log-bilinear, diagonal contexts, 200-wide embeddings, NCE with 10 noise samples
-  (unnormalised output), direct n-gram features of orders 1-3, minibatch 250, L2 20,
+defaults: the recipe measured best on real data (docs/training.md, "Stronger models"):
+  8-gram log-bilinear, diagonal contexts, 200-wide embeddings, softmax output trained by
+  maximum likelihood, direct n-gram features of orders 1-3, minibatch 250, L2 20,
   4 held-out evaluations per epoch, early stop after 4 without improvement.  So:
   nlmfeature train --train train.txt.gz --test-set valid.txt.gz --model-out lm.nlm
+  For a decoder (Moses, cdec) train the fast NCE model, whose self-normalised scores cost one
+  dot product per query (a softmax output costs a pass over the vocabulary):
+  nlmfeature train --train train.txt.gz --test-set valid.txt.gz --model-out lm.nlm --output unnormalised
+  Its token-level mixture with the default model beats either (nlmfeature perplexity -m A -m B).
   A right-to-left model for k-best rescoring beside it (nlmfeature-rescore -m lm.nlm -m r2l.nlm):
   nlmfeature train --train train.txt.gz --test-set valid.txt.gz --model-out r2l.nlm --reverse
 """
@@ -91,8 +95,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--combine", choices=["none", "max", "add", "mul"], default="none",
                    help="lateral: how branches are combined (default max)")
     a.add_argument("--output", choices=["unnormalised", "softmax", "class", "tree"], default=D.output,
-                   help=f"output layer (default {D.output}: NCE-trained, self-normalised scores; class: "
-                        "class-factored with --classes or --class-file, exactly normalised)")
+                   help=f"output layer (default {D.output}: exact log-probabilities, trained by maximum "
+                        "likelihood; unnormalised: NCE-trained self-normalised scores, the fast choice "
+                        "for decoders; class: class-factored with --classes or --class-file, exactly "
+                        "normalised)")
     a.add_argument("--classes", type=int, default=D.classes,
                    help=f"class output: number of frequency-binned classes (default {D.classes})")
     a.add_argument("--class-file", metavar="FILE",
@@ -111,8 +117,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         f"(default {D.min_ngram_freq})")
     o = p.add_argument_group("training")
     o.add_argument("--noise-samples", "-k", type=int, default=None,
-                   help="NCE noise samples per word; 0 = maximum-likelihood SGD (default 10; 0 for "
-                        "--output tree and with --self-normalise)")
+                   help="NCE noise samples per word; 0 = maximum-likelihood SGD (default 0 for "
+                        "--output softmax and tree and with --self-normalise, else 10)")
     o.add_argument("--self-normalise", type=float, default=0.0, metavar="ALPHA",
                    help="ML penalty ALPHA*log(Z)^2 so unnormalised scores act as log-probabilities")
     o.add_argument("--minibatch-size", type=int, default=D.minibatch_size,
