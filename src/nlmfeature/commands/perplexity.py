@@ -23,7 +23,7 @@ OOV_NOTE = ("Tokens: every word plus one </s> per sentence. OOV = word outside t
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "perplexity", help="perplexity of the neural model, a KenLM model and their interpolations",
+        "perplexity", help="perplexity of neural models, their mixture, a KenLM model and their interpolations",
         description="Report, on the same test text and with the same token and OOV conventions, "
                     "the perplexity of the neural model, of a KenLM n-gram model, and of their "
                     "linear and (exactly renormalised) log-linear interpolations, whose weight is "
