@@ -10,22 +10,13 @@ import pytest
 
 import nlmfeature
 from helpers import BROWN_TRAIN, BROWN_VALID, read_lines
+from test_kenlm_baseline import _kenlm_ready
 from nlmfeature.cli import main
-from nlmfeature.errors import NLMFeatureError
 from nlmfeature.io.textio import read_tokens
-from nlmfeature.training.kenlm_baseline import (exactly_normalised, find_tool, linear_logprob, mixture_logprob,
+from nlmfeature.training.kenlm_baseline import (exactly_normalised, linear_logprob, mixture_logprob,
                                                 nlm_log_distribution, nlm_ngrams, nlm_token_scores,
                                                 tune_linear, tune_mixture)
 from nlmfeature.training.trainer import TrainConfig, train
-
-
-def _kenlm_missing() -> str:
-    try:
-        find_tool("lmplz")
-        import kenlm  # noqa: F401
-    except (NLMFeatureError, ImportError) as exc:
-        return str(exc)
-    return ""
 
 
 def _train(d, name, **kw):
@@ -78,7 +69,7 @@ def test_em_weights_are_the_likelihood_optimum(trained):
     assert mixture_logprob(np.stack([A, B, uni]), w3).sum() >= best - 1e-6
 
 
-@pytest.mark.skipif(bool(_kenlm_missing()), reason=f"KenLM not built: {_kenlm_missing()}")
+@pytest.mark.skipif(bool(_kenlm_ready()), reason=f"KenLM not built: {_kenlm_ready()}")
 def test_perplexity_reports_the_mixture(trained, capsys):
     d, a, b = trained
     assert main(["perplexity", "-m", a, "-m", b, "--exact", "--test", str(d / "test.txt"),
