@@ -35,7 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "--valid by EM.")
     p.add_argument("--model", "-m", required=True, metavar="NLM", action="append",
                    help="neural model file (.nlm); repeat it for a mixture of several models "
-                        "(the first is the one compared alone and log-linearly with KenLM)")
+                        "(each is also reported alone; the log-linear interpolation is for one "
+                        "model only)")
     p.add_argument("--exact", action="store_true",
                    help="renormalise the scores of unnormalised (NCE / self-normalised) models "
                         "exactly, by a softmax over the vocabulary per token, so that every "
