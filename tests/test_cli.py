@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 KBEST = os.path.join(DATA, "kbest", "moses-multi30k-dev10.100best.gz")
 TOK_REF = os.path.join(DATA, "kbest", "multi30k-dev10.ref.en")
-ENV = dict(os.environ, PYTHONPATH=ROOT)
+ENV = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"))   # this checkout, not an installed copy
 
 
 def run_cli(*args, stdin=None, **kw):

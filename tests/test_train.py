@@ -414,6 +414,8 @@ def test_defaults_are_the_measured_recipe_with_early_stopping(tmp_path, capsys):
     res = json.loads(capsys.readouterr().out)
     d = TrainConfig()
     assert res["estimator"] == "nce"
+    # the perplexity recipe: --output softmax is trained by maximum likelihood (no noise samples)
+    assert TrainConfig(output="softmax").noise_samples == 0 and TrainConfig(output="softmax").estimator() == "softmax"
     model = nlmfeature.load(str(out))
     h = model.header
     assert h["arch"] == "lbl" and h["embed_dim"] == d.word_width == 200 and h["branches"][0]["diagonal"]

@@ -1,8 +1,8 @@
 """``nlmfeature bench memory``: perplexity against model size (Baltescu & Blunsom 2015, §7).
 
-Neural models (the ``nlmfeature train`` recipe) of several embedding widths, each also stored
-as float16 (``nlmfeature convert --float16``), and with direct n-gram features in hashed
-stores of several sizes (a smaller store prunes them: more n-grams share a weight); beside
+Neural models (the decoder recipe, ``nlmfeature train --output unnormalised``: NCE) of
+several embedding widths, each also stored as float16 (``nlmfeature convert --float16``), and
+with direct n-gram features in hashed stores of several sizes (a smaller store prunes them: more n-grams share a weight); beside
 KenLM 5-gram models of the same text and vocabulary: probing, trie, trie with 8-bit
 quantisation (``build_binary -q 8 -b 8 trie``) and pruned (``lmplz --prune 0 0 1``: 3-grams and
 longer seen once dropped) with trie -q 8 -b 8.
@@ -145,8 +145,10 @@ def run(args: argparse.Namespace) -> int:
             path = os.path.join(out, name + ".nlm")
             t0 = time.time()
             log(f"training {name}")
+            # the decoder recipe (NCE, unnormalised output): what a decoder maps
             cfg = TrainConfig(train=train_path, test_set=args.valid, model_out=path, iterations=iterations,
-                              threads=args.threads, progress=False, resume=False, **fields)
+                              threads=args.threads, progress=False, resume=False, output="unnormalised",
+                              **fields)
             res = train(cfg, log=lambda m: None)
             minutes = (time.time() - t0) / 60
             vocab = load(path).vocab

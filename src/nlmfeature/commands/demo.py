@@ -153,9 +153,10 @@ def run(args: argparse.Namespace) -> int:
                      "--json"] + q, echo=False)
     ppl = {r["model"]: r for r in json.loads(out)["rows"]}
     normalised = ppl_of(neural_scores(models[0], read_lines(test_ref)))
-    print(f"   neural {ppl['neural']['perplexity']:.2f} (raw unnormalised scores; exactly normalised "
-          f"{normalised:.2f}), KenLM 5-gram {ppl['kenlm']['perplexity']:.2f}, linear interpolation "
-          f"{ppl['linear']['perplexity']:.2f}")
+    raw = "" if abs(ppl['neural']['perplexity'] - normalised) < 5e-3 else \
+        f"; raw scores {ppl['neural']['perplexity']:.2f}"
+    print(f"   neural {normalised:.2f} (exactly normalised{raw}), KenLM 5-gram "
+          f"{ppl['kenlm']['perplexity']:.2f}, linear interpolation {ppl['linear']['perplexity']:.2f}")
     mflags = [a for m in models for a in ("-m", m)]
     names = [f"NLM{i}" for i in range(len(models))]
     steps.run(f"add the {' and '.join(names)} features to the dev 100-best list", "nlmfeature-rescore",
@@ -187,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
                      w("test.base.1best"), w("test.nlm.1best")], echo=False)
     cmp_ = next(c for c in json.loads(out)["comparisons"] if c["metric"] == "bleu")
     lines = [
-        f"neural perplexity {normalised:.2f} (exactly normalised; raw scores {ppl['neural']['perplexity']:.2f}), "
+        f"neural perplexity {normalised:.2f} (exactly normalised{raw}), "
         f"KenLM 5-gram {ppl['kenlm']['perplexity']:.2f}, linear interpolation {ppl['linear']['perplexity']:.2f}",
         f"dev BLEU (MERT): without the NLMs {dev_bleu['base']:.2f}, with {dev_bleu['nlm']:.2f}",
         f"test BLEU: {cmp_['baseline']:.2f} -> {cmp_['system']:.2f} ({cmp_['difference']:+.2f}, "

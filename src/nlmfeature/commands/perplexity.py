@@ -11,7 +11,8 @@ import numpy as np
 
 from nlmfeature.errors import NLMFeatureError
 from nlmfeature.training.kenlm_baseline import (VOCAB_MISMATCH_WARN, KenLMScorer, LogLinear, interpolate, is_arpa,
-                              nlm_ngrams, nlm_token_scores, spaced_subset, train_kenlm)
+                              mixture_logprob, nlm_ngrams, nlm_token_scores, spaced_subset, train_kenlm,
+                              tune_mixture)
 from nlmfeature.io.atomicfile import check_output
 from nlmfeature.io.textio import read_tokens
 from nlmfeature.core.model import load
@@ -22,14 +23,25 @@ OOV_NOTE = ("Tokens: every word plus one </s> per sentence. OOV = word outside t
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "perplexity", help="perplexity of the neural model, a KenLM model and their interpolations",
+        "perplexity", help="perplexity of neural models, their mixture, a KenLM model and their interpolations",
         description="Report, on the same test text and with the same token and OOV conventions, "
                     "the perplexity of the neural model, of a KenLM n-gram model, and of their "
                     "linear and (exactly renormalised) log-linear interpolations, whose weight is "
                     "tuned on the validation text. Every word and one </s> per sentence are "
                     "predicted; a word outside the neural vocabulary is an OOV, scored by both "
-                    "models as the unknown word and counted (unless --exclude-oov).")
-    p.add_argument("--model", "-m", required=True, metavar="NLM", help="neural model file (.nlm)")
+                    "models as the unknown word and counted (unless --exclude-oov).  Several "
+                    "--model files (left-to-right, same vocabulary) are also reported as their "
+                    "token-level linear mixture, alone and with KenLM, the weights tuned on "
+                    "--valid by EM.")
+    p.add_argument("--model", "-m", required=True, metavar="NLM", action="append",
+                   help="neural model file (.nlm); repeat it for a mixture of several models "
+                        "(each is also reported alone; the log-linear interpolation is for one "
+                        "model only)")
+    p.add_argument("--exact", action="store_true",
+                   help="renormalise the scores of unnormalised (NCE / self-normalised) models "
+                        "exactly, by a softmax over the vocabulary per token, so that every "
+                        "figure is a true perplexity (default: their raw scores, as a decoder "
+                        "uses them)"),
     p.add_argument("--test", required=True, metavar="FILE",
                    help="test text, one sentence per line (.gz allowed)")
     p.add_argument("--kenlm", metavar="ARPA_OR_BIN",
@@ -85,28 +97,52 @@ def _row(name: str, logprob: np.ndarray, oov: np.ndarray, exclude: bool, **extra
 def run(args: argparse.Namespace) -> int:
     if args.weight is not None and not 0.0 <= args.weight <= 1.0:
         raise NLMFeatureError(f"--weight must be in [0, 1] (got {args.weight})")
+    paths: List[str] = args.model
+    if len(paths) > 1 and args.weight is not None:
+        raise NLMFeatureError("--weight is for one --model; the weights of a mixture of several "
+                              "models are tuned on --valid")
     if args.kenlm_train:              # the ARPA written after training KenLM: check it first
-        check_output(args.kenlm or f"{args.model}.kenlm{args.kenlm_order}.arpa", "KenLM output")
-    model = load(args.model)
-    if model.header.get("source"):
+        check_output(args.kenlm or f"{paths[0]}.kenlm{args.kenlm_order}.arpa", "KenLM output")
+    models = [load(p) for p in paths]
+    model = models[0]
+    if any(m.header.get("source") for m in models):
+        if len(models) > 1:
+            raise NLMFeatureError("a joint model is measured alone (give one --model; compare it "
+                                  "with a target-only model by --compare)")
+        args.model = paths[0]
         return _run_joint(args, model)
     if args.source or args.alignment or args.compare:
-        raise NLMFeatureError(f"{args.model} is a target-only model: --source, --alignment and "
+        raise NLMFeatureError(f"{paths[0]} is a target-only model: --source, --alignment and "
                               "--compare apply to joint models")
+    _check_mixture(models)
     test = read_tokens(args.test)
     valid = read_tokens(args.valid) if args.valid else None
     kenlm_path: Optional[str] = args.kenlm
     if args.kenlm_train:
-        kenlm_path = kenlm_path or f"{args.model}.kenlm{args.kenlm_order}.arpa"
+        kenlm_path = kenlm_path or f"{paths[0]}.kenlm{args.kenlm_order}.arpa"
         _log(args, f"training a {args.kenlm_order}-gram KenLM model on {args.kenlm_train} "
                    f"-> {kenlm_path}")
         train_kenlm(args.kenlm_train, kenlm_path, args.kenlm_order, vocab=model.vocab)
 
     ex = args.exclude_oov
-    nlm = nlm_token_scores(model, test)
-    rows: List[Dict] = [_row("neural", nlm.logprob, nlm.oov, ex)]
+    scores = [nlm_token_scores(m, test, exact=args.exact) for m in models]
+    nlm = scores[0]
+    rows: List[Dict] = [_row("neural" if i == 0 else f"neural{i + 1}", s.logprob, s.oov, ex)
+                        for i, s in enumerate(scores)]
     notes = []
-    result: Dict[str, Any] = {"model": args.model, "test": args.test, "exclude_oov": ex}
+    if args.exact:
+        notes.append("unnormalised models renormalised exactly (--exact)")
+    result: Dict[str, Any] = {"model": paths[0] if len(paths) == 1 else paths, "test": args.test,
+                              "exclude_oov": ex}
+    vscores = [nlm_token_scores(m, valid, exact=args.exact) for m in models] if valid is not None else None
+    vkeep = (~vscores[0].oov if ex else slice(None)) if vscores else None
+    if len(models) > 1:
+        if vscores is None:
+            notes.append("no --valid: the mixture of the neural models is not reported")
+        else:
+            w = tune_mixture(np.stack([v.logprob[vkeep] for v in vscores]))
+            mix = mixture_logprob(np.stack([s.logprob for s in scores]), w)
+            rows.append(_row("mixture", mix, nlm.oov, ex, weight=[round(float(x), 4) for x in w]))
     if kenlm_path:
         scorer = KenLMScorer(kenlm_path, model.vocab)
         kn, kn_oov = scorer.token_scores(test)
@@ -117,19 +153,27 @@ def run(args: argparse.Namespace) -> int:
             f"KenLM: {scorer.unk_token}" + ("" if scorer.unk_token != "<unk>" else
                                             ", KenLM's own unknown word: the KenLM model was not "
                                             "trained with this vocabulary")))
-        if not model.normalised:
+        if not all(m.normalised for m in models) and not args.exact:
             notes.append("the neural model's output layer is unnormalised: its perplexity and "
-                         "the linear interpolation use raw scores; the log-linear one is "
-                         "renormalised exactly")
+                         "the linear interpolation use raw scores (--exact renormalises them); "
+                         "the log-linear one is renormalised exactly")
         if model.reverse:
             notes.append("right-to-left model (trained with --reverse): its perplexity is over the "
                          "same text read backwards; token-by-token interpolation with the left-to-right "
                          "KenLM model is not defined, so none is reported")
+        elif len(models) > 1:
+            if vscores is not None:
+                vk, _ = scorer.token_scores(valid)
+                w = tune_mixture(np.stack([v.logprob[vkeep] for v in vscores] + [vk.logprob[vkeep]]))
+                lin = mixture_logprob(np.stack([s.logprob for s in scores] + [kn.logprob]), w)
+                rows.append(_row("linear", lin, nlm.oov, ex, weight=[round(float(x), 4) for x in w]))
+                notes.append("linear: the mixture of the neural models and KenLM (weights in "
+                             "--model order, KenLM's last); log-linear interpolation is reported "
+                             "for one --model only")
         elif valid is not None or args.weight is not None:
             if valid is not None:
-                vn = nlm_token_scores(model, valid)
+                vn = vscores[0]
                 vk, _ = scorer.token_scores(valid)
-                vkeep = ~vn.oov if ex else slice(None)
             w_lin = args.weight
             if w_lin is None:
                 _, w_lin = interpolate(vn.logprob[vkeep], vk.logprob[vkeep])
@@ -144,7 +188,8 @@ def run(args: argparse.Namespace) -> int:
                 notes.append("log-linear interpolation skipped: whole-vocabulary distributions "
                              "of models with direct n-gram features are not supported")
             else:
-                rows.append(_loglinear(args, model, kenlm_path, scorer, test, valid, nlm, kn))
+                raw = nlm if model.normalised or not args.exact else nlm_token_scores(model, test)
+                rows.append(_loglinear(args, model, kenlm_path, scorer, test, valid, raw, kn))
         else:
             notes.append("no --valid (or --weight): interpolations not reported")
     return _emit(args, result, rows, notes)
@@ -158,6 +203,20 @@ def _emit(args: argparse.Namespace, result: Dict[str, Any], rows: List[Dict], no
     else:
         _print_table(rows, notes)
     return 0
+
+
+def _check_mixture(models) -> None:
+    """Several models are mixed token by token: same events, same direction."""
+    first = models[0]
+    for m in models[1:]:
+        if list(m.vocab) != list(first.vocab):
+            raise NLMFeatureError(f"{m.path}: its vocabulary differs from {first.path}'s; a mixture "
+                                  "needs models trained with the same vocabulary (same text and "
+                                  "--min-count / --max-vocab)")
+    if len(models) > 1 and any(m.reverse for m in models):
+        rev = next(m for m in models if m.reverse)
+        raise NLMFeatureError(f"{rev.path}: a right-to-left model (--reverse) cannot be mixed token "
+                              "by token with others; give left-to-right models only")
 
 
 def _check_kenlm(args, scorer: KenLMScorer, kn_oov: int, test, notes: List[str]) -> None:
@@ -266,6 +325,6 @@ def _print_table(rows: List[Dict], notes: List[str]) -> None:
     for r in rows:
         w = r.get("weight")
         print(f"{r['model']:12s} {r['perplexity']:12.3f} {r['log_prob']:14.2f} {r['tokens']:9d} "
-              f"{r['oovs']:7d}  {'' if w is None else w}")
+              f"{r['oovs']:7d}  {'' if w is None else (' '.join(map(str, w)) if isinstance(w, list) else w)}")
     for n in notes:
         print(f"# {n}")

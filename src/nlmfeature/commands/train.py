@@ -26,11 +26,18 @@ resuming: a checkpoint MODEL_OUT.ckpt.npz is written at every evaluation, every
   (--no-resume starts afresh); a finished run removes it.  The same --seed and --threads
   give the same model.
 
-defaults: the recipe measured best on real data (docs/training.md, "Choosing the defaults"):
+defaults: the recipe measured best for decoding (docs/training.md, "Choosing the defaults"):
   8-gram log-bilinear, diagonal contexts, 200-wide embeddings, NCE with 10 noise samples
-  (unnormalised output), direct n-gram features of orders 1-3, minibatch 250, L2 20,
-  4 held-out evaluations per epoch, early stop after 4 without improvement.  So:
+  (self-normalised output: one dot product per decoder query), direct n-gram features of
+  orders 1-3, minibatch 250, L2 20, 4 held-out evaluations per epoch, early stop after 4
+  without improvement.  So:
   nlmfeature train --train train.txt.gz --test-set valid.txt.gz --model-out lm.nlm
+  The lowest perplexity (docs/training.md, "Stronger models"; Multi30k 0.79x KenLM against
+  0.84x) comes from a softmax output trained by maximum likelihood, for rescoring and
+  perplexity (a decoder would pay a pass over the vocabulary per query; training takes
+  several times longer):
+  nlmfeature train --train train.txt.gz --test-set valid.txt.gz --model-out ml.nlm --output softmax
+  The token-level mixture of the two beats either (nlmfeature perplexity -m ml.nlm -m lm.nlm).
   A right-to-left model for k-best rescoring beside it (nlmfeature-rescore -m lm.nlm -m r2l.nlm):
   nlmfeature train --train train.txt.gz --test-set valid.txt.gz --model-out r2l.nlm --reverse
 
@@ -111,8 +118,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--combine", choices=["none", "max", "add", "mul"], default="none",
                    help="lateral: how branches are combined (default max)")
     a.add_argument("--output", choices=["unnormalised", "softmax", "class", "tree"], default=D.output,
-                   help=f"output layer (default {D.output}: NCE-trained, self-normalised scores; class: "
-                        "class-factored with --classes or --class-file, exactly normalised)")
+                   help=f"output layer (default {D.output}: NCE-trained self-normalised scores, the fast "
+                        "choice for decoders; softmax: exact log-probabilities trained by maximum "
+                        "likelihood, the lowest perplexity, for rescoring; class: class-factored with "
+                        "--classes or --class-file, exactly normalised)")
     a.add_argument("--classes", type=int, default=D.classes,
                    help=f"class output: number of frequency-binned classes (default {D.classes})")
     a.add_argument("--class-file", metavar="FILE",
@@ -131,8 +140,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         f"(default {D.min_ngram_freq})")
     o = p.add_argument_group("training")
     o.add_argument("--noise-samples", "-k", type=int, default=None,
-                   help="NCE noise samples per word; 0 = maximum-likelihood SGD (default 10; 0 for "
-                        "--output tree and with --self-normalise)")
+                   help="NCE noise samples per word; 0 = maximum-likelihood SGD (default 0 for "
+                        "--output softmax and tree and with --self-normalise, else 10)")
     o.add_argument("--self-normalise", type=float, default=0.0, metavar="ALPHA",
                    help="ML penalty ALPHA*log(Z)^2 so unnormalised scores act as log-probabilities")
     o.add_argument("--minibatch-size", type=int, default=D.minibatch_size,

@@ -32,6 +32,7 @@ the table reports how many tokens KenLM did not know.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -173,13 +174,32 @@ def oov_mask(sentences: Sequence[Sequence[str]], vocab: Vocabulary) -> np.ndarra
     return np.asarray(flags, dtype=bool)
 
 
-def nlm_token_scores(model, sentences: Sequence[Sequence[str]], batch: int = 8192) -> TokenScores:
-    """The neural model's score of every token (as :meth:`Model.perplexity` counts them)."""
+def nlm_token_scores(model, sentences: Sequence[Sequence[str]], batch: int = 8192,
+                     exact: bool = False) -> TokenScores:
+    """The neural model's score of every token (as :meth:`Model.perplexity` counts them).
+    ``exact``: an unnormalised model's scores are renormalised exactly (see
+    :func:`exactly_normalised`) instead of taken raw."""
+    scorer = exactly_normalised(model) if exact else model
     ctx, words = nlm_ngrams(model, sentences)
     out = np.empty(len(words), dtype=np.float64)
     for s in range(0, len(words), batch):
-        out[s:s + batch] = model.score_batch(ctx[s:s + batch], words[s:s + batch])
+        out[s:s + batch] = scorer.score_batch(ctx[s:s + batch], words[s:s + batch])
     return TokenScores(out, oov_mask(sentences, model.vocab), len(sentences))
+
+
+def exactly_normalised(model):
+    """The model itself if its scores are log-probabilities; for an unnormalised (NCE or
+    self-normalised) model, a view of the same arrays whose scores are renormalised by a
+    softmax over the whole vocabulary (direct features included): true log-probabilities, at
+    the cost of a pass over the vocabulary per scored token."""
+    if model.normalised:
+        return model
+    from nlmfeature.core.model import Model
+
+    header = json.loads(json.dumps(model.header))
+    header["output"]["type"] = "softmax"
+    return Model(model.path, header, model.arrays, model.checksum,
+                 use_tables=bool(header.get("precomputed")))
 
 
 def nlm_ngrams(model, sentences: Sequence[Sequence[str]]) -> Tuple[np.ndarray, np.ndarray]:
@@ -301,6 +321,35 @@ def interpolate(nlm_token_logprobs: np.ndarray, kenlm_token_logprobs: np.ndarray
         vk = kenlm_token_logprobs if valid_kenlm is None else valid_kenlm
         weight = tune_linear(vn, vk)
     return linear_logprob(nlm_token_logprobs, kenlm_token_logprobs, weight), weight
+
+
+def mixture_logprob(components: np.ndarray, weights: Sequence[float]) -> np.ndarray:
+    """log(sum_j weights[j] exp(components[j])) per token: the token-level linear mixture of
+    several models' natural-log scores, ``components`` (K, N)."""
+    w = np.asarray(weights, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        return np.logaddexp.reduce(np.log(w)[:, None] + np.asarray(components, dtype=np.float64), axis=0)
+
+
+def tune_mixture(components: np.ndarray, iterations: int = 500, tol: float = 1e-10) -> np.ndarray:
+    """Weights (K,) of the token-level linear mixture of K models that maximise the likelihood
+    of the (validation) tokens whose natural-log scores are ``components`` (K, N), by EM (the
+    objective is concave in the weights, so EM reaches the optimum; stops when the mean
+    log-probability gains less than ``tol``).  With K = 2 it is :func:`tune_linear`'s optimum."""
+    L = np.asarray(components, dtype=np.float64)
+    if L.ndim != 2 or L.shape[0] < 1 or L.shape[1] < 1:
+        raise ValueError("tune_mixture needs scores of shape (models, tokens), both >= 1")
+    w = np.full(L.shape[0], 1.0 / L.shape[0])
+    last = -math.inf
+    for _ in range(iterations):
+        joint = np.log(w)[:, None] + L
+        total = np.logaddexp.reduce(joint, axis=0)
+        w = np.exp(joint - total).mean(axis=1)
+        mean = float(total.mean())
+        if mean - last < tol:
+            break
+        last = mean
+    return w / w.sum()
 
 
 # ---------------------------------------------------------------------------------------
