@@ -310,7 +310,7 @@ def rates(st: Dict[str, int]) -> Dict[str, float]:
 
 PARTS = [
     # (part, dso pattern, symbol pattern)
-    ("nlm shim", None, r"NLMFeature|NLMFeatureFF|StateView|create_ff|TraversalFeaturesImpl.*anon"),
+    ("nlm shim", None, r"NLMFeature|NLMJointFeature|NLMFeatureFF|StateView|create_ff|TraversalFeaturesImpl.*anon"),
     ("nlm C API", r"^libnlmfeature", None),
     ("nlm C API", r"^_capi", None),
     ("nlm session / n-gram memo", r"^_pcache", None),
