@@ -79,10 +79,11 @@ MOSES = os.path.join(os.environ.get("MOSES_ROOT", "/nonexistent"), "bin", "moses
 def test_bench_mt_end_to_end_with_moses(tmp_path, capsys):
     """A tiny run (10 dev and 10 test sentences, one tuning iteration, 20-best rescoring)."""
     model = make_model(tmp_path, order=5)
+    joint = _joint_model(tmp_path)
     work = tmp_path / "bench"
     argv = ["bench", "mt", "--quick", "--quick-sentences", "10", "--test-sentences", "10",
             "--tunings", "2", "--max-iterations", "1", "--kbest", "20", "--model", model,
-            "--workdir", str(work), "--threads", "1", "--bootstrap", "100"]
+            "--joint", joint, "--workdir", str(work), "--threads", "1", "--bootstrap", "100"]
     assert cli_main(argv) == 0
     out = capsys.readouterr().out
     assert "QUICK" in out and "== Moses decoding" in out and "rescoring" in out
@@ -93,8 +94,19 @@ def test_bench_mt_end_to_end_with_moses(tmp_path, capsys):
             assert len(e["base"]["runs"]) == 2 and len(e["nlm"]["runs"]) == 2
             assert 0 < e["base"]["mean"] <= 100 and 0 < e["p_value"] <= 1
     assert doc["decoding"]["scores"]["test"]["seconds_per_sentence"]["ratio"] > 0
+    # the joint side: decoded with NLMJointFeature, compared with both others
+    assert doc["joint"] == joint and "KenLM + NLM + joint" in out
+    for name in ("dev", "test"):
+        e = doc["decoding"]["scores"][name]["bleu"]
+        assert len(e["joint"]["runs"]) == 2 and 0 < e["joint_p_value"] <= 1
+        assert 0 < e["joint_vs_nlm_p_value"] <= 1
+    assert doc["decoding"]["scores"]["test"]["seconds_per_sentence"]["joint_ratio"] > 0
+    tuned = list(work.glob("tuning.*/joint*/run1.moses.ini"))
+    assert tuned and all(f"NLMJointFeature name=NNJM0 path={joint}" in t.read_text() for t in tuned)
+    assert all("NNJM0=" in t.read_text() for t in tuned)
+    assert "joint" not in doc["rescoring"]["scores"]["test"]["bleu"]
     rows = doc["decoding"]["final_weights_rule"]
-    assert len(rows) == 4 and all(r["iterations"] == 1 for r in rows)
+    assert len(rows) == 6 and all(r["iterations"] == 1 for r in rows)
     assert os.path.getsize(work / "bench-mt.png") > 1000
     # rerunning reuses every finished step and reports the same scores
     assert cli_main(argv + ["--json"]) == 0
@@ -102,3 +114,137 @@ def test_bench_mt_end_to_end_with_moses(tmp_path, capsys):
     assert again["decoding"]["scores"] == doc["decoding"]["scores"]
     assert np.isclose(again["rescoring"]["scores"]["test"]["bleu"]["nlm"]["mean"],
                       doc["rescoring"]["scores"]["test"]["bleu"]["nlm"]["mean"])
+
+
+# -- the joint side (--joint) ------------------------------------------------------------------
+M30K = os.path.join(os.path.dirname(__file__), "data", "multi30k")
+
+
+def _joint_model(tmp_path, output="unnormalised") -> str:
+    """A small random joint model (window 5) with the vocabularies of the real 3k-pair slice."""
+    import nlmfeature
+    from nlmfeature.core.architecture import ModelSpec, precompute_tables, random_model
+    from nlmfeature.core.joint import read_parallel
+    from nlmfeature.training.corpus import build_vocabulary
+
+    srcs, tgts, _ = read_parallel(*(os.path.join(M30K, f"train.3k.{k}.gz") for k in ("de", "en", "align")))
+    tv, tc = build_vocabulary(tgts, 2)
+    sv, sc = build_vocabulary(srcs, 2)
+    spec = dict(arch="lbl", order=4, word_width=16, diagonal_contexts=True, output=output)
+    if output == "class":
+        spec["classes"] = 20
+    header, arrays = random_model(ModelSpec(source_window=5, **spec), tv, tc, seed=3, scale=0.3,
+                                  source_vocab=sv, source_counts=sc)
+    precompute_tables(header, arrays, diagonal=True)
+    path = str(tmp_path / f"joint-{output}.nlm")
+    nlmfeature.save(path, header, arrays)
+    return path
+
+
+def test_joint_ini_adds_the_joint_feature_to_the_nlm_system(tmp_path):
+    from nlmfeature.errors import InputError
+
+    lm, joint = make_model(tmp_path, order=5), _joint_model(tmp_path)
+    base = read_weights(INI)
+    nlm_path, joint_path = str(tmp_path / "nlm.ini"), str(tmp_path / "joint.ini")
+    nlm_w = bench_mt.nlm_ini(INI, nlm_path, [lm], base)
+    w = bench_mt.joint_ini(nlm_path, joint_path, joint, nlm_w)
+    assert w["NNJM0"] == [base["LM0"][0] / 2] and w["NLM0"] == nlm_w["NLM0"]
+    assert read_weights(joint_path) == w
+    lines = open(joint_path, encoding="utf-8").read().splitlines()
+    feats = lines[lines.index("[feature]") + 1:]
+    assert [l for l in feats if l.startswith("NLMJointFeature")] == \
+        [f"NLMJointFeature name=NNJM0 path={os.path.abspath(joint)}"]
+    # every feature line of the KenLM+NLM system is kept
+    nlm_lines = open(nlm_path, encoding="utf-8").read().splitlines()
+    nlm_feats = nlm_lines[nlm_lines.index("[feature]") + 1:]
+    kept = lambda ls: [l for l in ls if "=" in l and not l.startswith(("NNJM0", "["))]  # noqa: E731
+    assert [l for l in kept(feats) if "NLMJointFeature" not in l][:len(kept(nlm_feats)) - len(w) + 1] \
+        == kept(nlm_feats)[:len(kept(nlm_feats)) - len(w) + 1]
+    # a target-only model is refused, naming the file
+    with pytest.raises(InputError, match="not a joint model") as e:
+        bench_mt.joint_ini(nlm_path, str(tmp_path / "x.ini"), lm, nlm_w)
+    assert lm in str(e.value)
+
+
+def test_collect_compares_the_joint_side_with_both_others(tmp_path):
+    refs = [l.rstrip("\n") for l in open(REF, encoding="utf-8")]
+    ref = tmp_path / "ref"
+    ref.write_text("\n".join(refs) + "\n", encoding="utf-8")
+    scorer = bench_mt.Scorer(str(ref), str(ref), "en")
+    m = bench_mt.KbestMatrix(KBEST)
+    outs = {}
+    for name, hyps in (("best", first_hypotheses(KBEST)), ("short", m.one_best({"WordPenalty0": [1.0]})),
+                       ("long", m.one_best({"WordPenalty0": [-1.0]}))):
+        outs[name] = str(tmp_path / name)
+        open(outs[name], "w", encoding="utf-8").write("\n".join(hyps) + "\n")
+    runs = {"base": [{"dev": outs["best"]}] * 2, "nlm": [{"dev": outs["short"]}] * 2,
+            "joint": [{"dev": outs["best"]}, {"dev": outs["long"]}]}
+    same = dict(runs, joint=runs["base"])
+    seconds = {"dev": {"base": [2.0, 2.0], "nlm": [3.0, 3.0], "joint": [4.0, 5.0]}}
+    res = bench_mt.collect({"dev": scorer}, runs, 200, seconds, {"dev": 200})["dev"]
+    b = res["bleu"]
+    s = {k: bench_mt.score(scorer, "bleu", scorer.stats(p)["bleu"]) for k, p in outs.items()}
+    assert b["joint"]["runs"] == pytest.approx([s["best"], s["long"]])
+    assert b["joint_difference"] == pytest.approx((s["best"] + s["long"]) / 2 - s["best"])
+    assert b["joint_vs_nlm_difference"] == pytest.approx((s["best"] + s["long"]) / 2 - s["short"])
+    assert b["difference"] == pytest.approx(s["short"] - s["best"])
+    assert b["p_value"] < 0.05 and 0 < b["joint_p_value"] <= 1
+    # the joint side identical to the base side: p = 1 against it, p small against the worse nlm
+    b2 = bench_mt.collect({"dev": scorer}, same, 200)["dev"]["bleu"]
+    assert b2["joint_difference"] == 0 and b2["joint_p_value"] == 1.0
+    assert b2["joint_vs_nlm_difference"] == pytest.approx(s["best"] - s["short"])
+    assert b2["joint_vs_nlm_p_value"] < 0.05
+    sp = res["seconds_per_sentence"]
+    assert sp["ratio"] == pytest.approx(1.5) and sp["joint_ratio"] == pytest.approx(2.25)
+    table = bench_mt.format_table("t", {"dev": res})
+    assert "KenLM + NLM + joint" in table and f"{b['joint_difference']:+7.2f}" in table and "x2.25" in table
+    # two sides: no joint entries, the table as before
+    two = bench_mt.collect({"dev": scorer}, {k: runs[k] for k in ("base", "nlm")}, 50)["dev"]
+    assert "joint" not in two["bleu"] and "joint_p_value" not in two["bleu"]
+    assert "joint" not in bench_mt.format_table("t", {"dev": two})
+
+
+def test_exact_perplexity_of_unnormalised_joint_models(tmp_path):
+    """`nlmfeature perplexity --exact` on a joint model: every token's raw score minus log Z
+    of its context over the whole target vocabulary (checked against the scorer over every
+    word), the raw perplexity and log Z's mean and spread beside it; a class-factored joint
+    model is already normalised."""
+    import subprocess
+    import sys
+
+    import nlmfeature
+    from nlmfeature.core.joint import read_parallel
+
+    test = {k: os.path.join(M30K, f"test2016.200.{k}") for k in ("de", "en", "align")}
+    unnorm, cls = _joint_model(tmp_path), _joint_model(tmp_path, "class")
+
+    def ppl(model):
+        p = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "perplexity", "-m", model, "--exact",
+                            "--test", test["en"], "--source", test["de"], "--alignment", test["align"],
+                            "--json"], capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)["rows"][0]
+
+    row, crow = ppl(unnorm), ppl(cls)
+    tokens = sum(len(l.split()) + 1 for l in open(test["en"], encoding="utf-8"))
+    assert row["tokens"] == crow["tokens"] == tokens
+    # the exact log-probabilities: raw scores minus log Z over every word, by the scorer
+    jm = nlmfeature.load(unnorm)
+    srcs, tgts, affs = read_parallel(test["de"], test["en"], test["align"], keep_empty=True)
+    from nlmfeature.core.joint import joint_ngrams
+    d = joint_ngrams(srcs, tgts, affs, jm.vocab, jm.source_vocab, jm.order, jm.window)
+    V = len(jm.vocab)
+    raw = np.asarray(jm.score_batch(d.contexts, d.words), dtype=np.float64)
+    logz = np.empty(len(d.words))
+    for a in range(0, len(d.words), 64):
+        c = d.contexts[a:a + 64]
+        every = jm.score_batch(np.repeat(c, V, axis=0), np.tile(np.arange(V, dtype=np.int32), len(c)))
+        logz[a:a + 64] = np.logaddexp.reduce(np.asarray(every, dtype=np.float64).reshape(len(c), V), axis=1)
+    assert row["perplexity"] == pytest.approx(float(np.exp(-(raw - logz).mean())), rel=1e-4)
+    assert row["raw_perplexity"] == pytest.approx(float(np.exp(-raw.mean())), rel=1e-4)
+    assert row["log_z_mean"] == pytest.approx(float(logz.mean()), abs=1e-3) and abs(row["log_z_mean"]) > 0.1
+    # a class-factored model is already normalised: --exact changes nothing
+    assert "raw_perplexity" not in crow
+
+

@@ -8,7 +8,8 @@ $NLMFEATURE_SHARED point elsewhere; 100 test2016 sentences):
 * the system made fast to load first, as issue 14 prescribes: its phrase and reordering
   tables are filtered to the input with Moses' ``filter-model-given-input.pl`` and the ARPA
   LM is binarised with KenLM's ``build_binary`` (kept in ``--workdir`` and reused);
-* decoding time with KenLM alone and KenLM + each NLM (``--model NAME=PATH``), with 1 and
+* decoding time with KenLM alone, KenLM + each NLM (``--model NAME=PATH``) and KenLM + a
+  joint model (``--joint NAME=PATH``, with an NLM too as ``--joint NAME=PATH:MODEL``), with 1 and
   more threads: the sum of Moses' per-sentence "Translation took" times (the issue's
   figure) and the process wall time minus model loading (decoding an empty input).  Every
   configuration runs ``--repeats`` times, interleaved, and the minimum is kept (the machine
@@ -204,8 +205,13 @@ def ini_weights(path: str) -> List[str]:
 
 
 def write_ini(path: str, head: List[str], weights: List[str], nlm: Optional[str] = None,
-              nlm_weight: float = 0.1, extra: str = "", feature: str = "NLMFeature") -> str:
+              nlm_weight: float = 0.1, extra: str = "", feature: str = "NLMFeature",
+              joint: Optional[str] = None, joint_weight: float = 0.1) -> str:
+    """A moses.ini: ``head`` (ending with [feature]) plus the NLM's feature line (label NLM0)
+    and a joint model's ``NLMJointFeature`` line (label NNJM0), then ``weights``."""
     lines = list(head)
+    if joint:
+        lines.append(f"NLMJointFeature name=NNJM0 path={os.path.abspath(joint)}")
     if nlm and feature == "NeuralLM":
         order = 5
         with open(nlm, encoding="utf-8", errors="replace") as f:
@@ -217,9 +223,11 @@ def write_ini(path: str, head: List[str], weights: List[str], nlm: Optional[str]
     elif nlm:
         lines.append(f"NLMFeature name=NLM0 path={os.path.abspath(nlm)} factor=0 {extra}".rstrip())
     lines.append("[weight]")
-    lines += [w for w in weights if not w.startswith("NLM0=")]
+    lines += [w for w in weights if not w.startswith(("NLM0=", "NNJM0="))]
     if nlm:
         lines.append(f"NLM0= {nlm_weight}")
+    if joint:
+        lines.append(f"NNJM0= {joint_weight}")
     return write_lines(path, lines)
 
 
@@ -302,7 +310,7 @@ def rates(st: Dict[str, int]) -> Dict[str, float]:
 
 PARTS = [
     # (part, dso pattern, symbol pattern)
-    ("nlm shim", None, r"NLMFeature|NLMFeatureFF|StateView|create_ff|TraversalFeaturesImpl.*anon"),
+    ("nlm shim", None, r"NLMFeature|NLMJointFeature|NLMFeatureFF|StateView|create_ff|TraversalFeaturesImpl.*anon"),
     ("nlm C API", r"^libnlmfeature", None),
     ("nlm C API", r"^_capi", None),
     ("nlm session / n-gram memo", r"^_pcache", None),
@@ -546,6 +554,13 @@ def main(argv=None) -> int:
                     help="a configuration NAME with Moses' own NPLM feature (NeuralLM, --with-nplm) on this NPLM "
                          "text model instead of NLMFeature, to compare with the same model converted by "
                          "`nlmfeature convert` (repeatable)")
+    ap.add_argument("--joint", action="append", default=[], metavar="NAME=JOINT[:MODEL]",
+                    help="a configuration NAME with a joint model (NNJM, docs/joint.md) as NLMJointFeature "
+                         "(label NNJM0) beside KenLM and, with :MODEL (a --model name), that NLM too "
+                         "(repeatable); weights as for --model (--weights NAME=INI's NLM0/NNJM0, else "
+                         "--nlm-weight); counters and cdec cover --model configurations only")
+    ap.add_argument("--moses", default=None, help="the moses executable (default: the newest moses-cmd "
+                    "build under MOSES_ROOT; a copy keeps a measurement safe from rebuilds)")
     ap.add_argument("--feature-args", action="append", default=[], metavar="NAME=ARGS",
                     help="extra keys for model NAME's feature line (Moses: 'key=value ...'; cdec: "
                          "'--option value ...'), e.g. to compare settings of one model under two names")
@@ -606,7 +621,14 @@ def main(argv=None) -> int:
     models = dict(m.split("=", 1) for m in args.model)
     neurallm = dict(m.split("=", 1) for m in args.neurallm)
     extras = dict(m.split("=", 1) for m in args.feature_args)
-    for name, path in models.items():
+    joints: Dict[str, Tuple[str, Optional[str]]] = {}
+    for spec in args.joint:
+        name, _, rest = spec.partition("=")
+        path, _, with_nlm = rest.partition(":")
+        if not path or (with_nlm and with_nlm not in models):
+            sys.exit(f"--joint {spec}: give NAME=JOINT_PATH[:MODEL_NAME] with MODEL_NAME a --model name")
+        joints[name] = (path, with_nlm or None)
+    for name, path in list(models.items()) + [(n, p) for n, (p, _) in joints.items()]:
         if not os.path.exists(path):
             sys.exit(f"model {name}: {path} not found")
     work = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="bench_decoder."))
@@ -618,14 +640,15 @@ def main(argv=None) -> int:
     kenlm_bins = [args.kenlm_bin or "", os.path.join(root, "bin") if root else "",
                   os.path.expanduser("~/.cache/nlmfeature/kenlm/bin")]
     results: Dict = {"sentences": n, "test_src": args.test_src, "system": system, "workdir": work,
-                     "nlm_weight": args.nlm_weight, "models": models, "feature_args": extras}
+                     "nlm_weight": args.nlm_weight, "models": models, "feature_args": extras,
+                     "joint": {k: {"joint": p, "with": m} for k, (p, m) in joints.items()}}
     print(f"workdir: {work}\nsystem: {system}\n{n} test sentences", flush=True)
 
     lm = None
     if "moses" in decoders:
         if not root:
             sys.exit("set MOSES_ROOT to a mosesdecoder tree with the NLMFeature shim built in")
-        moses = find_moses(root)
+        moses = os.path.abspath(args.moses) if args.moses else find_moses(root)
         inputs = [src] + ([write_lines(os.path.join(work, "dev.src"), read_lines(args.tune_src, args.tune_sentences))]
                           if args.tune_sentences else [])
         head, weights, sysinfo = prepare_moses_system(system, args.ini, root, inputs, work, kenlm_bins,
@@ -640,6 +663,14 @@ def main(argv=None) -> int:
             w = tuned.get(name, weights)
             nw = next((float(x.split()[1]) for x in w if x.startswith("NLM0=")), args.nlm_weight)
             configs[name] = write_ini(os.path.join(work, f"{name}.ini"), head, w, path, nw, extras.get(name, ""))
+        for name, (path, with_nlm) in joints.items():
+            w = tuned.get(name, weights)
+            nw = next((float(x.split()[1]) for x in w if x.startswith("NLM0=")), args.nlm_weight)
+            jw = next((float(x.split()[1]) for x in w if x.startswith("NNJM0=")), args.nlm_weight)
+            configs[name] = write_ini(os.path.join(work, f"{name}.ini"), head, w,
+                                      models[with_nlm] if with_nlm else None, nw,
+                                      extras.get(with_nlm, "") if with_nlm else "",
+                                      joint=path, joint_weight=jw)
         for name, path in neurallm.items():
             configs[name] = write_ini(os.path.join(work, f"{name}.ini"), head, tuned.get(name, weights), path,
                                       args.nlm_weight, extras.get(name, ""), feature="NeuralLM")

@@ -10,6 +10,8 @@ From raw text, as a user would start:
    features in one system);
 4. tune the KenLM-only and the KenLM+NLM system ``--tunings`` times each (MERT seeds 1..N, or
    ``--algorithm mira``) with ``nlmfeature-tune moses``, from the system's tuned KenLM weights;
+   with ``--joint MODEL`` a third system, KenLM+NLM+joint (an ``NLMJointFeature`` line, the
+   joint model of ``docs/joint.md``), is tuned the same way and compared with both;
 5. decode dev and every test set with each tuned system; BLEU and chrF (tokenised, against the
    tokenised lowercased references, as the system's README) and detokenised BLEU (sacremoses,
    against the raw references, sacrebleu's 13a, case-insensitive: as papers report it); mean
@@ -56,6 +58,11 @@ DEFAULT_DATA = os.path.join("..", "shared", "data", "parallel", "multi30k")
 DEFAULT_RECIPE = ("--order 5 --min-count 2 --word-width 200 --diagonal-contexts --output unnormalised "
                   "--noise-samples 10 --direct-order 3 --hash-space 4194304 --min-ngram-freq 2 "
                   "--patience 2 --seed 1")
+
+
+#: the systems compared, in the order they are tuned for each seed ('joint' only with --joint)
+SIDES = ("base", "nlm", "joint")
+SIDE_LABELS = {"base": "KenLM only", "nlm": "KenLM + NLM", "joint": "KenLM + NLM + joint"}
 
 
 def threading_main() -> bool:
@@ -227,6 +234,28 @@ def nlm_ini(base_ini: str, dst: str, models: Sequence[str], base_weights: dict) 
     return weights
 
 
+def joint_ini(nlm_ini_path: str, dst: str, joint: str, nlm_weights: dict) -> dict:
+    """``nlm_ini_path`` plus an ``NLMJointFeature`` line (label NNJM0) for the joint model
+    ``joint``, whose weight starts at half the LM's, as the NLMs'; returns the initial weights."""
+    from nlmfeature import load
+    from nlmfeature.core.joint import JointModel
+    from nlmfeature.mt.tuning.config import rewrite_moses_ini
+
+    if not isinstance(load(joint), JointModel):
+        raise InputError(joint, 0, "not a joint model (no source window): give it with --model, "
+                         "or train one with nlmfeature train --source (docs/joint.md)")
+    weights = dict(nlm_weights)
+    weights["NNJM0"] = [nlm_weights.get("LM0", [0.1])[0] / 2]
+    out = []
+    for line in _read(nlm_ini_path):
+        out.append(line)
+        if line.strip() == "[feature]":
+            out.append(f"NLMJointFeature name=NNJM0 path={os.path.abspath(joint)}")
+    _write(dst, out)
+    rewrite_moses_ini(dst, dst, weights)
+    return weights
+
+
 # -- 3. models ----------------------------------------------------------------------------------
 def train_model(args: argparse.Namespace, work: str, dev_ref: str) -> str:
     from nlmfeature import cli
@@ -288,8 +317,10 @@ def decode(moses: str, ini: str, src: str, out: str, threads: int, kbest: int = 
 
 
 def tune(args: argparse.Namespace, ini: str, dev: dict, tdir: str, seed: int,
-         nlm: bool) -> dict:
-    """One ``nlmfeature-tune moses`` run; returns its iterations and candidate final weights."""
+         cache_features: Sequence[str] = ()) -> dict:
+    """One ``nlmfeature-tune moses`` run; returns its iterations and candidate final weights.
+    ``cache_features``: the Moses feature classes that get the persistent cache (none: no
+    cache)."""
     from nlmfeature.mt.tuning import cli as tune_cli
     from nlmfeature.mt.tuning.driver import DriverState, best_decoded, decoded_weights
     from nlmfeature.mt.weights import read_weights
@@ -299,8 +330,10 @@ def tune(args: argparse.Namespace, ini: str, dev: dict, tdir: str, seed: int,
             "--algorithm", args.algorithm, "--seed", str(seed), "--max-iterations",
             str(args.max_iterations), "--nbest-size", str(args.nbest_size), "--jobs",
             str(args.jobs), "--quiet"]
-    if nlm:
+    if cache_features:
         argv += ["--persistent-cache", os.path.join(os.path.dirname(tdir), "nlm-cache")]
+        for feature in cache_features:
+            argv += ["--nlm-feature", feature]
     _quiet_call(tune_cli.main, argv, "nlmfeature-tune")
     state = DriverState.load(os.path.join(tdir, "state.json"))
     initial = read_weights(ini)
@@ -476,42 +509,62 @@ def rescoring(args: argparse.Namespace, work: str, sets: Dict[str, dict], base_i
 def collect(scorers: Dict[str, Scorer], runs: Dict[str, List[Dict[str, str]]], samples: int,
             seconds: Optional[Dict[str, Dict[str, List[float]]]] = None,
             sizes: Optional[Dict[str, int]] = None) -> dict:
-    """Scores of every run of 'base' and 'nlm' per set, their summaries and p-values."""
+    """Scores of every run of 'base' and 'nlm' (and 'joint' when ``runs`` has it) per set,
+    their summaries and p-values: 'difference' / 'p_value' of nlm vs base, 'joint_difference'
+    / 'joint_p_value' of joint vs base, 'joint_vs_nlm_difference' / 'joint_vs_nlm_p_value'."""
     res: dict = {}
+    names = [side for side in SIDES if runs.get(side)]
+    pairs = [("", "nlm", "base"), ("joint_", "joint", "base"), ("joint_vs_nlm_", "joint", "nlm")]
+    pairs = [p for p in pairs if p[1] in names and p[2] in names]
     for name, scorer in scorers.items():
-        stats = {side: [scorer.stats(r[name]) for r in runs[side]] for side in ("base", "nlm")}
+        stats = {side: [scorer.stats(r[name]) for r in runs[side]] for side in names}
         entry: dict = {}
         for metric in ("bleu", "chrf", "detok_bleu"):
             sides = {side: summarise([score(scorer, metric, st[metric]) for st in stats[side]])
-                     for side in ("base", "nlm")}
-            sides["difference"] = sides["nlm"]["mean"] - sides["base"]["mean"]
-            sides["p_value"] = mean_pair_bootstrap(scorer, metric,
-                                                   [st[metric] for st in stats["base"]],
-                                                   [st[metric] for st in stats["nlm"]], samples)
+                     for side in names}
+            for prefix, b, a in pairs:
+                sides[prefix + "difference"] = sides[b]["mean"] - sides[a]["mean"]
+                sides[prefix + "p_value"] = mean_pair_bootstrap(
+                    scorer, metric, [st[metric] for st in stats[a]],
+                    [st[metric] for st in stats[b]], samples)
             entry[metric] = sides
         if seconds and name in seconds and sizes:
             per = {side: float(np.mean(seconds[name][side])) / sizes[name]
-                   for side in ("base", "nlm") if seconds[name].get(side)}
-            if len(per) == 2 and per["base"] > 0:
+                   for side in names if seconds[name].get(side)}
+            if "base" in per and "nlm" in per and per["base"] > 0:
                 entry["seconds_per_sentence"] = dict(per, ratio=per["nlm"] / per["base"])
+                if "joint" in per:
+                    entry["seconds_per_sentence"]["joint_ratio"] = per["joint"] / per["base"]
         res[name] = entry
     return res
 
 
 def format_table(title: str, res: dict) -> str:
-    lines = [title,
-             f"{'set':<8} {'metric':<11} {'KenLM only':>25} {'KenLM + NLM':>25} {'diff':>7} "
-             f"{'p':>6}"]
+    joint = any("joint" in entry["bleu"] for entry in res.values())
+    head = (f"{'set':<8} {'metric':<11} {'KenLM only':>25} {'KenLM + NLM':>25} {'diff':>7} "
+            f"{'p':>6}")
+    if joint:
+        head += (f" {'KenLM + NLM + joint':>25} {'diff':>7} {'p':>6} {'-NLM':>7} {'p':>6}"
+                 "   (joint: diff/p vs KenLM only, then vs KenLM + NLM)")
+    lines = [title, head]
     for name, entry in res.items():
         for metric in ("bleu", "detok_bleu", "chrf"):
             e = entry[metric]
             cell = lambda s: f"{s['mean']:.2f} ± {s['sd']:.2f} ({s['min']:.2f}-{s['max']:.2f})"  # noqa: E731
-            lines.append(f"{name:<8} {metric:<11} {cell(e['base']):>25} {cell(e['nlm']):>25} "
-                         f"{e['difference']:+7.2f} {e['p_value']:6.3f}")
+            line = (f"{name:<8} {metric:<11} {cell(e['base']):>25} {cell(e['nlm']):>25} "
+                    f"{e['difference']:+7.2f} {e['p_value']:6.3f}")
+            if "joint" in e:
+                line += (f" {cell(e['joint']):>25} {e['joint_difference']:+7.2f} "
+                         f"{e['joint_p_value']:6.3f} {e['joint_vs_nlm_difference']:+7.2f} "
+                         f"{e['joint_vs_nlm_p_value']:6.3f}")
+            lines.append(line)
         if "seconds_per_sentence" in entry:
             s = entry["seconds_per_sentence"]
-            lines.append(f"{name:<8} {'s/sentence':<11} {s['base']:>25.4f} {s['nlm']:>25.4f} "
-                         f"{'x' + format(s['ratio'], '.2f'):>7}")
+            line = (f"{name:<8} {'s/sentence':<11} {s['base']:>25.4f} {s['nlm']:>25.4f} "
+                    f"{'x' + format(s['ratio'], '.2f'):>7}")
+            if "joint" in s:
+                line += f" {'':6} {s['joint']:>25.4f} {'x' + format(s['joint_ratio'], '.2f'):>7}"
+            lines.append(line)
     return "\n".join(lines)
 
 
@@ -524,31 +577,36 @@ def plot(path: str, doc: dict) -> Optional[str]:
         return "matplotlib is not installed (pip install 'nlmfeature[plot]'): no plot"
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     ax = axes[0]
-    labels, base, nlm, base_err, nlm_err = [], [], [], [], []
+    labels: List[str] = []
+    bars: Dict[str, List[float]] = {side: [] for side in SIDES}
+    errs: Dict[str, List[float]] = {side: [] for side in SIDES}
     for part, key in (("decoding", "decoding"), ("rescoring", "rescoring")):
         for name, entry in doc.get(key, {}).get("scores", {}).items():
             labels.append(f"{part}\n{name}")
-            base.append(entry["bleu"]["base"]["mean"])
-            nlm.append(entry["bleu"]["nlm"]["mean"])
-            base_err.append(entry["bleu"]["base"]["sd"])
-            nlm_err.append(entry["bleu"]["nlm"]["sd"])
+            for side in SIDES:     # a side a part did not measure: a zero-height bar
+                bars[side].append(entry["bleu"].get(side, {}).get("mean", 0.0))
+                errs[side].append(entry["bleu"].get(side, {}).get("sd", 0.0))
+    shown = [side for side in SIDES if any(bars[side])]
     x = np.arange(len(labels))
-    ax.bar(x - 0.2, base, 0.4, yerr=base_err, label="KenLM only", capsize=3)
-    ax.bar(x + 0.2, nlm, 0.4, yerr=nlm_err, label="KenLM + NLM", capsize=3)
+    width = 0.8 / max(1, len(shown))
+    for i, side in enumerate(shown):
+        ax.bar(x + (i - (len(shown) - 1) / 2) * width, bars[side], width, yerr=errs[side],
+               label=SIDE_LABELS[side], capsize=3)
     ax.set_xticks(x)
     ax.set_xticklabels(labels)
-    lo = min(base + nlm) if labels else 0
-    ax.set_ylim(max(0, lo - 5), max(base + nlm) + 2 if labels else 1)
+    values = [v for side in shown for v in bars[side] if v]
+    lo = min(values) if values else 0
+    ax.set_ylim(max(0, lo - 5), max(values) + 2 if values else 1)
     ax.set_ylabel("BLEU (tokenised, mean ± sd over tunings)")
     ax.legend()
     ax.set_title("test and dev BLEU", fontsize=10)
     fig.suptitle(doc["label"], fontsize=9)
     ax = axes[1]
-    for side, style in (("base", "-"), ("nlm", "--")):
+    for side, style in zip(SIDES, ("-", "--", ":")):
         for run in doc.get("decoding", {}).get("tunings", {}).get(side, []):
             its = [i["iteration"] for i in run["iterations"]]
             ax.plot(its, [i["dev_bleu"] for i in run["iterations"]], style, marker="o",
-                    label=f"{'KenLM' if side == 'base' else '+NLM'} seed {run['seed']}")
+                    label=f"{SIDE_LABELS[side]} seed {run['seed']}")
     ax.set_xlabel("tuning iteration")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_ylabel("decoder dev BLEU")
@@ -596,23 +654,30 @@ def run(args: argparse.Namespace) -> int:
 
     mkey = hashlib.sha1("\n".join(models).encode("utf-8")).hexdigest()[:6]   # the NLMs' key
     nlm_ini_path = os.path.join(work, f"nlm{mkey}.{key}.moses.ini")
-    nlm_ini(base_ini, nlm_ini_path, models, base_weights)
+    nlm_weights = nlm_ini(base_ini, nlm_ini_path, models, base_weights)
+    sides = [("base", base_ini, "base", ()), ("nlm", nlm_ini_path, "nlm" + mkey, ("NLMFeature",))]
+    joint = os.path.abspath(args.joint) if args.joint else None
+    if joint:
+        jkey = hashlib.sha1("\n".join(models + [joint]).encode("utf-8")).hexdigest()[:6]
+        joint_ini_path = os.path.join(work, f"joint{jkey}.{key}.moses.ini")
+        joint_ini(nlm_ini_path, joint_ini_path, joint, nlm_weights)
+        sides.append(("joint", joint_ini_path, "joint" + jkey, ("NLMFeature", "NLMJointFeature")))
     scorers = {name: Scorer(s["ref"], s["raw_ref"], args.tgt_lang) for name, s in sets.items()}
     doc: dict = dict(label=label, quick=bool(args.quick), system=args.system, moses=args.moses,
-                     models=models, algorithm=args.algorithm, tunings=args.tunings,
+                     models=models, joint=joint, algorithm=args.algorithm, tunings=args.tunings,
                      threads=args.threads, sentences={n: s["n"] for n, s in sets.items()},
                      final_weights=args.final_weights)
     if not args.no_decoding:
-        tunings: Dict[str, List[dict]] = {"base": [], "nlm": []}
-        runs: Dict[str, List[Dict[str, str]]] = {"base": [], "nlm": []}
-        other: Dict[str, List[Dict[str, str]]] = {"base": [], "nlm": []}
-        seconds: Dict[str, Dict[str, List[float]]] = {n: {"base": [], "nlm": []} for n in sets}
+        tunings: Dict[str, List[dict]] = {side: [] for side, *_ in sides}
+        runs: Dict[str, List[Dict[str, str]]] = {side: [] for side, *_ in sides}
+        other: Dict[str, List[Dict[str, str]]] = {side: [] for side, *_ in sides}
+        seconds: Dict[str, Dict[str, List[float]]] = {n: {side: [] for side, *_ in sides}
+                                                      for n in sets}
         for seed in range(1, args.tunings + 1):
-            for side, ini in (("base", base_ini), ("nlm", nlm_ini_path)):
-                tdir = os.path.join(work, f"tuning.{key}", f"{side if side == 'base' else 'nlm' + mkey}"
-                                                           f".{args.algorithm}{seed}")
+            for side, ini, tag, cached in sides:
+                tdir = os.path.join(work, f"tuning.{key}", f"{tag}.{args.algorithm}{seed}")
                 t0 = time.time()
-                info = tune(args, ini, sets[args.dev], tdir, seed, side == "nlm")
+                info = tune(args, ini, sets[args.dev], tdir, seed, cached)
                 _log(f"{side} seed {seed}: {len(info['iterations'])} iterations, dev BLEU "
                      + " ".join(f"{i['dev_bleu']:.2f}" for i in info["iterations"])
                      + f" ({time.time() - t0:.0f} s)")
@@ -645,7 +710,7 @@ def run(args: argparse.Namespace) -> int:
         scores = collect(scorers, runs, args.bootstrap, seconds, sizes)
         # the tuning rule: test BLEU of the last vs the best decoded weights of every tuning
         rule_rows = []
-        for side in ("base", "nlm"):
+        for side, *_ in sides:
             for info in tunings[side]:
                 row = dict(side=side, seed=info["seed"], best_iteration=info["best_iteration"],
                            iterations=len(info["iterations"]))
@@ -666,6 +731,9 @@ def run(args: argparse.Namespace) -> int:
         doc["rescoring"] = dict(kbest=args.kbest, weights_from=weights_src if os.path.exists(weights_src)
                                 else f"moses.{args.init}.ini",
                                 scores=collect(scorers, resc["systems"], args.bootstrap))
+        if joint:
+            doc["rescoring"]["joint"] = ("not rescored: the k-best lists carry no word alignment "
+                                         "(docs/joint.md, tools/joint_rescore.py)")
     doc["cdec"] = "not run: no hiero grammar for the shared system yet"
     doc["seconds"] = time.time() - t_start
     json_path = os.path.join(work, "bench-mt.json")
@@ -678,7 +746,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=1, sort_keys=True))
         return 0
     print(f"nlmfeature bench mt — {label}")
-    print(f"models: {', '.join(models)}; final weights: {args.final_weights}; "
+    print(f"models: {', '.join(models)}" + (f"; joint model: {joint}" if joint else "")
+          + f"; final weights: {args.final_weights}; "
           f"threads {args.threads}; {doc['seconds'] / 60:.1f} min")
     print("BLEU/chrF: tokenised lowercased (sacrebleu -tok none); detok_bleu: sacremoses-"
           "detokenised vs raw references (13a, case-insensitive); mean ± sd (min-max) over "
@@ -688,11 +757,11 @@ def run(args: argparse.Namespace) -> int:
         print(format_table("== Moses decoding", doc["decoding"]["scores"]))
         print("\n== tuning iterations (decoder dev BLEU) and test BLEU of the final-weight rules")
         for row, info in zip(doc["decoding"]["final_weights_rule"],
-                             doc["decoding"]["tunings"]["base"] + doc["decoding"]["tunings"]["nlm"]):
+                             [i for side, *_ in sides for i in doc["decoding"]["tunings"][side]]):
             its = " ".join(f"{i['dev_bleu']:.2f}" for i in info["iterations"])
             rules = "  ".join(f"{n}: last {row[n + '.last']:.2f} best {row[n + '.best']:.2f}"
                               for n in sets)
-            print(f"{row['side']:<4} seed {row['seed']}: {its}  (best at {row['best_iteration']})"
+            print(f"{row['side']:<5} seed {row['seed']}: {its}  (best at {row['best_iteration']})"
                   f"  {rules}")
         test_names = [n for n in sets if n != args.dev]
         for n in test_names:
@@ -733,6 +802,12 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", "-m", action="append", default=[],
                    help="NLM model file; repeat for several NLM features in one system "
                         "(default: train one with --recipe)")
+    p.add_argument("--joint", default=None, metavar="MODEL",
+                   help="a joint model (nlmfeature train --source, docs/joint.md): adds a third "
+                        "system, KenLM + NLM + joint (an NLMJointFeature line labelled NNJM0, "
+                        "weight starting at half the LM's), tuned --tunings times beside the "
+                        "other two and compared with both (decoding only: the rescoring part "
+                        "has no word alignments). Default: none")
     p.add_argument("--recipe", default=DEFAULT_RECIPE,
                    help="nlmfeature train options when no --model is given (default: the "
                         "unnormalised LBL recipe of issue 16: %(default)s)")

@@ -10,7 +10,8 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from nlmfeature.errors import NLMFeatureError
-from nlmfeature.training.kenlm_baseline import (VOCAB_MISMATCH_WARN, KenLMScorer, LogLinear, interpolate, is_arpa,
+from nlmfeature.training.kenlm_baseline import (VOCAB_MISMATCH_WARN, KenLMScorer, LogLinear, exactly_normalised,
+                              interpolate, is_arpa,
                               mixture_logprob, nlm_ngrams, nlm_token_scores, spaced_subset, train_kenlm,
                               tune_mixture)
 from nlmfeature.io.atomicfile import check_output
@@ -250,9 +251,19 @@ def _run_joint(args: argparse.Namespace, model) -> int:
                               "supported for joint models; compare with --kenlm and --compare")
     srcs, tgts, affs = read_parallel(args.source, args.test, args.alignment, keep_empty=True)
     ex = args.exclude_oov
-    js = joint_token_scores(model, srcs, tgts, affs)
-    rows: List[Dict] = [_row("joint", js.logprob, js.oov, ex, source_window=model.window)]
     notes: List[str] = []
+    js = joint_token_scores(exactly_normalised(model) if args.exact else model, srcs, tgts, affs)
+    extra: Dict[str, Any] = {"source_window": model.window}
+    if args.exact and not model.normalised:
+        # how well the model self-normalises: log Z = raw score - exact score, per token
+        raw = joint_token_scores(model, srcs, tgts, affs)
+        logz = raw.logprob - js.logprob
+        extra.update(raw_perplexity=_row("raw", raw.logprob, js.oov, ex)["perplexity"],
+                     log_z_mean=float(logz.mean()), log_z_sd=float(logz.std()))
+        notes.append(f"joint model renormalised exactly (--exact): raw-score perplexity "
+                     f"{extra['raw_perplexity']:.3f}, log Z mean {extra['log_z_mean']:.3f}, "
+                     f"sd {extra['log_z_sd']:.3f}")
+    rows: List[Dict] = [_row("joint", js.logprob, js.oov, ex, **extra)]
     result: Dict[str, Any] = {"model": args.model, "test": args.test, "source": args.source,
                               "alignment": args.alignment, "exclude_oov": ex}
     if args.compare:
@@ -261,7 +272,7 @@ def _run_joint(args: argparse.Namespace, model) -> int:
             raise NLMFeatureError(f"--compare {args.compare}: expected a target-only model")
         if lm.vocab != model.vocab:
             notes.append("the target-only model has another vocabulary: OOV flags follow the joint model's")
-        ts = nlm_token_scores(lm, tgts)
+        ts = nlm_token_scores(lm, tgts, exact=args.exact)
         rows.append(_row("target-only", ts.logprob, js.oov, ex))
         result["compare"] = args.compare
         result["ratio"] = rows[0]["perplexity"] / rows[1]["perplexity"]
@@ -271,8 +282,9 @@ def _run_joint(args: argparse.Namespace, model) -> int:
         kn, kn_oov = scorer.token_scores(tgts)
         result["kenlm"] = args.kenlm
         rows.append(_row("kenlm", kn.logprob, js.oov, ex, kenlm_unknown_tokens=kn_oov))
-    if not model.normalised:
-        notes.append("the joint model's output layer is unnormalised: its perplexity uses raw scores")
+    if not model.normalised and not args.exact:
+        notes.append("the joint model's output layer is unnormalised: its perplexity uses raw scores "
+                     "(--exact renormalises them)")
     return _emit(args, result, rows, notes)
 
 

@@ -194,12 +194,11 @@ def exactly_normalised(model):
     the cost of a pass over the vocabulary per scored token."""
     if model.normalised:
         return model
-    from nlmfeature.core.model import Model
-
     header = json.loads(json.dumps(model.header))
     header["output"]["type"] = "softmax"
-    return Model(model.path, header, model.arrays, model.checksum,
-                 use_tables=bool(header.get("precomputed")))
+    # the same class (a joint model stays one: its contexts hold the source window)
+    return type(model)(model.path, header, model.arrays, model.checksum,
+                       use_tables=bool(header.get("precomputed")))
 
 
 def nlm_ngrams(model, sentences: Sequence[Sequence[str]]) -> Tuple[np.ndarray, np.ndarray]:
