@@ -91,8 +91,12 @@ def decode_while_model_changes(cmd: List[str], sentences: List[str], live: str, 
         p.stdin.close()
     except BrokenPipeError:
         pass
+    try:
+        p.wait(timeout=timeout)           # a few translations: they fit in the pipe
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise AssertionError("the decoder did not stop after its input ended")
     rest = p.stdout.read()
-    p.wait(timeout=timeout)
     reader.join(timeout)
     got.extend(l for l in rest.splitlines() if l)
     return p.returncode, got, "".join(err)

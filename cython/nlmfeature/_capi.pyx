@@ -101,9 +101,11 @@ cdef double joint_lookup(SessionC* c, const int32_t* src, int nsrc, int affiliat
     cdef int32_t key[NLM_MAX_KEY]
     cdef int32_t dummy = 0
     cdef const ModelC* m = c.model
+    if src == NULL or nsrc < 0:
+        src = &dummy
+        nsrc = 0
     if m.src_window:
-        nlm_source_window(m, src if src != NULL else &dummy, nsrc if src != NULL else 0,
-                          affiliation, key)
+        nlm_source_window(m, src, nsrc, affiliation, key)
     nlm_pad_context(m, ids, n, key + m.src_window)
     if w < 0 or w >= m.vocab_size:
         w = m.unk
@@ -117,10 +119,6 @@ cdef double vt_score(void* s, const int32_t* ids, int n, int32_t w) noexcept nog
 
 cdef double vt_joint_score(void* s, const int32_t* src, int nsrc, int affiliation,
                            const int32_t* ids, int n, int32_t w) noexcept nogil:
-    if src == NULL:
-        nsrc = 0
-    if nsrc < 0:
-        nsrc = 0
     return joint_lookup(<SessionC*>s, src, nsrc, affiliation, ids, n, w)
 
 

@@ -172,7 +172,8 @@ ctypedef struct PStore:
     char* dir
     char* model_path
     unsigned char checksum[8]
-    int order
+    int ngram_key_len         # ids in an n-gram key: the full context and the word (the order
+                              # for a target-only model; the file header's "order" field)
     int ctx_key_len
     int64_t max_bytes
     int quiet
@@ -506,9 +507,9 @@ cdef int write_file(PStore* ps, const char* path, Source** src, int* nsrc, int r
     cdef uint64_t h
     cdef uint32_t u
     cdef char tmp[PATH_MAX_LEN]
-    key_lens[0] = ps.order
+    key_lens[0] = ps.ngram_key_len
     key_lens[1] = ps.ctx_key_len
-    key_lens[2] = ps.order
+    key_lens[2] = ps.ngram_key_len
     nds[0] = 1
     nds[1] = 2
     nds[2] = 1
@@ -522,7 +523,7 @@ cdef int write_file(PStore* ps, const char* path, Source** src, int* nsrc, int r
         return 12
     memcpy(buf, MAGIC, 8)
     memcpy(buf + 8, &FORMAT_VERSION, 4)
-    u = ps.order
+    u = ps.ngram_key_len
     memcpy(buf + 12, &u, 4)
     memcpy(buf + 16, ps.checksum, 8)
     memcpy(buf + 24, &ps.sentence_id, 8)
@@ -776,7 +777,7 @@ cdef SessionC* pc_session_new(const ModelC* m, const unsigned char* checksum, co
     ps.model = m
     # key lengths of the n-gram / context / class regions: the full context (joint models:
     # the source window, then the n-1 target ids) plus the word or class
-    ps.order = m.key_len + 1
+    ps.ngram_key_len = m.key_len + 1
     ps.ctx_key_len = m.key_len if m.key_len > 0 else 1
     ps.sentence_id = -1
     ps.est_bytes = -1
@@ -904,7 +905,7 @@ cdef int map_sentence(PStore* ps, int64_t sid, int touch) noexcept nogil:
     for k in range(MAX_DELTAS + 1):
         f = ps.view.nfiles
         file_path(ps, sid, k, path)
-        r = map_file(path, ps.order, ps.ctx_key_len, ps.checksum, sid, limit, touch,
+        r = map_file(path, ps.ngram_key_len, ps.ctx_key_len, ps.checksum, sid, limit, touch,
                      &ps.maps[f], &ps.map_len[f], &why)
         if r == 0:
             continue

@@ -193,8 +193,6 @@ cdef double nlm_score(SessionC* s, const int32_t* ctx, int n, int32_t word) noex
 # joint models
 cdef void nlm_source_window(const ModelC* m, const int32_t* src, int n, int affiliation,
                             int32_t* out) noexcept nogil
-cdef double nlm_joint_score(SessionC* s, const int32_t* window, const int32_t* ids, int n,
-                            int32_t word) noexcept nogil
 
 
 cdef inline void nlm_clean_ngram(const ModelC* m, const int32_t* ctx, int32_t w, int32_t* key) noexcept nogil:

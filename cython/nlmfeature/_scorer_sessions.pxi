@@ -294,17 +294,3 @@ cdef void nlm_source_window(const ModelC* m, const int32_t* src, int n, int affi
             x = src[p]
             out[j] = x if 0 <= x < m.src_vocab_size else m.src_unk
 
-
-cdef double nlm_joint_score(SessionC* s, const int32_t* window, const int32_t* ids, int n,
-                            int32_t w) noexcept nogil:
-    """Joint models: score ``w`` given a source window (from :c:func:`nlm_source_window`)
-    and an unpadded target history of ``n`` ids (padded as :c:func:`nlm_pad_context`)."""
-    cdef int32_t key[NLM_MAX_KEY]
-    cdef const ModelC* m = s.model
-    cdef int j
-    for j in range(m.src_window):
-        key[j] = window[j]
-    nlm_pad_context(m, ids, n, key + m.src_window)
-    if w < 0 or w >= m.vocab_size:
-        w = m.unk
-    return nlm_score_padded(s, key, w)

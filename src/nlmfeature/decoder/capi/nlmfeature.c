@@ -619,7 +619,8 @@ NLM_API double nlm_score_partial(nlm_session* session, const int32_t* context, i
 NLM_API double nlm_score_padded(nlm_session* session, const int32_t* context, int32_t word) {
     static const int32_t none[NLM_VT_MAX_ORDER] = {0};
     if (!session) { fail(NLM_ERR_ARGUMENT, "nlm_score_padded: NULL session"); return NAN; }
-    if (!context && session->model->vm->order > 1) {
+    /* a context holds order-1 ids and a joint model's window: only an empty one may be NULL */
+    if (!context && (session->model->vm->order > 1 || session->model->vm->src_window > 0)) {
         fail(NLM_ERR_ARGUMENT, "nlm_score_padded: NULL context");
         return NAN;
     }
