@@ -81,6 +81,34 @@ cdef extern from *:
             out[r] = a0;
         }
     }
+    /* out[k] = W[idx[k]] . h for k < n: the rows of a class whose members are scattered over
+       the output matrix (Brown classes), four at a time as nlm_gemv_rows (four independent
+       accumulations keep the FMA units busy; one row at a time waits on each sum), the next
+       four rows' first lines prefetched while these are multiplied */
+    static inline void nlm_gemv_rows_idx(const float* W, const int32_t* idx, int n, int D,
+                                         const float* h, float* out) {
+        int r = 0, d, k;
+        for (; r + 4 <= n; r += 4) {
+            const float* w0 = W + (size_t)idx[r] * D; const float* w1 = W + (size_t)idx[r + 1] * D;
+            const float* w2 = W + (size_t)idx[r + 2] * D; const float* w3 = W + (size_t)idx[r + 3] * D;
+            float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+            for (k = r + 4; k < r + 8 && k < n; k++) {
+                __builtin_prefetch(W + (size_t)idx[k] * D);
+                __builtin_prefetch(W + (size_t)idx[k] * D + 16);
+            }
+            for (d = 0; d < D; d++) {
+                float x = h[d];
+                a0 += w0[d] * x; a1 += w1[d] * x; a2 += w2[d] * x; a3 += w3[d] * x;
+            }
+            out[r] = a0; out[r + 1] = a1; out[r + 2] = a2; out[r + 3] = a3;
+        }
+        for (; r < n; r++) {
+            const float* w0 = W + (size_t)idx[r] * D;
+            float a0 = 0.f;
+            for (d = 0; d < D; d++) a0 += w0[d] * h[d];
+            out[r] = a0;
+        }
+    }
     /* out[c] = bias[c] + sum_d h[d] * WT[d, c] for c < n; WT is (D, npad), npad a multiple of
        128 (zero columns): 8 x 16-float accumulators stay in registers (gcc vector extensions,
        lowered to whatever SIMD the target has) */
@@ -191,6 +219,7 @@ cdef extern from *:
     }
     """
     void nlm_gemv_rows(const float* W, int n, int D, const float* h, float* out) nogil
+    void nlm_gemv_rows_idx(const float* W, const int32_t* idx, int n, int D, const float* h, float* out) nogil
     int nlm_fstat_identity(int fd, long long* size, long long* mtime_ns) nogil
     void nlm_gemv_t(const float* WT, int D, int n, int npad, const float* h, const float* bias, float* out) nogil
     void nlm_diag_forward(const float* bias, const float* W, const float* emb, const int32_t* ctx, int c, int E,

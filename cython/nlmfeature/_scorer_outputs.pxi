@@ -50,13 +50,10 @@ cdef double within_class_lognorm(const ModelC* m, const float* h, int32_t c, con
         for i in range(b - a):
             scratch[i] += m.out_bias[first + i]
     else:
-        # Brown classes: rows scattered over megabytes; the row two members ahead is loaded
-        # while this one is multiplied (the arithmetic is unchanged)
+        # Brown classes: rows scattered over megabytes, gathered four at a time
+        nlm_gemv_rows_idx(m.out_weight, m.class_members + a, b - a, m.out_dim, h, scratch)
         for i in range(a, b):
-            w = m.class_members[i]
-            if i + 2 < b:
-                lines_prefetch(m.out_weight + <int64_t>m.class_members[i + 2] * m.out_dim, m.out_dim * sizeof(float))
-            scratch[i - a] = dotf(m.out_weight + <int64_t>w * m.out_dim, h, m.out_dim) + m.out_bias[w]
+            scratch[i - a] += m.out_bias[m.class_members[i]]
     if m.direct_order:
         for i in range(a, b):
             scratch[i - a] += <float>direct_value(m, states, m.class_members[i])
