@@ -16,7 +16,8 @@ cimport numpy as cnp
 import numpy as np
 
 from nlmfeature._scorer cimport (ModelC, SessionC, nlm_vocab_find, nlm_pad_context,
-                                 nlm_source_window, NLM_MAX_KEY, NLM_MAX_WINDOW)
+                                 nlm_source_window, nlm_prefetch_padded, NLM_MAX_KEY,
+                                 NLM_MAX_WINDOW)
 from nlmfeature._pcache cimport pc_session_new, pc_session_free, pc_begin, pc_end, pc_stats, pc_lookup
 
 cnp.import_array()
@@ -66,6 +67,7 @@ cdef extern from "../../src/nlmfeature/decoder/capi/nlm_vtable.h":
         int32_t (*vocab_find)(const nlm_vt_model*, const char*, size_t) noexcept nogil
         int32_t (*source_find)(const nlm_vt_model*, const char*, size_t) noexcept nogil
         double (*joint_score)(void*, const int32_t*, int, int, const int32_t*, int, int32_t) noexcept nogil
+        double (*score_span)(void*, const int32_t*, int, int, int, int) noexcept nogil
 
 OUTPUT_CODES = {"unnormalised": 0, "softmax": 1, "class": 2, "tree": 3}
 
@@ -122,6 +124,43 @@ cdef double vt_joint_score(void* s, const int32_t* src, int nsrc, int affiliatio
     return joint_lookup(<SessionC*>s, src, nsrc, affiliation, ids, n, w)
 
 
+DEF SPAN_BATCH = 17  # words of one nlm_score_span call scored as a batch (n-1 <= 15, and </s>)
+
+
+cdef double vt_score_span(void* s, const int32_t* hist, int nhist, int first, int count,
+                          int final) noexcept nogil:
+    """Sum of the scores of ``hist[first + i]`` after ``hist[:first + i]`` for i < ``count``
+    and, with ``final``, of ``</s>`` after all of ``hist`` (nlm_score_span without its memo),
+    added in that order: each word exactly as :c:func:`vt_score` scores it.  Every word's key
+    is built and its n-gram cache slot prefetched before the first is scored, so the words'
+    cache misses overlap instead of queueing (arguments checked by the library)."""
+    cdef SessionC* c = <SessionC*>s
+    cdef const ModelC* m = c.model
+    cdef int32_t keys[SPAN_BATCH][NLM_MAX_KEY]
+    cdef int32_t words[SPAN_BATCH]
+    cdef int32_t dummy = 0
+    cdef int k = count + (1 if final else 0), j, end
+    cdef int32_t w
+    cdef double total = 0
+    if k > SPAN_BATCH:
+        for j in range(count):
+            total += joint_lookup(c, NULL, 0, -1, hist, first + j, hist[first + j])
+        if final:
+            total += joint_lookup(c, NULL, 0, -1, hist, nhist, m.eos)
+        return total
+    for j in range(k):
+        end = first + j if j < count else nhist
+        w = hist[end] if j < count else m.eos
+        if m.src_window:
+            nlm_source_window(m, &dummy, 0, -1, keys[j])
+        nlm_pad_context(m, hist, end, &keys[j][m.src_window])
+        words[j] = w if 0 <= w < m.vocab_size else m.unk
+        nlm_prefetch_padded(c, keys[j], words[j])
+    for j in range(k):
+        total += pc_lookup(c, keys[j], words[j])
+    return total
+
+
 cdef int32_t vt_source_find(const nlm_vt_model* m, const char* word, size_t n) noexcept nogil:
     cdef int64_t w
     if m.src_window == 0:
@@ -160,6 +199,7 @@ _vtable.stats = vt_stats
 _vtable.vocab_find = vt_vocab_find
 _vtable.source_find = vt_source_find
 _vtable.joint_score = vt_joint_score
+_vtable.score_span = vt_score_span
 
 #: PyCapsule "nlmfeature._capi.vtable" holding the ``nlm_vtable*``
 VTABLE = PyCapsule_New(<void*>&_vtable, b"nlmfeature._capi.vtable", NULL)

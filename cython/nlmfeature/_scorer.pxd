@@ -189,6 +189,7 @@ cdef void nlm_session_free(SessionC* s) noexcept nogil
 cdef int nlm_model_file_changed(const ModelC* m) noexcept nogil
 cdef int nlm_session_begin(SessionC* s, int64_t sentence_id) noexcept nogil
 cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t word) noexcept nogil
+cdef void nlm_prefetch_padded(SessionC* s, const int32_t* ctx, int32_t w) noexcept nogil
 cdef double nlm_score(SessionC* s, const int32_t* ctx, int n, int32_t word) noexcept nogil
 # joint models
 cdef void nlm_source_window(const ModelC* m, const int32_t* src, int n, int affiliation,

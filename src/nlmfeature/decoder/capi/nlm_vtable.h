@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define NLM_VTABLE_VERSION 3
+#define NLM_VTABLE_VERSION 4
 #define NLM_VT_ERRLEN 1024
 #define NLM_VT_MAX_ORDER 16 /* NLM_MAX_ORDER of the scorer */
 
@@ -92,6 +92,10 @@ typedef struct nlm_vtable {
     int32_t (*source_find)(const nlm_vt_model* m, const char* word, size_t len);
     double (*joint_score)(void* s, const int32_t* src, int nsrc, int affiliation,
                           const int32_t* ctx, int n, int32_t word);
+    /* the sum of the scores of hist[first+i] after hist[0..first+i-1], i < count, then (final)
+       of </s> after all of hist, added in that order; keys built and their cache slots
+       prefetched first (nlm_score_span without the memo) */
+    double (*score_span)(void* s, const int32_t* hist, int nhist, int first, int count, int final);
 } nlm_vtable;
 
 #endif

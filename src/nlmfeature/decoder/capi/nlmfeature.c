@@ -664,11 +664,7 @@ NLM_API double nlm_score_sequence(nlm_session* session, const int32_t* context, 
 
 static double span_compute(nlm_session* session, const int32_t* hist, int nhist, int first, int count,
                            int final) {
-    double sum = 0;
-    int i;
-    for (i = 0; i < count; i++) sum += vt_score(session, hist, first + i, hist[first + i]);
-    if (final) sum += vt_score(session, hist, nhist, session->model->vm->eos);
-    return sum;
+    NLM_TIMED(session, double, g_vt->score_span(session->cs, hist, nhist, first, count, final));
 }
 
 NLM_API double nlm_score_span(nlm_session* session, const int32_t* hist, int nhist, int first, int count,
