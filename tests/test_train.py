@@ -447,3 +447,17 @@ def test_right_to_left_model_reads_sentences_backwards(tmp_path):
     model.header["metadata"]["reverse"] = False
     assert got == pytest.approx([model.sentence_logprob(s[::-1]) for s in sents], rel=1e-5, abs=1e-4)
     assert got != pytest.approx([model.sentence_logprob(s) for s in sents], rel=1e-3)
+
+
+def test_unigram_model_trains_writes_and_scores(tmp_path):
+    """Order 1 (no context: its context weights are an empty array, which the writer once
+    refused with a traceback): the model is written, loads, validates and scores as a
+    unigram distribution, the same for every history."""
+    cfg = config(tmp_path, "uni.nlm", order=1, output="unnormalised", iterations=1)
+    res = train(cfg, quiet)
+    model = nlmfeature.load(res.model_out)
+    assert model.order == 1
+    assert model.arrays["branch0.weights"].size == 0
+    a = model.score_sentence(["the", "jury", "said"])
+    b = model.score_sentence(["a", "jury", "said"])
+    assert a[1] == b[1] and a[2] == b[2] and np.all(np.isfinite(a))

@@ -450,7 +450,8 @@ def write_model(path: str, header: Header, arrays: Mapping[str, np.ndarray],
             start = data_start + off
             if start > pos:
                 put(b"\0" * (start - pos))
-            put(memoryview(arr).cast("B"))
+            if arr.nbytes:  # (an empty array, e.g. the context weights of a unigram model)
+                put(memoryview(arr).cast("B"))
             pos = start + arr.nbytes
         if total > pos:
             put(b"\0" * (total - pos))
