@@ -60,7 +60,7 @@ cdef extern from "../../src/nlmfeature/decoder/capi/nlmfeature.h":
 from nlmfeature._scorer cimport (ModelC, SessionC, StoreC, TableC, nlm_home, nlm_session_new,
                                  nlm_session_free, nlm_session_begin, nlm_score_padded,
                                  nlm_pad_context, splitmix64, key_hash, table_at, table_live,
-                                 tv_get, tv_disk, nlm_alloc_lines, nlm_ngram_cache_pays,
+                                 tv_get, tv_disk, nlm_alloc_lines, nlm_costly_lookup,
                                  NLM_MAX_ORDER, NLM_STORE_MAX_FILES, OUT_SOFTMAX, OUT_CLASS)
 
 import numpy as np
@@ -751,7 +751,7 @@ cdef SessionC* pc_session_new(const ModelC* m, const unsigned char* checksum, co
         policy = env_policy()
     if use and policy == PC_POLICY_NEVER:
         use = 0
-    if use and policy == PC_POLICY_AUTO and not nlm_ngram_cache_pays(m):
+    if use and policy == PC_POLICY_AUTO and not nlm_costly_lookup(m):
         use = 0
         if not quiet and nlm_pcache_first_off():
             fprintf(stderr, "nlmfeature: persistent cache %s not used: this model scores an n-gram "

@@ -184,6 +184,7 @@ cdef void nlm_compute_hidden(const ModelC* m, const int32_t* ctx, float* out,
                              float* b0, float* b1, float* b2) noexcept nogil
 cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t ngram_entries) noexcept nogil
 cdef int nlm_ngram_cache_pays(const ModelC* m) noexcept nogil
+cdef int nlm_costly_lookup(const ModelC* m) noexcept nogil
 cdef void* nlm_alloc_lines(size_t n) noexcept nogil
 cdef void nlm_session_free(SessionC* s) noexcept nogil
 cdef int nlm_model_file_changed(const ModelC* m) noexcept nogil

@@ -27,14 +27,27 @@ cdef void* nlm_alloc_lines(size_t n) noexcept nogil:
     return p
 
 
-cdef int nlm_ngram_cache_pays(const ModelC* m) noexcept nogil:
-    """Whether an exact (context, word) -> score cache beats recomputing: when a lookup costs
-    more than a probe (normalised outputs, dense layers, full matrices without tables, and
-    joint models, whose w source positions add w more rows per lookup).  Decoders repeat most
-    n-grams (a Moses sentence: ~70% of lookups are exact repeats; 73% for the joint feature,
-    where the cache took Moses from 2.55x to 2.44x of KenLM alone's CPU time, identical
-    translations: docs/joint.md)."""
+cdef int nlm_costly_lookup(const ModelC* m) noexcept nogil:
+    """Whether scoring one n-gram costs more than a lookup in a table that misses the CPU
+    caches (a mapped file): normalised outputs, dense layers, full matrices without tables, and
+    joint models, whose w source positions add w more rows per lookup.  The persistent cache's
+    automatic policy (nlmfeature._pcache) uses it."""
     return m.output_type == OUT_TREE or m.src_window > 0 or context_cache_pays(m)
+
+
+cdef int nlm_ngram_cache_pays(const ModelC* m) noexcept nogil:
+    """Whether the exact per-sentence (context, word) -> score cache beats recomputing:
+    costly lookups (:c:func:`nlm_costly_lookup`), and unnormalised models with direct features
+    or at least 512 multiply-adds per lookup ((n-1) context rows and the output row).  Decoders
+    repeat most n-grams (a Moses sentence: ~76% of lookups are exact repeats; 73% for the joint
+    feature, where the cache took Moses from 2.55x to 2.44x of KenLM alone's CPU time:
+    docs/joint.md); with the span's slots prefetched (vt_score_span) the cache took an
+    unnormalised LBL 200 with direct features from 1.95x to 1.86-1.90x in Moses
+    (docs/decoder-speed.md), identical translations.  A tiny model computes faster than it
+    probes."""
+    if nlm_costly_lookup(m):
+        return 1
+    return m.output_type == OUT_UNNORMALISED and (m.direct_order > 0 or m.ctx_len * m.embed_dim + m.out_dim >= 512)
 
 
 cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t ngram_entries) noexcept nogil:
