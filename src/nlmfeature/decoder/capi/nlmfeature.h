@@ -102,8 +102,9 @@ typedef struct nlm_session_options {
                                        (default NLM_DEFAULT_CACHE_ENTRIES; tables grow with the sentence up to it; 0 turns them off) */
     int64_t ngram_cache_entries;  /**< bound of the per-sentence exact n-gram score cache.
                                        Default -1: on (4 * cache_entries) when a lookup costs
-                                       more than a probe (normalised outputs, dense layers, joint models),
-                                       off for cheap models; 0 off.  With a persistent cache
+                                       more than a probe (normalised outputs, dense layers, joint models,
+                                       unnormalised models with direct features or >= 512
+                                       multiply-adds per lookup), off for tiny models; 0 off.  With a persistent cache
                                        it is always on (default bound 1048576) */
     const char* persistent_cache; /**< directory of the persistent tuning cache, or NULL:
                                        sentence i's n-gram scores and context / class
