@@ -95,54 +95,36 @@ def full_matrix(W: np.ndarray) -> np.ndarray:
 
 def _branch_pre(header: Mapping[str, Any], p: Params, k: int, ctx: np.ndarray,
                 X: Optional[np.ndarray], tables: bool) -> np.ndarray:
-    """b_k + sum_j M_{k,j} e(w_j) for every context (before the activation)."""
+    """b_k + sum_j M_{k,j} e(w_j) for every context (before the activation).
+
+    A loaded joint model's context is [w source-window ids | n-1 target ids]: its branch
+    weights hold the w source positions first, and source ids index ``source.embeddings`` (or
+    ``branch{k}.source.tables``).  (Training runs the target-only path on one combined
+    embedding table: target rows, then source rows.)"""
     br = header["branches"][k]
     W = p[f"branch{k}.weights"]
-    T = p.get(f"branch{k}.tables") if tables else None
     N, c = ctx.shape
-    if header.get("source") and "source.embeddings" in p:
-        return _joint_branch_pre(header, p, k, ctx, tables)
-    if T is not None:                       # precomputed M_{k,j} e(w) rows: n-1 additions
-        pre = np.zeros((N, T.shape[2]), dtype=T.dtype)
-        for j in range(c):
-            pre += T[j][ctx[:, j]]
-    elif br["diagonal"]:
-        if X is not None and c:               # embeddings gathered already (training)
-            pre = np.einsum("nce,ce->ne", X, W)
-        else:                                 # one context position at a time: less memory
-            emb = p["embeddings"]
-            pre = np.zeros((N, W.shape[1]), dtype=W.dtype)
-            for j in range(c):
-                pre += emb[ctx[:, j]] * W[j]
-    else:
+    w = int(header["source"]["window"]) if header.get("source") and "source.embeddings" in p else 0
+    T = p.get(f"branch{k}.tables") if tables else None
+    S = p.get(f"branch{k}.source.tables") if tables and w else None
+    if X is not None and c and br["diagonal"] and T is None and not w:
+        pre = np.einsum("nce,ce->ne", X, W)  # embeddings gathered already (training)
+    elif not br["diagonal"] and T is None and not w:
         if X is None:
             X = p["embeddings"][ctx]
         pre = X.reshape(N, -1) @ full_matrix(W).T if c else np.zeros((N, W.shape[1]), W.dtype)
-    if br.get("bias"):
-        pre += p[f"branch{k}.bias"]
-    return pre
-
-
-def _joint_branch_pre(header: Mapping[str, Any], p: Params, k: int, ctx: np.ndarray,
-                      tables: bool) -> np.ndarray:
-    """:func:`_branch_pre` of a loaded joint model: a context is [w source-window ids | n-1
-    target ids]; the branch weights hold the w source positions first, the source ids index
-    ``source.embeddings`` (or ``branch{k}.source.tables``).  Training instead runs the plain
-    path on one combined table (target rows, then source rows)."""
-    br = header["branches"][k]
-    w = int(header["source"]["window"])
-    W = p[f"branch{k}.weights"]
-    T = p.get(f"branch{k}.tables") if tables else None
-    S = p.get(f"branch{k}.source.tables") if tables else None
-    pre = np.zeros((len(ctx), br["hidden"]), dtype=W.dtype)
-    for j in range(ctx.shape[1]):
-        src = j < w
-        tab = (S[j] if S is not None else None) if src else (T[j - w] if T is not None else None)
-        if tab is not None:
-            pre += tab[ctx[:, j]]
-            continue
-        e = (p["source.embeddings"] if src else p["embeddings"])[ctx[:, j]]
-        pre += e * W[j] if br["diagonal"] else e @ W[j].T
+    else:
+        # one context position at a time (less memory): a precomputed M_{k,j} e(w) row, or
+        # the position's embedding times its (diagonal or full) matrix
+        pre = np.zeros((N, br["hidden"]), dtype=W.dtype)
+        for j in range(c):
+            src = j < w
+            tab = S if src else T
+            if tab is not None:
+                pre += tab[j if src else j - w][ctx[:, j]]
+                continue
+            e = p["source.embeddings" if src else "embeddings"][ctx[:, j]]
+            pre += e * W[j] if br["diagonal"] else e @ W[j].T
     if br.get("bias"):
         pre += p[f"branch{k}.bias"]
     return pre
