@@ -232,6 +232,9 @@ def test_c_api_scores_equal_python(trained, tmp_path):
     p = subprocess.run([exe, rj.model_out, str(feed)], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert "window=5" in p.stderr
+    # nlm_joint_score_span (the Moses feature's one call per expansion) is the per-word sum
+    spans = int(p.stderr.split("spans=")[1].split()[0])
+    assert spans > 40 and "span_mismatches=0" in p.stderr, p.stderr
     c_scores = [[float(x) for x in line.split()] for line in p.stdout.splitlines()]
     assert len(c_scores) == len(rows)
     for (s, t, a), cs in zip(rows, c_scores):

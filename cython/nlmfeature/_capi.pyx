@@ -67,7 +67,7 @@ cdef extern from "../../src/nlmfeature/decoder/capi/nlm_vtable.h":
         int32_t (*vocab_find)(const nlm_vt_model*, const char*, size_t) noexcept nogil
         int32_t (*source_find)(const nlm_vt_model*, const char*, size_t) noexcept nogil
         double (*joint_score)(void*, const int32_t*, int, int, const int32_t*, int, int32_t) noexcept nogil
-        double (*score_span)(void*, const int32_t*, int, int, int, int) noexcept nogil
+        double (*score_span)(void*, const int32_t*, int, int, int, int, const int32_t*, int, const int32_t*) noexcept nogil
 
 OUTPUT_CODES = {"unnormalised": 0, "softmax": 1, "class": 2, "tree": 3}
 
@@ -128,12 +128,14 @@ DEF SPAN_BATCH = 17  # words of one nlm_score_span call scored as a batch (n-1 <
 
 
 cdef double vt_score_span(void* s, const int32_t* hist, int nhist, int first, int count,
-                          int final) noexcept nogil:
+                          int final, const int32_t* src, int nsrc, const int32_t* aff) noexcept nogil:
     """Sum of the scores of ``hist[first + i]`` after ``hist[:first + i]`` for i < ``count``
     and, with ``final``, of ``</s>`` after all of ``hist`` (nlm_score_span without its memo),
-    added in that order: each word exactly as :c:func:`vt_score` scores it.  Every word's key
-    is built and its n-gram cache slot prefetched before the first is scored, so the words'
-    cache misses overlap instead of queueing (arguments checked by the library)."""
+    added in that order: each word exactly as :c:func:`joint_lookup` scores it (a joint model:
+    with the source window around its affiliation ``aff[i]`` in ``src``; ``aff`` NULL: the
+    ``<null>`` window).  Every word's key is built and its n-gram cache slot prefetched before
+    the first is scored, so the words' cache misses overlap instead of queueing (arguments
+    checked by the library)."""
     cdef SessionC* c = <SessionC*>s
     cdef const ModelC* m = c.model
     cdef int32_t keys[SPAN_BATCH][NLM_MAX_KEY]
@@ -142,17 +144,20 @@ cdef double vt_score_span(void* s, const int32_t* hist, int nhist, int first, in
     cdef int k = count + (1 if final else 0), j, end
     cdef int32_t w
     cdef double total = 0
+    if src == NULL or nsrc < 0:
+        src = &dummy
+        nsrc = 0
     if k > SPAN_BATCH:
-        for j in range(count):
-            total += joint_lookup(c, NULL, 0, -1, hist, first + j, hist[first + j])
-        if final:
-            total += joint_lookup(c, NULL, 0, -1, hist, nhist, m.eos)
+        for j in range(k):
+            end = first + j if j < count else nhist
+            total += joint_lookup(c, src, nsrc, aff[j] if aff != NULL else -1, hist, end,
+                                  hist[end] if j < count else m.eos)
         return total
     for j in range(k):
         end = first + j if j < count else nhist
         w = hist[end] if j < count else m.eos
         if m.src_window:
-            nlm_source_window(m, &dummy, 0, -1, keys[j])
+            nlm_source_window(m, src, nsrc, aff[j] if aff != NULL else -1, keys[j])
         nlm_pad_context(m, hist, end, &keys[j][m.src_window])
         words[j] = w if 0 <= w < m.vocab_size else m.unk
         nlm_prefetch_padded(c, keys[j], words[j])

@@ -4,7 +4,9 @@
  * natural-log score of every target word and </s> (nlm_joint_score).  With the third
  * argument "null" it scores with affiliation -1 (the <null> window) through nlm_score instead.
  * With "cache=DIR" instead it scores through a persistent cache in DIR (a second run reads
- * what the first wrote) and prints its hits.
+ * what the first wrote) and prints its hits.  Without a third argument it also checks that
+ * nlm_joint_score_span over every decoder-like span equals the sum of the per-word scores
+ * (stderr: spans=N span_mismatches=K).
  * Usage: test_joint MODEL FILE [null | cache=DIR] */
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +35,7 @@ int main(int argc, char** argv) {
     int rc, null_window;
     const char* cache_dir = NULL;
     int64_t sid = 0;
+    long spans = 0, span_bad = 0;
     if (argc < 3) {
         fprintf(stderr, "usage: test_joint MODEL FILE [null | cache=DIR]\n");
         return 2;
@@ -60,7 +63,8 @@ int main(int argc, char** argv) {
         char* sw[MAXW];
         char* tw[MAXW];
         char* aw[MAXW + 1];
-        int32_t src[MAXW], hist[MAXW + 1];
+        int32_t src[MAXW], hist[MAXW + 1], aff[MAXW + 1], span_aff[MAXW + 1];
+        double vals[MAXW + 1];
         int ns, nt, na, i;
         line[strcspn(line, "\n")] = 0;
         src_s = line;
@@ -86,9 +90,31 @@ int main(int argc, char** argv) {
             double v = null_window ? nlm_score(session, hist, i + 1, w)
                                    : nlm_joint_score(session, hist, i + 1, w, atoi(aw[i]));
             printf(i ? " %.9g" : "%.9g", v);
+            vals[i] = v;
+            aff[i] = atoi(aw[i]);
             hist[i + 1] = w;
         }
         printf("\n");
+        /* nlm_joint_score_span over every span a decoder asks for (first >= 1: after <s>; up
+           to order-1 words, with </s> when they reach the end) is exactly the sum of the
+           per-word scores above, added in the same order */
+        if (!null_window && !cache_dir) {
+            int first, count, fin, order = nlm_model_order(model);
+            for (first = 1; first <= nt + 1; first++)
+                for (count = 0; count < order && first + count <= nt + 1; count++)
+                    for (fin = 0; fin <= (first + count == nt + 1); fin++) {
+                        double want = 0, got;
+                        int j;
+                        if (!count && !fin) continue;
+                        for (j = 0; j < count; j++) want += vals[first - 1 + j];
+                        if (fin) want += vals[nt];
+                        for (j = 0; j < count; j++) span_aff[j] = aff[first - 1 + j];
+                        span_aff[count] = aff[nt];
+                        got = nlm_joint_score_span(session, hist, nt + 1, first, count, fin, span_aff);
+                        spans++;
+                        if (got != want) span_bad++;
+                    }
+        }
         nlm_session_end(session);
     }
     fclose(f);
@@ -98,6 +124,7 @@ int main(int argc, char** argv) {
         nlm_session_stats(session, &st);
         fprintf(stderr, "stats lookups=%lld context_hits=%lld persistent_hits=%lld\n",
                 (long long)st.lookups, (long long)st.context_hits, (long long)st.persistent_hits);
+        fprintf(stderr, "spans=%ld span_mismatches=%ld\n", spans, span_bad);
     }
     nlm_session_free(session);
     nlm_model_free(model);
