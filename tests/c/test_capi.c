@@ -291,6 +291,17 @@ static int cmd_contracts(const char* path) {
     printf("null_padded_session %g\n", nlm_score_padded(NULL, ctx, 5));
     printf("null_partial %g\n", nlm_score_partial(NULL, ids, 1, 5, 1));
     printf("null_sequence_words %g\n", nlm_score_sequence(s, ids, 1, NULL, 2, NULL));
+    /* spans: out-of-range ids, positions and affiliations are clamped or read as <unk>; a
+       NULL history or affiliation list is an argument error */
+    {
+        int32_t aff[4] = {-7, 1 << 30, 5, -1};
+        ids[0] = V; ids[1] = -1; ids[2] = 1 << 30;
+        printf("span_bad %.17g\n", nlm_score_span(s, ids, 3, -4, 99, 1));
+        printf("joint_span_bad %.17g\n", nlm_joint_score_span(s, ids, 3, -4, 99, 1, aff));
+        printf("null_joint_span_session %g\n", nlm_joint_score_span(NULL, ids, 3, 1, 1, 0, aff));
+        printf("null_joint_span_hist %g\n", nlm_joint_score_span(s, NULL, 3, 1, 1, 0, aff));
+        printf("null_joint_span_aff %g\n", nlm_joint_score_span(s, ids, 3, 1, 1, 0, NULL));
+    }
     printf("null_begin %d\n", nlm_session_begin(NULL, 0));
     printf("null_stats %d\n", nlm_session_stats(s, NULL));
     printf("null_word_id %d\n", (int)nlm_word_id(NULL, "the", 3));
