@@ -79,11 +79,13 @@ MOSES = os.path.join(os.environ.get("MOSES_ROOT", "/nonexistent"), "bin", "moses
 def test_bench_mt_end_to_end_with_moses(tmp_path, capsys):
     """A tiny run (10 dev and 10 test sentences, one tuning iteration, 20-best rescoring)."""
     model = make_model(tmp_path, order=5)
+    r2l = make_model(tmp_path, name="r2l.nlm", order=3, seed=1)
     joint = _joint_model(tmp_path)
     work = tmp_path / "bench"
     argv = ["bench", "mt", "--quick", "--quick-sentences", "10", "--test-sentences", "10",
             "--tunings", "2", "--max-iterations", "1", "--kbest", "20", "--model", model,
-            "--joint", joint, "--workdir", str(work), "--threads", "1", "--bootstrap", "100"]
+            "--rescore-model", r2l, "--joint", joint, "--workdir", str(work), "--threads", "1",
+            "--bootstrap", "100", "--rescore-restarts", "2"]
     assert cli_main(argv) == 0
     out = capsys.readouterr().out
     assert "QUICK" in out and "== Moses decoding" in out and "rescoring" in out
@@ -104,7 +106,16 @@ def test_bench_mt_end_to_end_with_moses(tmp_path, capsys):
     tuned = list(work.glob("tuning.*/joint*/run1.moses.ini"))
     assert tuned and all(f"NLMJointFeature name=NNJM0 path={joint}" in t.read_text() for t in tuned)
     assert all("NNJM0=" in t.read_text() for t in tuned)
-    assert "joint" not in doc["rescoring"]["scores"]["test"]["bleu"]
+    # rescoring: the lists carry Moses' word alignments, the joint side adds NNJM0 to the
+    # NLM side's features (the --model and the rescoring-only --rescore-model)
+    resc = doc["rescoring"]
+    assert resc["features"] == {"base": [], "nlm": ["NLM0", "NLM1"],
+                                "joint": ["NLM0", "NLM1", "NNJM0"]}
+    for name in ("dev", "test"):
+        e = resc["scores"][name]["bleu"]
+        assert len(e["joint"]["runs"]) == 2 and 0 < e["joint_p_value"] <= 1
+    assert "KenLM + NLM + joint NLM0 NLM1 NNJM0" in out
+    _check_joint_list(work, joint, model)
     rows = doc["decoding"]["final_weights_rule"]
     assert len(rows) == 6 and all(r["iterations"] == 1 for r in rows)
     assert os.path.getsize(work / "bench-mt.png") > 1000
@@ -114,6 +125,33 @@ def test_bench_mt_end_to_end_with_moses(tmp_path, capsys):
     assert again["decoding"]["scores"] == doc["decoding"]["scores"]
     assert np.isclose(again["rescoring"]["scores"]["test"]["bleu"]["nlm"]["mean"],
                       doc["rescoring"]["scores"]["test"]["bleu"]["nlm"]["mean"])
+
+
+def _check_joint_list(work, joint: str, model: str) -> None:
+    """Every hypothesis of the rescored joint test list: NNJM0 is the joint model's
+    log-probability given the test source and the hypothesis' own Moses word alignment,
+    NLM0 the target-only model's (the KenLM-only features unchanged)."""
+    import nlmfeature
+    from nlmfeature.mt.kbest import read_kbest
+
+    [rdir] = list(work.glob("rescoring.*"))
+    [plain] = list(rdir.glob("test.*.20best.wa"))
+    [scored] = list(rdir.glob("test.*.20best.wa.joint*.gz"))
+    src = [l.split() for l in open(next(work.glob("test.10.src.de")), encoding="utf-8")]
+    jm, lm = nlmfeature.load(joint), nlmfeature.load(model)
+    hyps, base = list(read_kbest(str(scored))), list(read_kbest(str(plain)))
+    assert len(hyps) == len(base) > 10 * 10 and {h.sid for h in hyps} == set(range(10))
+    aligned = 0
+    for h, b in zip(hyps, base):
+        feats = dict(h.features)
+        assert [l for l, _ in h.features] == [l for l, _ in b.features] + ["NLM0", "NLM1", "NNJM0"]
+        alignment = h.extra[-1]
+        assert alignment == b.extra[-1] and "-" in alignment
+        aligned += len(alignment.split())
+        assert feats["NNJM0"][0] == pytest.approx(
+            jm.sentence_logprob(src[h.sid], h.text.split(), alignment), abs=1e-3)
+        assert feats["NLM0"][0] == pytest.approx(lm.sentence_logprob(h.text.split()), abs=1e-3)
+    assert aligned > len(hyps) * 3
 
 
 # -- the joint side (--joint) ------------------------------------------------------------------
