@@ -135,8 +135,8 @@ def _check_joint_list(work, joint: str, model: str) -> None:
     from nlmfeature.mt.kbest import read_kbest
 
     [rdir] = list(work.glob("rescoring.*"))
-    [plain] = list(rdir.glob("test.*.20best.wa"))
-    [scored] = list(rdir.glob("test.*.20best.wa.joint*.gz"))
+    [plain] = list(rdir.glob("test.20best.wa"))
+    [scored] = list(rdir.glob("test.20best.wa.joint*.gz"))
     src = [l.split() for l in open(next(work.glob("test.10.src.de")), encoding="utf-8")]
     jm, lm = nlmfeature.load(joint), nlmfeature.load(model)
     hyps, base = list(read_kbest(str(scored))), list(read_kbest(str(plain)))

@@ -18,6 +18,9 @@ Example (the figures in docs/joint.md)::
         --test-ref W/test.ref.en --dev-src W/dev.src.de --test-src W/test.src.de \\
         --model LBL5=lbl5.nlm --model R2L8=r2l8.nlm --model JSN=joint-sn.nlm \\
         --set LBL5 --set LBL5+R2L8 --set LBL5+R2L8+JSN --seeds 3 --json out.json
+
+It prints a text table and the markdown table of docs/joint.md; ``rescore_sets.py --markdown
+out.json`` reprints the latter from a saved ``--json``.
 """
 from __future__ import annotations
 
@@ -34,7 +37,24 @@ def log(msg: str) -> None:
     print(f"[rescore_sets {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def markdown(results: dict) -> str:
+    """The results as the markdown table of docs/joint.md."""
+    rows = ["| features | dev BLEU | diff (p) | test2016 BLEU | diff (p) |",
+            "|---|---|---|---|---|"]
+    for key, e in results.items():
+        cells = []
+        for p in ("dev", "test"):
+            s = e[p]
+            cells.append(f"{s['mean']:.2f} ± {s['sd']:.2f} ({s['min']:.2f}-{s['max']:.2f})")
+            cells.append(f"{s['difference']:+.2f} ({s['p_value']:.3f})" if "p_value" in s else "")
+        rows.append(f"| {key.replace('+', ' + ')} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--markdown"]:      # reprint a saved --json as markdown
+        print(markdown(json.load(open(sys.argv[2], encoding="utf-8"))["results"]))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rescoring", required=True,
@@ -154,6 +174,8 @@ def main() -> int:
                          + (f" {s['difference']:+6.2f} {s['p_value']:6.3f}" if "p_value" in s
                             else " " * 14))
         print(f"{key:<28} " + " ".join(cells))
+    print()
+    print(markdown(out))
     if args.json:
         from nlmfeature.io.atomicfile import atomic_write_text
 
