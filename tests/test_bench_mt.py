@@ -125,6 +125,14 @@ def test_bench_mt_end_to_end_with_moses(tmp_path, capsys):
     assert again["decoding"]["scores"] == doc["decoding"]["scores"]
     assert np.isclose(again["rescoring"]["scores"]["test"]["bleu"]["nlm"]["mean"],
                       doc["rescoring"]["scores"]["test"]["bleu"]["nlm"]["mean"])
+    # the markdown table of the docs: one row per part, set and metric, three sides each
+    assert cli_main(argv + ["--markdown"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert len(rows) == 2 + 2 * 2 * 3 and all(r.count("|") == 10 for r in rows)
+    e = again["rescoring"]["scores"]["test"]["bleu"]
+    [row] = [r for r in rows if r.startswith("| 20-best rescoring | test | bleu |")]
+    assert f"{e['joint']['mean']:.2f} ± {e['joint']['sd']:.2f}" in row
+    assert f"{e['joint_vs_nlm_difference']:+.2f} ({e['joint_vs_nlm_p_value']:.3f})" in row
 
 
 def _check_joint_list(work, joint: str, model: str) -> None:

@@ -622,6 +622,34 @@ def format_table(title: str, res: dict) -> str:
     return "\n".join(lines)
 
 
+def format_markdown(doc: dict) -> str:
+    """The scores of every part of a report (``bench-mt.json``) as one markdown table: mean ±
+    sd over the tunings per side, the difference of the means and its p-value (the joint side
+    against KenLM only and against KenLM + NLM)."""
+    parts = [(p, doc[p]["scores"]) for p in ("decoding", "rescoring") if p in doc]
+    joint = any("joint" in e["bleu"] for _, res in parts for e in res.values())
+    head = "| part | set | metric | KenLM only | KenLM + NLM | diff (p) |"
+    if joint:
+        head += " KenLM + NLM + joint | diff (p) | vs KenLM + NLM (p) |"
+    rows = [head, "|" + "---|" * (head.count("|") - 1)]
+    cell = lambda s: f"{s['mean']:.2f} ± {s['sd']:.2f}"  # noqa: E731
+    for part, res in parts:
+        label = part if part == "decoding" else f"{doc[part].get('kbest', '')}-best rescoring"
+        for name, entry in res.items():
+            for metric in ("bleu", "detok_bleu", "chrf"):
+                e = entry[metric]
+                row = (f"| {label} | {name} | {metric} | {cell(e['base'])} | {cell(e['nlm'])} | "
+                       f"{e['difference']:+.2f} ({e['p_value']:.3f}) |")
+                if "joint" in e:
+                    row += (f" {cell(e['joint'])} | {e['joint_difference']:+.2f} "
+                            f"({e['joint_p_value']:.3f}) | {e['joint_vs_nlm_difference']:+.2f} "
+                            f"({e['joint_vs_nlm_p_value']:.3f}) |")
+                elif joint:
+                    row += " | | |"
+                rows.append(row)
+    return "\n".join(rows)
+
+
 def plot(path: str, doc: dict) -> Optional[str]:
     try:
         import matplotlib
@@ -811,6 +839,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=1, sort_keys=True))
         return 0
+    if args.markdown:
+        print(format_markdown(doc))
+        return 0
     print(f"nlmfeature bench mt — {label}")
     print(f"models: {', '.join(models)}"
           + (f"; joint model(s): {', '.join(joints)}" if joints else "")
@@ -931,6 +962,9 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
                         "./nlmfeature-bench-mt)")
     p.add_argument("--plot", default=None, help="PNG plot path (default WORKDIR/bench-mt.png)")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of tables")
+    p.add_argument("--markdown", action="store_true",
+                   help="print the scores as one markdown table instead (the tables of README "
+                        "and docs/joint.md)")
     p.set_defaults(func=_run, test=None)
 
 
