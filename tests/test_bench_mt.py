@@ -79,13 +79,11 @@ MOSES = os.path.join(os.environ.get("MOSES_ROOT", "/nonexistent"), "bin", "moses
 def test_bench_mt_end_to_end_with_moses(tmp_path, capsys):
     """A tiny run (10 dev and 10 test sentences, one tuning iteration, 20-best rescoring)."""
     model = make_model(tmp_path, order=5)
-    r2l = make_model(tmp_path, name="r2l.nlm", order=3, seed=1)
     joint = _joint_model(tmp_path)
     work = tmp_path / "bench"
     argv = ["bench", "mt", "--quick", "--quick-sentences", "10", "--test-sentences", "10",
             "--tunings", "2", "--max-iterations", "1", "--kbest", "20", "--model", model,
-            "--rescore-model", r2l, "--joint", joint, "--workdir", str(work), "--threads", "1",
-            "--bootstrap", "100", "--rescore-restarts", "2"]
+            "--joint", joint, "--workdir", str(work), "--threads", "1", "--bootstrap", "100"]
     assert cli_main(argv) == 0
     out = capsys.readouterr().out
     assert "QUICK" in out and "== Moses decoding" in out and "rescoring" in out
@@ -106,16 +104,9 @@ def test_bench_mt_end_to_end_with_moses(tmp_path, capsys):
     tuned = list(work.glob("tuning.*/joint*/run1.moses.ini"))
     assert tuned and all(f"NLMJointFeature name=NNJM0 path={joint}" in t.read_text() for t in tuned)
     assert all("NNJM0=" in t.read_text() for t in tuned)
-    # rescoring: the lists carry Moses' word alignments, the joint side adds NNJM0 to the
-    # NLM side's features (the --model and the rescoring-only --rescore-model)
-    resc = doc["rescoring"]
-    assert resc["features"] == {"base": [], "nlm": ["NLM0", "NLM1"],
-                                "joint": ["NLM0", "NLM1", "NNJM0"]}
-    for name in ("dev", "test"):
-        e = resc["scores"][name]["bleu"]
-        assert len(e["joint"]["runs"]) == 2 and 0 < e["joint_p_value"] <= 1
-    assert "KenLM + NLM + joint NLM0 NLM1 NNJM0" in out
-    _check_joint_list(work, joint, model)
+    # the rescoring part has the joint side too (test_bench_mt_joint_rescoring_with_moses)
+    assert doc["rescoring"]["features"]["joint"] == ["NLM0", "NNJM0"]
+    assert len(doc["rescoring"]["scores"]["test"]["bleu"]["joint"]["runs"]) == 2
     rows = doc["decoding"]["final_weights_rule"]
     assert len(rows) == 6 and all(r["iterations"] == 1 for r in rows)
     assert os.path.getsize(work / "bench-mt.png") > 1000
@@ -125,11 +116,46 @@ def test_bench_mt_end_to_end_with_moses(tmp_path, capsys):
     assert again["decoding"]["scores"] == doc["decoding"]["scores"]
     assert np.isclose(again["rescoring"]["scores"]["test"]["bleu"]["nlm"]["mean"],
                       doc["rescoring"]["scores"]["test"]["bleu"]["nlm"]["mean"])
-    # the markdown table of the docs: one row per part, set and metric, three sides each
+
+
+@pytest.mark.skipif(not os.access(MOSES, os.X_OK) or not os.path.isdir(DATA),
+                    reason="needs MOSES_ROOT with bin/moses and the shared data")
+def test_bench_mt_joint_rescoring_with_moses(tmp_path, capsys):
+    """The rescoring part alone (--no-decoding; 10 dev and 10 test sentences, 20-best lists):
+    Moses' word alignments in the lists, a target-only --model, a rescoring-only
+    --rescore-model and a --joint model, three sides tuned twice each."""
+    model = make_model(tmp_path, order=5)
+    second = make_model(tmp_path, name="second.nlm", order=3, seed=1)
+    joint = _joint_model(tmp_path)
+    work = tmp_path / "bench"
+    argv = ["bench", "mt", "--no-decoding", "--quick", "--quick-sentences", "10",
+            "--test-sentences", "10", "--tunings", "2", "--kbest", "20", "--model", model,
+            "--rescore-model", second, "--joint", joint, "--workdir", str(work), "--threads",
+            "1", "--bootstrap", "100", "--rescore-restarts", "2"]
+    assert cli_main(argv) == 0
+    out = capsys.readouterr().out
+    doc = json.load(open(work / "bench-mt.json", encoding="utf-8"))
+    assert "decoding" not in doc
+    resc = doc["rescoring"]
+    # the joint side adds NNJM0 to the NLM side's features (--model, then --rescore-model)
+    assert resc["features"] == {"base": [], "nlm": ["NLM0", "NLM1"],
+                                "joint": ["NLM0", "NLM1", "NNJM0"]}
+    assert resc["models"] == [model, second] and resc["joint"] == [joint]
+    for name in ("dev", "test"):
+        e = resc["scores"][name]["bleu"]
+        for side in ("base", "nlm", "joint"):
+            assert len(e[side]["runs"]) == 2 and 0 < e[side]["mean"] <= 100
+        assert 0 < e["joint_p_value"] <= 1 and 0 < e["joint_vs_nlm_p_value"] <= 1
+    assert "KenLM + NLM + joint NLM0 NLM1 NNJM0" in out
+    _check_joint_list(work, joint, model)
+    # the joint side's tuned weights name the new features
+    [w] = list(work.glob("rescoring.*/joint*.mert1.r2.weights"))
+    assert {"NLM0", "NLM1", "NNJM0", "LM0"} <= set(read_weights(str(w)))
+    # the markdown table of the docs: one row per set and metric, three sides each
     assert cli_main(argv + ["--markdown"]) == 0
     rows = capsys.readouterr().out.splitlines()
-    assert len(rows) == 2 + 2 * 2 * 3 and all(r.count("|") == 10 for r in rows)
-    e = again["rescoring"]["scores"]["test"]["bleu"]
+    assert len(rows) == 2 + 2 * 3 and all(r.count("|") == 10 for r in rows)
+    e = resc["scores"]["test"]["bleu"]
     [row] = [r for r in rows if r.startswith("| 20-best rescoring | test | bleu |")]
     assert f"{e['joint']['mean']:.2f} ± {e['joint']['sd']:.2f}" in row
     assert f"{e['joint_vs_nlm_difference']:+.2f} ({e['joint_vs_nlm_p_value']:.3f})" in row
