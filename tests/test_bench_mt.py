@@ -104,7 +104,9 @@ def test_bench_mt_end_to_end_with_moses(tmp_path, capsys):
     tuned = list(work.glob("tuning.*/joint*/run1.moses.ini"))
     assert tuned and all(f"NLMJointFeature name=NNJM0 path={joint}" in t.read_text() for t in tuned)
     assert all("NNJM0=" in t.read_text() for t in tuned)
-    assert "joint" not in doc["rescoring"]["scores"]["test"]["bleu"]
+    # the rescoring part has the joint side too (test_bench_mt_joint_rescoring_with_moses)
+    assert doc["rescoring"]["features"]["joint"] == ["NLM0", "NNJM0"]
+    assert len(doc["rescoring"]["scores"]["test"]["bleu"]["joint"]["runs"]) == 2
     rows = doc["decoding"]["final_weights_rule"]
     assert len(rows) == 6 and all(r["iterations"] == 1 for r in rows)
     assert os.path.getsize(work / "bench-mt.png") > 1000
@@ -114,6 +116,76 @@ def test_bench_mt_end_to_end_with_moses(tmp_path, capsys):
     assert again["decoding"]["scores"] == doc["decoding"]["scores"]
     assert np.isclose(again["rescoring"]["scores"]["test"]["bleu"]["nlm"]["mean"],
                       doc["rescoring"]["scores"]["test"]["bleu"]["nlm"]["mean"])
+
+
+@pytest.mark.skipif(not os.access(MOSES, os.X_OK) or not os.path.isdir(DATA),
+                    reason="needs MOSES_ROOT with bin/moses and the shared data")
+def test_bench_mt_joint_rescoring_with_moses(tmp_path, capsys):
+    """The rescoring part alone (--no-decoding; 10 dev and 10 test sentences, 20-best lists):
+    Moses' word alignments in the lists, a target-only --model, a rescoring-only
+    --rescore-model and a --joint model, three sides tuned twice each."""
+    model = make_model(tmp_path, order=5)
+    second = make_model(tmp_path, name="second.nlm", order=3, seed=1)
+    joint = _joint_model(tmp_path)
+    work = tmp_path / "bench"
+    argv = ["bench", "mt", "--no-decoding", "--quick", "--quick-sentences", "10",
+            "--test-sentences", "10", "--tunings", "2", "--kbest", "20", "--model", model,
+            "--rescore-model", second, "--joint", joint, "--workdir", str(work), "--threads",
+            "1", "--bootstrap", "100", "--rescore-restarts", "2"]
+    assert cli_main(argv) == 0
+    out = capsys.readouterr().out
+    doc = json.load(open(work / "bench-mt.json", encoding="utf-8"))
+    assert "decoding" not in doc
+    resc = doc["rescoring"]
+    # the joint side adds NNJM0 to the NLM side's features (--model, then --rescore-model)
+    assert resc["features"] == {"base": [], "nlm": ["NLM0", "NLM1"],
+                                "joint": ["NLM0", "NLM1", "NNJM0"]}
+    assert resc["models"] == [model, second] and resc["joint"] == [joint]
+    for name in ("dev", "test"):
+        e = resc["scores"][name]["bleu"]
+        for side in ("base", "nlm", "joint"):
+            assert len(e[side]["runs"]) == 2 and 0 < e[side]["mean"] <= 100
+        assert 0 < e["joint_p_value"] <= 1 and 0 < e["joint_vs_nlm_p_value"] <= 1
+    assert "KenLM + NLM + joint NLM0 NLM1 NNJM0" in out
+    _check_joint_list(work, joint, model)
+    # the joint side's tuned weights name the new features
+    [w] = list(work.glob("rescoring.*/joint*.mert1.r2.weights"))
+    assert {"NLM0", "NLM1", "NNJM0", "LM0"} <= set(read_weights(str(w)))
+    # the markdown table of the docs: one row per set and metric, three sides each
+    assert cli_main(argv + ["--markdown"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert len(rows) == 2 + 2 * 3 and all(r.count("|") == 10 for r in rows)
+    e = resc["scores"]["test"]["bleu"]
+    [row] = [r for r in rows if r.startswith("| 20-best rescoring | test | bleu |")]
+    assert f"{e['joint']['mean']:.2f} ± {e['joint']['sd']:.2f}" in row
+    assert f"{e['joint_vs_nlm_difference']:+.2f} ({e['joint_vs_nlm_p_value']:.3f})" in row
+
+
+def _check_joint_list(work, joint: str, model: str) -> None:
+    """Every hypothesis of the rescored joint test list: NNJM0 is the joint model's
+    log-probability given the test source and the hypothesis' own Moses word alignment,
+    NLM0 the target-only model's (the KenLM-only features unchanged)."""
+    import nlmfeature
+    from nlmfeature.mt.kbest import read_kbest
+
+    [rdir] = list(work.glob("rescoring.*"))
+    [plain] = list(rdir.glob("test.20best.wa"))
+    [scored] = list(rdir.glob("test.20best.wa.joint*.gz"))
+    src = [l.split() for l in open(next(work.glob("test.10.src.de")), encoding="utf-8")]
+    jm, lm = nlmfeature.load(joint), nlmfeature.load(model)
+    hyps, base = list(read_kbest(str(scored))), list(read_kbest(str(plain)))
+    assert len(hyps) == len(base) > 10 * 10 and {h.sid for h in hyps} == set(range(10))
+    aligned = 0
+    for h, b in zip(hyps, base):
+        feats = dict(h.features)
+        assert [l for l, _ in h.features] == [l for l, _ in b.features] + ["NLM0", "NLM1", "NNJM0"]
+        alignment = h.extra[-1]
+        assert alignment == b.extra[-1] and "-" in alignment
+        aligned += len(alignment.split())
+        assert feats["NNJM0"][0] == pytest.approx(
+            jm.sentence_logprob(src[h.sid], h.text.split(), alignment), abs=1e-3)
+        assert feats["NLM0"][0] == pytest.approx(lm.sentence_logprob(h.text.split()), abs=1e-3)
+    assert aligned > len(hyps) * 3
 
 
 # -- the joint side (--joint) ------------------------------------------------------------------

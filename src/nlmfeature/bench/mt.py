@@ -20,9 +20,17 @@ From raw text, as a user would start:
    ratio;
 6. the decoder's dev BLEU at every tuning iteration, and the test BLEU of the two candidate
    final weights of each tuning: the last optimiser output and the best decoded weights;
-7. k-best rescoring: the first KenLM-only tuning's system writes 1000-best lists of dev and
-   test; the NLM features are appended (``nlmfeature-rescore``), weights are tuned on dev
-   ``--tunings`` times with and without them (``nlmfeature-tune optimise``) and test is reranked.
+7. k-best rescoring: the first KenLM-only tuning's system (the system's own weights with
+   ``--no-decoding``) writes 1000-best lists of dev and test, each hypothesis with its word
+   alignment (Moses ``-print-alignment-info-in-n-best``); the features of the ``--model`` and
+   ``--rescore-model`` NLMs are appended (``nlmfeature-rescore``: NLM0, NLM1, ...), then those
+   of the ``--joint`` models (NNJM0, ..., given the source sentence and the alignment); weights
+   are tuned on dev ``--tunings`` times per side (KenLM only; KenLM + NLMs; with ``--joint``
+   KenLM + NLMs + joint; ``nlmfeature-tune optimise``, MERT seeds 1..N) and every set is
+   reranked.  With ``--no-decoding`` this part alone took 28 minutes on one core for
+   Multi30k with two NLMs and a joint model, 3 tunings per side (decoding the 2,014 dev and
+   test sentences: 6.5 minutes; scoring: 7; MERT over the 1000-best dev lists: 1-2 minutes
+   per tuning).
 
 Everything goes to ``--workdir``; rerunning the same command reuses every finished step
 (tuning runs resume).  ``--quick`` tunes on the first ``--quick-sentences`` dev sentences with
@@ -234,23 +242,28 @@ def nlm_ini(base_ini: str, dst: str, models: Sequence[str], base_weights: dict) 
     return weights
 
 
-def joint_ini(nlm_ini_path: str, dst: str, joint: str, nlm_weights: dict) -> dict:
-    """``nlm_ini_path`` plus an ``NLMJointFeature`` line (label NNJM0) for the joint model
-    ``joint``, whose weight starts at half the LM's, as the NLMs'; returns the initial weights."""
+def joint_ini(nlm_ini_path: str, dst: str, joint, nlm_weights: dict) -> dict:
+    """``nlm_ini_path`` plus one ``NLMJointFeature`` line (labels NNJM0, NNJM1, ...) per joint
+    model of ``joint`` (a path or a list of paths), whose weights start at half the LM's, as
+    the NLMs'; returns the initial weights."""
     from nlmfeature import load
     from nlmfeature.core.joint import JointModel
     from nlmfeature.mt.tuning.config import rewrite_moses_ini
 
-    if not isinstance(load(joint), JointModel):
-        raise InputError(joint, 0, "not a joint model (no source window): give it with --model, "
-                         "or train one with nlmfeature train --source (docs/joint.md)")
+    joints = [joint] if isinstance(joint, str) else list(joint)
     weights = dict(nlm_weights)
-    weights["NNJM0"] = [nlm_weights.get("LM0", [0.1])[0] / 2]
+    lines = []
+    for i, j in enumerate(joints):
+        if not isinstance(load(j), JointModel):
+            raise InputError(j, 0, "not a joint model (no source window): give it with --model, "
+                             "or train one with nlmfeature train --source (docs/joint.md)")
+        weights[f"NNJM{i}"] = [nlm_weights.get("LM0", [0.1])[0] / 2]
+        lines.append(f"NLMJointFeature name=NNJM{i} path={os.path.abspath(j)}")
     out = []
     for line in _read(nlm_ini_path):
         out.append(line)
         if line.strip() == "[feature]":
-            out.append(f"NLMJointFeature name=NNJM0 path={os.path.abspath(joint)}")
+            out.extend(lines)
     _write(dst, out)
     rewrite_moses_ini(dst, dst, weights)
     return weights
@@ -274,8 +287,12 @@ def train_model(args: argparse.Namespace, work: str, dev_ref: str) -> str:
 
 # -- 4/5. tuning and decoding -------------------------------------------------------------------
 def decode(moses: str, ini: str, src: str, out: str, threads: int, kbest: int = 0,
-           kbest_out: Optional[str] = None, distinct: bool = False) -> float:
-    """Translate ``src`` into ``out`` (1-best); returns the wall seconds (0 when reused)."""
+           kbest_out: Optional[str] = None, distinct: bool = False,
+           alignment: bool = False) -> float:
+    """Translate ``src`` into ``out`` (1-best), and with ``kbest`` the ``kbest``-best list
+    into ``kbest_out`` (``alignment``: each hypothesis with its word alignment, Moses
+    ``-print-alignment-info-in-n-best``, the field joint models need); returns the wall
+    seconds (0 when reused)."""
     if os.path.exists(out) and (not kbest or os.path.exists(kbest_out)):
         meta = out + ".seconds"
         return float(open(meta).read()) if os.path.exists(meta) else 0.0
@@ -291,6 +308,8 @@ def decode(moses: str, ini: str, src: str, out: str, threads: int, kbest: int = 
                                     dir=os.path.dirname(kbest_out))
         os.close(fd)
         cmd += ["-n-best-list", ktmp, str(kbest)] + (["distinct"] if distinct else [])
+        if alignment:
+            cmd += ["-print-alignment-info-in-n-best"]
     t0 = time.time()
     try:
         with open(tmp, "wb") as f, open(out + ".log", "wb") as err:
@@ -362,12 +381,15 @@ class Scorer:
         self.detok = make_metrics("13a", True, 0, ("bleu",))["bleu"]
 
     def stats(self, hyp_path: str) -> Dict[str, np.ndarray]:
+        return self.stats_lines(_read(hyp_path), hyp_path)
+
+    def stats_lines(self, hyps: List[str], where: str = "<hypotheses>") -> Dict[str, np.ndarray]:
+        """Per-sentence statistics of the translations ``hyps`` (one per reference line)."""
         from nlmfeature.mt.evaluate import sentence_stats
         from nlmfeature.mt.prepare import detokenise
 
-        hyps = _read(hyp_path)
         if len(hyps) != len(self.refs[0]):
-            raise InputError(hyp_path, len(hyps), f"{len(hyps)} lines for "
+            raise InputError(where, len(hyps), f"{len(hyps)} lines for "
                              f"{len(self.refs[0])} references")
         out = {name: sentence_stats(m, hyps, self.refs) for name, m in self.tok.items()}
         out["detok_bleu"] = sentence_stats(self.detok, list(detokenise(hyps, self.lang)), self.raw)
@@ -449,7 +471,15 @@ class KbestMatrix:
 
 def rescoring(args: argparse.Namespace, work: str, sets: Dict[str, dict], base_ini: str,
               base_weights: dict, models: Sequence[str], scorers: Dict[str, Scorer],
-              mkey: str) -> dict:
+              mkey: str, joints: Sequence[str] = ()) -> dict:
+    """Step 7: the KenLM-only system's k-best lists of every set (with word alignments), the
+    target-only features ``models`` (``NLM0``, ``NLM1``, ...) appended, then the joint models
+    ``joints`` (``NNJM0``, ... given each set's source), weights tuned on dev ``--tunings``
+    times per side (``nlmfeature-tune optimise``, MERT seeds 1..N) and every set reranked.
+    Returns {"kbest", "features": {side: labels}, "systems": {side: [{set: 1-best path}]}}
+    with the sides 'base', 'nlm' and (with ``joints``) 'joint'."""
+    import hashlib
+
     from nlmfeature.mt import rescore
     from nlmfeature.mt.tuning import cli as tune_cli
     from nlmfeature.mt.weights import read_weights, write_weights
@@ -460,44 +490,69 @@ def rescoring(args: argparse.Namespace, work: str, sets: Dict[str, dict], base_i
     from nlmfeature.mt.tuning.config import rewrite_moses_ini
 
     rewrite_moses_ini(base_ini, ini, base_weights)
-    lists = {}
+    nlm_names = [f"NLM{i}" for i in range(len(models))]
+    joint_names = [f"NNJM{i}" for i in range(len(joints))]
+    jkey = hashlib.sha1("\n".join(list(models) + ["joint"] + list(joints)).encode("utf-8")
+                        ).hexdigest()[:6]
+    tags = {"base": "base", "nlm": "nlm" + mkey, "joint": "joint" + jkey}
+    sides = ["base", "nlm"] + (["joint"] if joints else [])
+    lists: Dict[str, Dict[str, str]] = {}
     for name, s in sets.items():
-        kb = os.path.join(rdir, f"{name}.{args.kbest}best" + (".distinct" if args.distinct else ""))
+        # with word alignments ('.wa'): the joint models' affiliations come from them
+        kb = os.path.join(rdir, f"{name}.{args.kbest}best" + (".distinct" if args.distinct else "")
+                          + ".wa")
         decode(args.moses, ini, s["src"], os.path.join(rdir, f"{name}.decoder.1best"),
-               args.threads, args.kbest, kb, args.distinct)
-        nlm_kb = kb + f".nlm{mkey}.gz"
+               args.threads, args.kbest, kb, args.distinct, alignment=True)
+        nlm_kb = kb + f".{tags['nlm']}.gz"
         if not os.path.exists(nlm_kb):
             argv = ["-i", kb, "-o", nlm_kb, "-q", "-j", str(args.jobs)]
             for m in models:
                 argv += ["-m", m]
             _quiet_call(rescore.main, argv, "nlmfeature-rescore")
-        lists[name] = (kb, nlm_kb)
-    init_nlm = dict(base_weights)
-    for i in range(len(models)):
-        init_nlm[f"NLM{i}"] = [base_weights.get("LM0", [0.1])[0] / 2]
-    write_weights(os.path.join(rdir, "init.base.weights"), base_weights)
-    write_weights(os.path.join(rdir, f"init.nlm{mkey}.weights"), init_nlm)
+        lists[name] = {"base": kb, "nlm": nlm_kb}
+        if joints:
+            joint_kb = kb + f".{tags['joint']}.gz"
+            if not os.path.exists(joint_kb):
+                argv = ["-i", nlm_kb, "-o", joint_kb, "-q", "-j", str(args.jobs),
+                        "--source", s["src"]]
+                for m, n in zip(joints, joint_names):
+                    argv += ["-m", m, "--name", n]
+                _quiet_call(rescore.main, argv, "nlmfeature-rescore")
+            lists[name]["joint"] = joint_kb
+    # new features start at half the LM weight (as in the decoding part)
+    half = base_weights.get("LM0", [0.1])[0] / 2
+    inits = {"base": dict(base_weights)}
+    inits["nlm"] = dict(inits["base"], **{n: [half] for n in nlm_names})
+    inits["joint"] = dict(inits["nlm"], **{n: [half] for n in joint_names})
     dev = sets[args.dev]
-    out: dict = {"kbest": args.kbest, "systems": {}}
-    matrices: Dict[str, KbestMatrix] = {}
-    for side in ("base", "nlm"):
+    out: dict = {"kbest": args.kbest, "systems": {},
+                 "features": {"base": [], "nlm": nlm_names, "joint": nlm_names + joint_names}}
+    if not joints:
+        out["features"].pop("joint")
+    for side in sides:
+        init = os.path.join(rdir, f"init.{tags[side]}.weights")
+        write_weights(init, inits[side])
+        matrices: Dict[str, KbestMatrix] = {}      # one side's lists in memory at a time
         runs = []
         for seed in range(1, args.tunings + 1):
-            tag = f"{side if side == 'base' else 'nlm' + mkey}.{args.algorithm}{seed}"
+            tag = f"{tags[side]}.{args.algorithm}{seed}"
+            if args.rescore_restarts != 20:
+                tag += f".r{args.rescore_restarts}"
             w = os.path.join(rdir, f"{tag}.weights")
             if not os.path.exists(w):
+                t0 = time.time()
                 _quiet_call(tune_cli.main,
-                            ["optimise", "--nbest", lists[args.dev][side == "nlm"], "--ref",
-                             dev["ref"], "--init",
-                             os.path.join(rdir, f"init.{side if side == 'base' else 'nlm' + mkey}.weights"),
-                             "--algorithm", args.algorithm, "--seed", str(seed), "--jobs",
-                             str(args.jobs), "--out", w, "--quiet"], "nlmfeature-tune")
+                            ["optimise", "--nbest", lists[args.dev][side], "--ref", dev["ref"],
+                             "--init", init, "--algorithm", args.algorithm, "--seed", str(seed),
+                             "--restarts", str(args.rescore_restarts), "--jobs", str(args.jobs),
+                             "--out", w, "--quiet"], "nlmfeature-tune")
+                _log(f"rescoring {side} seed {seed}: tuned in {time.time() - t0:.0f} s")
             per_set = {}
             for name in sets:
                 one = os.path.join(rdir, f"{name}.{tag}.1best")
                 if not os.path.exists(one):
                     if name not in matrices:
-                        matrices[name] = KbestMatrix(lists[name][1])
+                        matrices[name] = KbestMatrix(lists[name][side])
                     _write(one, matrices[name].one_best(read_weights(w)))
                 per_set[name] = one
             runs.append(per_set)
@@ -566,6 +621,34 @@ def format_table(title: str, res: dict) -> str:
                 line += f" {'':6} {s['joint']:>25.4f} {'x' + format(s['joint_ratio'], '.2f'):>7}"
             lines.append(line)
     return "\n".join(lines)
+
+
+def format_markdown(doc: dict) -> str:
+    """The scores of every part of a report (``bench-mt.json``) as one markdown table: mean ±
+    sd over the tunings per side, the difference of the means and its p-value (the joint side
+    against KenLM only and against KenLM + NLM)."""
+    parts = [(p, doc[p]["scores"]) for p in ("decoding", "rescoring") if p in doc]
+    joint = any("joint" in e["bleu"] for _, res in parts for e in res.values())
+    head = "| part | set | metric | KenLM only | KenLM + NLM | diff (p) |"
+    if joint:
+        head += " KenLM + NLM + joint | diff (p) | vs KenLM + NLM (p) |"
+    rows = [head, "|" + "---|" * (head.count("|") - 1)]
+    cell = lambda s: f"{s['mean']:.2f} ± {s['sd']:.2f}"  # noqa: E731
+    for part, res in parts:
+        label = part if part == "decoding" else f"{doc[part].get('kbest', '')}-best rescoring"
+        for name, entry in res.items():
+            for metric in ("bleu", "detok_bleu", "chrf"):
+                e = entry[metric]
+                row = (f"| {label} | {name} | {metric} | {cell(e['base'])} | {cell(e['nlm'])} | "
+                       f"{e['difference']:+.2f} ({e['p_value']:.3f}) |")
+                if "joint" in e:
+                    row += (f" {cell(e['joint'])} | {e['joint_difference']:+.2f} "
+                            f"({e['joint_p_value']:.3f}) | {e['joint_vs_nlm_difference']:+.2f} "
+                            f"({e['joint_vs_nlm_p_value']:.3f}) |")
+                elif joint:
+                    row += " | | |"
+                rows.append(row)
+    return "\n".join(rows)
 
 
 def plot(path: str, doc: dict) -> Optional[str]:
@@ -656,11 +739,23 @@ def run(args: argparse.Namespace) -> int:
     nlm_ini_path = os.path.join(work, f"nlm{mkey}.{key}.moses.ini")
     nlm_weights = nlm_ini(base_ini, nlm_ini_path, models, base_weights)
     sides = [("base", base_ini, "base", ()), ("nlm", nlm_ini_path, "nlm" + mkey, ("NLMFeature",))]
-    joint = os.path.abspath(args.joint) if args.joint else None
-    if joint:
-        jkey = hashlib.sha1("\n".join(models + [joint]).encode("utf-8")).hexdigest()[:6]
+    joints = [os.path.abspath(j) for j in args.joint]
+    joint = joints[0] if len(joints) == 1 else (joints or None)
+    rescore_models = models + [os.path.abspath(m) for m in args.rescore_model]
+    from nlmfeature import load
+
+    for m in models:
+        if load(m).reverse and not args.no_decoding:
+            raise InputError(m, 0, "a right-to-left model (train --reverse): Moses decodes left "
+                             "to right; give it with --rescore-model (rescoring only)")
+    for m in rescore_models:
+        if load(m).header.get("source"):
+            raise InputError(m, 0, "a joint model: give it with --joint (its features need the "
+                             "source sentence and the word alignment)")
+    if joints:
+        jkey = hashlib.sha1("\n".join(models + joints).encode("utf-8")).hexdigest()[:6]
         joint_ini_path = os.path.join(work, f"joint{jkey}.{key}.moses.ini")
-        joint_ini(nlm_ini_path, joint_ini_path, joint, nlm_weights)
+        joint_ini(nlm_ini_path, joint_ini_path, joints, nlm_weights)
         sides.append(("joint", joint_ini_path, "joint" + jkey, ("NLMFeature", "NLMJointFeature")))
     scorers = {name: Scorer(s["ref"], s["raw_ref"], args.tgt_lang) for name, s in sets.items()}
     doc: dict = dict(label=label, quick=bool(args.quick), system=args.system, moses=args.moses,
@@ -726,14 +821,14 @@ def run(args: argparse.Namespace) -> int:
         from nlmfeature.mt.weights import read_weights
 
         w = read_weights(weights_src) if os.path.exists(weights_src) else base_weights
-        resc = rescoring(args, os.path.join(work, f"rescoring.{key}"), sets, base_ini, w, models,
-                         scorers, mkey)
+        rkey = hashlib.sha1("\n".join(rescore_models).encode("utf-8")).hexdigest()[:6]
+        resc = rescoring(args, os.path.join(work, f"rescoring.{key}"), sets, base_ini, w,
+                         rescore_models, scorers, rkey, joints)
         doc["rescoring"] = dict(kbest=args.kbest, weights_from=weights_src if os.path.exists(weights_src)
-                                else f"moses.{args.init}.ini",
+                                else f"moses.{args.init}.ini", models=rescore_models,
+                                joint=joints, features=resc["features"],
+                                restarts=args.rescore_restarts,
                                 scores=collect(scorers, resc["systems"], args.bootstrap))
-        if joint:
-            doc["rescoring"]["joint"] = ("not rescored: the k-best lists carry no word alignment "
-                                         "(docs/joint.md, tools/joint_rescore.py)")
     doc["cdec"] = "not run: no hiero grammar for the shared system yet"
     doc["seconds"] = time.time() - t_start
     json_path = os.path.join(work, "bench-mt.json")
@@ -745,8 +840,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=1, sort_keys=True))
         return 0
+    if args.markdown:
+        print(format_markdown(doc))
+        return 0
     print(f"nlmfeature bench mt — {label}")
-    print(f"models: {', '.join(models)}" + (f"; joint model: {joint}" if joint else "")
+    print(f"models: {', '.join(models)}"
+          + (f"; joint model(s): {', '.join(joints)}" if joints else "")
+          + (f"; rescoring only: {', '.join(args.rescore_model)}" if args.rescore_model else "")
           + f"; final weights: {args.final_weights}; "
           f"threads {args.threads}; {doc['seconds'] / 60:.1f} min")
     print("BLEU/chrF: tokenised lowercased (sacrebleu -tok none); detok_bleu: sacremoses-"
@@ -770,7 +870,11 @@ def run(args: argparse.Namespace) -> int:
                   f"({sum(x > 0 for x in d)} better, {sum(x < 0 for x in d)} worse)")
     if "rescoring" in doc:
         print()
-        print(format_table(f"== rescoring the KenLM-only system's {args.kbest}-best lists",
+        feats = doc["rescoring"]["features"]
+        print(format_table(f"== rescoring the KenLM-only system's {args.kbest}-best lists "
+                           f"(features added: KenLM + NLM {' '.join(feats['nlm'])}"
+                           + (f"; KenLM + NLM + joint {' '.join(feats['joint'])}"
+                              if "joint" in feats else "") + ")",
                            doc["rescoring"]["scores"]))
     print(f"\ncdec: {doc['cdec']}")
     print(f"JSON: {json_path}" + (f"; {note}" if note else
@@ -802,12 +906,23 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", "-m", action="append", default=[],
                    help="NLM model file; repeat for several NLM features in one system "
                         "(default: train one with --recipe)")
-    p.add_argument("--joint", default=None, metavar="MODEL",
-                   help="a joint model (nlmfeature train --source, docs/joint.md): adds a third "
-                        "system, KenLM + NLM + joint (an NLMJointFeature line labelled NNJM0, "
-                        "weight starting at half the LM's), tuned --tunings times beside the "
-                        "other two and compared with both (decoding only: the rescoring part "
-                        "has no word alignments). Default: none")
+    p.add_argument("--joint", action="append", default=[], metavar="MODEL",
+                   help="a joint model (nlmfeature train --source, docs/joint.md); repeat for "
+                        "several: adds a third system, KenLM + NLM + joint, tuned --tunings "
+                        "times beside the other two and compared with both.  Decoding: one "
+                        "NLMJointFeature line per model (NNJM0, NNJM1, ...; weights start at "
+                        "half the LM's).  Rescoring: the 1000-best lists carry Moses' word "
+                        "alignments (-print-alignment-info-in-n-best), each joint model adds "
+                        "one feature NNJMi (given the dev / test source) to the NLM side's "
+                        "features. Default: none")
+    p.add_argument("--rescore-model", action="append", default=[], metavar="MODEL",
+                   help="a target-only NLM used only in the rescoring part, beside the --model "
+                        "ones (features NLM<n>, NLM<n+1>, ... after theirs): e.g. a "
+                        "right-to-left model (train --reverse), which a left-to-right decoder "
+                        "cannot use; repeatable. Default: none")
+    p.add_argument("--rescore-restarts", type=int, default=20,
+                   help="MERT random restarts of each rescoring tuning (default 20, as "
+                        "mert-moses.pl)")
     p.add_argument("--recipe", default=DEFAULT_RECIPE,
                    help="nlmfeature train options when no --model is given (default: the "
                         "unnormalised LBL recipe of issue 16: %(default)s)")
@@ -848,6 +963,9 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
                         "./nlmfeature-bench-mt)")
     p.add_argument("--plot", default=None, help="PNG plot path (default WORKDIR/bench-mt.png)")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of tables")
+    p.add_argument("--markdown", action="store_true",
+                   help="print the scores as one markdown table instead (the tables of README "
+                        "and docs/joint.md)")
     p.set_defaults(func=_run, test=None)
 
 
