@@ -59,8 +59,30 @@ def hidden(header: Dict, a: Dict[str, np.ndarray], ctx: Sequence[int]) -> np.nda
     return h
 
 
+#: logits beyond this magnitude have no float32 resolution left for the scores computed from
+#: them (an ulp of 1e8 in float32 is 8): the reference then gives no verdict (NaN)
+RESOLVABLE = 1e6
+
+
 def logprob(header: Dict, a: Dict[str, np.ndarray], history: List[int], word: int) -> float:
-    """Natural-log score of ``word`` after ``history`` (unpadded ids, oldest first)."""
+    """Natural-log score of ``word`` after ``history`` (unpadded ids, oldest first); NaN when a
+    logit it is computed from exceeds :data:`RESOLVABLE` (fuzzed weights of 1e20-1e30: the
+    score is then a difference of huge numbers that float32 and float64 round differently)."""
+    v = _logprob(header, a, history, word)
+    return float("nan") if _LARGEST[0] > RESOLVABLE else v
+
+
+_LARGEST = [0.0]
+
+
+def _seen(x):
+    """Record the magnitude of logits (largest of this call) and pass them through."""
+    _LARGEST[0] = max(_LARGEST[0], float(np.max(np.abs(x))) if np.size(x) else 0.0)
+    return x
+
+
+def _logprob(header: Dict, a: Dict[str, np.ndarray], history: List[int], word: int) -> float:
+    _LARGEST[0] = 0.0
     ctx = pad(header, history)
     h = hidden(header, a, ctx)
     R = np.asarray(a["output.weight"], np.float64)
@@ -74,7 +96,7 @@ def logprob(header: Dict, a: Dict[str, np.ndarray], history: List[int], word: in
                          for k in range(d["order"])))
 
     def word_logit(w: int) -> float:
-        return float(R[w] @ h + b[w]) + direct(w, 0)
+        return _seen(float(R[w] @ h + b[w]) + direct(w, 0))
 
     out = header["output"]["type"]
     if out == "unnormalised":
@@ -85,8 +107,8 @@ def logprob(header: Dict, a: Dict[str, np.ndarray], history: List[int], word: in
     if out == "class":
         cw = a["class.of_word"]
         c = int(cw[word])
-        cl = np.array([float(a["class.weight"][k] @ h + a["class.bias"][k]) + direct(k, 1)
-                       for k in range(header["output"]["classes"])])
+        cl = _seen(np.array([float(a["class.weight"][k] @ h + a["class.bias"][k]) + direct(k, 1)
+                             for k in range(header["output"]["classes"])]))
         members = [v for v in range(header["vocab_size"]) if cw[v] == c]
         wl = np.array([word_logit(v) for v in members])
         lse = lambda x: float(np.log(np.exp(x - x.max()).sum()) + x.max())
@@ -95,6 +117,6 @@ def logprob(header: Dict, a: Dict[str, np.ndarray], history: List[int], word: in
     s = 0.0
     for p in range(a["tree.path_start"][word], a["tree.path_start"][word + 1]):
         node = a["tree.path_node"][p]
-        x = float(a["tree.weight"][node] @ h + a["tree.bias"][node]) * a["tree.path_sign"][p]
+        x = _seen(float(a["tree.weight"][node] @ h + a["tree.bias"][node]) * a["tree.path_sign"][p])
         s += -np.log1p(np.exp(-x))
     return s
