@@ -109,12 +109,6 @@ cdef inline double direct_value(const ModelC* m, const uint64_t* states, int32_t
     return s
 
 
-cdef inline void lines_prefetch(const void* p, size_t nbytes) noexcept nogil:
-    cdef size_t i
-    for i in range(0, nbytes, 64):
-        __builtin_prefetch(<const char*>p + i)
-
-
 cdef inline void direct_prefetch(const ModelC* m, const uint64_t* states, int32_t target) noexcept nogil:
     """Start loading the direct-feature weights of ``target`` (random places in a table of
     megabytes) so that the forward pass overlaps their cache misses."""
