@@ -96,21 +96,27 @@ cdef int vt_end(void* s) noexcept nogil:
     return pc_end(<SessionC*>s)
 
 
+cdef inline int32_t lookup_key(const ModelC* m, const int32_t* src, int nsrc, int affiliation,
+                               const int32_t* ids, int n, int32_t w, int32_t* key) noexcept nogil:
+    """The full context of one C-API lookup into ``key`` (a joint model's source window around
+    ``affiliation``, clamped to the source ``</s>`` at ``nsrc``, then the padded target
+    history); returns the word, ``<unk>`` when out of range."""
+    if m.src_window:
+        nlm_source_window(m, src, nsrc, affiliation if affiliation <= nsrc else nsrc, key)
+    nlm_pad_context(m, ids, n, key + m.src_window)
+    return w if 0 <= w < m.vocab_size else m.unk
+
+
 cdef double joint_lookup(SessionC* c, const int32_t* src, int nsrc, int affiliation,
                         const int32_t* ids, int n, int32_t w) noexcept nogil:
-    """The one C-API scoring step: the full context (a joint model's source window around
-    ``affiliation``, then the padded target history) and the word, through the core."""
+    """The one C-API scoring step: the full context (:c:func:`lookup_key`) and the word,
+    through the core."""
     cdef int32_t key[NLM_MAX_KEY]
     cdef int32_t dummy = 0
-    cdef const ModelC* m = c.model
     if src == NULL or nsrc < 0:
         src = &dummy
         nsrc = 0
-    if m.src_window:
-        nlm_source_window(m, src, nsrc, affiliation, key)
-    nlm_pad_context(m, ids, n, key + m.src_window)
-    if w < 0 or w >= m.vocab_size:
-        w = m.unk
+    w = lookup_key(c.model, src, nsrc, affiliation, ids, n, w, key)
     return pc_lookup(c, key, w)
 
 
@@ -132,8 +138,8 @@ cdef double vt_score_span(void* s, const int32_t* hist, int nhist, int first, in
     """Sum of the scores of ``hist[first + i]`` after ``hist[:first + i]`` for i < ``count``
     and, with ``final``, of ``</s>`` after all of ``hist`` (nlm_score_span without its memo),
     added in that order: each word exactly as :c:func:`joint_lookup` scores it (a joint model:
-    with the source window around its affiliation ``aff[i]`` in ``src``; ``aff`` NULL: the
-    ``<null>`` window).  Every word's key is built and its n-gram cache slot prefetched before
+    with the source window around its affiliation ``aff[i]`` in ``src``, past the sentence
+    its ``</s>``; ``aff`` NULL: the ``<null>`` window).  Every word's key is built and its n-gram cache slot prefetched before
     the first is scored, so the words' cache misses overlap instead of queueing (arguments
     checked by the library)."""
     cdef SessionC* c = <SessionC*>s
@@ -142,12 +148,11 @@ cdef double vt_score_span(void* s, const int32_t* hist, int nhist, int first, in
     cdef int32_t words[SPAN_BATCH]
     cdef int32_t dummy = 0
     cdef int k = count + (1 if final else 0), j, end
-    cdef int32_t w
     cdef double total = 0
     if src == NULL or nsrc < 0:
         src = &dummy
         nsrc = 0
-    if k > SPAN_BATCH:
+    if k > SPAN_BATCH:  # longer than any decoder's span: word by word
         for j in range(k):
             end = first + j if j < count else nhist
             total += joint_lookup(c, src, nsrc, aff[j] if aff != NULL else -1, hist, end,
@@ -155,11 +160,8 @@ cdef double vt_score_span(void* s, const int32_t* hist, int nhist, int first, in
         return total
     for j in range(k):
         end = first + j if j < count else nhist
-        w = hist[end] if j < count else m.eos
-        if m.src_window:
-            nlm_source_window(m, src, nsrc, aff[j] if aff != NULL else -1, keys[j])
-        nlm_pad_context(m, hist, end, &keys[j][m.src_window])
-        words[j] = w if 0 <= w < m.vocab_size else m.unk
+        words[j] = lookup_key(m, src, nsrc, aff[j] if aff != NULL else -1, hist, end,
+                              hist[end] if j < count else m.eos, keys[j])
         nlm_prefetch_padded(c, keys[j], words[j])
     for j in range(k):
         total += pc_lookup(c, keys[j], words[j])

@@ -95,8 +95,8 @@ typedef struct nlm_vtable {
     /* the sum of the scores of hist[first+i] after hist[0..first+i-1], i < count, then (final)
        of </s> after all of hist, added in that order; keys built and their cache slots
        prefetched first (nlm_score_span without the memo).  Joint models: aff holds the
-       affiliations of those count (+ final) words in src[0..nsrc-1] (NULL: unknown, the <null>
-       window, as score) */
+       affiliations of those count (+ final) words in src[0..nsrc-1] (past nsrc: the source
+       </s>, as joint_score; NULL: unknown, the <null> window, as score) */
     double (*score_span)(void* s, const int32_t* hist, int nhist, int first, int count, int final,
                          const int32_t* src, int nsrc, const int32_t* aff);
 } nlm_vtable;

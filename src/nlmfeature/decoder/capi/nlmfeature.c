@@ -752,7 +752,7 @@ NLM_API double nlm_joint_score(nlm_session* session, const int32_t* context, int
     if (!session) { fail(NLM_ERR_ARGUMENT, "nlm_joint_score: NULL session"); return NAN; }
     if (n < 0) n = 0;
     if (n && !context) { fail(NLM_ERR_ARGUMENT, "nlm_joint_score: NULL context with n = %d", n); return NAN; }
-    if (affiliation > session->nsrc) affiliation = session->nsrc;
+    /* an affiliation past the sentence is its </s> (clamped where the key is built) */
     return vt_joint_score(session, session->nsrc ? session->src : none, session->nsrc,
                              affiliation, n ? context : none, n, word);
 }
@@ -760,9 +760,6 @@ NLM_API double nlm_joint_score(nlm_session* session, const int32_t* context, int
 NLM_API double nlm_joint_score_span(nlm_session* session, const int32_t* hist, int nhist, int first,
                                     int count, int final, const int32_t* affiliations) {
     static const int32_t none[1] = {0};
-    int32_t aff[NLM_JOINT_SPAN_MAX + 1];
-    int i, k;
-    double sum = 0;
     if (!session) { fail(NLM_ERR_ARGUMENT, "nlm_joint_score_span: NULL session"); return NAN; }
     if (nhist < 0) nhist = 0;
     if (nhist && !hist) { fail(NLM_ERR_ARGUMENT, "nlm_joint_score_span: NULL history with nhist = %d", nhist); return NAN; }
@@ -772,17 +769,12 @@ NLM_API double nlm_joint_score_span(nlm_session* session, const int32_t* hist, i
     if (count < 0) count = 0;
     if (count > nhist - first) count = nhist - first;
     final = final ? 1 : 0;
-    k = count + final;
-    if (!k) return 0;
+    if (!count && !final) return 0;
     if (!affiliations) { fail(NLM_ERR_ARGUMENT, "nlm_joint_score_span: NULL affiliations"); return NAN; }
-    if (k > NLM_JOINT_SPAN_MAX) {  /* word by word, exactly as nlm_joint_score */
-        for (i = 0; i < count; i++) sum += nlm_joint_score(session, hist, first + i, hist[first + i], affiliations[i]);
-        if (final) sum += nlm_joint_score(session, hist, nhist, session->model->vm->eos, affiliations[count]);
-        return sum;
-    }
-    for (i = 0; i < k; i++) aff[i] = affiliations[i] > session->nsrc ? session->nsrc : affiliations[i];
+    /* affiliations past the sentence are its </s> (clamped by the scorer, as nlm_joint_score's) */
     NLM_TIMED(session, double, g_vt->score_span(session->cs, hist, nhist, first, count, final,
-                                                session->nsrc ? session->src : none, session->nsrc, aff));
+                                                session->nsrc ? session->src : none, session->nsrc,
+                                                affiliations));
 }
 
 NLM_API int nlm_session_stats(nlm_session* session, nlm_stats* stats) {

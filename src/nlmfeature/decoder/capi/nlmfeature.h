@@ -316,9 +316,6 @@ int nlm_session_begin_source(nlm_session* session, int64_t sentence_id, const in
 double nlm_joint_score(nlm_session* session, const int32_t* context, int n, int32_t word,
                        int affiliation);
 
-/** Longest span nlm_joint_score_span scores in one batch (longer ones: word by word). */
-#define NLM_JOINT_SPAN_MAX 16
-
 /** The joint twin of nlm_score_span without its memo: the sum of nlm_joint_score(session, hist,
  *  first + i, hist[first + i], affiliations[i]) for i < count and, with `final`, of
  *  nlm_joint_score(session, hist, nhist, NLM_EOS, affiliations[count]), added in that order
