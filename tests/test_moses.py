@@ -181,5 +181,5 @@ def test_tools_report_bad_input_without_a_traceback(tmp_path):
     p = subprocess.run([sys.executable, os.path.join(REPO, "tools", "bench_pcache.py"), "--model",
                         "x=y.nlm", "--moses", str(tmp_path / "nomoses"), "--workdir", str(tmp_path / "w")],
                        capture_output=True, text=True, env=env)
-    assert p.returncode == 1 and "Traceback" not in p.stderr
-    assert f"{tmp_path / 'nomoses'}: not an executable Moses" in p.stderr
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert f"bench_pcache.py: error: {tmp_path / 'nomoses'}: not an executable Moses" in p.stderr

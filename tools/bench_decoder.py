@@ -53,7 +53,8 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Tuple
 
-from nlmfeature.errors import DecoderError, NLMFeatureError
+from nlmfeature import cli
+from nlmfeature.errors import DecoderError
 from nlmfeature.io import textio
 from nlmfeature.io.atomicfile import atomic_write_text
 from nlmfeature.mt import moses as mo
@@ -484,7 +485,11 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", default=None, help="keep files here and reuse the filtered tables, binary LM "
                     "and grammars of an earlier run (default: a temporary directory)")
     ap.add_argument("--json", default=None, help="write all figures to this JSON file")
-    args = ap.parse_args(argv)
+    ap.set_defaults(func=run)
+    return cli.run(ap, argv)     # the package's one error handler: bad input gives a message, no traceback
+
+
+def run(args: argparse.Namespace) -> int:
 
     shared = shared_dir(args.shared)
     system = os.path.abspath(args.system or os.path.join(shared, SYSTEM_REL))
@@ -716,7 +721,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except NLMFeatureError as e:      # bad input or a failing decoder: the message, no traceback
-        sys.exit(str(e))
+    sys.exit(main())

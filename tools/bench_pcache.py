@@ -53,7 +53,7 @@ from typing import Dict, List, Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "src"))  # this checkout's package (the one the measured Moses loads)
-from nlmfeature.errors import NLMFeatureError  # noqa: E402
+from nlmfeature import cli  # noqa: E402
 from nlmfeature.io.atomicfile import atomic_write_text  # noqa: E402
 from nlmfeature.io.textio import iter_lines  # noqa: E402
 from nlmfeature.mt import moses as mo  # noqa: E402
@@ -177,7 +177,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1, help="MERT random restarts seed (default 1)")
     ap.add_argument("--workdir", default=None, help="keep files here (default: a temporary directory)")
     ap.add_argument("--json", default=None, help="write all figures to this JSON file")
-    args = ap.parse_args(argv)
+    ap.set_defaults(func=run)
+    return cli.run(ap, argv)     # the package's one error handler: bad input gives a message, no traceback
+
+
+def run(args: argparse.Namespace) -> int:
 
     moses = mo.find_moses(args.moses, args.moses_root)
     work = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="bench_pcache."))
@@ -291,7 +295,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except NLMFeatureError as e:      # bad input or a failing decoder: the message, no traceback
-        sys.exit(str(e))
+    sys.exit(main())
