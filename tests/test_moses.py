@@ -151,6 +151,12 @@ def test_find_moses_search_order(tmp_path, monkeypatch):
     installed.chmod(0o755)
     assert moses.find_moses() == str(installed)            # bin/moses first
     assert moses.find_moses(str(older)) == str(older)       # --moses wins
+    # Moses' other programs the same way (tools/bench_tuning.py's mert, kbmira, extractor)
+    mert = root / "mert" / "bin" / "gcc" / "release" / "mert"
+    mert.parent.mkdir(parents=True)
+    mert.write_text("#!/bin/sh\n")
+    mert.chmod(0o755)
+    assert moses.find_program("mert") == str(mert) and moses.find_program("kbmira") is None
 
 
 @needs_system

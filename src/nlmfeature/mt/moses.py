@@ -6,7 +6,8 @@ Every caller that touches Moses uses this module: ``nlmfeature bench mt``, the t
 (``nlmfeature-tune moses``), ``tools/bench_decoder.py`` and ``tools/bench_pcache.py``.
 
 - :func:`find_moses`: ``--moses`` if given, else ``ROOT/bin/moses``, else the newest
-  ``moses-cmd`` build under ``ROOT`` (``--moses-root`` / ``$MOSES_ROOT``);
+  ``moses-cmd`` build under ``ROOT`` (``--moses-root`` / ``$MOSES_ROOT``); :func:`find_program`
+  the same for Moses' other programs (``mert``, ``kbmira``, ``extractor``);
 - :func:`find_build_binary`: KenLM's ``build_binary`` (given folders, ``$MOSES_ROOT/bin``,
   then :func:`nlmfeature.training.kenlm_baseline.find_tool`'s places);
 - :func:`system_ini` / :func:`read_ini`: a system's config with ``MODEL_DIR/`` and
@@ -77,11 +78,28 @@ def _has_nlmfeature(exe: str) -> Optional[bool]:
     return "NLMFeature" in p.stdout
 
 
+def find_program(name: str, root: Optional[str] = None) -> Optional[str]:
+    """A program of a Moses tree (``moses``, ``mert``, ``kbmira``, ``extractor``, ...):
+    ``ROOT/bin/NAME`` if executable, else the newest ``ROOT/*/bin/**/NAME`` build (e.g.
+    ``moses-cmd/bin/gcc-12/release/.../moses``, ``mert/bin/.../mert``); ``ROOT``: ``root`` or
+    ``$MOSES_ROOT``.  None when there is none."""
+    root = moses_root(root)
+    if not root:
+        return None
+    installed = os.path.join(root, "bin", name)
+    if os.path.isfile(installed) and os.access(installed, os.X_OK):
+        return os.path.abspath(installed)
+    cands = [p for p in glob.glob(os.path.join(root, "*", "bin", "**", name), recursive=True)
+             if os.path.isfile(p) and os.access(p, os.X_OK)]
+    return os.path.abspath(max(cands, key=os.path.getmtime)) if cands else None
+
+
 def find_moses(moses: Optional[str] = None, root: Optional[str] = None) -> str:
     """The Moses executable: ``moses`` if given (it must be executable), else ``ROOT/bin/moses``,
-    else the newest ``ROOT/moses-cmd/bin/**/moses`` (``ROOT``: ``root`` or ``$MOSES_ROOT``).
-    A binary found under ``ROOT`` must have NLMFeature compiled in (checked with ``nm`` when
-    it has symbols).  Raises :class:`InputError` / :class:`NLMFeatureError` saying what to do."""
+    else the newest ``moses`` build under ``ROOT`` (:func:`find_program`; ``ROOT``: ``root`` or
+    ``$MOSES_ROOT``).  A binary found under ``ROOT`` must have NLMFeature compiled in (checked
+    with ``nm`` when it has symbols).  Raises :class:`InputError` / :class:`NLMFeatureError`
+    saying what to do."""
     if moses:
         path = os.path.abspath(moses)
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
@@ -91,18 +109,10 @@ def find_moses(moses: Optional[str] = None, root: Optional[str] = None) -> str:
     if not root:
         raise NLMFeatureError("give the Moses executable with --moses or set MOSES_ROOT (a "
                               "mosesdecoder tree with NLMFeature built in, moses_ff/README.md)")
-    root = os.path.abspath(root)
-    installed = os.path.join(root, "bin", "moses")
-    if os.path.isfile(installed) and os.access(installed, os.X_OK):
-        exe = installed
-    else:
-        cands = [p for p in glob.glob(os.path.join(root, "moses-cmd", "bin", "**", "moses"),
-                                      recursive=True)
-                 if os.path.isfile(p) and os.access(p, os.X_OK)]
-        if not cands:
-            raise InputError(root, 0, "no bin/moses and no moses-cmd build in this Moses tree "
-                             "(MOSES_ROOT): build Moses with the shim first (moses_ff/README.md)")
-        exe = max(cands, key=os.path.getmtime)
+    exe = find_program("moses", root)
+    if not exe:
+        raise InputError(root, 0, "no bin/moses and no moses-cmd build in this Moses tree "
+                         "(MOSES_ROOT): build Moses with the shim first (moses_ff/README.md)")
     if _has_nlmfeature(exe) is False:
         raise InputError(exe, 0, "this Moses has no NLMFeature: build it with --with-nlmfeature "
                          "(moses_ff/README.md)")
