@@ -440,8 +440,8 @@ def main(argv=None) -> int:
                          "(label NNJM0) beside KenLM and, with :MODEL (a --model name), that NLM too "
                          "(repeatable); weights as for --model (--weights NAME=INI's NLM0/NNJM0, else "
                          "--nlm-weight); counters and cdec cover --model configurations only")
-    ap.add_argument("--moses", default=None, help="the moses executable (default: the newest moses-cmd "
-                    "build under MOSES_ROOT; a copy keeps a measurement safe from rebuilds)")
+    ap.add_argument("--moses", default=None, help="the moses executable (default: MOSES_ROOT/bin/moses, else "
+                    "the newest moses-cmd build under MOSES_ROOT; a copy keeps a measurement safe from rebuilds)")
     ap.add_argument("--feature-args", action="append", default=[], metavar="NAME=ARGS",
                     help="extra keys for model NAME's feature line (Moses: 'key=value ...'; cdec: "
                          "'--option value ...'), e.g. to compare settings of one model under two names")
@@ -467,7 +467,7 @@ def main(argv=None) -> int:
                          "configuration NAME (kenlm or a --model name); repeatable")
     ap.add_argument("--no-filter", action="store_true", help="use the full tables (slow to load)")
     ap.add_argument("--kenlm-bin", default=None, help="directory of KenLM's build_binary (default: "
-                    "MOSES_ROOT/bin, ~/.cache/nlmfeature/kenlm/bin, PATH)")
+                    "MOSES_ROOT/bin, $NLMFEATURE_KENLM_BIN, ~/.cache/nlmfeature/kenlm/bin, PATH)")
     ap.add_argument("--profile", action="store_true", help="also profile one 1-thread decode per "
                     "configuration with perf and split the time into parts")
     ap.add_argument("--no-counters", action="store_true", help="skip the counting run (stats=true)")

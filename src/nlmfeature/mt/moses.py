@@ -3,7 +3,8 @@ resolved, filter its tables to given inputs, binarise its LM, add feature lines 
 and run the decoder with timing and per-sentence times.
 
 Every caller that touches Moses uses this module: ``nlmfeature bench mt``, the tuning driver
-(``nlmfeature-tune moses``), ``tools/bench_decoder.py`` and ``tools/bench_pcache.py``.
+(``nlmfeature-tune moses``), ``tools/bench_decoder.py``, ``tools/bench_pcache.py``,
+``tools/joint_decode.py`` and (Moses' tuning programs) ``tools/bench_tuning.py``.
 
 - :func:`find_moses`: ``--moses`` if given, else ``ROOT/bin/moses``, else the newest
   ``moses-cmd`` build under ``ROOT`` (``--moses-root`` / ``$MOSES_ROOT``); :func:`find_program`
@@ -210,7 +211,7 @@ def filter_table(src: str, dst: str, phrases: Set[str]) -> Tuple[int, int]:
     except (OSError, EOFError, UnicodeDecodeError) as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
-        raise InputError(src, total + 1, f"cannot read this table ({exc})") from None
+        raise InputError(src, total + 1 if total else 0, f"cannot read this table ({exc})") from None
     if total == 0:
         os.unlink(tmp)
         raise InputError(src, 0, "an empty table: nothing to filter")
