@@ -55,7 +55,7 @@ import numpy as np
 
 from nlmfeature.errors import InputError, NLMFeatureError
 from nlmfeature.io.textio import read_lines as _read
-from nlmfeature.mt.moses import decode, find_moses, rewrite_moses_ini
+from nlmfeature.mt.moses import add_features, decode, find_moses, prepare_system, rewrite_moses_ini
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 DEFAULT_SYSTEM = os.path.join("..", "shared", "data", "moses", "multi30k-de-en")
@@ -139,15 +139,14 @@ def prepare_sets(args: argparse.Namespace, work: str) -> Dict[str, dict]:
 def build_system(args: argparse.Namespace, work: str, sets: Dict[str, dict]) -> Tuple[str, dict]:
     """A moses.ini on tables filtered to every set's source and a binarised LM
     (:func:`nlmfeature.mt.moses.prepare_system`); returns (path, its weights)."""
-    from nlmfeature.mt import moses
     from nlmfeature.mt.weights import read_weights
 
     ini_src = os.path.join(args.system, f"moses.{args.init}.ini")
     if not os.path.exists(ini_src):
         raise InputError(ini_src, 0, "the Moses system has no such config (--system, --init)")
     # the filtered tables depend on the inputs: one copy per set of input files
-    system = moses.prepare_system(ini_src, work, [s["src"] for s in sets.values()], args.system,
-                                  kenlm_bin=[os.path.join(args.moses_root, "bin")], log=_log)
+    system = prepare_system(ini_src, work, [s["src"] for s in sets.values()], args.system,
+                            kenlm_bin=[os.path.join(args.moses_root, "bin")], log=_log)
     return system.ini, read_weights(system.ini)
 
 
@@ -162,8 +161,6 @@ def nlm_ini(base_ini: str, dst: str, models: Sequence[str], base_weights: dict) 
         order = load(m).order
         feature_lines.append(f"NLMFeature name=NLM{i} path={os.path.abspath(m)} order={order}")
         weights[f"NLM{i}"] = [lm / 2]
-    from nlmfeature.mt.moses import add_features
-
     add_features(base_ini, dst, feature_lines, weights, first=True)
     return weights
 
@@ -174,7 +171,6 @@ def joint_ini(nlm_ini_path: str, dst: str, joint, nlm_weights: dict) -> dict:
     the NLMs'; returns the initial weights."""
     from nlmfeature import load
     from nlmfeature.core.joint import JointModel
-    from nlmfeature.mt.moses import add_features
 
     joints = [joint] if isinstance(joint, str) else list(joint)
     weights = dict(nlm_weights)
