@@ -194,7 +194,12 @@ def source_phrases(paths: Sequence[str], max_length: int = MAX_PHRASE_LENGTH) ->
 def filter_table(src: str, dst: str, phrases: Set[str]) -> Tuple[int, int]:
     """Write to ``dst`` the lines of the phrase or reordering table ``src`` (``.gz`` or plain)
     whose source phrase is in ``phrases`` (as ``filter-model-given-input.pl``); returns
-    (lines kept, lines read), or (-1, -1) when ``dst`` exists already (it is reused)."""
+    (lines kept, lines read), or (-1, -1) when ``dst`` exists already (it is reused).
+
+    The same lines as Moses' script for plain (one-factor, XML-free) input, the only input the
+    decoder is given here: byte-identical tables on the 2,014 Multi30k dev + test sentences
+    (``tests/test_moses.py`` compares on 40).  Unlike the script it does not strip XML markup
+    from the input nor split ``word|factor`` tokens, and writes the tables uncompressed."""
     kept = total = 0
     if os.path.exists(dst):
         return -1, -1
