@@ -11,6 +11,7 @@ import pytest
 
 from nlmfeature.bench import mt as bench_mt
 from nlmfeature.cli import main as cli_main
+from nlmfeature.mt import moses
 from nlmfeature.mt.tuning.driver import first_hypotheses
 from nlmfeature.mt.weights import read_weights
 
@@ -61,9 +62,9 @@ def test_mean_pair_bootstrap(tmp_path):
 def test_filter_table_keeps_exactly_the_input_phrases(tmp_path):
     src = tmp_path / "in.de"
     src.write_text("ein mann mit einem hut .\nzwei hunde spielen im schnee .\n", encoding="utf-8")
-    grams = bench_mt._source_ngrams([str(src)])
+    grams = moses.source_phrases([str(src)])
     table = os.path.join(SYSTEM, "reordering-table.wbe-msd-bidirectional-fe.gz")
-    kept, total = bench_mt.filter_table(table, str(tmp_path / "out"), grams)
+    kept, total = moses.filter_table(table, str(tmp_path / "out"), grams)
     assert total == 797291 and 0 < kept < 5000
     with gzip.open(table, "rt", encoding="utf-8") as f:
         expected = [l for l in f if l.split(" ||| ", 1)[0].strip() in grams]

@@ -6,8 +6,9 @@ Measures, on a real system (default: the Multi30k de->en phrase-based Moses syst
 $NLMFEATURE_SHARED point elsewhere; 100 test2016 sentences):
 
 * the system made fast to load first, as issue 14 prescribes: its phrase and reordering
-  tables are filtered to the input with Moses' ``filter-model-given-input.pl`` and the ARPA
-  LM is binarised with KenLM's ``build_binary`` (kept in ``--workdir`` and reused);
+  tables are filtered to the input (the lines Moses' ``filter-model-given-input.pl`` keeps,
+  by ``nlmfeature.mt.moses``, no Moses scripts needed) and the ARPA LM is binarised with
+  KenLM's ``build_binary`` (kept in ``--workdir`` and reused);
 * decoding time with KenLM alone, KenLM + each NLM (``--model NAME=PATH``) and KenLM + a
   joint model (``--joint NAME=PATH``, with an NLM too as ``--joint NAME=PATH:MODEL``), with 1 and
   more threads: the sum of Moses' per-sentence "Translation took" times (the issue's
@@ -30,7 +31,7 @@ $NLMFEATURE_SHARED point elsewhere; 100 test2016 sentences):
 sentence by cdec's suffix-array extractor (``run_extractor``) from the system's training
 pairs and word alignment (kept in the workdir), untuned hand-set weights.
 
-Needs MOSES_ROOT (a mosesdecoder tree with moses_ff built in, moses_ff/README.md) and, for
+Needs MOSES_ROOT (a mosesdecoder tree with moses_ff built in, moses_ff/README.md; or --moses) and, for
 cdec, CDEC_ROOT (a built cdec tree) and cdec_ff/libcdec_ff_nlm.so.  Never builds a decoder.
 Example (figures in the issue-14 notes were made this way)::
 
@@ -41,19 +42,23 @@ Example (figures in the issue-14 notes were made this way)::
 from __future__ import annotations
 
 import argparse
-import glob
 import hashlib
 import json
 import os
 import re
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Dict, List, Optional, Tuple
+
+from nlmfeature import cli
+from nlmfeature.errors import DecoderError
 from nlmfeature.io import textio
+from nlmfeature.io.atomicfile import atomic_write_text
+from nlmfeature.mt import moses as mo
+from nlmfeature.mt.weights import Weights, read_weights
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYSTEM_REL = os.path.join("data", "moses", "multi30k-de-en")
@@ -66,18 +71,6 @@ def shared_dir(arg: Optional[str]) -> str:
     return os.path.abspath(d)
 
 
-def find_moses(root: str) -> str:
-    """The newest moses-cmd binary of the tree that has NLMFeature compiled in."""
-    cands = [p for p in glob.glob(os.path.join(root, "moses-cmd", "bin", "**", "moses"), recursive=True)
-             if os.path.isfile(p) and os.access(p, os.X_OK)]
-    if not cands:
-        sys.exit(f"no moses-cmd binary under {root}: build Moses with the shim first (moses_ff/README.md)")
-    exe = max(cands, key=os.path.getmtime)
-    if "NLMFeature" not in subprocess.run(["nm", "-C", exe], capture_output=True, text=True).stdout:
-        sys.exit(f"{exe} has no NLMFeature: build it with --with-nlmfeature (moses_ff/README.md)")
-    return exe
-
-
 def read_lines(path: str, n: Optional[int] = None, skip: int = 0) -> List[str]:
     """Lines ``skip .. skip+n`` of a text file (the package's reader)."""
     lines = textio.read_lines(path)[skip:]
@@ -85,8 +78,8 @@ def read_lines(path: str, n: Optional[int] = None, skip: int = 0) -> List[str]:
 
 
 def write_lines(path: str, lines: List[str]) -> str:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
+    """Write ``lines`` to ``path`` (atomically); returns ``path``."""
+    atomic_write_text(path, "\n".join(lines) + "\n")
     return path
 
 
@@ -98,118 +91,28 @@ def file_digest(*paths: str) -> str:
     return h.hexdigest()
 
 
-def find_tool(name: str, extra: List[str]) -> Optional[str]:
-    for d in extra:
-        p = os.path.join(d, name)
-        if d and os.path.isfile(p) and os.access(p, os.X_OK):
-            return p
-    return shutil.which(name)
-
-
-def ini_sections(text: str) -> List[Tuple[str, List[str]]]:
-    """The sections of a moses.ini, in order, without comments and blank lines."""
-    out: List[Tuple[str, List[str]]] = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = re.match(r"^\[(.+)\]$", line)
-        if m:
-            out.append((m.group(1), []))
-        elif out:
-            out[-1][1].append(line)
-    return out
-
-
-def split_ini(text: str) -> Tuple[List[str], List[str]]:
-    """(every line but the [weight] section, ending with the [feature] section; weight lines)."""
-    secs = ini_sections(text)
-    head, feats, weights = [], [], []
-    for name, lines in secs:
-        if name == "weight":
-            weights += lines
-        elif name == "feature":
-            feats += lines
-        else:
-            head += [f"[{name}]"] + lines
-    return head + ["[feature]"] + feats, weights
-
-
-def system_ini(system: str, ini: Optional[str]) -> str:
-    """The system's moses.ini text with absolute paths (MODEL_DIR/ or ${MODEL_PATH} forms)."""
-    if not ini:
-        for cand in ("moses.tuned.ini", "moses.ini", "moses.untuned.ini"):
-            if os.path.exists(os.path.join(system, cand)):
-                ini = os.path.join(system, cand)
-                break
-    if not ini:
-        sys.exit(f"no moses.ini in {system} (give --ini)")
-    text = open(ini, encoding="utf-8").read()
-    text = text.replace("MODEL_DIR/", system.rstrip("/") + "/")
-    text = re.sub(r"\$\{MODEL_PATH\}/[^/\s]+", system.rstrip("/"), text)
-    return text
-
-
-def binarise_lm(path: str, work: str, kenlm_bins: List[str]) -> str:
-    """A KenLM binary of an ARPA file (built once into ``work``)."""
-    if not re.search(r"\.arpa(\.gz)?$", path):
-        return path
-    out = os.path.join(work, re.sub(r"\.arpa(\.gz)?$", ".bin", os.path.basename(path)))
-    if not os.path.exists(out):
-        bb = find_tool("build_binary", kenlm_bins)
-        if not bb:
-            sys.exit("KenLM's build_binary not found (give --kenlm-bin DIR or run tools/build_kenlm.sh)")
-        p = subprocess.run([bb, path, out + ".tmp"], capture_output=True, text=True)
-        if p.returncode != 0:
-            sys.exit(f"build_binary {path} failed:\n{p.stderr[-2000:]}")
-        os.replace(out + ".tmp", out)
-    return out
-
-
-def prepare_moses_system(system: str, ini: Optional[str], moses_root: str, inputs: List[str], work: str,
-                         kenlm_bins: List[str], do_filter: bool = True) -> Tuple[List[str], List[str], Dict]:
-    """(head lines, weight lines, info) of the system: tables filtered to ``inputs``, LM binarised."""
-    text = system_ini(system, ini)
-    info: Dict = {"system": system}
-    abs_ini = os.path.join(work, "system.ini")
-    with open(abs_ini, "w", encoding="utf-8") as f:
-        f.write(text)
+def prepare_moses_system(system: str, ini: Optional[str], inputs: List[str], work: str,
+                         kenlm_bin: Optional[str], do_filter: bool = True) -> Tuple[str, Weights, Dict]:
+    """(config, its weights, info) of the system: tables filtered to ``inputs``, LM binarised
+    (``nlmfeature.mt.moses.prepare_system`` on ``content_named_input``: a workdir reused with
+    other inputs filters again)."""
+    path = mo.system_ini(system, ini)
+    cat = mo.content_named_input(work, inputs, path)
+    prepared = mo.prepare_system(path, work, [cat], system, do_filter, [kenlm_bin])
+    info: Dict = {"system": system, "ini": prepared.ini, "lm": prepared.lm}
     if do_filter:
-        cat = write_lines(os.path.join(work, "filter-input.txt"),
-                          [l for p in inputs for l in read_lines(p)])
-        fdir = os.path.join(work, "filtered-" + file_digest(abs_ini, cat))
-        if not os.path.exists(os.path.join(fdir, "moses.ini")):
-            script = os.path.join(moses_root, "scripts", "training", "filter-model-given-input.pl")
-            shutil.rmtree(fdir, ignore_errors=True)
-            t0 = time.perf_counter()
-            p = subprocess.run(["perl", script, fdir, abs_ini, cat], capture_output=True, text=True)
-            if p.returncode != 0 or not os.path.exists(os.path.join(fdir, "moses.ini")):
-                sys.exit(f"filter-model-given-input.pl failed:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
-            info["filter_seconds"] = time.perf_counter() - t0
-        text = open(os.path.join(fdir, "moses.ini"), encoding="utf-8").read()
-        info["filtered"] = fdir
-    head, weights = split_ini(text)
-    for i, line in enumerate(head):
-        if line.split()[0].upper() in ("KENLM", "LANGUAGEMODEL"):
-            m = re.search(r"\bpath=(\S+)", line)
-            if m:
-                lm = binarise_lm(m.group(1), work, kenlm_bins)
-                head[i] = line.replace(m.group(0), f"path={lm}")
-                info["lm"] = lm
-    return head, weights, info
+        info["filtered"] = prepared.tables
+    if prepared.filter_seconds:
+        info["filter_seconds"] = prepared.filter_seconds
+    return prepared.ini, read_weights(prepared.ini), info
 
 
-def ini_weights(path: str) -> List[str]:
-    """The lines of the [weight] section of a moses.ini."""
-    return split_ini(open(path, encoding="utf-8").read())[1]
-
-
-def write_ini(path: str, head: List[str], weights: List[str], nlm: Optional[str] = None,
+def write_ini(path: str, base: str, weights: Weights, nlm: Optional[str] = None,
               nlm_weight: float = 0.1, extra: str = "", feature: str = "NLMFeature",
               joint: Optional[str] = None, joint_weight: float = 0.1) -> str:
-    """A moses.ini: ``head`` (ending with [feature]) plus the NLM's feature line (label NLM0)
-    and a joint model's ``NLMJointFeature`` line (label NNJM0), then ``weights``."""
-    lines = list(head)
+    """A moses.ini: the config ``base`` with ``weights``, a joint model's ``NLMJointFeature``
+    line (label NNJM0) and the NLM's feature line (label NLM0) at the end of [feature]."""
+    lines = []
     if joint:
         lines.append(f"NLMJointFeature name=NNJM0 path={os.path.abspath(joint)}")
     if nlm and feature == "NeuralLM":
@@ -222,13 +125,12 @@ def write_ini(path: str, head: List[str], weights: List[str], nlm: Optional[str]
         lines.append(f"NeuralLM name=NLM0 path={os.path.abspath(nlm)} factor=0 order={order} {extra}".rstrip())
     elif nlm:
         lines.append(f"NLMFeature name=NLM0 path={os.path.abspath(nlm)} factor=0 {extra}".rstrip())
-    lines.append("[weight]")
-    lines += [w for w in weights if not w.startswith(("NLM0=", "NNJM0="))]
+    w = {k: v for k, v in weights.items() if k not in ("NLM0", "NNJM0")}
     if nlm:
-        lines.append(f"NLM0= {nlm_weight}")
+        w["NLM0"] = [nlm_weight]
     if joint:
-        lines.append(f"NNJM0= {joint_weight}")
-    return write_lines(path, lines)
+        w["NNJM0"] = [joint_weight]
+    return mo.add_features(base, path, lines, w)
 
 
 def parse_stats(stderr: str) -> Dict[str, int]:
@@ -249,37 +151,19 @@ def parse_stats(stderr: str) -> Dict[str, int]:
 
 
 def timed(cmd: List[str], stdin: Optional[str] = None, env: Optional[Dict[str, str]] = None) -> Dict:
-    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    fin = open(stdin, "rb") if stdin else None
-    try:
-        p = subprocess.run(cmd, stdin=fin, capture_output=True, env=env)
-    finally:
-        if fin:
-            fin.close()
-    wall = time.perf_counter() - t0
-    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    out, err = p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
-    if p.returncode != 0:
-        raise RuntimeError(f"failed ({' '.join(cmd)}):\n{err[-3000:]}")
-    return {"wall": wall, "cpu": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime),
-            "stdout": out, "stderr": err}
+    """A timed decoder run (``nlmfeature.mt.moses.run``): wall, CPU and per-sentence
+    'Translation took' seconds, output lines and the NLM's counters."""
+    r = mo.run(cmd, stdin, env)
+    return {"wall": r.wall, "cpu": r.cpu, "stdout": r.stdout, "stderr": r.stderr,
+            "translation": r.translation, "output": r.output, "stats": parse_stats(r.stderr)}
 
 
 def run_moses(moses: str, ini: str, src: str, threads: int = 1, nbest: Optional[str] = None,
-              nbest_size: int = 100, weights_file: Optional[str] = None, prefix: Optional[List[str]] = None,
+              nbest_size: int = 100, weights_file: Optional[str] = None,
               env: Optional[Dict[str, str]] = None) -> Dict:
-    cmd = [moses, "-f", ini, "-i", src, "-threads", str(threads)]
-    if nbest:
-        cmd += ["-n-best-list", nbest, str(nbest_size), "distinct"]
-    if weights_file:
-        cmd += ["-weight-overwrite", open(weights_file).read().strip()]
-    r = timed((prefix or []) + cmd, env=env)
-    r["translation"] = sum(float(m.group(1)) for m in
-                           re.finditer(r"Translation took ([0-9.]+) seconds total", r["stderr"]))
-    r["output"] = r["stdout"].splitlines()
-    r["stats"] = parse_stats(r["stderr"])
-    return r
+    extra = ["-weight-overwrite", open(weights_file).read().strip()] if weights_file else []
+    return timed(mo.command(moses, ini, src, threads, nbest, nbest_size, distinct=True, extra=extra),
+                 env=env)
 
 
 def bleu(hyps: List[str], refs: List[str]) -> float:
@@ -438,11 +322,8 @@ def write_cdec_weights(path: str, base: str, nlm_weight: Optional[float]) -> str
     return path
 
 
-def run_cdec(cdec: str, ini: str, weights: str, sgm: str, prefix: Optional[List[str]] = None) -> Dict:
-    r = timed((prefix or []) + [cdec, "-c", ini, "-w", weights, "-i", sgm])
-    r["output"] = r["stdout"].splitlines()
-    r["stats"] = parse_stats(r["stderr"])
-    return r
+def run_cdec(cdec: str, ini: str, weights: str, sgm: str) -> Dict:
+    return timed([cdec, "-c", ini, "-w", weights, "-i", sgm])
 
 
 class Runs:
@@ -559,8 +440,8 @@ def main(argv=None) -> int:
                          "(label NNJM0) beside KenLM and, with :MODEL (a --model name), that NLM too "
                          "(repeatable); weights as for --model (--weights NAME=INI's NLM0/NNJM0, else "
                          "--nlm-weight); counters and cdec cover --model configurations only")
-    ap.add_argument("--moses", default=None, help="the moses executable (default: the newest moses-cmd "
-                    "build under MOSES_ROOT; a copy keeps a measurement safe from rebuilds)")
+    ap.add_argument("--moses", default=None, help="the moses executable (default: MOSES_ROOT/bin/moses, else "
+                    "the newest moses-cmd build under MOSES_ROOT; a copy keeps a measurement safe from rebuilds)")
     ap.add_argument("--feature-args", action="append", default=[], metavar="NAME=ARGS",
                     help="extra keys for model NAME's feature line (Moses: 'key=value ...'; cdec: "
                          "'--option value ...'), e.g. to compare settings of one model under two names")
@@ -586,7 +467,7 @@ def main(argv=None) -> int:
                          "configuration NAME (kenlm or a --model name); repeatable")
     ap.add_argument("--no-filter", action="store_true", help="use the full tables (slow to load)")
     ap.add_argument("--kenlm-bin", default=None, help="directory of KenLM's build_binary (default: "
-                    "MOSES_ROOT/bin, ~/.cache/nlmfeature/kenlm/bin, PATH)")
+                    "MOSES_ROOT/bin, $NLMFEATURE_KENLM_BIN, ~/.cache/nlmfeature/kenlm/bin, PATH)")
     ap.add_argument("--profile", action="store_true", help="also profile one 1-thread decode per "
                     "configuration with perf and split the time into parts")
     ap.add_argument("--no-counters", action="store_true", help="skip the counting run (stats=true)")
@@ -604,7 +485,11 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", default=None, help="keep files here and reuse the filtered tables, binary LM "
                     "and grammars of an earlier run (default: a temporary directory)")
     ap.add_argument("--json", default=None, help="write all figures to this JSON file")
-    args = ap.parse_args(argv)
+    ap.set_defaults(func=run)
+    return cli.run(ap, argv)     # the package's one error handler: bad input gives a message, no traceback
+
+
+def run(args: argparse.Namespace) -> int:
 
     shared = shared_dir(args.shared)
     system = os.path.abspath(args.system or os.path.join(shared, SYSTEM_REL))
@@ -636,9 +521,6 @@ def main(argv=None) -> int:
     src = write_lines(os.path.join(work, "test.src"), read_lines(args.test_src, args.sentences))
     refs = read_lines(args.test_ref, args.sentences)
     n = len(refs)
-    root = os.environ.get("MOSES_ROOT", "")
-    kenlm_bins = [args.kenlm_bin or "", os.path.join(root, "bin") if root else "",
-                  os.path.expanduser("~/.cache/nlmfeature/kenlm/bin")]
     results: Dict = {"sentences": n, "test_src": args.test_src, "system": system, "workdir": work,
                      "nlm_weight": args.nlm_weight, "models": models, "feature_args": extras,
                      "joint": {k: {"joint": p, "with": m} for k, (p, m) in joints.items()}}
@@ -646,33 +528,31 @@ def main(argv=None) -> int:
 
     lm = None
     if "moses" in decoders:
-        if not root:
-            sys.exit("set MOSES_ROOT to a mosesdecoder tree with the NLMFeature shim built in")
-        moses = os.path.abspath(args.moses) if args.moses else find_moses(root)
+        moses = mo.find_moses(args.moses)
         inputs = [src] + ([write_lines(os.path.join(work, "dev.src"), read_lines(args.tune_src, args.tune_sentences))]
                           if args.tune_sentences else [])
-        head, weights, sysinfo = prepare_moses_system(system, args.ini, root, inputs, work, kenlm_bins,
+        base, weights, sysinfo = prepare_moses_system(system, args.ini, inputs, work, args.kenlm_bin,
                                                       not args.no_filter)
         lm = sysinfo.get("lm")
         results["moses"] = mres = {"moses": moses, "system_info": sysinfo, "configs": {}}
         binaries = dict(b.split("=", 1) for b in args.binary)
         mres["binaries"] = binaries
-        tuned = {k: ini_weights(v) for k, v in (w.split("=", 1) for w in args.weights)}
-        configs = {"kenlm": write_ini(os.path.join(work, "kenlm.ini"), head, tuned.get("kenlm", weights))}
+        tuned = {k: read_weights(v) for k, v in (w.split("=", 1) for w in args.weights)}
+        configs = {"kenlm": write_ini(os.path.join(work, "kenlm.ini"), base, tuned.get("kenlm", weights))}
         for name, path in models.items():
             w = tuned.get(name, weights)
-            nw = next((float(x.split()[1]) for x in w if x.startswith("NLM0=")), args.nlm_weight)
-            configs[name] = write_ini(os.path.join(work, f"{name}.ini"), head, w, path, nw, extras.get(name, ""))
+            nw = w.get("NLM0", [args.nlm_weight])[0]
+            configs[name] = write_ini(os.path.join(work, f"{name}.ini"), base, w, path, nw, extras.get(name, ""))
         for name, (path, with_nlm) in joints.items():
             w = tuned.get(name, weights)
-            nw = next((float(x.split()[1]) for x in w if x.startswith("NLM0=")), args.nlm_weight)
-            jw = next((float(x.split()[1]) for x in w if x.startswith("NNJM0=")), args.nlm_weight)
-            configs[name] = write_ini(os.path.join(work, f"{name}.ini"), head, w,
+            nw = w.get("NLM0", [args.nlm_weight])[0]
+            jw = w.get("NNJM0", [args.nlm_weight])[0]
+            configs[name] = write_ini(os.path.join(work, f"{name}.ini"), base, w,
                                       models[with_nlm] if with_nlm else None, nw,
                                       extras.get(with_nlm, "") if with_nlm else "",
                                       joint=path, joint_weight=jw)
         for name, path in neurallm.items():
-            configs[name] = write_ini(os.path.join(work, f"{name}.ini"), head, tuned.get(name, weights), path,
+            configs[name] = write_ini(os.path.join(work, f"{name}.ini"), base, tuned.get(name, weights), path,
                                       args.nlm_weight, extras.get(name, ""), feature="NeuralLM")
         threads = [int(t) for t in args.threads.split(",")]
         print(f"moses: {moses}\nthreads {threads}, {args.repeats} repeats", flush=True)
@@ -725,11 +605,11 @@ def main(argv=None) -> int:
                 for kind, keys in (("counters", "stats=true span-memo-entries=0 ngram-cache-entries=67108864 "
                                                 "cache-entries=16777216 context-cache=true"),
                                    ("counters_default", "stats=true")):
-                    ini = write_ini(os.path.join(work, f"{name}.{kind}.ini"), head, tuned.get(name, weights), path,
+                    ini = write_ini(os.path.join(work, f"{name}.{kind}.ini"), base, tuned.get(name, weights), path,
                                     args.nlm_weight, (extras.get(name, "") + " " + keys).strip())
                     try:
                         r = run_moses(binaries.get(name, moses), ini, src)
-                    except RuntimeError as e:  # e.g. an older build without span-memo-entries
+                    except DecoderError as e:  # e.g. an older build without span-memo-entries
                         mc[kind] = {"error": str(e).splitlines()[-1][:300]}
                         print(f"counters {name} ({kind}): not available: {mc[kind]['error']}")
                         continue
@@ -775,9 +655,11 @@ def main(argv=None) -> int:
                 path = models[name]
                 pc = os.path.join(work, f"pcache-{name}")
                 subprocess.run(["nlmfeature", "cache", pc, "--clear"], capture_output=True)
-                ini_pc = write_ini(os.path.join(work, f"{name}.pc.ini"), head, weights, path, args.nlm_weight,
+                # a model the cache does not pay for leaves no directory behind: copy an empty one
+                os.makedirs(pc, exist_ok=True)
+                ini_pc = write_ini(os.path.join(work, f"{name}.pc.ini"), base, weights, path, args.nlm_weight,
                                    f"persistent-cache={pc} stats=true")
-                ini_nopc = write_ini(os.path.join(work, f"{name}.nopc.ini"), head, weights, path, args.nlm_weight,
+                ini_nopc = write_ini(os.path.join(work, f"{name}.nopc.ini"), base, weights, path, args.nlm_weight,
                                      "stats=true")
                 nb1 = os.path.join(work, f"{name}.it1.nbest")
                 it1 = run_moses(moses, ini_pc, dev, nbest=nb1)
@@ -792,8 +674,8 @@ def main(argv=None) -> int:
                     f.write(wline)
                 # the same weights without the NLM: the cost of everything else
                 ini_base = os.path.join(work, f"{name}.kenlm-w1.ini")
-                base_w = [l.strip() for l in open(w1) if l.strip() and not l.startswith("NLM0=")]
-                write_ini(ini_base, head, base_w)
+                base_w = {k: v for k, v in read_weights(w1).items() if k != "NLM0"}
+                write_ini(ini_base, base, base_w)
                 times = {"kenlm": [], "no_cache": [], "persistent_cache": []}
                 stats = {}
                 for rep in range(args.repeats):
@@ -805,7 +687,7 @@ def main(argv=None) -> int:
                     cp = pc + ".copy"
                     subprocess.run(["rm", "-rf", cp])
                     subprocess.run(["cp", "-a", pc, cp], check=True)
-                    ini_cp = write_ini(os.path.join(work, f"{name}.pccopy.ini"), head, weights, path, args.nlm_weight,
+                    ini_cp = write_ini(os.path.join(work, f"{name}.pccopy.ini"), base, weights, path, args.nlm_weight,
                                        f"persistent-cache={cp} stats=true")
                     r = run_moses(moses, ini_cp, dev, nbest=os.path.join(work, "z.nbest"), weights_file=wfile)
                     times["persistent_cache"].append(r["wall"])
@@ -827,9 +709,8 @@ def main(argv=None) -> int:
 
     if "cdec" in decoders:
         if lm is None:
-            text = system_ini(system, args.ini)
-            m = re.search(r"KENLM\b.*\bpath=(\S+)", text)
-            lm = binarise_lm(m.group(1), work, kenlm_bins)
+            lm = mo.prepare_system(mo.system_ini(system, args.ini), work, [], system, do_filter=False,
+                                   kenlm_bin=[args.kenlm_bin]).lm
         results["cdec"] = bench_cdec(args, models, extras, shared, work, src, refs, lm)
 
     if args.json:

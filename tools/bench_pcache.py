@@ -30,10 +30,11 @@ iteration's distinct n-grams already on disk (the n-gram-level bound: if only n-
 scores were reused, at best ``1 - share`` of the work would remain), the cache directory's
 size, whether both NLM decodes gave identical 100-best lists, dev BLEU; wall times in the JSON.
 
-Needs a Moses binary with NLMFeature compiled in (``--moses`` or ``$MOSES_ROOT/bin/moses``;
-it must load this checkout's libnlmfeature: see ``--help`` of ``--moses``), the Moses
-scripts for filtering (``$MOSES_ROOT/scripts``) and KenLM's ``build_binary`` (on PATH or in
-~/.cache/nlmfeature/kenlm/bin, ``tools/build_kenlm.sh``).  Example::
+Needs a Moses binary with NLMFeature compiled in (``--moses``, else ``bin/moses`` or the newest
+moses-cmd build of ``--moses-root`` / ``$MOSES_ROOT``; it must load this checkout's
+libnlmfeature: see ``--help`` of ``--moses``) and KenLM's ``build_binary`` (``$MOSES_ROOT/bin``,
+~/.cache/nlmfeature/kenlm/bin or PATH, ``tools/build_kenlm.sh``); the tables are filtered by
+``nlmfeature.mt.moses`` (the lines Moses' ``filter-model-given-input.pl`` keeps).  Example::
 
     MOSES_ROOT=/path/to/mosesdecoder python3 tools/bench_pcache.py \\
         --model class=class.nlm --model unnormalised=lbl.nlm --sentences 100 --json out.json
@@ -43,20 +44,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from typing import Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "src"))  # this checkout's package (the one the measured Moses loads)
+from nlmfeature import cli  # noqa: E402
 from nlmfeature.io.atomicfile import atomic_write_text  # noqa: E402
 from nlmfeature.io.textio import iter_lines  # noqa: E402
+from nlmfeature.mt import moses as mo  # noqa: E402
+from nlmfeature.mt.weights import Weights, format_weights, read_weights  # noqa: E402
 SHARED = os.path.join(REPO, "..", "shared", "data")
 SYSTEM = os.path.join(SHARED, "moses", "multi30k-de-en")
 NBEST = os.path.join(SHARED, "nbest", "moses-multi30k-de-en")
@@ -73,87 +74,37 @@ def read_lines(path: str, n: Optional[int] = None) -> List[str]:
     return out
 
 
-def find_build_binary() -> str:
-    for cand in (shutil.which("build_binary"),
-                 os.path.expanduser("~/.cache/nlmfeature/kenlm/bin/build_binary")):
-        if cand and os.access(cand, os.X_OK):
-            return cand
-    sys.exit("KenLM's build_binary not found: run tools/build_kenlm.sh")
-
-
-def prepare_system(system: str, moses_root: str, src: str, work: str) -> str:
-    """moses.ini of the system with tables filtered to ``src`` and a binarised LM."""
+def prepare_system(system: str, moses_root: Optional[str], src: str, work: str) -> str:
+    """moses.ini of the system (its moses.untuned.ini) with tables filtered to ``src`` and a
+    binarised LM (``build_binary`` of ``moses_root`` first), in ``work``/system
+    (``nlmfeature.mt.moses.prepare_system``)."""
+    ini = os.path.join(system, "moses.untuned.ini")
     out = os.path.join(work, "system")
-    ini = os.path.join(out, "filtered", "moses.ini")
-    if os.path.exists(ini):
-        return ini
-    os.makedirs(out, exist_ok=True)
-    text = open(os.path.join(system, "moses.untuned.ini"), encoding="utf-8").read()
-    text = text.replace("MODEL_DIR/", os.path.abspath(system) + "/")
-    lm_bin = os.path.join(out, "lm.bin")
-    subprocess.run([find_build_binary(), os.path.join(system, "lm.en.5g.arpa.gz"), lm_bin],
-                   check=True, capture_output=True)
-    text = re.sub(r"(KENLM .*path=)\S+", lambda m: m.group(1) + lm_bin, text)
-    with open(os.path.join(out, "moses.ini"), "w", encoding="utf-8") as f:
-        f.write(text)
-    filt = os.path.join(moses_root, "scripts", "training", "filter-model-given-input.pl")
-    subprocess.run(["perl", filt, os.path.join(out, "filtered"), os.path.join(out, "moses.ini"), src],
-                   check=True, capture_output=True, cwd=out)
-    return ini
+    return mo.prepare_system(ini, out, [mo.content_named_input(out, [src], ini)], system,
+                             kenlm_bin=[os.path.join(moses_root, "bin") if moses_root else None]).ini
 
 
-def split_ini(path: str):
-    """(lines before [weight], weight lines) of a moses.ini."""
-    head, weights, on = [], [], False
-    for line in open(path, encoding="utf-8"):
-        line = line.rstrip("\n")
-        if line.strip().startswith("["):
-            on = line.strip() == "[weight]"
-            if on:
-                continue
-        if on:
-            if line.strip() and not line.strip().startswith("#"):
-                weights.append(line.strip())
-        else:
-            head.append(line)
-    return head, weights
-
-
-def write_ini(path: str, head: List[str], weights: List[str], nlm: Optional[str], extra: str = "") -> str:
-    lines = list(head)
-    if nlm:
-        idx = max(i for i, l in enumerate(lines) if l.strip() and not l.startswith("#")) + 1
-        lines.insert(idx, f"NLMFeature name=NLM0 path={os.path.abspath(nlm)} factor=0 stats=true {extra}".rstrip())
-    lines.append("[weight]")
-    lines += [w for w in weights if nlm or not w.startswith("NLM0=")]
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
-    return path
+def write_ini(path: str, base: str, weights: Weights, nlm: Optional[str], extra: str = "") -> str:
+    """``base`` with ``weights`` and, with ``nlm``, its feature line (label NLM0) at the end of
+    [feature]; without, no NLM0 weight."""
+    lines = [f"NLMFeature name=NLM0 path={os.path.abspath(nlm)} factor=0 stats=true {extra}".rstrip()] if nlm else []
+    return mo.add_features(base, path, lines, {k: v for k, v in weights.items() if nlm or k != "NLM0"})
 
 
 def run_moses(moses: str, ini: str, src: str, nbest: str, threads: int, env: Dict[str, str]) -> Dict:
-    cmd = [moses, "-f", ini, "-i", src, "-threads", str(threads), "-n-best-list", nbest, "100", "distinct"]
-    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - t0
-    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
-    if p.returncode != 0:
-        raise RuntimeError(f"moses failed ({' '.join(cmd)}):\n{p.stderr[-3000:]}")
-    trans = sum(float(m.group(1)) for m in re.finditer(r"Translation took ([0-9.]+) seconds total", p.stderr))
+    r = mo.run(mo.command(moses, ini, src, threads, nbest, 100, distinct=True), env=env)
     st: Dict[str, int] = {}
     scorer_ns = 0
-    for line in p.stderr.splitlines():
+    for line in r.stderr.splitlines():
         if line.startswith("nlmfeature: cache sentence "):
             for kv in line.split()[4:]:
                 k, v = kv.split("=")
                 st[k] = st.get(k, 0) + int(v)
         elif line.startswith("NLMFeature ") and " nlm_ns=" in line:
             scorer_ns += int(line.split(" nlm_ns=")[1].split()[0])
-    return {"wall": wall, "cpu": cpu, "translation": trans, "stats": st, "output": p.stdout,
+    return {"wall": r.wall, "cpu": r.cpu, "translation": r.translation, "stats": st, "output": r.stdout,
             "scorer": scorer_ns / 1e9,
-            "notes": [l for l in p.stderr.splitlines() if l.startswith("nlmfeature:") and "cache sentence" not in l]}
+            "notes": [l for l in r.stderr.splitlines() if l.startswith("nlmfeature:") and "cache sentence" not in l]}
 
 
 def du(path: str) -> int:
@@ -181,7 +132,7 @@ def nbest_body(path: str) -> List[str]:
     return open(path, encoding="utf-8").read().splitlines()
 
 
-def optimise(pool: List[str], ini: str, ref: str, out: str, algorithm: str, seed: int) -> List[str]:
+def optimise(pool: List[str], ini: str, ref: str, out: str, algorithm: str, seed: int) -> Weights:
     cmd = PY + ["-m", "nlmfeature.mt.tuning.cli", "optimise", "--init", ini, "--ref", ref, "--out", out,
                 "--algorithm", algorithm, "--quiet"]
     for nb in pool:
@@ -191,7 +142,7 @@ def optimise(pool: List[str], ini: str, ref: str, out: str, algorithm: str, seed
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     if p.returncode != 0:
         raise RuntimeError(f"optimise failed: {p.stderr[-2000:]}")
-    return [l.strip() for l in open(out, encoding="utf-8") if l.strip()]
+    return read_weights(out)
 
 
 def bleu(hyps: List[str], refs: List[str]) -> float:
@@ -210,7 +161,8 @@ def main(argv=None) -> int:
                          "this checkout's libnlmfeature (which imports its own package), whatever "
                          "tree Moses was linked against (check with ldd)")
     ap.add_argument("--moses-root", default=os.environ.get("MOSES_ROOT"),
-                    help="mosesdecoder tree: its scripts filter the tables (default $MOSES_ROOT)")
+                    help="mosesdecoder tree: its bin/moses (else its newest moses-cmd build) when --moses is "
+                         "not given, and its bin/build_binary binarises the LM (default $MOSES_ROOT)")
     ap.add_argument("--system", default=SYSTEM,
                     help="Moses system directory with moses.untuned.ini, tables and an ARPA LM "
                          "(default ../shared/data/moses/multi30k-de-en beside the repository)")
@@ -225,13 +177,13 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1, help="MERT random restarts seed (default 1)")
     ap.add_argument("--workdir", default=None, help="keep files here (default: a temporary directory)")
     ap.add_argument("--json", default=None, help="write all figures to this JSON file")
-    args = ap.parse_args(argv)
+    ap.set_defaults(func=run)
+    return cli.run(ap, argv)     # the package's one error handler: bad input gives a message, no traceback
 
-    moses = args.moses or (os.path.join(args.moses_root, "bin", "moses") if args.moses_root else None)
-    if not moses or not os.access(moses, os.X_OK):
-        sys.exit("give --moses or MOSES_ROOT: a Moses binary with NLMFeature compiled in")
-    if not args.moses_root:
-        sys.exit("set MOSES_ROOT (or --moses-root): its scripts filter the tables")
+
+def run(args: argparse.Namespace) -> int:
+
+    moses = mo.find_moses(args.moses, args.moses_root)
     work = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="bench_pcache."))
     os.makedirs(work, exist_ok=True)
     src = os.path.join(work, "dev.src")
@@ -242,7 +194,7 @@ def main(argv=None) -> int:
     with open(ref, "w", encoding="utf-8") as f:
         f.write("\n".join(refs) + "\n")
     ini0 = prepare_system(args.system, args.moses_root, src, work)
-    head, weights0 = split_ini(ini0)
+    weights0 = read_weights(ini0)
     # this checkout's library and package (Moses' RUNPATH names the tree it was built against)
     env = dict(os.environ, NLMFEATURE_CACHE_STATS="1", NLMFEATURE_TIMING="1",
                PYTHONPATH=os.path.join(REPO, "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -260,7 +212,7 @@ def main(argv=None) -> int:
             key = f"{name}/{alg}"
             pc = os.path.join(work, f"pcache-{name}-{alg}")
             shutil.rmtree(pc, ignore_errors=True)
-            weights = [w for w in weights0 if not w.startswith("NLM0=")] + [f"NLM0= {args.nlm_weight}"]
+            weights = dict(weights0, NLM0=[args.nlm_weight])
             pool: List[str] = []
             rows = []
             print(f"\n== {name} model, {alg.upper()} ({label})")
@@ -271,9 +223,9 @@ def main(argv=None) -> int:
             for it in range(1, args.iterations + 2):
                 final = it == args.iterations + 1  # the last weights again: unchanged weights
                 tag = f"{name}.{alg}.{it}"
-                ini_k = write_ini(os.path.join(work, f"{tag}.kenlm.ini"), head, weights, None)
-                ini_n = write_ini(os.path.join(work, f"{tag}.nlm.ini"), head, weights, path)
-                ini_c = write_ini(os.path.join(work, f"{tag}.pc.ini"), head, weights, path, f"persistent-cache={pc}")
+                ini_k = write_ini(os.path.join(work, f"{tag}.kenlm.ini"), ini0, weights, None)
+                ini_n = write_ini(os.path.join(work, f"{tag}.nlm.ini"), ini0, weights, path)
+                ini_c = write_ini(os.path.join(work, f"{tag}.pc.ini"), ini0, weights, path, f"persistent-cache={pc}")
                 rk = run_moses(moses, ini_k, src, os.path.join(work, f"{tag}.kenlm.nbest"), args.threads, env)
                 rn = run_moses(moses, ini_n, src, os.path.join(work, f"{tag}.nlm.nbest"), args.threads, env)
                 nb = os.path.join(work, f"{tag}.pc.nbest")
@@ -295,7 +247,7 @@ def main(argv=None) -> int:
                        "scorer_ratio": rc["scorer"] / rn["scorer"] if rn["scorer"] > 0 else float("nan"),
                        "levels": lv, "ngram_level_bound": 1 - lv["distinct_ngrams_on_disk"],
                        "disk_bytes": disk, "identical_nbest": same, "bleu": b, "stats": rc["stats"],
-                       "notes": rc["notes"], "weights": list(weights)}
+                       "notes": rc["notes"], "weights": format_weights(weights).splitlines()}
                 rows.append(row)
                 results["runs"][key] = rows
                 if args.json:  # after every iteration: a long run leaves its figures behind

@@ -20,7 +20,6 @@ Example::
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import re
 import subprocess
@@ -34,6 +33,7 @@ import sacrebleu
 
 from nlmfeature.io.atomicfile import open_output
 from nlmfeature.mt.bleu import References
+from nlmfeature.mt.moses import find_program
 from nlmfeature.io.textio import read_lines
 from nlmfeature.mt.tuning import optimise_pool
 from nlmfeature.mt.tuning.data import KbestPool
@@ -44,13 +44,12 @@ DATA = "/work/shared/data/nbest/moses-multi30k-de-en"
 
 
 def find_moses_tool(root: Optional[str], name: str) -> Optional[str]:
-    """Path of a Moses tuning tool (``mert``, ``kbmira``, ``extractor``) or None."""
-    roots = [r for r in (root, os.environ.get("MOSES_ROOT"), "/work/ext/mosesdecoder") if r]
-    for r in roots:
-        for cand in [os.path.join(r, "bin", name)] + sorted(
-                glob.glob(os.path.join(r, "mert", "bin", "*", "release", "*", "*", name))):
-            if os.path.isfile(cand) and os.access(cand, os.X_OK):
-                return cand
+    """Path of a Moses tuning tool (``mert``, ``kbmira``, ``extractor``) or None: in ``root``,
+    $MOSES_ROOT or /work/ext/mosesdecoder (``nlmfeature.mt.moses.find_program``)."""
+    for r in (root, os.environ.get("MOSES_ROOT"), "/work/ext/mosesdecoder"):
+        found = find_program(name, r) if r else None
+        if found:
+            return found
     return None
 
 

@@ -22,3 +22,8 @@ class InputError(NLMFeatureError):
 
     def __reduce__(self):  # so worker processes can send it back
         return (type(self), (self.path, self.line, self.message))
+
+
+class DecoderError(NLMFeatureError):
+    """A decoder (Moses, cdec) failed: non-zero exit or no output; the message says where its
+    log is."""

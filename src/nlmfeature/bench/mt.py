@@ -43,13 +43,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gzip
 import io
 import json
 import os
-import re
 import shlex
-import subprocess
 import sys
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -58,6 +55,7 @@ import numpy as np
 
 from nlmfeature.errors import InputError, NLMFeatureError
 from nlmfeature.io.textio import read_lines as _read
+from nlmfeature.mt.moses import add_features, decode, find_moses, prepare_system, rewrite_moses_ini
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 DEFAULT_SYSTEM = os.path.join("..", "shared", "data", "moses", "multi30k-de-en")
@@ -138,85 +136,18 @@ def prepare_sets(args: argparse.Namespace, work: str) -> Dict[str, dict]:
 
 
 # -- 2. system ----------------------------------------------------------------------------------
-def _source_ngrams(paths: Sequence[str], max_len: int = 10) -> set:
-    grams = set()
-    for p in paths:
-        for line in _read(p):
-            toks = line.split()
-            for i in range(len(toks)):
-                for j in range(i + 1, min(len(toks), i + max_len) + 1):
-                    grams.add(" ".join(toks[i:j]))
-    return grams
-
-
-def filter_table(src: str, dst: str, grams: set) -> Tuple[int, int]:
-    """Keep the lines of a Moses phrase / reordering table whose source phrase is in ``grams``."""
-    kept = total = 0
-    if os.path.exists(dst):
-        return -1, -1
-    tmp = dst + ".tmp"
-    with gzip.open(src, "rb") if src.endswith(".gz") else open(src, "rb") as f, \
-            open(tmp, "wb") as out:
-        for raw in f:
-            total += 1
-            key = raw.split(b" ||| ", 1)[0].decode("utf-8").strip()
-            if key in grams:
-                out.write(raw)
-                kept += 1
-    os.replace(tmp, dst)
-    return kept, total
-
-
-def find_build_binary(moses_root: Optional[str]) -> str:
-    from nlmfeature.training.kenlm_baseline import find_tool
-
-    if moses_root and os.access(os.path.join(moses_root, "bin", "build_binary"), os.X_OK):
-        return os.path.join(moses_root, "bin", "build_binary")
-    return find_tool("build_binary")
-
-
 def build_system(args: argparse.Namespace, work: str, sets: Dict[str, dict]) -> Tuple[str, dict]:
-    """A moses.ini on filtered tables and a binarised LM; returns (path, its weights)."""
+    """A moses.ini on tables filtered to every set's source and a binarised LM
+    (:func:`nlmfeature.mt.moses.prepare_system`); returns (path, its weights)."""
     from nlmfeature.mt.weights import read_weights
 
     ini_src = os.path.join(args.system, f"moses.{args.init}.ini")
     if not os.path.exists(ini_src):
         raise InputError(ini_src, 0, "the Moses system has no such config (--system, --init)")
-    lines = _read(ini_src)
-    srcs = sorted(s["src"] for s in sets.values())
-    grams = _source_ngrams(srcs)
-    import hashlib
-
     # the filtered tables depend on the inputs: one copy per set of input files
-    key = hashlib.sha1("\n".join(srcs).encode("utf-8")).hexdigest()[:8]
-    out_lines = []
-    for line in lines:
-        m = re.search(r"path=(\S+)", line)
-        if m and not line.lstrip().startswith("#"):
-            rel = m.group(1).replace("MODEL_DIR/", "")
-            src = os.path.join(args.system, rel) if not os.path.isabs(rel) else rel
-            name = os.path.basename(src)
-            if line.split()[0] in ("KENLM", "KENLMBIN"):
-                dst = os.path.join(work, "lm.bin")
-                if not os.path.exists(dst):
-                    tool = find_build_binary(args.moses_root)
-                    _log(f"binarising {src} with {tool}")
-                    proc = subprocess.run([tool, src, dst + ".tmp"], capture_output=True, text=True)
-                    if proc.returncode != 0:
-                        raise NLMFeatureError(f"build_binary failed on {src}:\n{proc.stderr[-2000:]}")
-                    os.replace(dst + ".tmp", dst)
-            else:
-                dst = os.path.join(work, f"filtered.{key}." + re.sub(r"\.gz$", "", name))
-                t0 = time.time()
-                kept, total = filter_table(src, dst, grams)
-                if kept >= 0:
-                    _log(f"filtered {name}: {kept:,} of {total:,} lines kept "
-                         f"({time.time() - t0:.0f} s)")
-            line = line.replace(m.group(0), "path=" + dst)
-        out_lines.append(line)
-    ini = os.path.join(work, f"base.{key}.moses.ini")
-    _write(ini, out_lines)
-    return ini, read_weights(ini)
+    system = prepare_system(ini_src, work, [s["src"] for s in sets.values()], args.system,
+                            kenlm_bin=[os.path.join(args.moses_root, "bin")], log=_log)
+    return system.ini, read_weights(system.ini)
 
 
 def nlm_ini(base_ini: str, dst: str, models: Sequence[str], base_weights: dict) -> dict:
@@ -230,15 +161,7 @@ def nlm_ini(base_ini: str, dst: str, models: Sequence[str], base_weights: dict) 
         order = load(m).order
         feature_lines.append(f"NLMFeature name=NLM{i} path={os.path.abspath(m)} order={order}")
         weights[f"NLM{i}"] = [lm / 2]
-    out = []
-    for line in _read(base_ini):
-        out.append(line)
-        if line.strip() == "[feature]":
-            out.extend(feature_lines)
-    _write(dst, out)
-    from nlmfeature.mt.tuning.config import rewrite_moses_ini
-
-    rewrite_moses_ini(dst, dst, weights)
+    add_features(base_ini, dst, feature_lines, weights, first=True)
     return weights
 
 
@@ -248,7 +171,6 @@ def joint_ini(nlm_ini_path: str, dst: str, joint, nlm_weights: dict) -> dict:
     the NLMs'; returns the initial weights."""
     from nlmfeature import load
     from nlmfeature.core.joint import JointModel
-    from nlmfeature.mt.tuning.config import rewrite_moses_ini
 
     joints = [joint] if isinstance(joint, str) else list(joint)
     weights = dict(nlm_weights)
@@ -259,13 +181,7 @@ def joint_ini(nlm_ini_path: str, dst: str, joint, nlm_weights: dict) -> dict:
                              "or train one with nlmfeature train --source (docs/joint.md)")
         weights[f"NNJM{i}"] = [nlm_weights.get("LM0", [0.1])[0] / 2]
         lines.append(f"NLMJointFeature name=NNJM{i} path={os.path.abspath(j)}")
-    out = []
-    for line in _read(nlm_ini_path):
-        out.append(line)
-        if line.strip() == "[feature]":
-            out.extend(lines)
-    _write(dst, out)
-    rewrite_moses_ini(dst, dst, weights)
+    add_features(nlm_ini_path, dst, lines, weights, first=True)
     return weights
 
 
@@ -286,55 +202,6 @@ def train_model(args: argparse.Namespace, work: str, dev_ref: str) -> str:
 
 
 # -- 4/5. tuning and decoding -------------------------------------------------------------------
-def decode(moses: str, ini: str, src: str, out: str, threads: int, kbest: int = 0,
-           kbest_out: Optional[str] = None, distinct: bool = False,
-           alignment: bool = False) -> float:
-    """Translate ``src`` into ``out`` (1-best), and with ``kbest`` the ``kbest``-best list
-    into ``kbest_out`` (``alignment``: each hypothesis with its word alignment, Moses
-    ``-print-alignment-info-in-n-best``, the field joint models need); returns the wall
-    seconds (0 when reused)."""
-    if os.path.exists(out) and (not kbest or os.path.exists(kbest_out)):
-        meta = out + ".seconds"
-        return float(open(meta).read()) if os.path.exists(meta) else 0.0
-    import tempfile
-
-    cmd = [moses, "-config", ini, "-input-file", src, "-threads", str(threads)]
-    # temporary names of this process only: an interrupted run's decoder cannot write into them
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(out) + ".", dir=os.path.dirname(out))
-    os.close(fd)
-    ktmp = None
-    if kbest:
-        fd, ktmp = tempfile.mkstemp(prefix="." + os.path.basename(kbest_out) + ".",
-                                    dir=os.path.dirname(kbest_out))
-        os.close(fd)
-        cmd += ["-n-best-list", ktmp, str(kbest)] + (["distinct"] if distinct else [])
-        if alignment:
-            cmd += ["-print-alignment-info-in-n-best"]
-    t0 = time.time()
-    try:
-        with open(tmp, "wb") as f, open(out + ".log", "wb") as err:
-            proc = subprocess.Popen(cmd, stdout=f, stderr=err)
-            try:
-                status = proc.wait()
-            except BaseException:       # Ctrl-C / SIGTERM: the decoder goes too
-                proc.kill()
-                proc.wait()
-                raise
-        if status != 0:
-            raise NLMFeatureError(f"{moses} failed (status {status}); see {out}.log")
-        seconds = time.time() - t0
-        if ktmp:
-            os.replace(ktmp, kbest_out)
-        os.replace(tmp, out)
-    finally:
-        for t in (tmp, ktmp):
-            if t and os.path.exists(t):
-                os.unlink(t)
-    with open(out + ".seconds", "w") as f:
-        f.write(repr(seconds) + "\n")     # exact: a rerun reports the same figures
-    return seconds
-
-
 def tune(args: argparse.Namespace, ini: str, dev: dict, tdir: str, seed: int,
          cache_features: Sequence[str] = ()) -> dict:
     """One ``nlmfeature-tune moses`` run; returns its iterations and candidate final weights.
@@ -487,8 +354,6 @@ def rescoring(args: argparse.Namespace, work: str, sets: Dict[str, dict], base_i
     rdir = work
     os.makedirs(rdir, exist_ok=True)
     ini = os.path.join(rdir, "kbest.moses.ini")
-    from nlmfeature.mt.tuning.config import rewrite_moses_ini
-
     rewrite_moses_ini(base_ini, ini, base_weights)
     nlm_names = [f"NLM{i}" for i in range(len(models))]
     joint_names = [f"NNJM{i}" for i in range(len(joints))]
@@ -710,15 +575,8 @@ def run(args: argparse.Namespace) -> int:
     args.data = os.path.abspath(args.data)
     if not os.path.isdir(args.system):
         raise InputError(args.system, 0, "no such Moses system folder (--system)")
-    if args.moses is None:
-        root = os.environ.get("MOSES_ROOT")
-        if not root:
-            raise NLMFeatureError("give the Moses executable with --moses or set MOSES_ROOT")
-        args.moses = os.path.join(root, "bin", "moses")
-    args.moses = os.path.abspath(args.moses)
+    args.moses = find_moses(args.moses)
     args.moses_root = os.environ.get("MOSES_ROOT") or os.path.dirname(os.path.dirname(args.moses))
-    if not os.access(args.moses, os.X_OK):
-        raise InputError(args.moses, 0, "not an executable Moses (--moses / MOSES_ROOT)")
     if args.tunings < 1:
         raise NLMFeatureError("--tunings must be at least 1")
     work = os.path.abspath(args.workdir)
@@ -777,8 +635,6 @@ def run(args: argparse.Namespace) -> int:
                      + " ".join(f"{i['dev_bleu']:.2f}" for i in info["iterations"])
                      + f" ({time.time() - t0:.0f} s)")
                 outs: Dict[str, Dict[str, str]] = {"last": {}, "best": {}}
-                from nlmfeature.mt.tuning.config import rewrite_moses_ini
-
                 same = info["weights"]["last"] == info["weights"]["best"]
                 for rule in ("last", "best"):
                     rini = os.path.join(tdir, f"final.{rule}.moses.ini")
@@ -902,7 +758,8 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
                    help="test set name, repeatable (default test: Multi30k test2016); no "
                         "choice is made on it")
     p.add_argument("--moses", default=None,
-                   help="Moses executable built with NLMFeature (default $MOSES_ROOT/bin/moses)")
+                   help="Moses executable built with NLMFeature (default $MOSES_ROOT/bin/moses, else "
+                        "the newest moses-cmd build under $MOSES_ROOT)")
     p.add_argument("--model", "-m", action="append", default=[],
                    help="NLM model file; repeat for several NLM features in one system "
                         "(default: train one with --recipe)")

@@ -62,11 +62,12 @@ DEFAULT_BIN = os.path.join(os.path.expanduser("~"), ".cache", "nlmfeature", "ken
 # ---------------------------------------------------------------------------------------
 # tools
 # ---------------------------------------------------------------------------------------
-def find_tool(name: str) -> str:
-    """Path of a KenLM tool (``lmplz``, ``build_binary``, ``query``): $NLMFEATURE_KENLM_BIN,
-    then ~/.cache/nlmfeature/kenlm/bin, then $PATH.  Raises :class:`NLMFeatureError` saying
-    how to build it."""
-    for d in (os.environ.get("NLMFEATURE_KENLM_BIN"), DEFAULT_BIN):
+def find_tool(name: str, dirs: Sequence[Optional[str]] = ()) -> str:
+    """Path of a KenLM tool (``lmplz``, ``build_binary``, ``query``): in ``dirs`` (given
+    folders, e.g. ``--kenlm-bin``; None entries skipped), $NLMFEATURE_KENLM_BIN, then
+    ~/.cache/nlmfeature/kenlm/bin, then $PATH.  Raises :class:`NLMFeatureError` saying how
+    to build it."""
+    for d in list(dirs) + [os.environ.get("NLMFEATURE_KENLM_BIN"), DEFAULT_BIN]:
         if d and os.access(os.path.join(d, name), os.X_OK):
             return os.path.join(d, name)
     found = shutil.which(name)

@@ -37,12 +37,13 @@ import numpy as np
 
 from nlmfeature.io.atomicfile import atomic_write_bytes, atomic_write_text, install, open_output
 from nlmfeature.mt.bleu import DEFAULT_TOKENIZE, References, corpus_bleu
-from nlmfeature.errors import InputError, NLMFeatureError
+from nlmfeature.errors import DecoderError, InputError
 from nlmfeature.mt.kbest import format_number, group_by_sentence, read_kbest
 from nlmfeature.io.textio import iter_lines, open_binary, read_lines
 from nlmfeature.mt.weights import read_weights, write_weights
 from nlmfeature.mt.tuning import optimise_pool
-from nlmfeature.mt.tuning.config import rewrite_cdec_ini, rewrite_moses_ini, write_cdec_weights
+from nlmfeature.mt import moses
+from nlmfeature.mt.tuning.config import rewrite_cdec_ini, write_cdec_weights
 from nlmfeature.mt.tuning.data import KbestPool
 
 STATE_VERSION = 1
@@ -52,10 +53,6 @@ Weights = Dict[str, List[float]]
 #: weights scored 0.25 test BLEU below the last ones (2 better, 2 worse), so "last" stays.
 FINAL_WEIGHTS = ("last", "best")
 FINAL_WEIGHTS_DEFAULT = "last"
-
-
-class DecoderError(NLMFeatureError):
-    """The decoder failed (non-zero exit or no k-best list)."""
 
 
 @dataclass
@@ -229,12 +226,9 @@ class Driver:
                     for name in names}
         if self.s.decoder == "moses":
             ini = self.path(f"run{k}.moses.ini")
-            rewrite_moses_ini(self.s.config, ini, weights, opts)
-            cmd = [self.s.binary, "-config", ini, "-input-file", os.path.abspath(self.s.source),
-                   "-n-best-list", kbest_file, str(self.s.nbest_size)]
-            if self.s.distinct:
-                cmd.append("distinct")
-            cmd += ["-threads", str(self.s.threads)]
+            moses.rewrite_moses_ini(self.s.config, ini, weights, opts)
+            cmd = moses.command(self.s.binary, ini, os.path.abspath(self.s.source),
+                                self.s.threads, kbest_file, self.s.nbest_size, self.s.distinct)
         else:
             ini = self.path(f"run{k}.cdec.ini")
             wfile = self.path(f"run{k}.weights")
@@ -319,7 +313,7 @@ class Driver:
         """Write the tuned config; returns its path."""
         if self.s.decoder == "moses":
             final = self.path("moses.ini")
-            rewrite_moses_ini(self.s.config, final, weights)
+            moses.rewrite_moses_ini(self.s.config, final, weights)
         else:
             final = self.path("cdec.ini")
             with open_binary(self.s.config) as src:

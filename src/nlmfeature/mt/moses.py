@@ -1,0 +1,545 @@
+"""A Moses system, in one place: find the decoder, read a system's ``moses.ini`` with its paths
+resolved, filter its tables to given inputs, binarise its LM, add feature lines and weights,
+and run the decoder with timing and per-sentence times.
+
+Every caller that touches Moses uses this module: ``nlmfeature bench mt``, the tuning driver
+(``nlmfeature-tune moses``), ``tools/bench_decoder.py``, ``tools/bench_pcache.py``,
+``tools/joint_decode.py`` and (Moses' tuning programs) ``tools/bench_tuning.py``.
+
+- :func:`find_moses`: ``--moses`` if given, else ``ROOT/bin/moses``, else the newest
+  ``moses-cmd`` build under ``ROOT`` (``--moses-root`` / ``$MOSES_ROOT``); :func:`find_program`
+  the same for Moses' other programs (``mert``, ``kbmira``, ``extractor``);
+- :func:`find_build_binary`: KenLM's ``build_binary`` (given folders, ``$MOSES_ROOT/bin``,
+  then :func:`nlmfeature.training.kenlm_baseline.find_tool`'s places);
+- :func:`system_ini` / :func:`read_ini`: a system's config with ``MODEL_DIR/`` and
+  ``${MODEL_PATH}/...`` paths (and relative ones) made absolute;
+- :func:`prepare_system`: a copy of the config whose phrase and reordering tables are filtered
+  to the inputs (:func:`filter_table`, in Python: the lines Moses'
+  ``filter-model-given-input.pl`` keeps, byte for byte, without Perl or Moses' scripts) and
+  whose ARPA LM is binarised, kept in a work folder and reused;
+- :func:`add_features` / :func:`rewrite_moses_ini`: copies with feature lines added, weights
+  set and ``key=value`` options set on the lines of given feature classes;
+- :func:`command`, :func:`run` (timed: wall, CPU, per-sentence "Translation took" seconds) and
+  :func:`decode` (outputs written atomically, reused when present).
+
+Malformed input raises :class:`~nlmfeature.errors.InputError` naming the file (and line); a
+failing decoder :class:`~nlmfeature.errors.DecoderError` naming its log.
+"""
+from __future__ import annotations
+
+import glob
+import gzip
+import hashlib
+import os
+import re
+import resource
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+from nlmfeature.errors import DecoderError, InputError, NLMFeatureError
+from nlmfeature.io.atomicfile import atomic_write_text, open_output
+from nlmfeature.io.textio import read_lines
+
+Weights = Dict[str, List[float]]
+
+#: the longest source phrase kept by :func:`filter_table` (``filter-model-given-input.pl``'s
+#: ``$MAX_LENGTH``)
+MAX_PHRASE_LENGTH = 10
+#: feature classes whose text tables :func:`prepare_system` filters (as Moses' script does
+#: for phrase-based systems; binary tables are left as they are)
+FILTERED_FEATURES = ("PhraseDictionaryMemory", "LexicalReordering")
+#: feature classes whose ARPA file :func:`prepare_system` binarises
+LM_FEATURES = ("KENLM", "KENLMBIN", "LANGUAGEMODEL")
+#: the configs a system folder is searched for, in order, when none is named
+SYSTEM_INIS = ("moses.tuned.ini", "moses.ini", "moses.untuned.ini")
+
+_SECTION = re.compile(r"^\s*\[([^\]]+)\]\s*$")
+_PATH = re.compile(r"\bpath=(\S+)")
+_TOOK = re.compile(r"Translation took ([0-9.]+) seconds total")
+
+
+# -- finding the programs ------------------------------------------------------------------------
+def moses_root(root: Optional[str] = None) -> Optional[str]:
+    """``root`` if given, else ``$MOSES_ROOT`` (None when neither is set)."""
+    return root or os.environ.get("MOSES_ROOT") or None
+
+
+def _has_nlmfeature(exe: str) -> Optional[bool]:
+    """Whether ``exe``'s symbols name NLMFeature (None: cannot tell, no ``nm`` or no symbols)."""
+    nm = shutil.which("nm")
+    if not nm:
+        return None
+    p = subprocess.run([nm, "-C", exe], capture_output=True, text=True)
+    if p.returncode != 0 or not p.stdout:
+        return None
+    return "NLMFeature" in p.stdout
+
+
+def find_program(name: str, root: Optional[str] = None) -> Optional[str]:
+    """A program of a Moses tree (``moses``, ``mert``, ``kbmira``, ``extractor``, ...):
+    ``ROOT/bin/NAME`` if executable, else the newest ``ROOT/*/bin/**/NAME`` build (e.g.
+    ``moses-cmd/bin/gcc-12/release/.../moses``, ``mert/bin/.../mert``); ``ROOT``: ``root`` or
+    ``$MOSES_ROOT``.  None when there is none."""
+    root = moses_root(root)
+    if not root:
+        return None
+    installed = os.path.join(root, "bin", name)
+    if os.path.isfile(installed) and os.access(installed, os.X_OK):
+        return os.path.abspath(installed)
+    cands = [p for p in glob.glob(os.path.join(root, "*", "bin", "**", name), recursive=True)
+             if os.path.isfile(p) and os.access(p, os.X_OK)]
+    return os.path.abspath(max(cands, key=os.path.getmtime)) if cands else None
+
+
+def find_moses(moses: Optional[str] = None, root: Optional[str] = None) -> str:
+    """The Moses executable: ``moses`` if given (it must be executable), else ``ROOT/bin/moses``,
+    else the newest ``moses`` build under ``ROOT`` (:func:`find_program`; ``ROOT``: ``root`` or
+    ``$MOSES_ROOT``).  A binary found under ``ROOT`` must have NLMFeature compiled in (checked
+    with ``nm`` when it has symbols).  Raises :class:`InputError` / :class:`NLMFeatureError`
+    saying what to do."""
+    if moses:
+        path = os.path.abspath(moses)
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise InputError(path, 0, "not an executable Moses (--moses / MOSES_ROOT)")
+        return path
+    root = moses_root(root)
+    if not root:
+        raise NLMFeatureError("give the Moses executable with --moses or set MOSES_ROOT (a "
+                              "mosesdecoder tree with NLMFeature built in, moses_ff/README.md)")
+    exe = find_program("moses", root)
+    if not exe:
+        raise InputError(root, 0, "no bin/moses and no moses-cmd build in this Moses tree "
+                         "(MOSES_ROOT): build Moses with the shim first (moses_ff/README.md)")
+    if _has_nlmfeature(exe) is False:
+        raise InputError(exe, 0, "this Moses has no NLMFeature: build it with --with-nlmfeature "
+                         "(moses_ff/README.md)")
+    return exe
+
+
+def find_build_binary(*dirs: Optional[str]) -> str:
+    """KenLM's ``build_binary``: in ``dirs`` (e.g. ``--kenlm-bin``), ``$MOSES_ROOT/bin``, then
+    where :func:`~nlmfeature.training.kenlm_baseline.find_tool` looks."""
+    from nlmfeature.training.kenlm_baseline import find_tool
+
+    root = moses_root()
+    return find_tool("build_binary", list(dirs) + ([os.path.join(root, "bin")] if root else []))
+
+
+# -- reading a system's config -------------------------------------------------------------------
+def system_ini(system: str, ini: Optional[str] = None) -> str:
+    """The config of the system folder ``system``: ``ini`` if given, else the first of
+    :data:`SYSTEM_INIS` found there."""
+    if ini:
+        if not os.path.isfile(ini):
+            raise InputError(ini, 0, "no such moses.ini")
+        return os.path.abspath(ini)
+    for name in SYSTEM_INIS:
+        path = os.path.join(system, name)
+        if os.path.isfile(path):
+            return os.path.abspath(path)
+    raise InputError(system, 0, f"no Moses config ({', '.join(SYSTEM_INIS)}) in this system folder")
+
+
+def resolve_path(value: str, system: str) -> str:
+    """A config's ``path=`` value made absolute: ``MODEL_DIR/x`` and ``${MODEL_PATH}/dir/x``
+    (the forms Moses' training and EMS write) and relative paths are taken in ``system``."""
+    value = value.replace("MODEL_DIR/", "")
+    value = re.sub(r"^\$\{MODEL_PATH\}/[^/\s]+/?", "", value)
+    return os.path.normpath(os.path.join(system, value))
+
+
+def read_ini(path: str, system: Optional[str] = None) -> List[str]:
+    """The lines of the moses.ini ``path`` with every ``path=`` of a feature line made absolute
+    (:func:`resolve_path`; ``system``: the folder the paths are relative to, default the
+    config's own)."""
+    system = os.path.abspath(system or os.path.dirname(os.path.abspath(path)))
+    out = []
+    for line in read_lines(path):
+        m = _PATH.search(line)
+        if m and not line.lstrip().startswith("#"):
+            line = line.replace(m.group(0), "path=" + resolve_path(m.group(1), system), 1)
+        out.append(line)
+    return out
+
+
+def feature_lines(lines: Sequence[str]) -> List[str]:
+    """The ``[feature]`` section's lines (without comments and blank lines)."""
+    out, section = [], None
+    for line in lines:
+        m = _SECTION.match(line)
+        if m:
+            section = m.group(1).strip()
+        elif section == "feature" and line.split("#", 1)[0].strip():
+            out.append(line.split("#", 1)[0].strip())
+    return out
+
+
+# -- filtering and binarising --------------------------------------------------------------------
+def source_phrases(paths: Sequence[str], max_length: int = MAX_PHRASE_LENGTH) -> Set[str]:
+    """Every phrase of 1..``max_length`` words of the input texts ``paths``."""
+    grams: Set[str] = set()
+    for p in paths:
+        for line in read_lines(p):
+            toks = line.split()
+            for i in range(len(toks)):
+                for j in range(i + 1, min(len(toks), i + max_length) + 1):
+                    grams.add(" ".join(toks[i:j]))
+    return grams
+
+
+def filter_table(src: str, dst: str, phrases: Set[str]) -> Tuple[int, int]:
+    """Write to ``dst`` the lines of the phrase or reordering table ``src`` (``.gz`` or plain)
+    whose source phrase is in ``phrases`` (as ``filter-model-given-input.pl``); returns
+    (lines kept, lines read), or (-1, -1) when ``dst`` exists already (it is reused).
+
+    The same lines as Moses' script for plain (one-factor, XML-free) input, the only input the
+    decoder is given here: byte-identical tables on the 2,014 Multi30k dev + test sentences
+    (``tests/test_moses.py`` compares on 40).  Unlike the script it does not strip XML markup
+    from the input nor split ``word|factor`` tokens, and writes the tables uncompressed."""
+    kept = total = 0
+    if os.path.exists(dst):
+        return -1, -1
+    tmp = dst + ".tmp"
+    try:
+        with gzip.open(src, "rb") if src.endswith(".gz") else open(src, "rb") as f, \
+                open(tmp, "wb") as out:
+            for raw in f:
+                total += 1
+                key = raw.split(b" ||| ", 1)[0].decode("utf-8").strip()
+                if key in phrases:
+                    out.write(raw)
+                    kept += 1
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise InputError(src, total + 1 if total else 0, f"cannot read this table ({exc})") from None
+    if total == 0:
+        os.unlink(tmp)
+        raise InputError(src, 0, "an empty table: nothing to filter")
+    os.replace(tmp, dst)
+    return kept, total
+
+
+def inputs_key(paths: Sequence[str]) -> str:
+    """The key of a set of input files (sha1 of their sorted paths, 8 hex digits): tables
+    filtered for other inputs get other names."""
+    return hashlib.sha1("\n".join(sorted(paths)).encode("utf-8")).hexdigest()[:8]
+
+
+def content_named_input(work: str, inputs: Sequence[str], ini: str) -> str:
+    """The inputs ``inputs`` concatenated into ``work/filter-input.DIGEST.txt``, named by their
+    content and the config ``ini``'s path: passed to :func:`prepare_system` by callers whose
+    input files are rewritten between runs, a work folder reused with other inputs (or another
+    system) gets other filtered tables."""
+    text = [l for p in inputs for l in read_lines(p)]
+    digest = hashlib.blake2b("\n".join([os.path.abspath(ini)] + text).encode("utf-8"),
+                             digest_size=6).hexdigest()
+    path = os.path.join(work, f"filter-input.{digest}.txt")
+    if not os.path.exists(path):
+        os.makedirs(work, exist_ok=True)
+        atomic_write_text(path, "".join(l + "\n" for l in text))
+    return path
+
+
+def binarise_lm(arpa: str, dst: str, *kenlm_bin: Optional[str]) -> bool:
+    """Binarise the ARPA LM ``arpa`` into ``dst`` with KenLM's ``build_binary`` unless ``dst``
+    exists; returns whether it ran."""
+    if os.path.exists(dst):
+        return False
+    tool = find_build_binary(*kenlm_bin)
+    proc = subprocess.run([tool, arpa, dst + ".tmp"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise InputError(arpa, 0, f"{tool} failed on this LM:\n{proc.stderr[-2000:]}")
+    os.replace(dst + ".tmp", dst)
+    return True
+
+
+@dataclass
+class PreparedSystem:
+    """What :func:`prepare_system` made: the new config and what it points at."""
+
+    ini: str                           #: the config on the filtered tables and binary LM
+    key: str                           #: :func:`inputs_key` of the inputs
+    lm: Optional[str] = None           #: the (binarised) LM of the first LM feature line
+    tables: Dict[str, str] = field(default_factory=dict)   #: original -> filtered table
+    filter_seconds: float = 0.0        #: seconds spent filtering (0: everything reused)
+
+
+def prepare_system(ini: str, work: str, inputs: Sequence[str], system: Optional[str] = None,
+                   do_filter: bool = True, kenlm_bin: Sequence[Optional[str]] = (),
+                   log: Optional[Callable[[str], None]] = None) -> PreparedSystem:
+    """A copy of the moses.ini ``ini`` that loads fast, in ``work`` (``base.KEY.moses.ini``):
+    paths made absolute (:func:`read_ini`, relative to ``system``), the tables of
+    :data:`FILTERED_FEATURES` filtered to the phrases of ``inputs``
+    (``filtered.KEY.NAME``, unless ``do_filter`` is false) and an ARPA LM binarised
+    (``lm.bin``).  Files already in ``work`` are reused: name the inputs by their content."""
+    t_start = time.time()
+    os.makedirs(work, exist_ok=True)
+    key = inputs_key(inputs)
+    phrases: Optional[Set[str]] = None
+    res = PreparedSystem(ini="", key=key)
+    filter_seconds = 0.0
+    out_lines = []
+    section = None
+    for line in read_ini(ini, system):
+        m = _SECTION.match(line)
+        if m:
+            section = m.group(1).strip()
+        pm = _PATH.search(line)
+        toks = line.split()
+        if pm and section == "feature" and toks and not line.lstrip().startswith("#"):
+            src = pm.group(1)
+            if toks[0].upper() in LM_FEATURES:
+                from nlmfeature.training.kenlm_baseline import is_arpa
+
+                if is_arpa(src):
+                    dst = os.path.join(work, "lm.bin")
+                    t0 = time.time()
+                    if binarise_lm(src, dst, *kenlm_bin) and log:
+                        log(f"binarised {src} ({time.time() - t0:.0f} s)")
+                    line = line.replace(pm.group(0), "path=" + dst, 1)
+                    src = dst
+                res.lm = res.lm or src
+            elif do_filter and toks[0] in FILTERED_FEATURES:
+                name = re.sub(r"\.gz$", "", os.path.basename(src))
+                dst = os.path.join(work, f"filtered.{key}.{name}")
+                if not os.path.exists(dst):
+                    if phrases is None:
+                        phrases = source_phrases(sorted(inputs))
+                    t0 = time.time()
+                    kept, total = filter_table(src, dst, phrases)
+                    filter_seconds += time.time() - t0
+                    if log:
+                        log(f"filtered {os.path.basename(src)}: {kept:,} of {total:,} lines "
+                            f"kept ({time.time() - t0:.0f} s)")
+                res.tables[src] = dst
+                line = line.replace(pm.group(0), "path=" + dst, 1)
+        out_lines.append(line)
+    res.ini = os.path.join(work, f"base.{key}.moses.ini")
+    atomic_write_text(res.ini, "".join(l + "\n" for l in out_lines))
+    res.filter_seconds = filter_seconds if phrases is not None else 0.0
+    if log and phrases is not None:
+        log(f"system prepared in {time.time() - t_start:.0f} s: {res.ini}")
+    return res
+
+
+# -- writing configs -----------------------------------------------------------------------------
+def _label_of(line: str) -> Optional[str]:
+    """Label of a ``[weight]`` line (``Label= v ...``) or None for blank/comment lines."""
+    text = line.split("#", 1)[0].strip()
+    if not text:
+        return None
+    first = text.split()[0]
+    if first.endswith("="):
+        return first[:-1]
+    return first.partition("=")[0]
+
+
+def _set_option(line: str, key: str, value: str) -> str:
+    """``line`` with ``key=value`` replaced or appended (Moses/cdec feature-line syntax)."""
+    toks = line.rstrip("\n").split()
+    for i, tok in enumerate(toks):
+        if tok.startswith(key + "="):
+            toks[i] = f"{key}={value}"
+            break
+    else:
+        toks.append(f"{key}={value}")
+    return " ".join(toks)
+
+
+def moses_ini_lines(path: str, weights: Weights,
+                    feature_options: Optional[Dict[str, Dict[str, str]]] = None,
+                    features: Sequence[str] = (), first: bool = False) -> List[str]:
+    """Lines of the moses.ini ``path`` with new weights, feature options and feature lines.
+
+    ``weights``: the ``[weight]`` section's values of these labels are replaced (labels the
+    section lacks are appended to it, a missing section is added; other lines are kept
+    verbatim).  ``feature_options`` maps a feature class name (first token of a ``[feature]``
+    line, e.g. ``NLMFeature``) to ``{key: value}`` options set on its lines.  ``features``:
+    lines added to the ``[feature]`` section, at its start with ``first``, else after its last
+    feature line.
+    """
+    from nlmfeature.mt.kbest import format_number
+
+    feature_options = feature_options or {}
+    lines = read_lines(path)
+    out: List[str] = []
+    section = None
+    done = set()
+    saw_weight = False
+    feature_end = -1                   # where the added feature lines go (index in out)
+
+    def flush_missing() -> None:
+        for label, vals in weights.items():
+            if label not in done:
+                out.append(f"{label}= {' '.join(format_number(v) for v in vals)}")
+                done.add(label)
+
+    for line in lines:
+        m = _SECTION.match(line)
+        if m:
+            if section == "weight":
+                flush_missing()
+            section = m.group(1).strip()
+            saw_weight = saw_weight or section == "weight"
+            out.append(line)
+            if section == "feature":
+                feature_end = len(out)
+            continue
+        if section == "weight":
+            label = _label_of(line)
+            if label is not None and label in weights:
+                out.append(f"{label}= {' '.join(format_number(v) for v in weights[label])}")
+                done.add(label)
+                continue
+        elif section == "feature":
+            toks = line.split("#", 1)[0].split()
+            if toks and toks[0] in feature_options:
+                for key, value in feature_options[toks[0]].items():
+                    line = _set_option(line, key, value)
+            if toks and not first:
+                feature_end = len(out) + 1
+        out.append(line)
+    if section == "weight":
+        flush_missing()
+    if not saw_weight:
+        out.append("[weight]")
+        flush_missing()
+    if features:
+        if feature_end < 0:
+            raise InputError(path, 0, "no [feature] section to add feature lines to")
+        out[feature_end:feature_end] = list(features)
+    return out
+
+
+def rewrite_moses_ini(src: str, dst: str, weights: Weights,
+                      feature_options: Optional[Dict[str, Dict[str, str]]] = None,
+                      features: Sequence[str] = (), first: bool = False) -> str:
+    """Write a copy of moses.ini ``src`` to ``dst`` (atomically) with ``weights``, feature
+    options and added feature lines (:func:`moses_ini_lines`); returns ``dst``."""
+    lines = moses_ini_lines(src, weights, feature_options, features, first)
+    with open_output(dst) as f:
+        f.write("\n".join(lines) + "\n")
+    return dst
+
+
+def add_features(src: str, dst: str, features: Sequence[str], weights: Weights,
+                 first: bool = False) -> str:
+    """``src`` plus the feature lines ``features`` (at the start of the ``[feature]`` section
+    with ``first``, else at its end) and ``weights`` set, written to ``dst``; returns ``dst``."""
+    return rewrite_moses_ini(src, dst, weights, features=features, first=first)
+
+
+# -- running the decoder -------------------------------------------------------------------------
+def command(moses: str, ini: str, src: Optional[str] = None, threads: int = 1,
+            nbest: Optional[str] = None, nbest_size: int = 100, distinct: bool = False,
+            alignment: bool = False, extra: Sequence[str] = ()) -> List[str]:
+    """The Moses command line: translate ``src`` (standard input when None) with ``ini`` on
+    ``threads`` threads; with ``nbest`` also the ``nbest_size``-best list into that file
+    (``distinct`` strings; ``alignment``: each hypothesis with its word alignment, Moses
+    ``-print-alignment-info-in-n-best``); ``extra`` arguments last."""
+    cmd = [moses, "-config", ini]
+    if src is not None:
+        cmd += ["-input-file", src]
+    cmd += ["-threads", str(threads)]
+    if nbest:
+        cmd += ["-n-best-list", nbest, str(nbest_size)] + (["distinct"] if distinct else [])
+        if alignment:
+            cmd.append("-print-alignment-info-in-n-best")
+    return cmd + list(extra)
+
+
+def sentence_seconds(stderr: str) -> List[float]:
+    """Moses' per-sentence "Translation took N seconds total" figures, in order."""
+    return [float(m.group(1)) for m in _TOOK.finditer(stderr)]
+
+
+@dataclass
+class Run:
+    """One timed decoder run (:func:`run`)."""
+
+    wall: float                        #: wall seconds of the process
+    cpu: float                         #: its user + system CPU seconds
+    stdout: str
+    stderr: str
+    sentence_seconds: List[float]      #: Moses' per-sentence "Translation took" seconds
+
+    @property
+    def translation(self) -> float:
+        """The sum of the per-sentence seconds."""
+        return sum(self.sentence_seconds)
+
+    @property
+    def output(self) -> List[str]:
+        """The lines of the standard output (Moses' 1-best translations)."""
+        return self.stdout.splitlines()
+
+
+def run(cmd: List[str], stdin: Optional[str] = None, env: Optional[Dict[str, str]] = None,
+        cwd: Optional[str] = None) -> Run:
+    """Run a decoder command (``stdin``: a file fed to it) capturing its output, timed: wall
+    and CPU seconds (of this child alone) and Moses' per-sentence times.  Raises
+    :class:`DecoderError` with the end of its standard error when it fails."""
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    fin = open(stdin, "rb") if stdin else None
+    try:
+        p = subprocess.run(cmd, stdin=fin, capture_output=True, env=env, cwd=cwd)
+    finally:
+        if fin:
+            fin.close()
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out, err = p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+    if p.returncode != 0:
+        raise DecoderError(f"failed ({' '.join(cmd)}):\n{err[-3000:]}")
+    return Run(wall, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), out, err,
+               sentence_seconds(err))
+
+
+def decode(moses: str, ini: str, src: str, out: str, threads: int = 1, kbest: int = 0,
+           kbest_out: Optional[str] = None, distinct: bool = False,
+           alignment: bool = False) -> float:
+    """Translate ``src`` into ``out`` (1-best; the decoder's log in ``out.log``), and with
+    ``kbest`` the ``kbest``-best list into ``kbest_out`` (``alignment``: with word
+    alignments); the outputs appear whole or not at all, and existing ones are reused.
+    Returns the wall seconds (those of the run that wrote ``out``, kept in ``out.seconds``;
+    0 when unknown)."""
+    if os.path.exists(out) and (not kbest or os.path.exists(kbest_out)):
+        meta = out + ".seconds"
+        return float(open(meta).read()) if os.path.exists(meta) else 0.0
+    # temporary names of this process only: an interrupted run's decoder cannot write into them
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(out) + ".", dir=os.path.dirname(out))
+    os.close(fd)
+    ktmp = None
+    if kbest:
+        fd, ktmp = tempfile.mkstemp(prefix="." + os.path.basename(kbest_out) + ".",
+                                    dir=os.path.dirname(kbest_out))
+        os.close(fd)
+    cmd = command(moses, ini, src, threads, ktmp, kbest, distinct, alignment)
+    t0 = time.time()
+    try:
+        with open(tmp, "wb") as f, open(out + ".log", "wb") as err:
+            proc = subprocess.Popen(cmd, stdout=f, stderr=err)
+            try:
+                status = proc.wait()
+            except BaseException:       # Ctrl-C / SIGTERM: the decoder goes too
+                proc.kill()
+                proc.wait()
+                raise
+        if status != 0:
+            raise DecoderError(f"{moses} failed (status {status}); see {out}.log")
+        seconds = time.time() - t0
+        if ktmp:
+            os.replace(ktmp, kbest_out)
+        os.replace(tmp, out)
+    finally:
+        for t in (tmp, ktmp):
+            if t and os.path.exists(t):
+                os.unlink(t)
+    atomic_write_text(out + ".seconds", repr(seconds) + "\n")   # exact: a rerun reports the same
+    return seconds

@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""Moses decoding with the joint model (docs/joint.md, "Inside Moses"): KenLM alone, + NLM,
++ NNJM, + NLM + NNJM, each with the weights MERT found for that feature set in
+tools/joint_rescore.py (WORKDIR/tuned.{nlm,nnjm,nlm+nnjm}); prints BLEU and the sum of
+Moses' per-sentence "Translation took" times (loading excluded) per configuration.
+
+    tools/joint_decode.py MOSES_BIN RESCORE_WORKDIR JOINT.nlm LM.nlm SRC REF OUTDIR [THREADS]
+
+MOSES_BIN must have NLMFeature and NLMJointFeature compiled in (moses_ff/README.md).  The
+system ($SYS, default the shared Multi30k one; its moses.tuned.ini, full tables) and its LM
+binarised into OUTDIR/lm.bin (KenLM's build_binary from $KENLM_BIN, else as
+``nlmfeature.mt.moses.find_build_binary``) go through ``nlmfeature.mt.moses``; the configs are
+OUTDIR/{kenlm,nlm,nnjm,nlm+nnjm}.ini, the translations and logs OUTDIR/CFG.{out,log}.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import sys
+
+from nlmfeature import cli
+from nlmfeature.io.atomicfile import atomic_write_text
+from nlmfeature.mt import moses as mo
+from nlmfeature.mt.tuning import cli as tune_cli
+from nlmfeature.mt.weights import read_weights
+
+SYSTEM = "/work/shared/data/moses/multi30k-de-en"
+
+
+def bleu_line(out: str, ref: str) -> str:
+    """The first line ``nlmfeature-tune bleu OUT --ref REF`` prints."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        tune_cli.main(["bleu", out, "--ref", ref])
+    return buf.getvalue().splitlines()[0]
+
+
+def run(args: argparse.Namespace) -> int:
+    system = os.environ.get("SYS") or SYSTEM
+    os.makedirs(args.outdir, exist_ok=True)
+    prepared = mo.prepare_system(os.path.join(system, "moses.tuned.ini"), args.outdir, [], system,
+                                 do_filter=False, kenlm_bin=[os.environ.get("KENLM_BIN")])
+    configs = {"kenlm": mo.rewrite_moses_ini(prepared.ini, os.path.join(args.outdir, "kenlm.ini"), {})}
+    for cfg in ("nlm", "nnjm", "nlm+nnjm"):
+        feats = []
+        if cfg in ("nlm", "nlm+nnjm"):
+            feats.append(f"NLMFeature name=NLM path={args.lm}")
+        if cfg in ("nnjm", "nlm+nnjm"):
+            feats.append(f"NLMJointFeature name=NNJM path={args.joint}")
+        configs[cfg] = mo.add_features(prepared.ini, os.path.join(args.outdir, f"{cfg}.ini"), feats,
+                                       read_weights(os.path.join(args.rescore_workdir, f"tuned.{cfg}")))
+    for cfg, ini in configs.items():
+        r = mo.run(mo.command(args.moses, ini, args.src, args.threads))
+        out = os.path.join(args.outdir, f"{cfg}.out")
+        atomic_write_text(out, r.stdout)
+        atomic_write_text(os.path.join(args.outdir, f"{cfg}.log"), r.stderr)
+        print(f"{cfg} decode_seconds={r.translation:.6g} {bleu_line(out, args.ref)}", flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("moses", help="Moses executable with NLMFeature and NLMJointFeature")
+    ap.add_argument("rescore_workdir", help="tools/joint_rescore.py's work directory (tuned.* weights)")
+    ap.add_argument("joint", help="the joint model (NLMJointFeature, label NNJM)")
+    ap.add_argument("lm", help="the target-only NLM (NLMFeature, label NLM)")
+    ap.add_argument("src", help="source sentences to translate")
+    ap.add_argument("ref", help="their references (BLEU)")
+    ap.add_argument("outdir", help="configs, translations and decoder logs go here")
+    ap.add_argument("threads", nargs="?", type=int, default=2, help="Moses threads (default 2)")
+    ap.set_defaults(func=run)
+    return cli.run(ap, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
