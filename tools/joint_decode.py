@@ -5,9 +5,17 @@ tools/joint_rescore.py (WORKDIR/tuned.{nlm,nnjm,nlm+nnjm}); prints BLEU and the 
 Moses' per-sentence "Translation took" times (loading excluded) per configuration.
 
     tools/joint_decode.py MOSES_BIN RESCORE_WORKDIR JOINT.nlm LM.nlm SRC REF OUTDIR [THREADS]
+        [--bilingual-nplm NPLM_MODEL --blm-vocab DIR] [--configs kenlm,nnjm,blm] [--sentences N]
+
+``--bilingual-nplm``: one more configuration, ``blm``: KenLM + Moses' own ``BilingualNPLM``
+(NPLM's bilingual model trained on the joint model's n-grams, ``tools/joint_nplm.py``; with
+``num_hidden 0`` first rewritten by ``tools/joint_nplm.py --identity-layer``), window and order
+those of JOINT.nlm, ``premultiply=true``, its vocabularies ``DIR/{target,source}.vocab``
+(written by ``tools/joint_nplm.py``), its weight the one MERT gave NNJM (so ``blm`` and
+``nnjm`` differ only in the joint feature).
 
 MOSES_BIN must have NLMFeature and NLMJointFeature compiled in (moses_ff/README.md).  The
-system ($SYS, default the shared Multi30k one; its moses.tuned.ini, full tables) and its LM
+system ($SYS, default ../shared/data/moses/multi30k-de-en beside the repository; its moses.tuned.ini, full tables) and its LM
 binarised into OUTDIR/lm.bin (KenLM's build_binary from $KENLM_BIN, else as
 ``nlmfeature.mt.moses.find_build_binary``) go through ``nlmfeature.mt.moses``; the configs are
 OUTDIR/{kenlm,nlm,nnjm,nlm+nnjm}.ini, the translations and logs OUTDIR/CFG.{out,log}.
@@ -26,7 +34,8 @@ from nlmfeature.mt import moses as mo
 from nlmfeature.mt.tuning import cli as tune_cli
 from nlmfeature.mt.weights import read_weights
 
-SYSTEM = "/work/shared/data/moses/multi30k-de-en"
+SYSTEM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "moses",
+                      "multi30k-de-en")
 
 
 def bleu_line(out: str, ref: str) -> str:
@@ -51,12 +60,37 @@ def run(args: argparse.Namespace) -> int:
             feats.append(f"NLMJointFeature name=NNJM path={args.joint}")
         configs[cfg] = mo.add_features(prepared.ini, os.path.join(args.outdir, f"{cfg}.ini"), feats,
                                        read_weights(os.path.join(args.rescore_workdir, f"tuned.{cfg}")))
-    for cfg, ini in configs.items():
-        r = mo.run(mo.command(args.moses, ini, args.src, args.threads))
+    if args.bilingual_nplm and not args.blm_vocab:
+        raise SystemExit("--bilingual-nplm needs --blm-vocab DIR (tools/joint_nplm.py writes it)")
+    if args.bilingual_nplm:
+        import nlmfeature
+
+        jm = nlmfeature.load(args.joint)
+        weights = read_weights(os.path.join(args.rescore_workdir, "tuned.nnjm"))
+        weights["BLM"] = weights.pop("NNJM")
+        configs["blm"] = mo.add_features(prepared.ini, os.path.join(args.outdir, "blm.ini"), [
+            f"BilingualNPLM name=BLM order={jm.order} source_window={jm.window // 2} "
+            f"path={os.path.abspath(args.bilingual_nplm)} premultiply=true "
+            f"source_vocab={os.path.join(os.path.abspath(args.blm_vocab), 'source.vocab')} "
+            f"target_vocab={os.path.join(os.path.abspath(args.blm_vocab), 'target.vocab')}"], weights)
+    src, ref = args.src, args.ref
+    if args.sentences:
+        for name in ("src", "ref"):
+            cut = os.path.join(args.outdir, f"{name}.{args.sentences}")
+            with open(getattr(args, name), encoding="utf-8") as f:
+                atomic_write_text(cut, "".join(line for _, line in zip(range(args.sentences), f)))
+            src, ref = (cut, ref) if name == "src" else (src, cut)
+    chosen = args.configs.split(",") if args.configs else list(configs)
+    for cfg in chosen:
+        if cfg not in configs:
+            raise SystemExit(f"--configs: no configuration {cfg!r} (have {', '.join(configs)})")
+    for cfg in chosen:
+        ini = configs[cfg]
+        r = mo.run(mo.command(args.moses, ini, src, args.threads))
         out = os.path.join(args.outdir, f"{cfg}.out")
         atomic_write_text(out, r.stdout)
         atomic_write_text(os.path.join(args.outdir, f"{cfg}.log"), r.stderr)
-        print(f"{cfg} decode_seconds={r.translation:.6g} {bleu_line(out, args.ref)}", flush=True)
+        print(f"{cfg} decode_seconds={r.translation:.6g} {bleu_line(out, ref)}", flush=True)
     return 0
 
 
@@ -71,6 +105,13 @@ def main(argv=None) -> int:
     ap.add_argument("ref", help="their references (BLEU)")
     ap.add_argument("outdir", help="configs, translations and decoder logs go here")
     ap.add_argument("threads", nargs="?", type=int, default=2, help="Moses threads (default 2)")
+    ap.add_argument("--bilingual-nplm", metavar="NPLM_MODEL",
+                    help="add the configuration blm: KenLM + Moses' BilingualNPLM with this NPLM model")
+    ap.add_argument("--blm-vocab", metavar="DIR",
+                    help="folder of target.vocab and source.vocab (tools/joint_nplm.py) for --bilingual-nplm")
+    ap.add_argument("--configs", help="comma-separated configurations to decode, in order "
+                    "(default all: kenlm,nlm,nnjm,nlm+nnjm[,blm])")
+    ap.add_argument("--sentences", type=int, default=0, help="decode only the first N sentences")
     ap.set_defaults(func=run)
     return cli.run(ap, argv)
 
