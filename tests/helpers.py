@@ -60,11 +60,17 @@ def stats_totals(stderr: str, prefix: str) -> dict:
 
 
 def decode_while_model_changes(cmd: List[str], sentences: List[str], live: str, replacement: str,
-                               timeout: float = 300):
+                               timeout: float = 300, ended: Optional[str] = None):
     """Run a decoder ``cmd`` reading sentences from its standard input: feed the first
-    sentence, wait for its translation on standard output, overwrite the model file ``live``
-    in place (``cp replacement live``: the unsafe way a user might replace it), then feed the
-    rest.  Returns (exit status, the translations printed, standard error)."""
+    sentence, wait for its translation on standard output (and, with ``ended``, for a line of
+    standard error containing ``ended``: what the decoder prints once the first sentence has
+    ended, e.g. the feature's per-sentence stats line), overwrite the model file ``live`` in
+    place (``cp replacement live``: the unsafe way a user might replace it), then feed the
+    rest.  Returns (exit status, the translations printed, standard error).
+
+    ``ended`` matters where the decoder ends a sentence after printing it (Moses: its manager
+    ends the features' sentence after the output): overwriting the mapped file while the
+    sentence still runs is a different case (the library checks the file between sentences)."""
     import shutil
     import subprocess
     import threading
@@ -72,7 +78,16 @@ def decode_while_model_changes(cmd: List[str], sentences: List[str], live: str, 
     p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     err: List[str] = []
-    reader = threading.Thread(target=lambda: err.append(p.stderr.read()), daemon=True)
+    seen = threading.Event()
+
+    def read_err() -> None:
+        for line in p.stderr:
+            err.append(line)
+            if ended is not None and ended in line:
+                seen.set()
+        seen.set()                            # end of stream: nothing more to wait for
+
+    reader = threading.Thread(target=read_err, daemon=True)
     reader.start()
     p.stdin.write(sentences[0] + "\n")
     p.stdin.flush()
@@ -85,6 +100,9 @@ def decode_while_model_changes(cmd: List[str], sentences: List[str], live: str, 
         p.kill()
         raise AssertionError("the decoder printed no translation of the first sentence")
     got.append(first[0].rstrip("\n"))
+    if ended is not None and not seen.wait(timeout):
+        p.kill()
+        raise AssertionError(f"the decoder printed no {ended!r} after the first sentence")
     shutil.copyfile(replacement, live)        # in place: same inode, other size
     try:
         p.stdin.write("\n".join(sentences[1:]) + "\n")

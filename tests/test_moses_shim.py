@@ -207,9 +207,12 @@ def test_model_overwritten_in_place_stops_moses_with_the_reason(moses, models, t
     # message naming the file, instead of SIGBUS or NaN scores
     live = str(tmp_path / "live.nlm")
     shutil.copyfile(models["unnormalised"], live)
-    ini = write_ini(tmp_path / "live.ini", f"NLMFeature name=NLM0 path={live}")
+    ini = write_ini(tmp_path / "live.ini", f"NLMFeature name=NLM0 path={live} stats=true")
     sentences = open(os.path.join(DATA, "fr.txt"), encoding="utf-8").read().splitlines()
-    status, out, err = decode_while_model_changes([moses, "-f", ini], sentences, live, models["class"])
+    # Moses ends a sentence's features after printing it: overwrite once the stats line of
+    # sentence 0 (printed after its end) is out, so the change falls between sentences
+    status, out, err = decode_while_model_changes([moses, "-f", ini], sentences, live, models["class"],
+                                                  ended="NLM0 sentence 0 lookups=")
     assert status == 2, err[-2000:]
     assert len(out) == 1
     assert f"{live}: the model file was changed in place" in err
