@@ -118,3 +118,59 @@ def decode_while_model_changes(cmd: List[str], sentences: List[str], live: str, 
     reader.join(timeout)
     got.extend(l for l in rest.splitlines() if l)
     return p.returncode, got, "".join(err)
+
+
+#: bjam arguments of the decoder tests when $MOSES_BJAM_ARGS is not set
+DEFAULT_BJAM_ARGS = "-j2 --without-tcmalloc --notrace --no-xmlrpc-c --without-libsegfault link=static"
+
+
+def moses_binaries(root: str) -> List[str]:
+    """The moses-cmd executables bjam built in the mosesdecoder tree ``root``."""
+    import glob
+
+    return [p for p in glob.glob(os.path.join(root, "moses-cmd", "bin", "*", "*", "*", "*", "moses"))
+            + glob.glob(os.path.join(root, "moses-cmd", "bin", "*", "*", "*", "moses"))
+            if os.path.isfile(p) and os.access(p, os.X_OK)]
+
+
+def build_moses_with_shim(root: str, joint: bool = False) -> str:
+    """Copy ``moses_ff/`` into the built mosesdecoder tree ``root`` (patching Factory.cpp once),
+    relink moses-cmd with bjam ($MOSES_BJAM_ARGS) against the installed package's library and
+    return the newest moses binary, checked to have NLMFeature (and with ``joint``,
+    NLMJointFeature) compiled in.  Without ``joint`` the joint feature's files are refreshed
+    only where the tree already has them (it builds against NLMFeature.h: an old copy beside a
+    new NLMFeature.h would not compile).  Skips the test when the tree was never built."""
+    import filecmp
+    import shlex
+    import shutil
+    import subprocess
+
+    import pytest
+    from nlmfeature.commands import config as nlmconfig
+
+    if not moses_binaries(root):
+        pytest.skip(f"{root} has no built moses-cmd binary; build Moses first")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    lm_dir = os.path.join(root, "moses", "LM")
+    for name in ("NLMFeature.h", "NLMFeature.cpp", "NLMJointFeature.h", "NLMJointFeature.cpp"):
+        src, dst = os.path.join(repo, "moses_ff", name), os.path.join(lm_dir, name)
+        if not joint and name.startswith("NLMJoint") and not os.path.exists(dst):
+            continue
+        if not os.path.exists(dst) or not filecmp.cmp(src, dst, shallow=False):
+            shutil.copy(src, dst)
+    factory = os.path.join(root, "moses", "FF", "Factory.cpp")
+    patches = [("LM_NLMFEATURE", "moses.patch")] + ([("NLMJointFeature", "moses-joint.patch")] if joint else [])
+    for marker, patch in patches:
+        if marker not in open(factory, encoding="utf-8").read():
+            subprocess.run(["patch", "-p1", "--forward", "-i", os.path.join(repo, "moses_ff", patch)],
+                           cwd=root, check=True, capture_output=True)
+    pkg = os.path.dirname(nlmconfig.paths()["libdir"])
+    args = shlex.split(os.environ.get("MOSES_BJAM_ARGS", DEFAULT_BJAM_ARGS))
+    p = subprocess.run([os.path.join(root, "bjam"), *args, f"--with-nlmfeature={pkg}", "moses-cmd//moses"],
+                       cwd=root, capture_output=True, text=True)
+    assert p.returncode == 0, "bjam failed:\n" + p.stdout[-5000:] + p.stderr[-2000:]
+    exe = max(moses_binaries(root), key=os.path.getmtime)
+    symbols = subprocess.run(["nm", "-C", exe], capture_output=True, text=True).stdout
+    for feature in ["NLMFeature"] + (["NLMJointFeature"] if joint else []):
+        assert feature in symbols, f"{exe} was built without {feature}"
+    return exe

@@ -10,12 +10,9 @@ moses_ff/moses.patch and moses_ff/moses-joint.patch if needed and runs bjam (MOS
 """
 from __future__ import annotations
 
-import filecmp
 import gzip
 import os
 import re
-import shlex
-import shutil
 import subprocess
 
 import numpy as np
@@ -23,39 +20,20 @@ import pytest
 
 import nlmfeature
 from nlmfeature.core.architecture import ModelSpec, precompute_tables, random_model
-from nlmfeature.commands import config as nlmconfig
 from nlmfeature.core.joint import affiliations, joint_ngrams
 from nlmfeature.core.vocab import Vocabulary, count_words
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 DATA = os.path.join(HERE, "data", "decoder", "multi30k")
-from test_moses_shim import DEFAULT_BJAM_ARGS, MOSES_ROOT, _moses_binaries, pytestmark  # noqa: F401
+from helpers import build_moses_with_shim  # noqa: E402
+from test_moses_shim import MOSES_ROOT, pytestmark  # noqa: F401
 
 
 @pytest.fixture(scope="module")
 def moses() -> str:
-    root = MOSES_ROOT
-    if not _moses_binaries(root):
-        pytest.skip(f"{root} has no built moses-cmd binary; build Moses first")
-    lm_dir = os.path.join(root, "moses", "LM")
-    for name in ("NLMFeature.h", "NLMFeature.cpp", "NLMJointFeature.h", "NLMJointFeature.cpp"):
-        src, dst = os.path.join(REPO, "moses_ff", name), os.path.join(lm_dir, name)
-        if not os.path.exists(dst) or not filecmp.cmp(src, dst, shallow=False):
-            shutil.copy(src, dst)
-    factory = os.path.join(root, "moses", "FF", "Factory.cpp")
-    for marker, patch in (("LM_NLMFEATURE", "moses.patch"), ("NLMJointFeature", "moses-joint.patch")):
-        if marker not in open(factory, encoding="utf-8").read():
-            subprocess.run(["patch", "-p1", "--forward", "-i", os.path.join(REPO, "moses_ff", patch)],
-                           cwd=root, check=True, capture_output=True)
-    pkg = os.path.dirname(nlmconfig.paths()["libdir"])
-    args = shlex.split(os.environ.get("MOSES_BJAM_ARGS", DEFAULT_BJAM_ARGS))
-    p = subprocess.run([os.path.join(root, "bjam"), *args, f"--with-nlmfeature={pkg}", "moses-cmd//moses"],
-                       cwd=root, capture_output=True, text=True)
-    assert p.returncode == 0, "bjam failed:\n" + p.stdout[-5000:] + p.stderr[-2000:]
-    exe = max(_moses_binaries(root), key=os.path.getmtime)
-    assert "NLMJointFeature" in subprocess.run(["nm", "-C", exe], capture_output=True, text=True).stdout
-    return exe
+    """The moses binary of $MOSES_ROOT with NLMFeature and NLMJointFeature compiled in."""
+    return build_moses_with_shim(MOSES_ROOT, joint=True)
 
 
 @pytest.fixture(scope="module")

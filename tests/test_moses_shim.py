@@ -10,12 +10,9 @@ match the original build or bjam rebuilds everything.
 """
 from __future__ import annotations
 
-import filecmp
-import glob
 import gzip
 import os
 import re
-import shlex
 import shutil
 import subprocess
 
@@ -24,16 +21,14 @@ import pytest
 
 import nlmfeature
 from nlmfeature.core.architecture import ModelSpec, precompute_tables, random_model
-from nlmfeature.commands import config as nlmconfig
 from nlmfeature.core.vocab import Vocabulary, count_words
 
-from helpers import decode_while_model_changes, stats_totals
+from helpers import build_moses_with_shim, decode_while_model_changes, stats_totals
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 DATA = os.path.join(HERE, "data", "decoder")
 MOSES_ROOT = os.environ.get("MOSES_ROOT")
-DEFAULT_BJAM_ARGS = "-j2 --without-tcmalloc --notrace --no-xmlrpc-c --without-libsegfault link=static"
 
 pytestmark = pytest.mark.skipif(
     not MOSES_ROOT or not os.path.exists(os.path.join(MOSES_ROOT or "/", "moses", "LM", "Jamfile")),
@@ -41,41 +36,10 @@ pytestmark = pytest.mark.skipif(
 pytestmark = [pytest.mark.decoder, pytestmark]   # -m decoder / -m "not decoder"; counted in the summary
 
 
-def _moses_binaries(root):
-    return [p for p in glob.glob(os.path.join(root, "moses-cmd", "bin", "*", "*", "*", "*", "moses"))
-            + glob.glob(os.path.join(root, "moses-cmd", "bin", "*", "*", "*", "moses"))
-            if os.path.isfile(p) and os.access(p, os.X_OK)]
-
-
 @pytest.fixture(scope="module")
 def moses() -> str:
     """The moses binary of $MOSES_ROOT with NLMFeature compiled in."""
-    root = MOSES_ROOT
-    if not _moses_binaries(root):
-        pytest.skip(f"{root} has no built moses-cmd binary; build Moses first")
-    lm_dir = os.path.join(root, "moses", "LM")
-    # NLMFeature.*, and the joint feature's files if the tree has them (it builds against
-    # NLMFeature.h: an old copy beside a new NLMFeature.h would not compile)
-    for name in ("NLMFeature.h", "NLMFeature.cpp", "NLMJointFeature.h", "NLMJointFeature.cpp"):
-        src, dst = os.path.join(REPO, "moses_ff", name), os.path.join(lm_dir, name)
-        if name.startswith("NLMJoint") and not os.path.exists(dst):
-            continue
-        if not os.path.exists(dst) or not filecmp.cmp(src, dst, shallow=False):
-            shutil.copy(src, dst)
-    factory = open(os.path.join(root, "moses", "FF", "Factory.cpp"), encoding="utf-8").read()
-    if "LM_NLMFEATURE" not in factory:
-        subprocess.run(["patch", "-p1", "--forward", "-i", os.path.join(REPO, "moses_ff", "moses.patch")],
-                       cwd=root, check=True, capture_output=True)
-    pkg = os.path.dirname(nlmconfig.paths()["libdir"])
-    bjam = os.path.join(root, "bjam")
-    args = shlex.split(os.environ.get("MOSES_BJAM_ARGS", DEFAULT_BJAM_ARGS))
-    p = subprocess.run([bjam, *args, f"--with-nlmfeature={pkg}", "moses-cmd//moses"], cwd=root,
-                       capture_output=True, text=True)
-    assert p.returncode == 0, "bjam failed:\n" + p.stdout[-5000:] + p.stderr[-2000:]
-    exe = max(_moses_binaries(root), key=os.path.getmtime)
-    out = subprocess.run(["nm", "-C", exe], capture_output=True, text=True).stdout
-    assert "NLMFeature" in out, f"{exe} was built without NLMFeature"
-    return exe
+    return build_moses_with_shim(MOSES_ROOT)
 
 
 def target_vocabulary():
