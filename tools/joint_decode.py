@@ -30,6 +30,7 @@ import sys
 
 from nlmfeature import cli
 from nlmfeature.io.atomicfile import atomic_write_text
+from nlmfeature.io.textio import read_lines
 from nlmfeature.mt import moses as mo
 from nlmfeature.mt.tuning import cli as tune_cli
 from nlmfeature.mt.weights import read_weights
@@ -44,6 +45,12 @@ def bleu_line(out: str, ref: str) -> str:
     with contextlib.redirect_stdout(buf):
         tune_cli.main(["bleu", out, "--ref", ref])
     return buf.getvalue().splitlines()[0]
+
+
+def head(path: str, n: int, dst: str) -> str:
+    """The first ``n`` lines of ``path`` (the package's text reader) written to ``dst``."""
+    atomic_write_text(dst, "".join(line + "\n" for line in read_lines(path)[:n]))
+    return dst
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,12 +81,9 @@ def run(args: argparse.Namespace) -> int:
             f"source_vocab={os.path.join(os.path.abspath(args.blm_vocab), 'source.vocab')} "
             f"target_vocab={os.path.join(os.path.abspath(args.blm_vocab), 'target.vocab')}"], weights)
     src, ref = args.src, args.ref
-    if args.sentences:
-        for name in ("src", "ref"):
-            cut = os.path.join(args.outdir, f"{name}.{args.sentences}")
-            with open(getattr(args, name), encoding="utf-8") as f:
-                atomic_write_text(cut, "".join(line for _, line in zip(range(args.sentences), f)))
-            src, ref = (cut, ref) if name == "src" else (src, cut)
+    if args.sentences:                # the first N sentences and their references
+        src, ref = (head(p, args.sentences, os.path.join(args.outdir, f"{name}.{args.sentences}"))
+                    for name, p in (("src", src), ("ref", ref)))
     chosen = args.configs.split(",") if args.configs else list(configs)
     for cfg in chosen:
         if cfg not in configs:

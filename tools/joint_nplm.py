@@ -33,6 +33,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 import nlmfeature  # noqa: E402
 from nlmfeature.core.joint import joint_ngrams, read_parallel  # noqa: E402
+from nlmfeature.io.atomicfile import atomic_write_text  # noqa: E402
 
 
 def identity_layer(src: str, dst: str) -> int:
@@ -68,9 +69,7 @@ def identity_layer(src: str, dst: str) -> int:
         else:
             out.append(line)
         i += 1
-    with open(dst + ".tmp", "w", encoding="utf-8") as f:
-        f.write("\n".join(out))
-    os.replace(dst + ".tmp", dst)
+    atomic_write_text(dst, "\n".join(out))
     return d
 
 
@@ -102,8 +101,7 @@ def main(argv=None) -> int:
         np.savetxt(os.path.join(args.out, f"{name}.numberized"), rows, fmt="%d")
         print(f"{name}: {rows.shape[0]} n-grams of {rows.shape[1]} ids")
     for name, vocab in (("target.vocab", jm.vocab), ("source.vocab", jm.source_vocab)):
-        with open(os.path.join(args.out, name), "w", encoding="utf-8") as f:
-            f.write("".join(w + "\n" for w in vocab))
+        atomic_write_text(os.path.join(args.out, name), "".join(w + "\n" for w in vocab))
     print(f"--ngram_size {jm.window + jm.order} --input_vocab_size {Vt + len(jm.source_vocab)} "
           f"--output_vocab_size {Vt}")
     return 0

@@ -321,7 +321,7 @@ def prepare_system(ini: str, work: str, inputs: Sequence[str], system: Optional[
         out_lines.append(line)
     res.ini = os.path.join(work, f"base.{key}.moses.ini")
     atomic_write_text(res.ini, "".join(l + "\n" for l in out_lines))
-    res.filter_seconds = filter_seconds if phrases is not None else 0.0
+    res.filter_seconds = filter_seconds             # 0 unless a table was filtered
     if log and phrases is not None:
         log(f"system prepared in {time.time() - t_start:.0f} s: {res.ini}")
     return res
