@@ -667,22 +667,29 @@ static double span_compute(nlm_session* session, const int32_t* hist, int nhist,
     NLM_TIMED(session, double, g_vt->score_span(session->cs, hist, nhist, first, count, final, NULL, 0, NULL));
 }
 
+/* The span calls' arguments made safe, as nlm_score_span documents: a NULL hist is the empty
+ * history, nhist >= 0, first in [0, nhist], count in [0, nhist - first], final 0 or 1.
+ * Returns 0 when nothing is left to score. */
+static int clamp_span(const int32_t** hist, int* nhist, int* first, int* count, int* final) {
+    static const int32_t none[1] = {0};
+    if (*nhist < 0) *nhist = 0;
+    if (!*hist) *hist = none, *nhist = 0;
+    if (*first < 0) *first = 0;
+    if (*first > *nhist) *first = *nhist;
+    if (*count < 0) *count = 0;
+    if (*count > *nhist - *first) *count = *nhist - *first;
+    *final = *final ? 1 : 0;
+    return *count || *final;
+}
+
 NLM_API double nlm_score_span(nlm_session* session, const int32_t* hist, int nhist, int first, int count,
                               int final) {
-    static const int32_t none[1] = {0};
     int32_t key[2 + NLM_VT_MAX_ORDER + NLM_SPAN_MAX_WORDS];
     int c, lead, end, n, found;
     int32_t* slot;
     double v;
     memo_table* t;
-    if (nhist < 0) nhist = 0;
-    if (!hist) hist = none, nhist = 0;
-    if (first < 0) first = 0;
-    if (first > nhist) first = nhist;
-    if (count < 0) count = 0;
-    if (count > nhist - first) count = nhist - first;
-    final = final ? 1 : 0;
-    if (!count && !final) return 0;
+    if (!clamp_span(&hist, &nhist, &first, &count, &final)) return 0;
     t = &session->memo;
     if (!t->capacity) return span_compute(session, hist, nhist, first, count, final);
     /* the key: the ids before `first` that the first word's context sees (up to n-1; all of
@@ -761,15 +768,8 @@ NLM_API double nlm_joint_score_span(nlm_session* session, const int32_t* hist, i
                                     int count, int final, const int32_t* affiliations) {
     static const int32_t none[1] = {0};
     if (!session) { fail(NLM_ERR_ARGUMENT, "nlm_joint_score_span: NULL session"); return NAN; }
-    if (nhist < 0) nhist = 0;
-    if (nhist && !hist) { fail(NLM_ERR_ARGUMENT, "nlm_joint_score_span: NULL history with nhist = %d", nhist); return NAN; }
-    if (!hist) hist = none;
-    if (first < 0) first = 0;
-    if (first > nhist) first = nhist;
-    if (count < 0) count = 0;
-    if (count > nhist - first) count = nhist - first;
-    final = final ? 1 : 0;
-    if (!count && !final) return 0;
+    if (nhist > 0 && !hist) { fail(NLM_ERR_ARGUMENT, "nlm_joint_score_span: NULL history with nhist = %d", nhist); return NAN; }
+    if (!clamp_span(&hist, &nhist, &first, &count, &final)) return 0;
     if (!affiliations) { fail(NLM_ERR_ARGUMENT, "nlm_joint_score_span: NULL affiliations"); return NAN; }
     /* affiliations past the sentence are its </s> (clamped by the scorer, as nlm_joint_score's) */
     NLM_TIMED(session, double, g_vt->score_span(session->cs, hist, nhist, first, count, final,
