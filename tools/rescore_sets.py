@@ -70,6 +70,8 @@ def main() -> int:
     ap.add_argument("--set", action="append", required=True, metavar="A+B",
                     help="a feature set to tune (names joined by '+'); repeatable")
     ap.add_argument("--seeds", type=int, default=3, help="MERT seeds 1..N per set (3)")
+    ap.add_argument("--algorithm", choices=("mert", "mira", "pro"), default="mert",
+                    help="optimiser (nlmfeature-tune optimise's; default mert)")
     ap.add_argument("--restarts", type=int, default=20, help="MERT random restarts (20)")
     ap.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (1000)")
     ap.add_argument("--json", help="write the results here")
@@ -133,7 +135,7 @@ def main() -> int:
         runs = []
         for seed in range(1, args.seeds + 1):
             t1 = time.time()
-            res = optimise_pool(sub, "mert", init, settings=dict(seed=seed, restarts=args.restarts,
+            res = optimise_pool(sub, args.algorithm, init, settings=dict(seed=seed, restarts=args.restarts,
                                                                    jobs=1))
             w = {}
             i = 0
@@ -163,7 +165,8 @@ def main() -> int:
             entry[p] = s
         entry["weights"] = [r["weights"] for r in runs]
         out[key] = entry
-    print(f"{args.kbest}-best rescoring, MERT x{args.seeds} seeds ({args.restarts} restarts), "
+    print(f"{args.kbest}-best rescoring, {args.algorithm.upper()} x{args.seeds} seeds "
+          f"({args.restarts} restarts for MERT), "
           "tokenised BLEU, mean ± sd (min-max); p: paired bootstrap of the means vs KenLM")
     print(f"{'features':<28} {'dev':>26} {'diff':>6} {'p':>6} {'test':>26} {'diff':>6} {'p':>6}")
     for key, e in out.items():
@@ -179,7 +182,8 @@ def main() -> int:
     if args.json:
         from nlmfeature.io.atomicfile import atomic_write_text
 
-        atomic_write_text(args.json, json.dumps(dict(models=models, seeds=args.seeds,
+        atomic_write_text(args.json, json.dumps(dict(models=models, algorithm=args.algorithm,
+                                                     seeds=args.seeds,
                                                      restarts=args.restarts, results=out),
                                                 indent=1) + "\n")
     return 0

@@ -60,10 +60,9 @@ from nlmfeature.mt.moses import add_features, decode, find_moses, prepare_system
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 DEFAULT_SYSTEM = os.path.join("..", "shared", "data", "moses", "multi30k-de-en")
 DEFAULT_DATA = os.path.join("..", "shared", "data", "parallel", "multi30k")
-#: the recipe that gave +1.05 BLEU in rescoring (issue 16): unnormalised LBL, NCE, direct features
-DEFAULT_RECIPE = ("--order 5 --min-count 2 --word-width 200 --diagonal-contexts --output unnormalised "
-                  "--noise-samples 10 --direct-order 3 --hash-space 4194304 --min-ngram-freq 2 "
-                  "--patience 2 --seed 1")
+#: ``nlmfeature train``'s own defaults (the order-8 unnormalised LBL with direct features that
+#: README's bench mt figures use), trained on one thread so that the model is reproducible
+DEFAULT_RECIPE = "--threads 1"
 
 
 #: the systems compared, in the order they are tuned for each seed ('joint' only with --joint)
@@ -195,7 +194,7 @@ def train_model(args: argparse.Namespace, work: str, dev_ref: str) -> str:
         return path
     train = os.path.join(args.system, "train.tok.lc.en.gz")
     argv = ["train", "--train", train, "--test-set", dev_ref, "--model-out", path,
-            "--threads", str(args.threads), "--no-progress"] + shlex.split(args.recipe)
+            "--no-progress"] + shlex.split(args.recipe)
     _quiet_call(cli.main, argv, "nlmfeature")
     _write(done, [args.recipe])
     return path
@@ -781,8 +780,9 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
                    help="MERT random restarts of each rescoring tuning (default 20, as "
                         "mert-moses.pl)")
     p.add_argument("--recipe", default=DEFAULT_RECIPE,
-                   help="nlmfeature train options when no --model is given (default: the "
-                        "unnormalised LBL recipe of issue 16: %(default)s)")
+                   help="nlmfeature train options when no --model is given (default: "
+                        "%(default)s, i.e. nlmfeature train's defaults on one thread: the "
+                        "order-8 unnormalised LBL of README's bench mt figures)")
     p.add_argument("--init", default="tuned", choices=("tuned", "untuned"),
                    help="starting weights: the system's moses.tuned.ini (KenLM-only MERT "
                         "weights; the NLM weight starts at half the LM's) or moses.untuned.ini "
