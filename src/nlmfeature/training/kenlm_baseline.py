@@ -39,7 +39,7 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -279,35 +279,15 @@ class KenLMScorer:
 # interpolation
 # ---------------------------------------------------------------------------------------
 def linear_logprob(nlm: np.ndarray, kenlm: np.ndarray, weight: float) -> np.ndarray:
-    """log(w exp(nlm) + (1-w) exp(kenlm)) per token (natural logs)."""
-    with np.errstate(divide="ignore"):
-        return np.logaddexp(np.log(weight) + nlm, np.log1p(-weight) + kenlm)
-
-
-def golden_section(f: Callable[[float], float], lo: float = 0.0, hi: float = 1.0,
-                   tol: float = 1e-4) -> Tuple[float, float]:
-    """Minimise a unimodal ``f`` on [lo, hi]; returns (argmin, min), endpoints included."""
-    g = (math.sqrt(5) - 1) / 2
-    a, b = lo, hi
-    c, d = b - g * (b - a), a + g * (b - a)
-    fc, fd = f(c), f(d)
-    while b - a > tol:
-        if fc < fd:
-            b, d, fd = d, c, fc
-            c = b - g * (b - a)
-            fc = f(c)
-        else:
-            a, c, fc = c, d, fd
-            d = a + g * (b - a)
-            fd = f(d)
-    best = min([(fc, c), (fd, d), (f(lo), lo), (f(hi), hi)])
-    return best[1], best[0]
+    """log(w exp(nlm) + (1-w) exp(kenlm)) per token (natural logs): the two-model case of
+    :func:`mixture_logprob`."""
+    return mixture_logprob(np.stack([nlm, kenlm]), [weight, 1.0 - weight])
 
 
 def tune_linear(nlm: np.ndarray, kenlm: np.ndarray) -> float:
     """Weight of the neural model maximising the likelihood of the (validation) tokens under
-    linear interpolation (the objective is concave: golden-section search)."""
-    return golden_section(lambda w: -float(linear_logprob(nlm, kenlm, w).sum()))[0]
+    linear interpolation: the two-model case of :func:`tune_mixture`."""
+    return float(tune_mixture(np.stack([nlm, kenlm]))[0])
 
 
 def interpolate(nlm_token_logprobs: np.ndarray, kenlm_token_logprobs: np.ndarray,
@@ -335,7 +315,7 @@ def tune_mixture(components: np.ndarray, iterations: int = 500, tol: float = 1e-
     """Weights (K,) of the token-level linear mixture of K models that maximise the likelihood
     of the (validation) tokens whose natural-log scores are ``components`` (K, N), by EM (the
     objective is concave in the weights, so EM reaches the optimum; stops when the mean
-    log-probability gains less than ``tol``).  With K = 2 it is :func:`tune_linear`'s optimum."""
+    log-probability gains less than ``tol``)."""
     L = np.asarray(components, dtype=np.float64)
     if L.ndim != 2 or L.shape[0] < 1 or L.shape[1] < 1:
         raise ValueError("tune_mixture needs scores of shape (models, tokens), both >= 1")
