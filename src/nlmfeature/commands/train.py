@@ -38,6 +38,10 @@ defaults: the recipe measured best for decoding (docs/training.md, "Choosing the
   several times longer):
   nlmfeature train --train train.txt.gz --test-set valid.txt.gz --model-out ml.nlm --output softmax
   The token-level mixture of the two beats either (nlmfeature perplexity -m ml.nlm -m lm.nlm).
+  For k-best rescoring the best measured (Multi30k 1000-best, beside a right-to-left model:
+  +1.62 BLEU against +1.48 with the default) is maximum likelihood with self-normalisation,
+  whose raw scores are close to log-probabilities (perplexity 0.81x KenLM), so a decoder can use it:
+  nlmfeature train ... --model-out mlsn.nlm --noise-samples 0 --self-normalise 0.1
   A right-to-left model for k-best rescoring beside it (nlmfeature-rescore -m lm.nlm -m r2l.nlm):
   nlmfeature train --train train.txt.gz --test-set valid.txt.gz --model-out r2l.nlm --reverse
 
@@ -143,7 +147,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="NCE noise samples per word; 0 = maximum-likelihood SGD (default 0 for "
                         "--output softmax and tree and with --self-normalise, else 10)")
     o.add_argument("--self-normalise", type=float, default=0.0, metavar="ALPHA",
-                   help="ML penalty ALPHA*log(Z)^2 so unnormalised scores act as log-probabilities")
+                   help="ML penalty ALPHA*log(Z)^2 so unnormalised scores act as log-probabilities "
+                        "(0.1 with --noise-samples 0: the rescoring recipe, docs/training.md)")
     o.add_argument("--minibatch-size", type=int, default=D.minibatch_size,
                    help=f"n-grams per update (default {D.minibatch_size})")
     o.add_argument("--iterations", type=int, default=D.iterations,
