@@ -20,7 +20,9 @@ Every caller that touches Moses uses this module: ``nlmfeature bench mt``, the t
 - :func:`add_features` / :func:`rewrite_moses_ini`: copies with feature lines added, weights
   set and ``key=value`` options set on the lines of given feature classes;
 - :func:`command`, :func:`run` (timed: wall, CPU, per-sentence "Translation took" seconds) and
-  :func:`decode` (outputs written atomically, reused when present).
+  :func:`decode` (outputs written atomically, reused when present); :func:`decode_to_files`
+  and :func:`run` serve cdec too (:mod:`nlmfeature.mt.cdec`, which also reuses
+  :func:`binarise_lm` and :func:`read_ini`).
 
 Malformed input raises :class:`~nlmfeature.errors.InputError` naming the file (and line); a
 failing decoder :class:`~nlmfeature.errors.DecoderError` naming its log.
