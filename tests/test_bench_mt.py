@@ -342,7 +342,7 @@ def test_bench_mt_cdec_end_to_end(tmp_path, capsys, shim):  # noqa: F811
     work = tmp_path / "bench"
     argv = ["bench", "mt", "--decoder", "cdec", "--quick", "--quick-sentences", "8",
             "--test-sentences", "8", "--tunings", "1", "--max-iterations", "2", "--model", model,
-            "--cdec-ff", shim, "--workdir", str(work), "--bootstrap", "100"]
+            "--cdec", CDEC, "--cdec-ff", shim, "--workdir", str(work), "--bootstrap", "100"]
     assert cli_main(argv) == 0
     out = capsys.readouterr().out
     assert "== cdec decoding" in out and "QUICK" in out and "== Moses decoding" not in out
