@@ -47,7 +47,7 @@ grow-diag-final-and alignment (kept in ``WORKDIR/cdec``, named by the input's co
 cdec.ini has the word penalty, KenLM on the same binarised LM and, on the NLM side, one
 ``feature_function=External libcdec_ff_nlm.so`` line per model (NLM0, NLM1, ...).  Both sides
 start from hand-set weights (``nlmfeature.mt.cdec.BASE_WEIGHTS``; the NLM weights at half the
-LM's), are tuned ``--tunings`` times with ``nlmfeature-tune cdec`` on distinct k-best strings
+LM's divided by ln 10: cdec's LM feature is log10, the NLM's natural log), are tuned ``--tunings`` times with ``nlmfeature-tune cdec`` on distinct k-best strings
 (cdec ``-r``; the NLM side with the persistent cache) and decode dev and test on one thread; the scores, p-values, seconds per
 sentence and tuning iterations are reported as the Moses part's.  ``--joint`` and the
 rescoring part are Moses' only.
@@ -58,6 +58,7 @@ import argparse
 import contextlib
 import io
 import json
+import math
 import os
 import shlex
 import sys
@@ -384,7 +385,8 @@ def cdec_part(args: argparse.Namespace, work: str, sets: Dict[str, dict], models
     """The cdec part (``--decoder cdec`` / ``both``): a hiero system from the Moses system's
     training pairs and alignment (``nlmfeature.mt.cdec``; grammars of every set extracted
     once, in ``WORKDIR/cdec``), KenLM alone and KenLM + the NLMs (``feature_function=External
-    cdec_ff/libcdec_ff_nlm.so``, weights NLM0, NLM1, ... starting at half the LM's), both
+    cdec_ff/libcdec_ff_nlm.so``, weights NLM0, NLM1, ... starting at half the LM's in its
+    log10 units), both
     tuned from :data:`nlmfeature.mt.cdec.BASE_WEIGHTS` and decoded as the Moses part is
     (:func:`decoding`)."""
     from nlmfeature.mt import cdec
@@ -408,7 +410,9 @@ def cdec_part(args: argparse.Namespace, work: str, sets: Dict[str, dict], models
     nlm_ini_path = cdec.write_ini(os.path.join(cwork, f"nlm{mkey}.cdec.ini"), lm,
                                   [cdec.nlm_feature_line(m, f"NLM{i}", shim)
                                    for i, m in enumerate(models)])
-    half = cdec.BASE_WEIGHTS["LanguageModel"][0] / 2
+    # half the LM's weight, as in the Moses part, in the LM's units: cdec's KenLM feature is
+    # log10 (Moses' is ln), the NLM's natural log
+    half = cdec.BASE_WEIGHTS["LanguageModel"][0] / 2 / math.log(10)
     weights = {
         base_ini: cdec.write_cdec_weights(os.path.join(cwork, "base.weights"), cdec.BASE_WEIGHTS),
         nlm_ini_path: cdec.write_cdec_weights(
