@@ -47,10 +47,11 @@ grow-diag-final-and alignment (kept in ``WORKDIR/cdec``, named by the input's co
 cdec.ini has the word penalty, KenLM on the same binarised LM and, on the NLM side, one
 ``feature_function=External libcdec_ff_nlm.so`` line per model (NLM0, NLM1, ...).  Both sides
 start from hand-set weights (``nlmfeature.mt.cdec.BASE_WEIGHTS``; the NLM weights at half the
-LM's divided by ln 10: cdec's LM feature is log10, the NLM's natural log), are tuned ``--tunings`` times with ``nlmfeature-tune cdec`` on distinct k-best strings
-(cdec ``-r``; the NLM side with the persistent cache) and decode dev and test on one thread; the scores, p-values, seconds per
-sentence and tuning iterations are reported as the Moses part's.  ``--joint`` and the
-rescoring part are Moses' only.
+LM's divided by ln 10: cdec's LM feature is log10, the NLM's natural log), are tuned
+``--tunings`` times with ``nlmfeature-tune cdec`` on distinct k-best strings (cdec ``-r``; the
+NLM side with the persistent cache) and decode dev and test on one thread; the scores,
+p-values, seconds per sentence and tuning iterations are reported as the Moses part's.
+``--joint`` and the rescoring part are Moses' only.
 """
 from __future__ import annotations
 
