@@ -321,3 +321,91 @@ def test_exact_perplexity_of_unnormalised_joint_models(tmp_path):
     assert "raw_perplexity" not in crow
 
 
+
+
+# -- the cdec side (--decoder cdec) --------------------------------------------------------------
+from test_cdec_shim import CDEC, shim  # noqa: E402,F401  (the shim fixture: cdec_ff built for this tree)
+
+
+@pytest.mark.decoder
+@pytest.mark.skipif(not CDEC or not os.path.exists(CDEC) or not os.path.isdir(DATA)
+                    or not os.path.isdir(SYSTEM),
+                    reason="needs CDEC_ROOT (a built cdec tree with build/decoder/cdec and "
+                           "build/extractor/run_extractor) and the shared Multi30k data")
+def test_bench_mt_cdec_end_to_end(tmp_path, capsys, shim):  # noqa: F811
+    """cdec's hiero system on 8 dev and 8 test sentences, one tuning of 2 iterations per side:
+    grammars extracted by run_extractor, both sides tuned by nlmfeature-tune cdec and decoded,
+    scored by the Moses part's code, rows labelled cdec; a rerun reuses everything."""
+    from nlmfeature.mt.kbest import read_kbest
+
+    model = make_model(tmp_path, order=5)
+    work = tmp_path / "bench"
+    argv = ["bench", "mt", "--decoder", "cdec", "--quick", "--quick-sentences", "8",
+            "--test-sentences", "8", "--tunings", "1", "--max-iterations", "2", "--model", model,
+            "--cdec", CDEC, "--cdec-ff", shim, "--workdir", str(work), "--bootstrap", "100"]
+    assert cli_main(argv) == 0
+    out = capsys.readouterr().out
+    assert "== cdec decoding" in out and "QUICK" in out and "== Moses decoding" not in out
+    doc = json.load(open(work / "bench-mt.json", encoding="utf-8"))
+    assert doc["decoder"] == "cdec" and "decoding" not in doc and "rescoring" not in doc
+    part = doc["cdec"]
+    for name in ("dev", "test"):
+        entry = part["scores"][name]
+        for metric in ("bleu", "detok_bleu", "chrf"):
+            for side in ("base", "nlm"):
+                assert len(entry[metric][side]["runs"]) == 1
+                assert 0 < entry[metric][side]["mean"] <= 100
+            assert 0 < entry[metric]["p_value"] <= 1
+        assert entry["seconds_per_sentence"]["base"] > 0 and entry["seconds_per_sentence"]["ratio"] > 0
+    # the grammars: one per sentence, named in the decoder's input
+    sgm = read_lines_of(part["inputs"]["test"])
+    assert len(sgm) == 8 and all(l.startswith('<seg grammar="/') for l in sgm)
+    assert os.path.getsize(sgm[0].split('"')[1]) > 0
+    # the NLM side's config has the NLM line; its k-best lists carry NLM0, the base side's do not
+    nlm_ini = open(part["configs"]["nlm"], encoding="utf-8").read().splitlines()
+    assert f"feature_function=External {shim} --model {model} --name NLM0" in nlm_ini
+    assert not any("External" in l for l in open(part["configs"]["base"], encoding="utf-8"))
+    [tuning] = part["tunings"]["nlm"]
+    assert len(tuning["iterations"]) == 2
+    assert all(0 <= i["dev_bleu"] <= 100 for i in tuning["iterations"])
+    [ndir] = list(work.glob("cdec/tuning.*/nlm*.mert1"))
+    [bdir] = list(work.glob("cdec/tuning.*/base.mert1"))
+    hyps = list(read_kbest(str(ndir / "run1.kbest.gz")))
+    assert {h.sid for h in hyps} == set(range(8)) and all("NLM0" in dict(h.features) for h in hyps)
+    assert not any("NLM0" in dict(h.features) for h in read_kbest(str(bdir / "run1.kbest.gz")))
+    assert "NLM0" in read_weights(str(ndir / "weights.final.txt"))
+    # the translations exist, one per test sentence, and are the ones scored
+    for d, side in ((bdir, "base"), (ndir, "nlm")):
+        hyp = read_lines_of(str(d / "test.last.1best"))
+        assert len(hyp) == 8 and sum(len(h.split()) for h in hyp) > 40
+        scorer = bench_mt.Scorer(*(str(next(work.glob(f"test.8.{k}.en"))) for k in ("ref", "raw")), "en")
+        assert bench_mt.score(scorer, "bleu", scorer.stats(str(d / "test.last.1best"))["bleu"]) == \
+            pytest.approx(part["scores"]["test"]["bleu"][side]["mean"])
+    # rerunning reuses every finished step and reports the same scores
+    assert cli_main(argv + ["--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["cdec"]["scores"] == part["scores"]
+
+
+def read_lines_of(path: str):
+    return open(path, encoding="utf-8").read().splitlines()
+
+
+def test_bench_mt_cdec_names_what_is_missing(tmp_path, capsys, monkeypatch):
+    """Without a cdec tree, or without the feature library, the cdec side stops before any
+    work with a message saying what to build (no traceback)."""
+    monkeypatch.delenv("CDEC_ROOT", raising=False)
+    argv = ["bench", "mt", "--decoder", "cdec", "--workdir", str(tmp_path / "w"),
+            "--system", str(tmp_path)]
+    assert cli_main(argv) != 0
+    err = capsys.readouterr().err
+    assert "CDEC_ROOT" in err and "Traceback" not in err
+    assert not (tmp_path / "w").exists()
+    fake = tmp_path / "cdec"
+    for rel in ("build/decoder/cdec", "build/extractor/run_extractor"):
+        (fake / rel).parent.mkdir(parents=True)
+        (fake / rel).write_text("#!/bin/sh\nexit 1\n")
+        (fake / rel).chmod(0o755)
+    assert cli_main(argv + ["--cdec-root", str(fake), "--cdec-ff", str(tmp_path / "no.so")]) != 0
+    err = capsys.readouterr().err
+    assert "make -C cdec_ff" in err and str(tmp_path / "no.so") in err

@@ -16,7 +16,7 @@ import pytest
 from nlmfeature.errors import InputError
 from nlmfeature.mt.tuning.cli import main as tune_main
 from nlmfeature.mt.moses import moses_ini_lines, rewrite_moses_ini
-from nlmfeature.mt.tuning.config import rewrite_cdec_ini, write_cdec_weights
+from nlmfeature.mt.cdec import rewrite_cdec_ini, write_cdec_weights
 from nlmfeature.mt.tuning.data import KbestPool
 from nlmfeature.mt.tuning.driver import (DecoderError, Driver, DriverSettings, DriverState,
                                       weights_converged)

@@ -42,7 +42,6 @@ Example (figures in the issue-14 notes were made this way)::
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -50,13 +49,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from typing import Dict, List, Optional, Tuple
 
 from nlmfeature import cli
 from nlmfeature.errors import DecoderError
 from nlmfeature.io import textio
 from nlmfeature.io.atomicfile import atomic_write_text
+from nlmfeature.mt import cdec as cd
 from nlmfeature.mt import moses as mo
 from nlmfeature.mt.weights import Weights, read_weights
 
@@ -81,14 +80,6 @@ def write_lines(path: str, lines: List[str]) -> str:
     """Write ``lines`` to ``path`` (atomically); returns ``path``."""
     atomic_write_text(path, "\n".join(lines) + "\n")
     return path
-
-
-def file_digest(*paths: str) -> str:
-    h = hashlib.blake2b(digest_size=6)
-    for p in paths:
-        with open(p, "rb") as f:
-            h.update(f.read())
-    return h.hexdigest()
 
 
 def prepare_moses_system(system: str, ini: Optional[str], inputs: List[str], work: str,
@@ -246,84 +237,32 @@ def perf_profile(cmd: List[str], data: str, env: Optional[Dict[str, str]] = None
 
 
 # ---------------------------------------------------------------------------------------
-# cdec: a hiero grammar per sentence from cdec's suffix-array extractor
+# cdec: a hiero grammar per sentence from cdec's suffix-array extractor (nlmfeature.mt.cdec)
 # ---------------------------------------------------------------------------------------
 
-CDEC_WEIGHTS = """# untuned hand-set weights (a speed benchmark: the same for every configuration)
-EgivenFCoherent -0.5
-SampleCountF 0.1
-CountEF 0.1
-MaxLexFgivenE -0.2
-MaxLexEgivenF -0.2
-IsSingletonF -0.1
-IsSingletonFE -0.1
-Glue -0.1
-PassThrough -1.0
-LanguageModel 0.5
-LanguageModel_OOV -1.0
-WordPenalty -0.5
-"""
-
-
-def prepare_cdec_system(system: str, cdec_root: str, src: str, work: str, lm: str) -> Dict:
-    """Per-sentence hiero grammars for ``src`` (run_extractor on the system's training pairs and
-    alignment), a cdec.ini base and a weights file, kept in ``work``."""
+def prepare_cdec_system(system: str, src: str, work: str) -> Dict:
+    """Per-sentence hiero grammars for ``src`` (``run_extractor`` on the system's training
+    pairs and alignment) and the hand-set weights file, kept in ``work/cdec``."""
     cdir = os.path.join(work, "cdec")
-    os.makedirs(cdir, exist_ok=True)
-    bitext = os.path.join(cdir, "bitext.de-en")
-    align = os.path.join(cdir, "align.gdfa")
-    info: Dict = {}
-    if not os.path.exists(bitext):
-        de = read_lines(os.path.join(system, "train.tok.lc.de.gz"))
-        en = read_lines(os.path.join(system, "train.tok.lc.en.gz"))
-        if len(de) != len(en):
-            sys.exit(f"{system}: train.tok.lc.de.gz and train.tok.lc.en.gz differ in length")
-        write_lines(bitext + ".tmp", [f"{a} ||| {b}" for a, b in zip(de, en)])
-        os.replace(bitext + ".tmp", bitext)
-    if not os.path.exists(align):
-        write_lines(align + ".tmp", read_lines(os.path.join(system, "train.align.grow-diag-final-and.gz")))
-        os.replace(align + ".tmp", align)
-    sgm = os.path.join(cdir, f"input-{file_digest(src)}.sgm")
-    if not os.path.exists(sgm):
-        exe = os.path.join(cdec_root, "build", "extractor", "run_extractor")
-        if not os.access(exe, os.X_OK):
-            sys.exit(f"{exe} not found: build cdec with its extractor")
-        gdir = os.path.join(cdir, f"grammars-{file_digest(src)}")
-        t0 = time.perf_counter()
-        with open(src, "rb") as fin, open(sgm + ".tmp", "wb") as fout:
-            p = subprocess.run([exe, "-a", align, "-b", bitext, "-g", gdir, "-t", "1"], stdin=fin, stdout=fout,
-                               stderr=subprocess.PIPE)
-        if p.returncode != 0:
-            sys.exit(f"run_extractor failed:\n{p.stderr.decode()[-2000:]}")
-        os.replace(sgm + ".tmp", sgm)
-        info["extract_seconds"] = time.perf_counter() - t0
-    weights = os.path.join(cdir, "weights.base")
-    with open(weights, "w") as f:
-        f.write(CDEC_WEIGHTS)
-    info.update({"sgm": sgm, "weights": weights, "lm": lm,
-                 "ini": ["formalism=scfg", "add_pass_through_rules=true", "feature_function=WordPenalty",
-                         f"feature_function=KLanguageModel {lm}"]})
+    bitext, align = cd.training_pairs(system, cdir)
+    g = cd.extract_grammars(src, cdir, bitext, align)
+    info: Dict = {"sgm": g.sgm, "weights": cd.write_cdec_weights(os.path.join(cdir, "weights.base"),
+                                                                  cd.BASE_WEIGHTS)}
+    if g.seconds:
+        info["extract_seconds"] = g.seconds
     return info
 
 
-def write_cdec_ini(path: str, base: List[str], ff: Optional[str], nlm: Optional[str], extra: str = "") -> str:
-    lines = list(base)
-    if nlm:
-        lines.append(f"feature_function=External {ff} --model {os.path.abspath(nlm)} --name NLM {extra}".rstrip())
-    return write_lines(path, lines)
-
-
-def write_cdec_weights(path: str, base: str, nlm_weight: Optional[float]) -> str:
-    text = open(base).read()
-    if nlm_weight is not None:
-        text += f"NLM {nlm_weight}\n"
-    with open(path, "w") as f:
-        f.write(text)
-    return path
+def cdec_config(path: str, lm: str, nlm: Optional[str] = None, extra: str = "",
+                ff: Optional[str] = None) -> str:
+    """A cdec.ini: KenLM on ``lm`` and, with ``nlm``, the NLM's External feature line (NLM)."""
+    return cd.write_ini(path, lm, [cd.nlm_feature_line(nlm, "NLM", ff, extra)] if nlm else [])
 
 
 def run_cdec(cdec: str, ini: str, weights: str, sgm: str) -> Dict:
-    return timed([cdec, "-c", ini, "-w", weights, "-i", sgm])
+    r = cd.run(cd.command(cdec, ini, weights, sgm))
+    return {"wall": r.wall, "cpu": r.cpu, "stdout": r.stdout, "stderr": r.stderr,
+            "translation": r.translation, "output": r.output, "stats": parse_stats(r.stderr)}
 
 
 class Runs:
@@ -369,22 +308,19 @@ def median(xs: List[float]) -> float:
 
 def bench_cdec(args, models: Dict[str, str], extras: Dict[str, str], shared: str, work: str,
                test_src: str, refs: List[str], lm: str) -> Dict:
-    root = os.environ.get("CDEC_ROOT")
-    if not root:
-        sys.exit("set CDEC_ROOT to a built cdec tree for --decoder cdec")
-    cdec = os.path.join(root, "build", "decoder", "cdec")
-    ff = os.path.abspath(args.cdec_ff)
-    if not os.path.exists(ff):
-        sys.exit(f"{ff} not found: make -C cdec_ff CDEC_ROOT=... (cdec_ff/README.md)")
-    info = prepare_cdec_system(args.system or os.path.join(shared, SYSTEM_REL), root, test_src, work, lm)
+    cdec = cd.find_cdec()
+    ff = cd.find_shim(args.cdec_ff)
+    info = prepare_cdec_system(args.system or os.path.join(shared, SYSTEM_REL), test_src, work)
+    info["lm"] = lm
     empty_sgm = write_lines(os.path.join(work, "cdec", "empty.sgm"), [])
     cfg: Dict[str, Tuple[str, str]] = {}
-    cfg["kenlm"] = (write_cdec_ini(os.path.join(work, "cdec", "kenlm.ini"), info["ini"], None, None),
-                    write_cdec_weights(os.path.join(work, "cdec", "kenlm.w"), info["weights"], None))
+    cfg["kenlm"] = (cdec_config(os.path.join(work, "cdec", "kenlm.ini"), lm),
+                    cd.write_cdec_weights(os.path.join(work, "cdec", "kenlm.w"), cd.BASE_WEIGHTS))
     for name, path in models.items():
-        cfg[name] = (write_cdec_ini(os.path.join(work, "cdec", f"{name}.ini"), info["ini"], ff, path,
-                                    extras.get(name, "")),
-                     write_cdec_weights(os.path.join(work, "cdec", f"{name}.w"), info["weights"], args.nlm_weight))
+        cfg[name] = (cdec_config(os.path.join(work, "cdec", f"{name}.ini"), lm, path,
+                                 extras.get(name, ""), ff),
+                     cd.write_cdec_weights(os.path.join(work, "cdec", f"{name}.w"),
+                                           dict(cd.BASE_WEIGHTS, NLM=[args.nlm_weight])))
     n = len(refs)
     res: Dict = {"cdec": cdec, "sentences": n, "grammar": info, "configs": {}}
     runs = Runs()
@@ -408,8 +344,8 @@ def bench_cdec(args, models: Dict[str, str], extras: Dict[str, str], shared: str
             "nondeterministic": name in runs.changed})
         print(f"{name:16s} {per:9.1f} {ratio:6.2f} {paired:6.2f} {cper:9.1f} {cratio:6.2f} {cpaired:6.2f} {b:6.2f}")
     for name, path in models.items():
-        ini = write_cdec_ini(os.path.join(work, "cdec", f"{name}.stats.ini"), info["ini"], ff, path,
-                             (extras.get(name, "") + " --stats").strip())
+        ini = cdec_config(os.path.join(work, "cdec", f"{name}.stats.ini"), lm, path,
+                          (extras.get(name, "") + " --stats").strip(), ff)
         st = run_cdec(cdec, ini, cfg[name][1], info["sgm"])["stats"]
         res["configs"][name]["counters"] = dict(st, **rates(st))
         r = rates(st)
@@ -471,8 +407,8 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true", help="also profile one 1-thread decode per "
                     "configuration with perf and split the time into parts")
     ap.add_argument("--no-counters", action="store_true", help="skip the counting run (stats=true)")
-    ap.add_argument("--cdec-ff", default=os.path.join(REPO, "cdec_ff", "libcdec_ff_nlm.so"),
-                    help="the cdec feature library (default cdec_ff/libcdec_ff_nlm.so)")
+    ap.add_argument("--cdec-ff", default=None,
+                    help="the cdec feature library (default cdec_ff/libcdec_ff_nlm.so of this repository)")
     ap.add_argument("--tune-src", default=None, help="dev source for tuning (default SHARED/data/nbest/"
                     "moses-multi30k-de-en/dev.src.de.gz)")
     ap.add_argument("--tune-ref", default=None, help="dev reference (default dev.ref.en.gz beside it)")
@@ -709,8 +645,7 @@ def run(args: argparse.Namespace) -> int:
 
     if "cdec" in decoders:
         if lm is None:
-            lm = mo.prepare_system(mo.system_ini(system, args.ini), work, [], system, do_filter=False,
-                                   kenlm_bin=[args.kenlm_bin]).lm
+            lm = cd.system_lm(mo.system_ini(system, args.ini), work, system, [args.kenlm_bin])
         results["cdec"] = bench_cdec(args, models, extras, shared, work, src, refs, lm)
 
     if args.json:

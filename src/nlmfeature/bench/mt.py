@@ -1,4 +1,5 @@
-"""``nlmfeature bench mt``: translation quality with and without neural LMs, on a real Moses system.
+"""``nlmfeature bench mt``: translation quality with and without neural LMs, on a real Moses system
+(and with ``--decoder cdec`` / ``both`` on cdec's hiero system made from it).
 
 From raw text, as a user would start:
 
@@ -37,7 +38,20 @@ Everything goes to ``--workdir``; rerunning the same command reuses every finish
 at most 6 iterations (labelled in every output); ``--test-sentences`` cuts the test sets (also
 labelled).  On a 2-core machine loaded by other jobs, 100 dev / 100 test sentences with 2
 tunings of 2 iterations took 25 minutes and the 1000-best rescoring of 100 + 200 sentences 13.
-cdec's hiero system is not part of it yet (no hiero grammar for the shared system).
+
+``--decoder cdec`` (or ``both``) does steps 4-6 for cdec's hiero system too, labelled cdec
+(``nlmfeature.mt.cdec``; needs ``$CDEC_ROOT`` or ``--cdec-root``, a built cdec tree, and
+``cdec_ff/libcdec_ff_nlm.so``): cdec's suffix-array extractor (``run_extractor``) extracts
+one grammar per dev and test sentence from the Moses system's training pairs and
+grow-diag-final-and alignment (kept in ``WORKDIR/cdec``, named by the input's content); the
+cdec.ini has the word penalty, KenLM on the same binarised LM and, on the NLM side, one
+``feature_function=External libcdec_ff_nlm.so`` line per model (NLM0, NLM1, ...).  Both sides
+start from hand-set weights (``nlmfeature.mt.cdec.BASE_WEIGHTS``; the NLM weights at half the
+LM's divided by ln 10: cdec's LM feature is log10, the NLM's natural log), are tuned
+``--tunings`` times with ``nlmfeature-tune cdec`` on distinct k-best strings (cdec ``-r``; the
+NLM side with the persistent cache) and decode dev and test on one thread; the scores,
+p-values, seconds per sentence and tuning iterations are reported as the Moses part's.
+``--joint`` and the rescoring part are Moses' only.
 """
 from __future__ import annotations
 
@@ -45,6 +59,7 @@ import argparse
 import contextlib
 import io
 import json
+import math
 import os
 import shlex
 import sys
@@ -201,27 +216,91 @@ def train_model(args: argparse.Namespace, work: str, dev_ref: str) -> str:
 
 
 # -- 4/5. tuning and decoding -------------------------------------------------------------------
-def tune(args: argparse.Namespace, ini: str, dev: dict, tdir: str, seed: int,
+class MosesDecoding:
+    """How the Moses part tunes and decodes (:func:`decoding`): ``nlmfeature-tune moses`` on a
+    moses.ini, final configs with the tuned weights, ``nlmfeature.mt.moses.decode``."""
+
+    name = "Moses"
+    source = "src"                     #: the key of a set's decoder input
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+
+    def tune_argv(self, config: str) -> List[str]:
+        return ["moses", "--moses", self.args.moses, "--config", config]
+
+    def initial_weights(self, config: str) -> dict:
+        from nlmfeature.mt.weights import read_weights
+
+        return read_weights(config)
+
+    def final(self, config: str, tdir: str, rule: str, weights: dict) -> str:
+        """The config decoding with ``weights`` (the tuning's ``rule`` weights)."""
+        return rewrite_moses_ini(config, os.path.join(tdir, f"final.{rule}.moses.ini"), weights)
+
+    def decode(self, final: str, s: dict, out: str) -> float:
+        return decode(self.args.moses, final, s[self.source], out, self.args.threads)
+
+
+class CdecDecoding:
+    """How the cdec part tunes and decodes (:func:`decoding`): ``nlmfeature-tune cdec
+    --distinct`` on a cdec.ini and its starting weights file, final weights files,
+    ``nlmfeature.mt.cdec.decode`` of the per-sentence grammar inputs (one thread: cdec has no
+    other)."""
+
+    name = "cdec"
+    source = "sgm"
+
+    def __init__(self, args: argparse.Namespace, binary: str, weights: Dict[str, str]) -> None:
+        self.args = args
+        self.binary = binary
+        self.weights = weights         #: config -> its starting weights file
+
+    def tune_argv(self, config: str) -> List[str]:
+        # distinct k-best strings (cdec -r): hiero derivations repeat the same string so often
+        # that without it MERT sees too few alternatives and its next weights collapsed (100
+        # Multi30k dev sentences, KenLM + NLM, seed 1, 4 iterations: dev BLEU 35.13 0.83 1.91
+        # 35.38 without, 35.13 35.82 40.33 43.52 with)
+        return ["cdec", "--cdec", self.binary, "--config", config, "--weights",
+                self.weights[config], "--distinct"]
+
+    def initial_weights(self, config: str) -> dict:
+        from nlmfeature.mt.weights import read_weights
+
+        return read_weights(self.weights[config])
+
+    def final(self, config: str, tdir: str, rule: str, weights: dict) -> Tuple[str, str]:
+        from nlmfeature.mt.cdec import write_cdec_weights
+
+        return config, write_cdec_weights(os.path.join(tdir, f"final.{rule}.weights"), weights)
+
+    def decode(self, final: Tuple[str, str], s: dict, out: str) -> float:
+        from nlmfeature.mt import cdec
+
+        return cdec.decode(self.binary, final[0], final[1], s[self.source], out)
+
+
+def tune(args: argparse.Namespace, dec, ini: str, dev: dict, tdir: str, seed: int,
          cache_features: Sequence[str] = ()) -> dict:
-    """One ``nlmfeature-tune moses`` run; returns its iterations and candidate final weights.
-    ``cache_features``: the Moses feature classes that get the persistent cache (none: no
-    cache)."""
+    """One ``nlmfeature-tune moses`` / ``cdec`` run (``dec``: :class:`MosesDecoding` or
+    :class:`CdecDecoding`); returns its iterations and candidate final weights.
+    ``cache_features``: the NLM feature names (Moses classes, cdec library file names) that
+    get the persistent cache (none: no cache)."""
     from nlmfeature.mt.tuning import cli as tune_cli
     from nlmfeature.mt.tuning.driver import DriverState, best_decoded, decoded_weights
-    from nlmfeature.mt.weights import read_weights
 
-    argv = ["moses", "--moses", args.moses, "--config", ini, "--source", dev["src"],
-            "--ref", dev["ref"], "--workdir", tdir, "--threads", str(args.threads),
-            "--algorithm", args.algorithm, "--seed", str(seed), "--max-iterations",
-            str(args.max_iterations), "--nbest-size", str(args.nbest_size), "--jobs",
-            str(args.jobs), "--quiet"]
+    argv = dec.tune_argv(ini) + [
+        "--source", dev[dec.source], "--ref", dev["ref"], "--workdir", tdir, "--threads",
+        str(args.threads), "--algorithm", args.algorithm, "--seed", str(seed),
+        "--max-iterations", str(args.max_iterations), "--nbest-size", str(args.nbest_size),
+        "--jobs", str(args.jobs), "--quiet"]
     if cache_features:
         argv += ["--persistent-cache", os.path.join(os.path.dirname(tdir), "nlm-cache")]
         for feature in cache_features:
             argv += ["--nlm-feature", feature]
     _quiet_call(tune_cli.main, argv, "nlmfeature-tune")
     state = DriverState.load(os.path.join(tdir, "state.json"))
-    initial = read_weights(ini)
+    initial = dec.initial_weights(ini)
     it, dev_bleu, best = best_decoded(state, initial)
     hist = sorted(state.history, key=lambda h: h["iteration"])
     return dict(seed=seed, iterations=[dict(iteration=h["iteration"], dev_bleu=h.get("dev_bleu"),
@@ -231,6 +310,139 @@ def tune(args: argparse.Namespace, ini: str, dev: dict, tdir: str, seed: int,
                 stop_reason=state.stop_reason, best_iteration=it, best_dev_bleu=dev_bleu,
                 weights={"last": state.weights, "best": best},
                 decoded=len(decoded_weights(state, initial)))
+
+
+def dev_output(tdir: str, iteration: int) -> str:
+    """The dev 1-best of a tuning's iteration: Moses' ``runK.out``, else (cdec) the first
+    hypothesis of every sentence of ``runK.kbest.gz``, written once into ``runK.1best``."""
+    from nlmfeature.mt.tuning.driver import first_hypotheses
+
+    out = os.path.join(tdir, f"run{iteration}.out")
+    if os.path.exists(out):
+        return out
+    one = os.path.join(tdir, f"run{iteration}.1best")
+    if not os.path.exists(one):
+        _write(one, first_hypotheses(os.path.join(tdir, f"run{iteration}.kbest.gz")))
+    return one
+
+
+def decoding(args: argparse.Namespace, dec, sides: Sequence[tuple], sets: Dict[str, dict],
+             scorers: Dict[str, "Scorer"], root: str) -> dict:
+    """Steps 4-6 for one decoder (``dec``): every side (``(side, config, tag, cached
+    features)``) tuned ``--tunings`` times in ``root/TAG.ALGORITHM.SEED``, every set decoded
+    with the last and the best decoded weights of each tuning; returns {"scores" (of the
+    ``--final-weights`` outputs, :func:`collect`), "tunings", "final_weights_rule"}."""
+    tunings: Dict[str, List[dict]] = {side: [] for side, *_ in sides}
+    runs: Dict[str, List[Dict[str, str]]] = {side: [] for side, *_ in sides}
+    seconds: Dict[str, Dict[str, List[float]]] = {n: {side: [] for side, *_ in sides}
+                                                  for n in sets}
+    for seed in range(1, args.tunings + 1):
+        for side, ini, tag, cached in sides:
+            tdir = os.path.join(root, f"{tag}.{args.algorithm}{seed}")
+            t0 = time.time()
+            info = tune(args, dec, ini, sets[args.dev], tdir, seed, cached)
+            _log(f"{dec.name} {side} seed {seed}: {len(info['iterations'])} iterations, dev BLEU "
+                 + " ".join(f"{i['dev_bleu']:.2f}" for i in info["iterations"])
+                 + f" ({time.time() - t0:.0f} s)")
+            outs: Dict[str, Dict[str, str]] = {"last": {}, "best": {}}
+            same = info["weights"]["last"] == info["weights"]["best"]
+            for rule in ("last", "best"):
+                final = dec.final(ini, tdir, rule, info["weights"][rule])
+                for name, s in sets.items():
+                    if rule == "best" and same:
+                        outs[rule][name] = outs["last"][name]
+                        continue
+                    if rule == "best" and name == args.dev:
+                        # the tuning run decoded dev with these weights: its 1-best output
+                        outs[rule][name] = dev_output(tdir, info["best_iteration"])
+                        continue
+                    out = os.path.join(tdir, f"{name}.{rule}.1best")
+                    secs = dec.decode(final, s, out)
+                    if rule == args.final_weights or same:
+                        seconds[name][side].append(secs)
+                    outs[rule][name] = out
+            info["outputs"] = outs
+            info.pop("weights")
+            tunings[side].append(info)
+            runs[side].append(outs[args.final_weights])
+    sizes = {n: s["n"] for n, s in sets.items()}
+    scores = collect(scorers, runs, args.bootstrap, seconds, sizes)
+    # the tuning rule: test BLEU of the last vs the best decoded weights of every tuning
+    rule_rows = []
+    for side, *_ in sides:
+        for info in tunings[side]:
+            row = dict(side=side, seed=info["seed"], best_iteration=info["best_iteration"],
+                       iterations=len(info["iterations"]))
+            for rule in ("last", "best"):
+                for name in sets:
+                    st = scorers[name].stats(info["outputs"][rule][name])["bleu"]
+                    row[f"{name}.{rule}"] = score(scorers[name], "bleu", st)
+            rule_rows.append(row)
+    return dict(scores=scores, tunings=tunings, final_weights_rule=rule_rows)
+
+
+def cdec_part(args: argparse.Namespace, work: str, sets: Dict[str, dict], models: Sequence[str],
+              mkey: str, key: str, scorers: Dict[str, "Scorer"]) -> dict:
+    """The cdec part (``--decoder cdec`` / ``both``): a hiero system from the Moses system's
+    training pairs and alignment (``nlmfeature.mt.cdec``; grammars of every set extracted
+    once, in ``WORKDIR/cdec``), KenLM alone and KenLM + the NLMs (``feature_function=External
+    cdec_ff/libcdec_ff_nlm.so``, weights NLM0, NLM1, ... starting at half the LM's in its
+    log10 units), both
+    tuned from :data:`nlmfeature.mt.cdec.BASE_WEIGHTS` and decoded as the Moses part is
+    (:func:`decoding`)."""
+    from nlmfeature.mt import cdec
+
+    cwork = os.path.join(work, "cdec")
+    binary = cdec.find_cdec(args.cdec, args.cdec_root)
+    extractor = cdec.find_extractor(args.cdec_root)
+    shim = cdec.find_shim(args.cdec_ff)
+    bitext, align = cdec.training_pairs(args.system, cwork, args.src_lang, args.tgt_lang)
+    csets: Dict[str, dict] = {}
+    for name, s in sets.items():
+        g = cdec.extract_grammars(s["src"], cwork, bitext, align, extractor)
+        if g.seconds:
+            _log(f"cdec: grammars of {g.sentences} {name} sentences extracted in "
+                 f"{g.seconds:.0f} s: {g.sgm}")
+        csets[name] = dict(s, sgm=g.sgm)
+    kenlm_bin = [os.path.join(args.moses_root, "bin")] if args.moses_root else []
+    lm = cdec.system_lm(os.path.join(args.system, f"moses.{args.init}.ini"), work, args.system,
+                        kenlm_bin)
+    base_ini = cdec.write_ini(os.path.join(cwork, "base.cdec.ini"), lm)
+    nlm_ini_path = cdec.write_ini(os.path.join(cwork, f"nlm{mkey}.cdec.ini"), lm,
+                                  [cdec.nlm_feature_line(m, f"NLM{i}", shim)
+                                   for i, m in enumerate(models)])
+    # half the LM's weight, as in the Moses part, in the LM's units: cdec's KenLM feature is
+    # log10 (Moses' is ln), the NLM's natural log
+    half = cdec.BASE_WEIGHTS["LanguageModel"][0] / 2 / math.log(10)
+    weights = {
+        base_ini: cdec.write_cdec_weights(os.path.join(cwork, "base.weights"), cdec.BASE_WEIGHTS),
+        nlm_ini_path: cdec.write_cdec_weights(
+            os.path.join(cwork, f"nlm{mkey}.weights"),
+            dict(cdec.BASE_WEIGHTS, **{f"NLM{i}": [half] for i in range(len(models))}))}
+    sides = [("base", base_ini, "base", ()),
+             ("nlm", nlm_ini_path, "nlm" + mkey, (os.path.basename(shim),))]
+    res = decoding(args, CdecDecoding(args, binary, weights), sides, csets, scorers,
+                   os.path.join(cwork, f"tuning.{key}"))
+    res.update(cdec=binary, shim=shim, lm=lm, configs={"base": base_ini, "nlm": nlm_ini_path},
+               inputs={name: s["sgm"] for name, s in csets.items()})
+    return res
+
+
+def print_decoding(title: str, part: dict, sets: Dict[str, dict], dev: str) -> None:
+    """The scores, tuning iterations and final-weight rules of one decoding part."""
+    print(format_table(title, part["scores"]))
+    print("\n== tuning iterations (decoder dev BLEU) and test BLEU of the final-weight rules")
+    infos = [i for side in SIDES for i in part["tunings"].get(side, [])]
+    for row, info in zip(part["final_weights_rule"], infos):
+        its = " ".join(f"{i['dev_bleu']:.2f}" for i in info["iterations"])
+        rules = "  ".join(f"{n}: last {row[n + '.last']:.2f} best {row[n + '.best']:.2f}"
+                          for n in sets)
+        print(f"{row['side']:<5} seed {row['seed']}: {its}  (best at {row['best_iteration']})"
+              f"  {rules}")
+    for n in [n for n in sets if n != dev]:
+        d = [r[f"{n}.best"] - r[f"{n}.last"] for r in part["final_weights_rule"]]
+        print(f"{n}: best-decoded minus last, mean {np.mean(d):+.2f} over {len(d)} tunings "
+              f"({sum(x > 0 for x in d)} better, {sum(x < 0 for x in d)} worse)")
 
 
 # -- scores -------------------------------------------------------------------------------------
@@ -487,19 +699,29 @@ def format_table(title: str, res: dict) -> str:
     return "\n".join(lines)
 
 
+def _parts(doc: dict) -> List[Tuple[str, str]]:
+    """(key, label) of the parts a report (``bench-mt.json``) measured: Moses decoding
+    ('decoding'), k-best rescoring, cdec decoding ('cdec decoding')."""
+    out = [("decoding", "decoding")] if "decoding" in doc else []
+    if "rescoring" in doc:
+        out.append(("rescoring", f"{doc['rescoring'].get('kbest', '')}-best rescoring"))
+    if isinstance(doc.get("cdec"), dict):          # a string when cdec did not run
+        out.append(("cdec", "cdec decoding"))
+    return out
+
+
 def format_markdown(doc: dict) -> str:
     """The scores of every part of a report (``bench-mt.json``) as one markdown table: mean ±
     sd over the tunings per side, the difference of the means and its p-value (the joint side
     against KenLM only and against KenLM + NLM)."""
-    parts = [(p, doc[p]["scores"]) for p in ("decoding", "rescoring") if p in doc]
+    parts = [(label, doc[key]["scores"]) for key, label in _parts(doc)]
     joint = any("joint" in e["bleu"] for _, res in parts for e in res.values())
     head = "| part | set | metric | KenLM only | KenLM + NLM | diff (p) |"
     if joint:
         head += " KenLM + NLM + joint | diff (p) | vs KenLM + NLM (p) |"
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     cell = lambda s: f"{s['mean']:.2f} ± {s['sd']:.2f}"  # noqa: E731
-    for part, res in parts:
-        label = part if part == "decoding" else f"{doc[part].get('kbest', '')}-best rescoring"
+    for label, res in parts:
         for name, entry in res.items():
             for metric in ("bleu", "detok_bleu", "chrf"):
                 e = entry[metric]
@@ -527,8 +749,8 @@ def plot(path: str, doc: dict) -> Optional[str]:
     labels: List[str] = []
     bars: Dict[str, List[float]] = {side: [] for side in SIDES}
     errs: Dict[str, List[float]] = {side: [] for side in SIDES}
-    for part, key in (("decoding", "decoding"), ("rescoring", "rescoring")):
-        for name, entry in doc.get(key, {}).get("scores", {}).items():
+    for key, part in _parts(doc):
+        for name, entry in doc[key]["scores"].items():
             labels.append(f"{part}\n{name}")
             for side in SIDES:     # a side a part did not measure: a zero-height bar
                 bars[side].append(entry["bleu"].get(side, {}).get("mean", 0.0))
@@ -549,11 +771,14 @@ def plot(path: str, doc: dict) -> Optional[str]:
     ax.set_title("test and dev BLEU", fontsize=10)
     fig.suptitle(doc["label"], fontsize=9)
     ax = axes[1]
-    for side, style in zip(SIDES, ("-", "--", ":")):
-        for run in doc.get("decoding", {}).get("tunings", {}).get(side, []):
-            its = [i["iteration"] for i in run["iterations"]]
-            ax.plot(its, [i["dev_bleu"] for i in run["iterations"]], style, marker="o",
-                    label=f"{SIDE_LABELS[side]} seed {run['seed']}")
+    for key, prefix in (("decoding", ""), ("cdec", "cdec ")):
+        if not isinstance(doc.get(key), dict):
+            continue
+        for side, style in zip(SIDES, ("-", "--", ":")):
+            for run in doc[key].get("tunings", {}).get(side, []):
+                its = [i["iteration"] for i in run["iterations"]]
+                ax.plot(its, [i["dev_bleu"] for i in run["iterations"]], style, marker="o",
+                        label=f"{prefix}{SIDE_LABELS[side]} seed {run['seed']}")
     ax.set_xlabel("tuning iteration")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_ylabel("decoder dev BLEU")
@@ -574,28 +799,46 @@ def run(args: argparse.Namespace) -> int:
     args.data = os.path.abspath(args.data)
     if not os.path.isdir(args.system):
         raise InputError(args.system, 0, "no such Moses system folder (--system)")
-    args.moses = find_moses(args.moses)
-    args.moses_root = os.environ.get("MOSES_ROOT") or os.path.dirname(os.path.dirname(args.moses))
+    with_moses = args.decoder in ("moses", "both")
+    with_cdec = args.decoder in ("cdec", "both")
+    if with_moses:
+        args.moses = find_moses(args.moses)
+        args.moses_root = os.environ.get("MOSES_ROOT") or os.path.dirname(os.path.dirname(args.moses))
+    else:
+        args.moses_root = os.environ.get("MOSES_ROOT") or ""
+        if args.joint:
+            raise NLMFeatureError("--joint is compared in the Moses part only: give --decoder "
+                                  "moses or both")
+    if with_cdec and not args.no_decoding:
+        from nlmfeature.mt import cdec
+
+        # missing programs fail now, not after training and the Moses part
+        cdec.find_cdec(args.cdec, args.cdec_root)
+        cdec.find_extractor(args.cdec_root)
+        cdec.find_shim(args.cdec_ff)
     if args.tunings < 1:
         raise NLMFeatureError("--tunings must be at least 1")
     work = os.path.abspath(args.workdir)
     os.makedirs(work, exist_ok=True)
-    label = (f"Moses {os.path.basename(args.system)}, {args.algorithm} x{args.tunings} "
+    decoders = {"moses": "Moses", "cdec": "cdec", "both": "Moses + cdec"}[args.decoder]
+    label = (f"{decoders} {os.path.basename(args.system)}, {args.algorithm} x{args.tunings} "
              f"(<= {args.max_iterations} iterations), "
              + (f"QUICK: tuned on the first {args.quick_sentences} {args.dev} sentences"
                 if args.quick else f"tuned on all of {args.dev}")
              + (f"; tests cut to {args.test_sentences} sentences" if args.test_sentences else ""))
     _log(label)
     sets = prepare_sets(args, work)
-    base_ini, base_weights = build_system(args, work, sets)
+    if with_moses:
+        base_ini, base_weights = build_system(args, work, sets)
+        key = os.path.basename(base_ini).split(".")[1]       # the inputs' key (build_system)
+    else:
+        from nlmfeature.mt.moses import inputs_key
+
+        key = inputs_key([s["src"] for s in sets.values()])  # the same key as build_system's
     models = [os.path.abspath(m) for m in args.model] or [train_model(args, work, sets[args.dev]["ref"])]
-    key = os.path.basename(base_ini).split(".")[1]       # the inputs' key (build_system)
     import hashlib
 
     mkey = hashlib.sha1("\n".join(models).encode("utf-8")).hexdigest()[:6]   # the NLMs' key
-    nlm_ini_path = os.path.join(work, f"nlm{mkey}.{key}.moses.ini")
-    nlm_weights = nlm_ini(base_ini, nlm_ini_path, models, base_weights)
-    sides = [("base", base_ini, "base", ()), ("nlm", nlm_ini_path, "nlm" + mkey, ("NLMFeature",))]
     joints = [os.path.abspath(j) for j in args.joint]
     joint = joints[0] if len(joints) == 1 else (joints or None)
     rescore_models = models + [os.path.abspath(m) for m in args.rescore_model]
@@ -603,74 +846,34 @@ def run(args: argparse.Namespace) -> int:
 
     for m in models:
         if load(m).reverse and not args.no_decoding:
-            raise InputError(m, 0, "a right-to-left model (train --reverse): Moses decodes left "
-                             "to right; give it with --rescore-model (rescoring only)")
+            raise InputError(m, 0, "a right-to-left model (train --reverse): the decoders decode "
+                             "left to right; give it with --rescore-model (rescoring only)")
     for m in rescore_models:
         if load(m).header.get("source"):
             raise InputError(m, 0, "a joint model: give it with --joint (its features need the "
                              "source sentence and the word alignment)")
-    if joints:
-        jkey = hashlib.sha1("\n".join(models + joints).encode("utf-8")).hexdigest()[:6]
-        joint_ini_path = os.path.join(work, f"joint{jkey}.{key}.moses.ini")
-        joint_ini(nlm_ini_path, joint_ini_path, joints, nlm_weights)
-        sides.append(("joint", joint_ini_path, "joint" + jkey, ("NLMFeature", "NLMJointFeature")))
+    sides = []
+    if with_moses:
+        nlm_ini_path = os.path.join(work, f"nlm{mkey}.{key}.moses.ini")
+        nlm_weights = nlm_ini(base_ini, nlm_ini_path, models, base_weights)
+        sides = [("base", base_ini, "base", ()),
+                 ("nlm", nlm_ini_path, "nlm" + mkey, ("NLMFeature",))]
+        if joints:
+            jkey = hashlib.sha1("\n".join(models + joints).encode("utf-8")).hexdigest()[:6]
+            joint_ini_path = os.path.join(work, f"joint{jkey}.{key}.moses.ini")
+            joint_ini(nlm_ini_path, joint_ini_path, joints, nlm_weights)
+            sides.append(("joint", joint_ini_path, "joint" + jkey,
+                          ("NLMFeature", "NLMJointFeature")))
     scorers = {name: Scorer(s["ref"], s["raw_ref"], args.tgt_lang) for name, s in sets.items()}
     doc: dict = dict(label=label, quick=bool(args.quick), system=args.system, moses=args.moses,
-                     models=models, joint=joint, algorithm=args.algorithm, tunings=args.tunings,
-                     threads=args.threads, sentences={n: s["n"] for n, s in sets.items()},
+                     decoder=args.decoder, models=models, joint=joint, algorithm=args.algorithm,
+                     tunings=args.tunings, threads=args.threads,
+                     sentences={n: s["n"] for n, s in sets.items()},
                      final_weights=args.final_weights)
-    if not args.no_decoding:
-        tunings: Dict[str, List[dict]] = {side: [] for side, *_ in sides}
-        runs: Dict[str, List[Dict[str, str]]] = {side: [] for side, *_ in sides}
-        other: Dict[str, List[Dict[str, str]]] = {side: [] for side, *_ in sides}
-        seconds: Dict[str, Dict[str, List[float]]] = {n: {side: [] for side, *_ in sides}
-                                                      for n in sets}
-        for seed in range(1, args.tunings + 1):
-            for side, ini, tag, cached in sides:
-                tdir = os.path.join(work, f"tuning.{key}", f"{tag}.{args.algorithm}{seed}")
-                t0 = time.time()
-                info = tune(args, ini, sets[args.dev], tdir, seed, cached)
-                _log(f"{side} seed {seed}: {len(info['iterations'])} iterations, dev BLEU "
-                     + " ".join(f"{i['dev_bleu']:.2f}" for i in info["iterations"])
-                     + f" ({time.time() - t0:.0f} s)")
-                outs: Dict[str, Dict[str, str]] = {"last": {}, "best": {}}
-                same = info["weights"]["last"] == info["weights"]["best"]
-                for rule in ("last", "best"):
-                    rini = os.path.join(tdir, f"final.{rule}.moses.ini")
-                    rewrite_moses_ini(ini, rini, info["weights"][rule])
-                    for name, s in sets.items():
-                        if rule == "best" and same:
-                            outs[rule][name] = outs["last"][name]
-                            continue
-                        if rule == "best" and name == args.dev:
-                            # the tuning run decoded dev with these weights: its 1-best output
-                            outs[rule][name] = os.path.join(tdir, f"run{info['best_iteration']}.out")
-                            continue
-                        out = os.path.join(tdir, f"{name}.{rule}.1best")
-                        secs = decode(args.moses, rini, s["src"], out, args.threads)
-                        if rule == args.final_weights or same:
-                            seconds[name][side].append(secs)
-                        outs[rule][name] = out
-                info["outputs"] = outs
-                info.pop("weights")
-                tunings[side].append(info)
-                runs[side].append(outs[args.final_weights])
-                other[side].append(outs["best" if args.final_weights == "last" else "last"])
-        sizes = {n: s["n"] for n, s in sets.items()}
-        scores = collect(scorers, runs, args.bootstrap, seconds, sizes)
-        # the tuning rule: test BLEU of the last vs the best decoded weights of every tuning
-        rule_rows = []
-        for side, *_ in sides:
-            for info in tunings[side]:
-                row = dict(side=side, seed=info["seed"], best_iteration=info["best_iteration"],
-                           iterations=len(info["iterations"]))
-                for rule in ("last", "best"):
-                    for name in sets:
-                        st = scorers[name].stats(info["outputs"][rule][name])["bleu"]
-                        row[f"{name}.{rule}"] = score(scorers[name], "bleu", st)
-                rule_rows.append(row)
-        doc["decoding"] = dict(scores=scores, tunings=tunings, final_weights_rule=rule_rows)
-    if not args.no_rescoring:
+    if with_moses and not args.no_decoding:
+        doc["decoding"] = decoding(args, MosesDecoding(args), sides, sets, scorers,
+                                   os.path.join(work, f"tuning.{key}"))
+    if with_moses and not args.no_rescoring:
         weights_src = os.path.join(work, f"tuning.{key}", f"base.{args.algorithm}1",
                                    f"weights.{args.final_weights}.txt")
         from nlmfeature.mt.weights import read_weights
@@ -684,14 +887,18 @@ def run(args: argparse.Namespace) -> int:
                                 joint=joints, features=resc["features"],
                                 restarts=args.rescore_restarts,
                                 scores=collect(scorers, resc["systems"], args.bootstrap))
-    doc["cdec"] = "not run: no hiero grammar for the shared system yet"
+    if with_cdec and not args.no_decoding:
+        doc["cdec"] = cdec_part(args, work, sets, models, mkey, key, scorers)
+    else:
+        doc["cdec"] = ("not run: --no-decoding" if with_cdec else
+                       "not run: --decoder moses (--decoder cdec or both runs it)")
     doc["seconds"] = time.time() - t_start
     json_path = os.path.join(work, "bench-mt.json")
     from nlmfeature.io.atomicfile import atomic_write_text
 
     atomic_write_text(json_path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
     note = (plot(args.plot or os.path.join(work, "bench-mt.png"), doc)
-            if "decoding" in doc or "rescoring" in doc else "nothing measured: no plot")
+            if _parts(doc) else "nothing measured: no plot")
     if args.json:
         print(json.dumps(doc, indent=1, sort_keys=True))
         return 0
@@ -709,20 +916,7 @@ def run(args: argparse.Namespace) -> int:
           "tunings; p: paired bootstrap of the difference of the means")
     if "decoding" in doc:
         print()
-        print(format_table("== Moses decoding", doc["decoding"]["scores"]))
-        print("\n== tuning iterations (decoder dev BLEU) and test BLEU of the final-weight rules")
-        for row, info in zip(doc["decoding"]["final_weights_rule"],
-                             [i for side, *_ in sides for i in doc["decoding"]["tunings"][side]]):
-            its = " ".join(f"{i['dev_bleu']:.2f}" for i in info["iterations"])
-            rules = "  ".join(f"{n}: last {row[n + '.last']:.2f} best {row[n + '.best']:.2f}"
-                              for n in sets)
-            print(f"{row['side']:<5} seed {row['seed']}: {its}  (best at {row['best_iteration']})"
-                  f"  {rules}")
-        test_names = [n for n in sets if n != args.dev]
-        for n in test_names:
-            d = [r[f"{n}.best"] - r[f"{n}.last"] for r in doc["decoding"]["final_weights_rule"]]
-            print(f"{n}: best-decoded minus last, mean {np.mean(d):+.2f} over {len(d)} tunings "
-                  f"({sum(x > 0 for x in d)} better, {sum(x < 0 for x in d)} worse)")
+        print_decoding("== Moses decoding", doc["decoding"], sets, args.dev)
     if "rescoring" in doc:
         print()
         feats = doc["rescoring"]["features"]
@@ -731,7 +925,14 @@ def run(args: argparse.Namespace) -> int:
                            + (f"; KenLM + NLM + joint {' '.join(feats['joint'])}"
                               if "joint" in feats else "") + ")",
                            doc["rescoring"]["scores"]))
-    print(f"\ncdec: {doc['cdec']}")
+    elif not with_moses:
+        print("\nrescoring: not run (it reranks Moses' k-best lists: --decoder moses or both)")
+    if isinstance(doc["cdec"], dict):
+        print()
+        print_decoding("== cdec decoding (hiero grammars from the system's training pairs, "
+                       "1 thread)", doc["cdec"], sets, args.dev)
+    else:
+        print(f"\ncdec: {doc['cdec']}")
     print(f"JSON: {json_path}" + (f"; {note}" if note else
                                   f"; plot: {args.plot or os.path.join(work, 'bench-mt.png')}"))
     return 0
@@ -740,7 +941,8 @@ def run(args: argparse.Namespace) -> int:
 def register(bench_sub: argparse._SubParsersAction) -> None:
     from nlmfeature.mt.tuning.driver import FINAL_WEIGHTS, FINAL_WEIGHTS_DEFAULT
 
-    p = bench_sub.add_parser("mt", help="BLEU with and without NLMs in a real Moses system",
+    p = bench_sub.add_parser("mt", help="BLEU with and without NLMs in a real Moses (and cdec) "
+                                        "system",
                              description=__doc__,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--system", default=_repo_path(DEFAULT_SYSTEM),
@@ -756,9 +958,23 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--test", action="append", default=None,
                    help="test set name, repeatable (default test: Multi30k test2016); no "
                         "choice is made on it")
+    p.add_argument("--decoder", default="moses", choices=("moses", "cdec", "both"),
+                   help="which decoder's system is tuned and decoded with and without the NLM: "
+                        "Moses' phrase-based system (and the k-best rescoring part, which "
+                        "reranks Moses' lists), cdec's hiero system made from the same training "
+                        "pairs, alignment and LM (labelled cdec in every output; KenLM and "
+                        "KenLM + NLM only, no --joint), or both (default moses)")
     p.add_argument("--moses", default=None,
                    help="Moses executable built with NLMFeature (default $MOSES_ROOT/bin/moses, else "
                         "the newest moses-cmd build under $MOSES_ROOT)")
+    p.add_argument("--cdec-root", default=None,
+                   help="a built cdec tree for --decoder cdec/both: its build/decoder/cdec and "
+                        "build/extractor/run_extractor (default $CDEC_ROOT)")
+    p.add_argument("--cdec", default=None,
+                   help="the cdec executable, if not the --cdec-root one")
+    p.add_argument("--cdec-ff", default=None, metavar="LIB",
+                   help="nlmfeature's cdec feature library (default cdec_ff/libcdec_ff_nlm.so "
+                        "of this repository: make -C cdec_ff CDEC_ROOT=..., cdec_ff/README.md)")
     p.add_argument("--model", "-m", action="append", default=[],
                    help="NLM model file; repeat for several NLM features in one system "
                         "(default: train one with --recipe)")
@@ -784,9 +1000,10 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
                         "%(default)s, i.e. nlmfeature train's defaults on one thread: the "
                         "order-8 unnormalised LBL of README's bench mt figures)")
     p.add_argument("--init", default="tuned", choices=("tuned", "untuned"),
-                   help="starting weights: the system's moses.tuned.ini (KenLM-only MERT "
-                        "weights; the NLM weight starts at half the LM's) or moses.untuned.ini "
-                        "(default tuned)")
+                   help="starting weights of the Moses part: the system's moses.tuned.ini "
+                        "(KenLM-only MERT weights; the NLM weight starts at half the LM's) or "
+                        "moses.untuned.ini (default tuned); the cdec part starts from hand-set "
+                        "weights (nlmfeature.mt.cdec.BASE_WEIGHTS)")
     p.add_argument("--tunings", type=int, default=3,
                    help="tuning runs per system, seeds 1..N (default 3)")
     p.add_argument("--algorithm", default="mert", choices=("mert", "mira"),
@@ -809,11 +1026,13 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--test-sentences", type=int, default=0,
                    help="translate only the first N sentences of each test set (default 0: "
                         "all; for smoke tests, labelled)")
-    p.add_argument("--threads", type=int, default=2, help="Moses threads (default 2)")
+    p.add_argument("--threads", type=int, default=2,
+                   help="Moses threads (default 2; cdec decodes on one)")
     p.add_argument("--jobs", type=int, default=1,
                    help="processes of the optimiser and the rescorer (default 1)")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (1000)")
-    p.add_argument("--no-decoding", action="store_true", help="skip the decoder-in-the-loop part")
+    p.add_argument("--no-decoding", action="store_true",
+                   help="skip the decoder-in-the-loop parts (Moses' and cdec's)")
     p.add_argument("--no-rescoring", action="store_true", help="skip the k-best rescoring part")
     p.add_argument("--workdir", default="nlmfeature-bench-mt",
                    help="work directory; rerunning reuses finished steps (default "

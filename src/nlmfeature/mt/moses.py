@@ -20,7 +20,9 @@ Every caller that touches Moses uses this module: ``nlmfeature bench mt``, the t
 - :func:`add_features` / :func:`rewrite_moses_ini`: copies with feature lines added, weights
   set and ``key=value`` options set on the lines of given feature classes;
 - :func:`command`, :func:`run` (timed: wall, CPU, per-sentence "Translation took" seconds) and
-  :func:`decode` (outputs written atomically, reused when present).
+  :func:`decode` (outputs written atomically, reused when present); :func:`decode_to_files`
+  and :func:`run` serve cdec too (:mod:`nlmfeature.mt.cdec`, which also reuses
+  :func:`binarise_lm` and :func:`read_ini`).
 
 Malformed input raises :class:`~nlmfeature.errors.InputError` naming the file (and line); a
 failing decoder :class:`~nlmfeature.errors.DecoderError` naming its log.
@@ -466,7 +468,7 @@ class Run:
     cpu: float                         #: its user + system CPU seconds
     stdout: str
     stderr: str
-    sentence_seconds: List[float]      #: Moses' per-sentence "Translation took" seconds
+    sentence_seconds: List[float]      #: the decoder's per-sentence seconds (Moses' "Translation took")
 
     @property
     def translation(self) -> float:
@@ -475,14 +477,16 @@ class Run:
 
     @property
     def output(self) -> List[str]:
-        """The lines of the standard output (Moses' 1-best translations)."""
+        """The lines of the standard output (the decoder's 1-best translations)."""
         return self.stdout.splitlines()
 
 
 def run(cmd: List[str], stdin: Optional[str] = None, env: Optional[Dict[str, str]] = None,
-        cwd: Optional[str] = None) -> Run:
+        cwd: Optional[str] = None,
+        per_sentence: Callable[[str], List[float]] = sentence_seconds) -> Run:
     """Run a decoder command (``stdin``: a file fed to it) capturing its output, timed: wall
-    and CPU seconds (of this child alone) and Moses' per-sentence times.  Raises
+    and CPU seconds (of this child alone) and the per-sentence times ``per_sentence`` reads
+    from its standard error (default Moses'; cdec's: :func:`nlmfeature.mt.cdec.run`).  Raises
     :class:`DecoderError` with the end of its standard error when it fails."""
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
@@ -498,7 +502,7 @@ def run(cmd: List[str], stdin: Optional[str] = None, env: Optional[Dict[str, str
     if p.returncode != 0:
         raise DecoderError(f"failed ({' '.join(cmd)}):\n{err[-3000:]}")
     return Run(wall, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), out, err,
-               sentence_seconds(err))
+               per_sentence(err))
 
 
 def decode(moses: str, ini: str, src: str, out: str, threads: int = 1, kbest: int = 0,
@@ -509,22 +513,36 @@ def decode(moses: str, ini: str, src: str, out: str, threads: int = 1, kbest: in
     alignments); the outputs appear whole or not at all, and existing ones are reused.
     Returns the wall seconds (those of the run that wrote ``out``, kept in ``out.seconds``;
     0 when unknown)."""
-    if os.path.exists(out) and (not kbest or os.path.exists(kbest_out)):
+    return decode_to_files(
+        lambda ktmp: command(moses, ini, src, threads, ktmp, kbest, distinct, alignment),
+        out, kbest_out if kbest else None)
+
+
+def decode_to_files(cmd_for: Callable[[Optional[str]], List[str]], out: str,
+                    kbest_out: Optional[str] = None, stdin: Optional[str] = None) -> float:
+    """Run the decoder command ``cmd_for(KBEST_TMP)`` (``KBEST_TMP``: where it writes its
+    k-best list, None without ``kbest_out``) with the file ``stdin`` (if any) as its standard
+    input, its standard output into ``out`` and its standard error into ``out.log``; the outputs appear whole or not at all (temporary names
+    of this process, renamed when the decoder succeeded) and existing ones are reused.
+    Returns the wall seconds (kept in ``out.seconds``; 0 when unknown).  Moses'
+    :func:`decode` and :func:`nlmfeature.mt.cdec.decode` run through it."""
+    if os.path.exists(out) and (not kbest_out or os.path.exists(kbest_out)):
         meta = out + ".seconds"
         return float(open(meta).read()) if os.path.exists(meta) else 0.0
     # temporary names of this process only: an interrupted run's decoder cannot write into them
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(out) + ".", dir=os.path.dirname(out))
     os.close(fd)
     ktmp = None
-    if kbest:
+    if kbest_out:
         fd, ktmp = tempfile.mkstemp(prefix="." + os.path.basename(kbest_out) + ".",
                                     dir=os.path.dirname(kbest_out))
         os.close(fd)
-    cmd = command(moses, ini, src, threads, ktmp, kbest, distinct, alignment)
+    cmd = cmd_for(ktmp)
     t0 = time.time()
     try:
-        with open(tmp, "wb") as f, open(out + ".log", "wb") as err:
-            proc = subprocess.Popen(cmd, stdout=f, stderr=err)
+        with open(tmp, "wb") as f, open(out + ".log", "wb") as err, \
+                open(stdin or os.devnull, "rb") as fin:
+            proc = subprocess.Popen(cmd, stdin=fin, stdout=f, stderr=err)
             try:
                 status = proc.wait()
             except BaseException:       # Ctrl-C / SIGTERM: the decoder goes too
@@ -532,7 +550,7 @@ def decode(moses: str, ini: str, src: str, out: str, threads: int = 1, kbest: in
                 proc.wait()
                 raise
         if status != 0:
-            raise DecoderError(f"{moses} failed (status {status}); see {out}.log")
+            raise DecoderError(f"{cmd[0]} failed (status {status}); see {out}.log")
         seconds = time.time() - t0
         if ktmp:
             os.replace(ktmp, kbest_out)

@@ -3,8 +3,8 @@
 - :mod:`.data`: the k-best pool (features + BLEU statistics per hypothesis, merged across
   iterations, saved as .npz);
 - :mod:`.mert`, :mod:`.mira`, :mod:`.pro`: the optimisers;
-- :mod:`.config`: writing weights into copies of decoder configs;
-- :mod:`.driver`: the decoder-in-the-loop driver (Moses, cdec), resumable;
+- :mod:`.driver`: the decoder-in-the-loop driver (Moses, cdec), resumable; it writes the
+  decoders' configs with :mod:`nlmfeature.mt.moses` and :mod:`nlmfeature.mt.cdec`;
 - :mod:`.cli`: the ``nlmfeature-tune`` command.
 
 :func:`optimise_pool` runs one optimiser by name.

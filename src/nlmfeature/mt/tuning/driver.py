@@ -42,8 +42,7 @@ from nlmfeature.mt.kbest import format_number, group_by_sentence, read_kbest
 from nlmfeature.io.textio import iter_lines, open_binary, read_lines
 from nlmfeature.mt.weights import read_weights, write_weights
 from nlmfeature.mt.tuning import optimise_pool
-from nlmfeature.mt import moses
-from nlmfeature.mt.tuning.config import rewrite_cdec_ini, write_cdec_weights
+from nlmfeature.mt import cdec, moses
 from nlmfeature.mt.tuning.data import KbestPool
 
 STATE_VERSION = 1
@@ -232,12 +231,10 @@ class Driver:
         else:
             ini = self.path(f"run{k}.cdec.ini")
             wfile = self.path(f"run{k}.weights")
-            rewrite_cdec_ini(self.s.config, ini, opts)
-            write_cdec_weights(wfile, weights)
-            cmd = [self.s.binary, "-c", ini, "-w", wfile, "-i", os.path.abspath(self.s.source),
-                   "-k", str(self.s.nbest_size)]
-            if self.s.distinct:
-                cmd.append("-r")
+            cdec.rewrite_cdec_ini(self.s.config, ini, opts)
+            cdec.write_cdec_weights(wfile, weights)
+            cmd = cdec.command(self.s.binary, ini, wfile, os.path.abspath(self.s.source),
+                               self.s.nbest_size, self.s.distinct)
         return cmd + list(self.s.decoder_args)
 
     def decode(self, k: int, weights: Weights) -> float:
@@ -297,9 +294,9 @@ class Driver:
         """Optimise on the pool from the current weights; returns the new weights."""
         pool = self.pool()
         pool.check_complete()
-        cdec = self.s.decoder == "cdec"
-        init = pool.weight_vector(state.weights, self.state_path, missing_ok=cdec)
-        starts = [pool.weight_vector(w, self.state_path, missing_ok=cdec)
+        is_cdec = self.s.decoder == "cdec"
+        init = pool.weight_vector(state.weights, self.state_path, missing_ok=is_cdec)
+        starts = [pool.weight_vector(w, self.state_path, missing_ok=is_cdec)
                   for w in state.best_starts]
         settings = dict(self.s.optimiser)
         # a different, reproducible seed per iteration (mert-moses.pl uses run * 1000)
@@ -318,7 +315,7 @@ class Driver:
             final = self.path("cdec.ini")
             with open_binary(self.s.config) as src:
                 atomic_write_bytes(final, src.read())
-            write_cdec_weights(self.path("weights.final"), weights)
+            cdec.write_cdec_weights(self.path("weights.final"), weights)
         write_weights(self.path("weights.final.txt"), weights)
         return final
 
