@@ -133,6 +133,19 @@ def moses_binaries(root: str) -> List[str]:
             if os.path.isfile(p) and os.access(p, os.X_OK)]
 
 
+def moses_bjam_args(root: str) -> str:
+    """bjam options to relink the tree ``root`` with: $MOSES_BJAM_ARGS, else the ``.bjam-args``
+    that ``../shared/tools/build-decoders.sh`` writes beside the tree it built (relinking a tree
+    built ``--with-nplm`` without that option rebuilds ``libmoses.a`` without NPLM's objects and
+    the link fails), else :data:`DEFAULT_BJAM_ARGS`."""
+    if os.environ.get("MOSES_BJAM_ARGS"):
+        return os.environ["MOSES_BJAM_ARGS"]
+    saved = os.path.join(root, ".bjam-args")
+    if os.path.exists(saved):
+        return open(saved, encoding="utf-8").read().strip()
+    return DEFAULT_BJAM_ARGS
+
+
 def build_moses_with_shim(root: str, joint: bool = False) -> str:
     """Copy ``moses_ff/`` into the built mosesdecoder tree ``root`` (patching Factory.cpp once),
     relink moses-cmd with bjam ($MOSES_BJAM_ARGS) against the installed package's library and
@@ -165,7 +178,7 @@ def build_moses_with_shim(root: str, joint: bool = False) -> str:
             subprocess.run(["patch", "-p1", "--forward", "-i", os.path.join(repo, "moses_ff", patch)],
                            cwd=root, check=True, capture_output=True)
     pkg = os.path.dirname(nlmconfig.paths()["libdir"])
-    args = shlex.split(os.environ.get("MOSES_BJAM_ARGS", DEFAULT_BJAM_ARGS))
+    args = shlex.split(moses_bjam_args(root))
     p = subprocess.run([os.path.join(root, "bjam"), *args, f"--with-nlmfeature={pkg}", "moses-cmd//moses"],
                        cwd=root, capture_output=True, text=True)
     assert p.returncode == 0, "bjam failed:\n" + p.stdout[-5000:] + p.stderr[-2000:]

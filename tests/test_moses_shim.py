@@ -5,8 +5,10 @@ Python scorer's sentence log-probability of its output string.
 Skipped unless MOSES_ROOT points at a built mosesdecoder tree.  The test copies
 moses_ff/NLMFeature.{h,cpp} into $MOSES_ROOT/moses/LM, applies moses_ff/moses.patch if it is
 not applied yet, and runs bjam with --with-nlmfeature (incremental: seconds when up to date).
-MOSES_BJAM_ARGS gives the bjam options the tree was built with (default below); they must
-match the original build or bjam rebuilds everything.
+MOSES_BJAM_ARGS gives the bjam options the tree was built with, else the tree's own
+.bjam-args (written by ../shared/tools/build-decoders.sh), else helpers.DEFAULT_BJAM_ARGS; they
+must match the original build or bjam rebuilds everything (and a tree built --with-nplm fails
+to link without it).
 """
 from __future__ import annotations
 
