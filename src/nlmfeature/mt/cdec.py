@@ -318,8 +318,8 @@ def run(cmd: List[str], stdin: Optional[str] = None,
 
 
 def decode(cdec: str, ini: str, weights: str, src: str, out: str) -> float:
-    """Translate ``src`` (a :func:`extract_grammars` input) into ``out`` (1-best; cdec's log in
-    ``out.log``, its per-sentence seconds: :func:`logged_seconds`); the output appears whole
+    """Translate ``src`` (a :func:`extract_grammars` input) into ``out`` (1-best; cdec's log,
+    with its per-sentence seconds (:func:`sentence_seconds`), in ``out.log``); the output appears whole
     or not at all and an existing one is reused.  Returns the wall seconds (those of the run
     that wrote ``out``, kept in ``out.seconds``)."""
     seconds = moses.decode_to_files(lambda _: command(cdec, ini, weights, src), out)
@@ -329,8 +329,3 @@ def decode(cdec: str, ini: str, weights: str, src: str, out: str) -> float:
         raise DecoderError(f"{cdec} wrote {got} translations for {n} sentences; see {out}.log")
     return seconds
 
-
-def logged_seconds(out: str) -> List[float]:
-    """The per-sentence seconds of the :func:`decode` run that wrote ``out`` (from its log)."""
-    log = out + ".log"
-    return sentence_seconds("\n".join(read_lines(log))) if os.path.exists(log) else []
