@@ -80,11 +80,13 @@ MOSES = os.path.join(os.environ.get("MOSES_ROOT", "/nonexistent"), "bin", "moses
 def test_bench_mt_end_to_end_with_moses(tmp_path, capsys):
     """A tiny run (10 dev and 10 test sentences, one tuning iteration, 20-best rescoring)."""
     model = make_model(tmp_path, order=5)
+    second = make_model(tmp_path, name="second.nlm", order=3, seed=1)
     joint = _joint_model(tmp_path)
     work = tmp_path / "bench"
     argv = ["bench", "mt", "--quick", "--quick-sentences", "10", "--test-sentences", "10",
             "--tunings", "2", "--max-iterations", "1", "--kbest", "20", "--model", model,
-            "--joint", joint, "--workdir", str(work), "--threads", "1", "--bootstrap", "100"]
+            "--joint", joint, "--rescore-model", second, "--second-pass", "--workdir",
+            str(work), "--threads", "1", "--bootstrap", "100"]
     assert cli_main(argv) == 0
     out = capsys.readouterr().out
     assert "QUICK" in out and "== Moses decoding" in out and "rescoring" in out
@@ -106,8 +108,22 @@ def test_bench_mt_end_to_end_with_moses(tmp_path, capsys):
     assert tuned and all(f"NLMJointFeature name=NNJM0 path={joint}" in t.read_text() for t in tuned)
     assert all("NNJM0=" in t.read_text() for t in tuned)
     # the rescoring part has the joint side too (test_bench_mt_joint_rescoring_with_moses)
-    assert doc["rescoring"]["features"]["joint"] == ["NLM0", "NNJM0"]
+    assert doc["rescoring"]["features"]["joint"] == ["NLM0", "NLM1", "NNJM0"]
     assert len(doc["rescoring"]["scores"]["test"]["bleu"]["joint"]["runs"]) == 2
+    # the second pass: each KenLM + NLM tuning's 20-best lists (Moses' NLM0 in them) get the
+    # --rescore-model as NLM1, retuned from the tuning's weights; against KenLM-only decoding
+    sp = doc["second_pass"]
+    assert sp["features"] == ["NLM1"] and sp["models"] == [second] and "decoding + rescoring" in out
+    for name in ("dev", "test"):
+        e, d = sp["scores"][name]["bleu"], doc["decoding"]["scores"][name]["bleu"]
+        assert e["base"] == d["base"] and len(e["nlm"]["runs"]) == 2 and 0 < e["p_value"] <= 1
+    for seed in (1, 2):
+        [sdir] = list(work.glob(f"tuning.*/nlm*.mert{seed}/second-pass.*"))
+        with gzip.open(sdir / "test.20best.gz", "rt", encoding="utf-8") as f:
+            first = f.readline()
+        assert "NLM0=" in first and "NLM1=" in first
+        assert {"NLM0", "NLM1", "LM0"} <= set(read_weights(str(sdir / f"rescored.mert{seed}.weights")))
+        assert len(open(sdir / f"test.rescored.mert{seed}.1best").read().splitlines()) == 10
     rows = doc["decoding"]["final_weights_rule"]
     assert len(rows) == 6 and all(r["iterations"] == 1 for r in rows)
     assert os.path.getsize(work / "bench-mt.png") > 1000
@@ -115,6 +131,7 @@ def test_bench_mt_end_to_end_with_moses(tmp_path, capsys):
     assert cli_main(argv + ["--json"]) == 0
     again = json.loads(capsys.readouterr().out)
     assert again["decoding"]["scores"] == doc["decoding"]["scores"]
+    assert again["second_pass"]["scores"] == sp["scores"]
     assert np.isclose(again["rescoring"]["scores"]["test"]["bleu"]["nlm"]["mean"],
                       doc["rescoring"]["scores"]["test"]["bleu"]["nlm"]["mean"])
 
@@ -409,3 +426,16 @@ def test_bench_mt_cdec_names_what_is_missing(tmp_path, capsys, monkeypatch):
     assert cli_main(argv + ["--cdec-root", str(fake), "--cdec-ff", str(tmp_path / "no.so")]) != 0
     err = capsys.readouterr().err
     assert "make -C cdec_ff" in err and str(tmp_path / "no.so") in err
+
+
+def test_second_pass_needs_the_decoding_part_and_rescoring_models(tmp_path, capsys):
+    """--second-pass rescores the decoding part's k-best lists with --rescore-model NLMs: without
+    either it stops before any work, saying what is missing."""
+    base = ["bench", "mt", "--second-pass", "--workdir", str(tmp_path / "w"), "--system",
+            str(tmp_path)]
+    for extra in ([], ["--rescore-model", "r2l.nlm", "--no-decoding"],
+                  ["--rescore-model", "r2l.nlm", "--decoder", "cdec"]):
+        assert cli_main(base + extra) != 0
+        err = capsys.readouterr().err
+        assert "--second-pass" in err and "--rescore-model" in err and "Traceback" not in err
+        assert not (tmp_path / "w").exists()

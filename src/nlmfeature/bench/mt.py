@@ -31,7 +31,12 @@ From raw text, as a user would start:
    reranked.  With ``--no-decoding`` this part alone took 28 minutes on one core for
    Multi30k with two NLMs and a joint model, 3 tunings per side (decoding the 2,014 dev and
    test sentences: 6.5 minutes; scoring: 7; MERT over the 1000-best dev lists: 1-2 minutes
-   per tuning).
+   per tuning);
+8. with ``--second-pass``, decoding then rescoring (:func:`second_pass`): every KenLM + NLM
+   tuning's final system writes ``--kbest`` lists of dev and test, the ``--rescore-model``
+   NLMs are appended (e.g. right-to-left models, which the left-to-right search cannot use),
+   the weights are retuned on the dev list and every set reranked; compared with KenLM-only
+   decoding (part "decoding + rescoring").
 
 Everything goes to ``--workdir``; rerunning the same command reuses every finished step
 (tuning runs resume).  ``--quick`` tunes on the first ``--quick-sentences`` dev sentences with
@@ -558,9 +563,7 @@ def rescoring(args: argparse.Namespace, work: str, sets: Dict[str, dict], base_i
     with the sides 'base', 'nlm' and (with ``joints``) 'joint'."""
     import hashlib
 
-    from nlmfeature.mt import rescore
-    from nlmfeature.mt.tuning import cli as tune_cli
-    from nlmfeature.mt.weights import read_weights, write_weights
+    from nlmfeature.mt.weights import write_weights
 
     rdir = work
     os.makedirs(rdir, exist_ok=True)
@@ -579,28 +582,16 @@ def rescoring(args: argparse.Namespace, work: str, sets: Dict[str, dict], base_i
                           + ".wa")
         decode(args.moses, ini, s["src"], os.path.join(rdir, f"{name}.decoder.1best"),
                args.threads, args.kbest, kb, args.distinct, alignment=True)
-        nlm_kb = kb + f".{tags['nlm']}.gz"
-        if not os.path.exists(nlm_kb):
-            argv = ["-i", kb, "-o", nlm_kb, "-q", "-j", str(args.jobs)]
-            for m in models:
-                argv += ["-m", m]
-            _quiet_call(rescore.main, argv, "nlmfeature-rescore")
+        nlm_kb = append_features(kb, kb + f".{tags['nlm']}.gz", models, nlm_names, args.jobs)
         lists[name] = {"base": kb, "nlm": nlm_kb}
         if joints:
-            joint_kb = kb + f".{tags['joint']}.gz"
-            if not os.path.exists(joint_kb):
-                argv = ["-i", nlm_kb, "-o", joint_kb, "-q", "-j", str(args.jobs),
-                        "--source", s["src"]]
-                for m, n in zip(joints, joint_names):
-                    argv += ["-m", m, "--name", n]
-                _quiet_call(rescore.main, argv, "nlmfeature-rescore")
-            lists[name]["joint"] = joint_kb
+            lists[name]["joint"] = append_features(nlm_kb, kb + f".{tags['joint']}.gz", joints,
+                                                   joint_names, args.jobs, s["src"])
     # new features start at half the LM weight (as in the decoding part)
     half = base_weights.get("LM0", [0.1])[0] / 2
     inits = {"base": dict(base_weights)}
     inits["nlm"] = dict(inits["base"], **{n: [half] for n in nlm_names})
     inits["joint"] = dict(inits["nlm"], **{n: [half] for n in joint_names})
-    dev = sets[args.dev]
     out: dict = {"kbest": args.kbest, "systems": {},
                  "features": {"base": [], "nlm": nlm_names, "joint": nlm_names + joint_names}}
     if not joints:
@@ -609,31 +600,96 @@ def rescoring(args: argparse.Namespace, work: str, sets: Dict[str, dict], base_i
         init = os.path.join(rdir, f"init.{tags[side]}.weights")
         write_weights(init, inits[side])
         matrices: Dict[str, KbestMatrix] = {}      # one side's lists in memory at a time
-        runs = []
-        for seed in range(1, args.tunings + 1):
-            tag = f"{tags[side]}.{args.algorithm}{seed}"
-            if args.rescore_restarts != 20:
-                tag += f".r{args.rescore_restarts}"
-            w = os.path.join(rdir, f"{tag}.weights")
-            if not os.path.exists(w):
-                t0 = time.time()
-                _quiet_call(tune_cli.main,
-                            ["optimise", "--nbest", lists[args.dev][side], "--ref", dev["ref"],
-                             "--init", init, "--algorithm", args.algorithm, "--seed", str(seed),
-                             "--restarts", str(args.rescore_restarts), "--jobs", str(args.jobs),
-                             "--out", w, "--quiet"], "nlmfeature-tune")
-                _log(f"rescoring {side} seed {seed}: tuned in {time.time() - t0:.0f} s")
-            per_set = {}
-            for name in sets:
-                one = os.path.join(rdir, f"{name}.{tag}.1best")
-                if not os.path.exists(one):
-                    if name not in matrices:
-                        matrices[name] = KbestMatrix(lists[name][side])
-                    _write(one, matrices[name].one_best(read_weights(w)))
-                per_set[name] = one
-            runs.append(per_set)
-        out["systems"][side] = runs
+        out["systems"][side] = [
+            rerank(args, rdir, tags[side], {n: lists[n][side] for n in sets}, init,
+                   sets[args.dev]["ref"], seed, matrices, f"rescoring {side}")
+            for seed in range(1, args.tunings + 1)]
     return out
+
+
+def append_features(kbest: str, out: str, models: Sequence[str], names: Sequence[str],
+                    jobs: int, source: Optional[str] = None) -> str:
+    """``out``: the k-best list ``kbest`` with one feature per model (named ``names``)
+    appended by ``nlmfeature-rescore`` (joint models given the ``source`` sentences), written
+    once; returns ``out``."""
+    from nlmfeature.mt import rescore
+
+    if not os.path.exists(out):
+        argv = ["-i", kbest, "-o", out, "-q", "-j", str(jobs)]
+        if source:
+            argv += ["--source", source]
+        for m, n in zip(models, names):
+            argv += ["-m", m, "--name", n]
+        _quiet_call(rescore.main, argv, "nlmfeature-rescore")
+    return out
+
+
+def rerank(args: argparse.Namespace, rdir: str, tag: str, lists: Dict[str, str], init: str,
+           dev_ref: str, seed: int, matrices: Dict[str, "KbestMatrix"], what: str
+           ) -> Dict[str, str]:
+    """Weights tuned on the dev k-best list (``lists[--dev]``) from ``init`` by
+    ``nlmfeature-tune optimise`` (``--algorithm``, MERT seed ``seed``), kept in
+    ``rdir/TAG.ALGORITHM.SEED.weights``, and every set's list reranked with them; returns
+    {set: 1-best path}.  ``matrices`` keeps the lists read, by path, for the next seed."""
+    from nlmfeature.mt.tuning import cli as tune_cli
+    from nlmfeature.mt.weights import read_weights
+
+    tag = f"{tag}.{args.algorithm}{seed}"
+    if args.rescore_restarts != 20:
+        tag += f".r{args.rescore_restarts}"
+    w = os.path.join(rdir, f"{tag}.weights")
+    if not os.path.exists(w):
+        t0 = time.time()
+        _quiet_call(tune_cli.main,
+                    ["optimise", "--nbest", lists[args.dev], "--ref", dev_ref, "--init", init,
+                     "--algorithm", args.algorithm, "--seed", str(seed), "--restarts",
+                     str(args.rescore_restarts), "--jobs", str(args.jobs), "--out", w,
+                     "--quiet"], "nlmfeature-tune")
+        _log(f"{what} seed {seed}: tuned in {time.time() - t0:.0f} s")
+    per_set = {}
+    for name, path in lists.items():
+        one = os.path.join(rdir, f"{name}.{tag}.1best")
+        if not os.path.exists(one):
+            if path not in matrices:
+                matrices[path] = KbestMatrix(path)
+            _write(one, matrices[path].one_best(read_weights(w)))
+        per_set[name] = one
+    return per_set
+
+
+def second_pass(args: argparse.Namespace, root: str, sets: Dict[str, dict], nlm_tag: str,
+                n_models: int, extra: Sequence[str], rkey: str, base_runs: List[Dict[str, str]]
+                ) -> dict:
+    """Decoding, then rescoring (``--second-pass``): every KenLM + NLM tuning of the decoding
+    part (``root/NLM_TAG.ALGORITHM.SEED``, final config ``final.RULE.moses.ini``) writes
+    ``--kbest`` lists of every set, the ``--rescore-model`` NLMs ``extra`` are appended
+    (features NLM<n_models>, ...), and the weights are tuned on the dev list (MERT seed = the
+    tuning's seed; the new features start at half the LM's) and every set reranked, in
+    ``root/NLM_TAG.ALGORITHM.SEED/second-pass.RKEY``.  Returns {"features", "systems":
+    {"base": ``base_runs`` (KenLM-only decoding), "nlm": the reranked 1-bests}}."""
+    from nlmfeature.mt.weights import read_weights, write_weights
+
+    names = [f"NLM{n_models + i}" for i in range(len(extra))]
+    runs = []
+    for seed in range(1, args.tunings + 1):
+        tdir = os.path.join(root, f"{nlm_tag}.{args.algorithm}{seed}")
+        ini = os.path.join(tdir, f"final.{args.final_weights}.moses.ini")
+        rdir = os.path.join(tdir, f"second-pass.{rkey}")
+        os.makedirs(rdir, exist_ok=True)
+        lists = {}
+        for name, s in sets.items():
+            kb = os.path.join(rdir, f"{name}.{args.kbest}best" + (".distinct" if args.distinct
+                                                                   else ""))
+            decode(args.moses, ini, s["src"], os.path.join(rdir, f"{name}.decoder.1best"),
+                   args.threads, args.kbest, kb, args.distinct)
+            lists[name] = append_features(kb, kb + ".gz", extra, names, args.jobs)
+        weights = read_weights(ini)
+        half = weights.get("LM0", [0.1])[0] / 2
+        init = os.path.join(rdir, "init.weights")
+        write_weights(init, dict(weights, **{n: [half] for n in names}))
+        runs.append(rerank(args, rdir, "rescored", lists, init, sets[args.dev]["ref"], seed, {},
+                           f"second pass (tuning {seed})"))
+    return dict(features=names, systems={"base": base_runs, "nlm": runs})
 
 
 # -- report -------------------------------------------------------------------------------------
@@ -703,6 +759,8 @@ def _parts(doc: dict) -> List[Tuple[str, str]]:
     """(key, label) of the parts a report (``bench-mt.json``) measured: Moses decoding
     ('decoding'), k-best rescoring, cdec decoding ('cdec decoding')."""
     out = [("decoding", "decoding")] if "decoding" in doc else []
+    if "second_pass" in doc:
+        out.append(("second_pass", f"decoding + {doc['second_pass']['kbest']}-best rescoring"))
     if "rescoring" in doc:
         out.append(("rescoring", f"{doc['rescoring'].get('kbest', '')}-best rescoring"))
     if isinstance(doc.get("cdec"), dict):          # a string when cdec did not run
@@ -801,6 +859,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(args.system, 0, "no such Moses system folder (--system)")
     with_moses = args.decoder in ("moses", "both")
     with_cdec = args.decoder in ("cdec", "both")
+    if args.second_pass and (not with_moses or args.no_decoding or not args.rescore_model):
+        raise NLMFeatureError("--second-pass rescores the Moses decoding part's k-best lists "
+                              "with the --rescore-model NLMs: it needs --decoder moses or both, "
+                              "the decoding part (no --no-decoding) and --rescore-model")
     if with_moses:
         args.moses = find_moses(args.moses)
         args.moses_root = os.environ.get("MOSES_ROOT") or os.path.dirname(os.path.dirname(args.moses))
@@ -873,6 +935,16 @@ def run(args: argparse.Namespace) -> int:
     if with_moses and not args.no_decoding:
         doc["decoding"] = decoding(args, MosesDecoding(args), sides, sets, scorers,
                                    os.path.join(work, f"tuning.{key}"))
+    if args.second_pass:
+        extra = [os.path.abspath(m) for m in args.rescore_model]
+        base_runs = [t["outputs"][args.final_weights] for t in doc["decoding"]["tunings"]["base"]]
+        sp = second_pass(args, os.path.join(work, f"tuning.{key}"), sets, "nlm" + mkey,
+                         len(models), extra,
+                         hashlib.sha1("\n".join(extra).encode("utf-8")).hexdigest()[:6],
+                         base_runs)
+        doc["second_pass"] = dict(kbest=args.kbest, models=extra, features=sp["features"],
+                                  restarts=args.rescore_restarts,
+                                  scores=collect(scorers, sp["systems"], args.bootstrap))
     if with_moses and not args.no_rescoring:
         weights_src = os.path.join(work, f"tuning.{key}", f"base.{args.algorithm}1",
                                    f"weights.{args.final_weights}.txt")
@@ -917,6 +989,12 @@ def run(args: argparse.Namespace) -> int:
     if "decoding" in doc:
         print()
         print_decoding("== Moses decoding", doc["decoding"], sets, args.dev)
+    if "second_pass" in doc:
+        print()
+        print(format_table(f"== decoding + rescoring: the KenLM + NLM systems' {args.kbest}-best "
+                           f"lists with {' '.join(doc['second_pass']['features'])} appended, "
+                           "retuned (column 'KenLM + NLM'), against KenLM-only decoding",
+                           doc["second_pass"]["scores"]))
     if "rescoring" in doc:
         print()
         feats = doc["rescoring"]["features"]
@@ -992,6 +1070,13 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
                         "ones (features NLM<n>, NLM<n+1>, ... after theirs): e.g. a "
                         "right-to-left model (train --reverse), which a left-to-right decoder "
                         "cannot use; repeatable. Default: none")
+    p.add_argument("--second-pass", action="store_true",
+                   help="decode, then rescore: every KenLM + NLM tuning of the Moses decoding "
+                        "part writes --kbest lists of dev and test, the --rescore-model NLMs "
+                        "are appended and the weights tuned on dev (MERT, the tuning's seed); "
+                        "reported against KenLM-only decoding as the part 'decoding + "
+                        "rescoring' (the best translations the package gives: a left-to-right "
+                        "NLM in the search, right-to-left ones on its k-best)")
     p.add_argument("--rescore-restarts", type=int, default=20,
                    help="MERT random restarts of each rescoring tuning (default 20, as "
                         "mert-moses.pl)")
