@@ -37,6 +37,7 @@ COMMAND_MODULES: List[str] = [
     ".commands.score",
     ".commands.info",
     ".commands.convert",
+    ".commands.ensemble",
     ".commands.bench",
     ".commands.config",
     ".commands.cache",
