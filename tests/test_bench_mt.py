@@ -439,3 +439,31 @@ def test_second_pass_needs_the_decoding_part_and_rescoring_models(tmp_path, caps
         err = capsys.readouterr().err
         assert "--second-pass" in err and "--rescore-model" in err and "Traceback" not in err
         assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.skipif(not os.path.isdir(SYSTEM), reason="shared Multi30k Moses system not found")
+def test_several_recipes_train_one_ensemble_model(tmp_path):
+    """Without --model, each --recipe trains one model on the system's English side and
+    several become one ensemble model file (the default: NCE + self-normalised ML); finished
+    models are reused."""
+    import argparse
+
+    import nlmfeature
+
+    tiny = "--order 3 --word-width 4 --direct-order 0 --iterations 1 --threads 1"
+    args = argparse.Namespace(system=SYSTEM, recipe=[tiny, tiny + " --output unnormalised "
+                                                     "--noise-samples 0 --self-normalise 0.1"])
+    path = bench_mt.train_model(args, str(tmp_path), REF)
+    assert path == str(tmp_path / "nlm.ensemble.nlm")
+    ens = nlmfeature.load(path)
+    members = ens.header["metadata"]["ensemble"]
+    assert [m["path"] for m in members] == [str(tmp_path / "nlm0.nlm"), str(tmp_path / "nlm1.nlm")]
+    assert members[1]["metadata"]["self_normalise"] == 0.1
+    a, b = (nlmfeature.load(m["path"]) for m in members)
+    s = "a man is riding a bike".split()
+    assert np.allclose(ens.score_sentence(s), (a.score_sentence(s) + b.score_sentence(s)) / 2,
+                       atol=1e-5)
+    mtime = os.path.getmtime(path)
+    assert bench_mt.train_model(args, str(tmp_path), REF) == path
+    assert os.path.getmtime(path) == mtime
+    assert list(bench_mt.DEFAULT_RECIPES)[1].startswith("--output unnormalised --noise-samples 0")

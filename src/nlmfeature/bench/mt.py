@@ -7,8 +7,9 @@ From raw text, as a user would start:
    pipeline the system was trained with);
 2. filter the phrase and reordering tables to the sentences translated, binarise the LM
    (Moses then loads in about a second);
-3. train the NLM with the given recipe unless ``--model`` gives models (several = several
-   features in one system);
+3. train the NLM unless ``--model`` gives models (several = several features in one
+   system): one model per ``--recipe``, several recipes (the default: the NCE and the
+   self-normalised maximum-likelihood 8-grams) as their ensemble in one model file;
 4. tune the KenLM-only and the KenLM+NLM system ``--tunings`` times each (MERT seeds 1..N, or
    ``--algorithm mira``) with ``nlmfeature-tune moses``, from the system's tuned KenLM weights;
    with ``--joint MODEL`` a third system, KenLM+NLM+joint (an ``NLMJointFeature`` line, the
@@ -80,9 +81,12 @@ from nlmfeature.mt.moses import add_features, decode, find_moses, prepare_system
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 DEFAULT_SYSTEM = os.path.join("..", "shared", "data", "moses", "multi30k-de-en")
 DEFAULT_DATA = os.path.join("..", "shared", "data", "parallel", "multi30k")
-#: ``nlmfeature train``'s own defaults (the order-8 unnormalised LBL with direct features that
-#: README's bench mt figures use), trained on one thread so that the model is reproducible
-DEFAULT_RECIPE = "--threads 1"
+#: the models trained when no ``--model`` is given, as ``nlmfeature train`` options, each on one
+#: thread so that it is reproducible: the order-8 unnormalised LBL of ``nlmfeature train``'s
+#: defaults (NCE) and the same trained by self-normalised maximum likelihood; their ensemble
+#: (one model file, :mod:`nlmfeature.core.ensemble`) is the feature of README's bench mt figures
+DEFAULT_RECIPES = ("--threads 1",
+                   "--output unnormalised --noise-samples 0 --self-normalise 0.1 --threads 1")
 
 
 #: the systems compared, in the order they are tuned for each seed ('joint' only with --joint)
@@ -206,18 +210,36 @@ def joint_ini(nlm_ini_path: str, dst: str, joint, nlm_weights: dict) -> dict:
 
 # -- 3. models ----------------------------------------------------------------------------------
 def train_model(args: argparse.Namespace, work: str, dev_ref: str) -> str:
+    """The NLM feature when no ``--model`` is given: one model per ``--recipe`` (``nlmfeature
+    train`` options; each kept as ``WORK/nlmI.nlm`` with the recipe that made it), and with
+    several recipes their ensemble as one model file (``nlmfeature ensemble``:
+    ``WORK/nlm.ensemble.nlm``).  Finished models are reused."""
     from nlmfeature import cli
+    from nlmfeature.core.ensemble import write_ensemble
 
-    path = os.path.join(work, "nlm.nlm")
-    done = path + ".recipe"            # written when training finished: the recipe it used
-    if os.path.exists(path) and os.path.exists(done) and open(done).read().strip() == args.recipe:
-        return path
+    recipes = args.recipe or list(DEFAULT_RECIPES)
     train = os.path.join(args.system, "train.tok.lc.en.gz")
-    argv = ["train", "--train", train, "--test-set", dev_ref, "--model-out", path,
-            "--no-progress"] + shlex.split(args.recipe)
-    _quiet_call(cli.main, argv, "nlmfeature")
-    _write(done, [args.recipe])
-    return path
+    paths = []
+    for i, recipe in enumerate(recipes):
+        path = os.path.join(work, "nlm.nlm" if len(recipes) == 1 else f"nlm{i}.nlm")
+        done = path + ".recipe"        # written when training finished: the recipe it used
+        if not (os.path.exists(path) and os.path.exists(done)
+                and open(done).read().strip() == recipe):
+            _log(f"training {path}: nlmfeature train {recipe}")
+            argv = ["train", "--train", train, "--test-set", dev_ref, "--model-out", path,
+                    "--no-progress"] + shlex.split(recipe)
+            _quiet_call(cli.main, argv, "nlmfeature")
+            _write(done, [recipe])
+        paths.append(path)
+    if len(paths) == 1:
+        return paths[0]
+    ens = os.path.join(work, "nlm.ensemble.nlm")
+    done = ens + ".recipe"
+    key = "\n".join(recipes)
+    if not (os.path.exists(ens) and os.path.exists(done) and open(done).read().strip() == key):
+        write_ensemble(ens, paths)
+        _write(done, recipes)
+    return ens
 
 
 # -- 4/5. tuning and decoding -------------------------------------------------------------------
@@ -1080,10 +1102,13 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rescore-restarts", type=int, default=20,
                    help="MERT random restarts of each rescoring tuning (default 20, as "
                         "mert-moses.pl)")
-    p.add_argument("--recipe", default=DEFAULT_RECIPE,
-                   help="nlmfeature train options when no --model is given (default: "
-                        "%(default)s, i.e. nlmfeature train's defaults on one thread: the "
-                        "order-8 unnormalised LBL of README's bench mt figures)")
+    p.add_argument("--recipe", action="append", default=None, metavar="OPTIONS",
+                   help="nlmfeature train options of a model to train when no --model is "
+                        "given; repeated: one model each, their ensemble (nlmfeature "
+                        "ensemble) is the feature.  Default: '%s' and '%s', i.e. the order-8 "
+                        "LBL of nlmfeature train's defaults and the same by self-normalised "
+                        "maximum likelihood, as one ensemble: the feature of README's bench mt "
+                        "figures (+1.66 BLEU in Moses decoding)" % DEFAULT_RECIPES)
     p.add_argument("--init", default="tuned", choices=("tuned", "untuned"),
                    help="starting weights of the Moses part: the system's moses.tuned.ini "
                         "(KenLM-only MERT weights; the NLM weight starts at half the LM's) or "
