@@ -108,6 +108,20 @@ def _repo_path(rel: str) -> str:
     return os.path.normpath(os.path.join(REPO, rel))
 
 
+def _key(names: Sequence[str]) -> str:
+    """A short key of a list of names (model paths): the work folders' names of its runs."""
+    import hashlib
+
+    return hashlib.sha1("\n".join(names).encode("utf-8")).hexdigest()[:6]
+
+
+def _made_by(path: str, recipe: str) -> bool:
+    """Whether ``path`` exists and its ``.recipe`` marker (written when it was finished) says
+    ``recipe`` made it."""
+    done = path + ".recipe"
+    return os.path.exists(path) and os.path.exists(done) and open(done).read().strip() == recipe
+
+
 def _write(path: str, lines: Sequence[str]) -> None:
     from nlmfeature.io.atomicfile import atomic_write_text
 
@@ -222,23 +236,19 @@ def train_model(args: argparse.Namespace, work: str, dev_ref: str) -> str:
     paths = []
     for i, recipe in enumerate(recipes):
         path = os.path.join(work, "nlm.nlm" if len(recipes) == 1 else f"nlm{i}.nlm")
-        done = path + ".recipe"        # written when training finished: the recipe it used
-        if not (os.path.exists(path) and os.path.exists(done)
-                and open(done).read().strip() == recipe):
+        if not _made_by(path, recipe):
             _log(f"training {path}: nlmfeature train {recipe}")
             argv = ["train", "--train", train, "--test-set", dev_ref, "--model-out", path,
                     "--no-progress"] + shlex.split(recipe)
             _quiet_call(cli.main, argv, "nlmfeature")
-            _write(done, [recipe])
+            _write(path + ".recipe", [recipe])
         paths.append(path)
     if len(paths) == 1:
         return paths[0]
     ens = os.path.join(work, "nlm.ensemble.nlm")
-    done = ens + ".recipe"
-    key = "\n".join(recipes)
-    if not (os.path.exists(ens) and os.path.exists(done) and open(done).read().strip() == key):
+    if not _made_by(ens, "\n".join(recipes)):
         write_ensemble(ens, paths)
-        _write(done, recipes)
+        _write(ens + ".recipe", recipes)
     return ens
 
 
@@ -583,8 +593,6 @@ def rescoring(args: argparse.Namespace, work: str, sets: Dict[str, dict], base_i
     times per side (``nlmfeature-tune optimise``, MERT seeds 1..N) and every set reranked.
     Returns {"kbest", "features": {side: labels}, "systems": {side: [{set: 1-best path}]}}
     with the sides 'base', 'nlm' and (with ``joints``) 'joint'."""
-    import hashlib
-
     from nlmfeature.mt.weights import write_weights
 
     rdir = work
@@ -593,8 +601,7 @@ def rescoring(args: argparse.Namespace, work: str, sets: Dict[str, dict], base_i
     rewrite_moses_ini(base_ini, ini, base_weights)
     nlm_names = [f"NLM{i}" for i in range(len(models))]
     joint_names = [f"NNJM{i}" for i in range(len(joints))]
-    jkey = hashlib.sha1("\n".join(list(models) + ["joint"] + list(joints)).encode("utf-8")
-                        ).hexdigest()[:6]
+    jkey = _key(list(models) + ["joint"] + list(joints))
     tags = {"base": "base", "nlm": "nlm" + mkey, "joint": "joint" + jkey}
     sides = ["base", "nlm"] + (["joint"] if joints else [])
     lists: Dict[str, Dict[str, str]] = {}
@@ -920,9 +927,7 @@ def run(args: argparse.Namespace) -> int:
 
         key = inputs_key([s["src"] for s in sets.values()])  # the same key as build_system's
     models = [os.path.abspath(m) for m in args.model] or [train_model(args, work, sets[args.dev]["ref"])]
-    import hashlib
-
-    mkey = hashlib.sha1("\n".join(models).encode("utf-8")).hexdigest()[:6]   # the NLMs' key
+    mkey = _key(models)                                  # the NLMs' key
     joints = [os.path.abspath(j) for j in args.joint]
     joint = joints[0] if len(joints) == 1 else (joints or None)
     rescore_models = models + [os.path.abspath(m) for m in args.rescore_model]
@@ -943,7 +948,7 @@ def run(args: argparse.Namespace) -> int:
         sides = [("base", base_ini, "base", ()),
                  ("nlm", nlm_ini_path, "nlm" + mkey, ("NLMFeature",))]
         if joints:
-            jkey = hashlib.sha1("\n".join(models + joints).encode("utf-8")).hexdigest()[:6]
+            jkey = _key(models + joints)
             joint_ini_path = os.path.join(work, f"joint{jkey}.{key}.moses.ini")
             joint_ini(nlm_ini_path, joint_ini_path, joints, nlm_weights)
             sides.append(("joint", joint_ini_path, "joint" + jkey,
@@ -961,9 +966,7 @@ def run(args: argparse.Namespace) -> int:
         extra = [os.path.abspath(m) for m in args.rescore_model]
         base_runs = [t["outputs"][args.final_weights] for t in doc["decoding"]["tunings"]["base"]]
         sp = second_pass(args, os.path.join(work, f"tuning.{key}"), sets, "nlm" + mkey,
-                         len(models), extra,
-                         hashlib.sha1("\n".join(extra).encode("utf-8")).hexdigest()[:6],
-                         base_runs)
+                         len(models), extra, _key(extra), base_runs)
         doc["second_pass"] = dict(kbest=args.kbest, models=extra, features=sp["features"],
                                   restarts=args.rescore_restarts,
                                   scores=collect(scorers, sp["systems"], args.bootstrap))
@@ -973,7 +976,7 @@ def run(args: argparse.Namespace) -> int:
         from nlmfeature.mt.weights import read_weights
 
         w = read_weights(weights_src) if os.path.exists(weights_src) else base_weights
-        rkey = hashlib.sha1("\n".join(rescore_models).encode("utf-8")).hexdigest()[:6]
+        rkey = _key(rescore_models)
         resc = rescoring(args, os.path.join(work, f"rescoring.{key}"), sets, base_ini, w,
                          rescore_models, scorers, rkey, joints)
         doc["rescoring"] = dict(kbest=args.kbest, weights_from=weights_src if os.path.exists(weights_src)

@@ -62,8 +62,9 @@ def merge(paths: Sequence[str], weights: Optional[Sequence[float]] = None
     """(header, arrays) of the model scoring ``sum_i weights[i] * score_i`` for the models
     ``paths`` (default weights: the mean).  Every member must be unnormalised, of one branch
     without further layers, with the same vocabulary, activation and direction, and the same
-    direct-feature hash space and order where it has direct features.  Precomputed first-layer tables are
-    derived data: the ensemble has none (``nlmfeature convert`` adds them)."""
+    direct-feature hash space and order where it has direct features.  Precomputed
+    first-layer tables are derived data: the ensemble has none (``nlmfeature convert`` adds
+    them)."""
     if isinstance(paths, (str, bytes)) or len(paths) < 2:
         raise NLMFeatureError("an ensemble needs at least two model files (a list of paths)")
     if weights is None:
@@ -112,8 +113,7 @@ def merge(paths: Sequence[str], weights: Optional[Sequence[float]] = None
     bias = np.zeros(H, dtype=np.float32)
     out_w = np.empty((V, H), dtype=np.float32)
     out_b = np.zeros(V, dtype=np.float64)
-    direct_order = max((h["direct"]["order"] for _, h, _, _ in members if h.get("direct")),
-                       default=0)
+    direct_order = next(iter(dorders), 0)       # one order and hash space (checked above)
     direct = np.zeros(next(iter(hashes)), dtype=np.float64) if direct_order else None
     eo = ho = 0
     for (p, h, a, _), alpha, we, wh in zip(members, weights, widths, hiddens):
