@@ -36,6 +36,39 @@ def test_bench_memory_quick(tmp_path, capsys):
     assert k["kenlm-trie-q8"]["test_ppl"] == pytest.approx(k["kenlm-probing"]["test_ppl"], rel=0.02)
     # a wider model is bigger
     assert rows["nlm-d16"]["bytes"] > rows["nlm-d8"]["bytes"]
+    # BLEU against size: every model as the only LM of the real Moses k-best lists
+    assert "first 40 sentences" in res["bleu"]["note"]
+    for r in rows.values():
+        assert 5 < r["test_bleu"] < 80 and 5 < r["dev_bleu"] < 80 and len(r["test_bleu_runs"]) == 1
+    # the float16 copy ranks the lists (nearly) as the float32 model
+    assert abs(rows["nlm-d16 float16"]["test_bleu"] - rows["nlm-d16"]["test_bleu"]) < 1.0
+    assert 5 < res["bleu"]["system_lm"]["test_bleu"] < 80
+
+
+def test_lm_swap_with_the_systems_own_lm_changes_nothing(tmp_path):
+    """The decoder's own KenLM model put in place of LM0 reproduces the lists' LM0 values
+    (Moses writes KenLM's log10 score in natural log), so tuning and reranking give the same
+    BLEU as the unchanged lists."""
+    import argparse
+
+    from nlmfeature.bench import shared_data
+    from nlmfeature.bench.memory import _SHARED, lm_swap_bleu
+    from nlmfeature.mt.kbest import read_kbest
+
+    lm = shared_data("moses", "multi30k-de-en", "lm.en.5g.arpa.gz")
+    if not os.path.exists(lm) or not os.path.isdir(_SHARED):
+        pytest.skip("needs ../shared/data (the Multi30k Moses system and its k-best lists)")
+    pytest.importorskip("kenlm")
+    args = argparse.Namespace(nbest_dir=_SHARED, dev_nbest="dev.iter4.100best.gz", quick=True,
+                              tunings=1, jobs=1)
+    rows = [{"model": "system LM again", "kind": "kenlm", "path": lm}]
+    res = lm_swap_bleu(rows, None, args, str(tmp_path), lambda m: None)
+    assert rows[0]["test_bleu"] == res["system_lm"]["test_bleu"]
+    assert rows[0]["dev_bleu"] == res["system_lm"]["dev_bleu"]
+    old = [dict(h.features)["LM0"][0] for h in read_kbest(str(tmp_path / "system-lm.test.nbest.gz"))]
+    new = [dict(h.features)["LM0"][0] for h in read_kbest(str(tmp_path / "row0.test.nbest.gz"))]
+    assert len(old) == len(new) > 1000
+    assert max(abs(a - b) for a, b in zip(old, new)) < 1e-3     # Moses prints 6 digits
 
 
 def test_bench_memory_refuses_a_plot_in_a_missing_folder(tmp_path, capsys):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from nlmfeature.bench import mt as bench_mt
+from nlmfeature.bench import shared_data
 from nlmfeature.cli import main as cli_main
 from nlmfeature.mt import moses
 from nlmfeature.mt.tuning.driver import first_hypotheses
@@ -21,8 +22,8 @@ TUNING = os.path.join(os.path.dirname(__file__), "data", "tuning")
 KBEST = os.path.join(TUNING, "multi30k.dev.iter1.200x30.kbest.gz")
 INI = os.path.join(TUNING, "multi30k.dev.iter1.moses.ini")
 REF = os.path.join(TUNING, "multi30k.dev.ref.200.en")
-SYSTEM = os.path.normpath(os.path.join(bench_mt.REPO, bench_mt.DEFAULT_SYSTEM))
-DATA = os.path.normpath(os.path.join(bench_mt.REPO, bench_mt.DEFAULT_DATA))
+SYSTEM = shared_data("moses", "multi30k-de-en")
+DATA = shared_data("parallel", "multi30k")
 
 
 def test_kbest_matrix_reranks_like_the_decoder():

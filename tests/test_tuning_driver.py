@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from nlmfeature.errors import InputError
+from nlmfeature.bench import shared_data
 from nlmfeature.mt.tuning.cli import main as tune_main
 from nlmfeature.mt.moses import moses_ini_lines, rewrite_moses_ini
 from nlmfeature.mt.cdec import rewrite_cdec_ini, write_cdec_weights
@@ -250,7 +251,7 @@ def test_cli_bad_input_exits_with_message(tmp_path, capsys):
                                                     "bin", "moses")),
                     reason="needs MOSES_ROOT with a built bin/moses")
 def test_driver_with_real_moses(tmp_path):
-    model = "/work/shared/data/moses/lexicalized-reordering-fr-en"
+    model = shared_data("moses", "lexicalized-reordering-fr-en")
     if not os.path.isdir(model):
         pytest.skip("shared Moses model not available")
     ini = tmp_path / "moses.ini"

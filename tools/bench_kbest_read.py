@@ -21,7 +21,9 @@ import subprocess
 import sys
 import tempfile
 
-LIST = "/work/shared/data/nbest/moses-multi30k-de-en/dev.iter1.100best.gz"
+from nlmfeature.bench import shared_data
+
+LIST = shared_data("nbest", "moses-multi30k-de-en", "dev.iter1.100best.gz")
 CHILD = r'''
 import sys, time, json
 sys.path.insert(0, sys.argv[1])

@@ -54,11 +54,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "src"))  # this checkout's package (the one the measured Moses loads)
 from nlmfeature import cli  # noqa: E402
+from nlmfeature.bench import shared_data  # noqa: E402
 from nlmfeature.io.atomicfile import atomic_write_text  # noqa: E402
 from nlmfeature.io.textio import iter_lines  # noqa: E402
 from nlmfeature.mt import moses as mo  # noqa: E402
 from nlmfeature.mt.weights import Weights, format_weights, read_weights  # noqa: E402
-SHARED = os.path.join(REPO, "..", "shared", "data")
+SHARED = shared_data()
 SYSTEM = os.path.join(SHARED, "moses", "multi30k-de-en")
 NBEST = os.path.join(SHARED, "nbest", "moses-multi30k-de-en")
 PY = [sys.executable]

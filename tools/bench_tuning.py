@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Benchmark nlmfeature's tuners (MERT, MIRA, PRO) against Moses' ``mert`` and ``kbmira``.
 
-On the real Multi30k de-en dev 100-best lists (``/work/shared/data/nbest/moses-multi30k-de-en``)
+On the real Multi30k de-en dev 100-best lists (``../shared/data/nbest/moses-multi30k-de-en``)
 it optimises over the pool of iterations 1..N (default: iteration 1 alone, then 1-4), starting
 from the weights iteration N was decoded with, and prints for every optimiser the dev BLEU of
 the re-ranked 1-best before and after (computed by sacrebleu on the chosen hypotheses, not by
 our own statistics) and the run time.
 
-If a Moses build is found (``--moses-root``, ``$MOSES_ROOT`` or /work/ext/mosesdecoder; the
+If a Moses build is found (``--moses-root`` or ``$MOSES_ROOT``; the
 tools are looked up in ``bin/`` and in the ``mert/bin/...`` build directory), the same lists go
 through Moses' ``extractor`` (BLEU, case-sensitive, closest reference length) and then ``mert``
 (``-n 20``, as mert-moses.pl) and ``kbmira``; their weights are scored the same way and shown
@@ -31,6 +31,8 @@ from typing import Dict, List, Optional
 import numpy as np
 import sacrebleu
 
+from nlmfeature.bench import shared_data
+
 from nlmfeature.io.atomicfile import open_output
 from nlmfeature.mt.bleu import References
 from nlmfeature.mt.moses import find_program
@@ -40,13 +42,13 @@ from nlmfeature.mt.tuning.data import KbestPool
 from nlmfeature.mt.tuning.mert import LineSearcher, l1_normalise
 from nlmfeature.mt.weights import read_weights
 
-DATA = "/work/shared/data/nbest/moses-multi30k-de-en"
+DATA = shared_data("nbest", "moses-multi30k-de-en")
 
 
 def find_moses_tool(root: Optional[str], name: str) -> Optional[str]:
     """Path of a Moses tuning tool (``mert``, ``kbmira``, ``extractor``) or None: in ``root``,
-    $MOSES_ROOT or /work/ext/mosesdecoder (``nlmfeature.mt.moses.find_program``)."""
-    for r in (root, os.environ.get("MOSES_ROOT"), "/work/ext/mosesdecoder"):
+    or $MOSES_ROOT (``nlmfeature.mt.moses.find_program``)."""
+    for r in (root, os.environ.get("MOSES_ROOT")):
         found = find_program(name, r) if r else None
         if found:
             return found
@@ -123,8 +125,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="random seeds; every optimiser runs once per seed (default: 1)")
     ap.add_argument("--jobs", type=int, default=2,
                     help="processes for our MERT's restarts and threads for Moses mert")
-    ap.add_argument("--moses-root", help="Moses checkout/build (default: $MOSES_ROOT or "
-                                         "/work/ext/mosesdecoder)")
+    ap.add_argument("--moses-root", help="Moses checkout/build (default: $MOSES_ROOT)")
     ap.add_argument("--no-moses", action="store_true", help="skip Moses' tools")
     ap.add_argument("--workdir", help="directory for Moses' files (default: a temporary one)")
     args = ap.parse_args(argv)

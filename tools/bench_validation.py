@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Cost of validating a model at load against the checksum's own cost, on 46k-word models
-(the full Brown training vocabulary, /work/shared/data/mono/brown or --corpus).
+(the full Brown training vocabulary, ../shared/data/mono/brown or --corpus).
 
     python3 tools/bench_validation.py [--workdir DIR] [--repeat 3]
 
@@ -27,7 +27,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "src"))
 
 import nlmfeature  # noqa: E402
-from nlmfeature import modelfile  # noqa: E402
+from nlmfeature.core import modelfile  # noqa: E402
+from nlmfeature.bench import shared_data  # noqa: E402
 from nlmfeature.core.architecture import ModelSpec, precompute_tables, random_model  # noqa: E402
 from nlmfeature.core.vocab import Vocabulary  # noqa: E402
 
@@ -61,7 +62,7 @@ def best(fn, repeat: int) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", default="/tmp/nlmfeature-bench-validation", help="where the models are kept")
-    ap.add_argument("--corpus", default="/work/shared/data/mono/brown/train.txt.gz",
+    ap.add_argument("--corpus", default=shared_data("mono", "brown", "train.txt.gz"),
                     help="text whose whole vocabulary the models get (default: Brown train, 46k words)")
     ap.add_argument("--repeat", type=int, default=3, help="timings per figure (the best is printed)")
     args = ap.parse_args()

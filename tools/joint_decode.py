@@ -29,14 +29,14 @@ import os
 import sys
 
 from nlmfeature import cli
+from nlmfeature.bench import shared_data
 from nlmfeature.io.atomicfile import atomic_write_text
 from nlmfeature.io.textio import read_lines
 from nlmfeature.mt import moses as mo
 from nlmfeature.mt.tuning import cli as tune_cli
 from nlmfeature.mt.weights import read_weights
 
-SYSTEM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "moses",
-                      "multi30k-de-en")
+SYSTEM = shared_data("moses", "multi30k-de-en")
 
 
 def bleu_line(out: str, ref: str) -> str:

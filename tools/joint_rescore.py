@@ -25,7 +25,9 @@ import re
 import subprocess
 import sys
 
-NB = "/work/shared/data/nbest/moses-multi30k-de-en"
+from nlmfeature.bench import shared_data
+
+NB = shared_data("nbest", "moses-multi30k-de-en")
 
 
 def run(cmd, **kw):

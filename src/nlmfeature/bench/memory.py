@@ -11,13 +11,25 @@ Every model is trained on ``--train``, its early stopping uses ``--valid``, and 
 on ``--test``: size of the file a decoder maps (bytes; neural models with their precomputed
 first-layer tables), test perplexity (unnormalised neural models are renormalised exactly over
 the vocabulary, direct features included), and the perplexity of the linear interpolation
-with the full KenLM model (weight tuned on ``--valid``).  A table (or ``--json``) and, with
-``--plot``, a PNG of perplexity against size.  BLEU against size is not measured here (each
-point would cost a rescoring and tuning run): ``nlmfeature bench mt`` measures BLEU.
+with the full KenLM model (weight tuned on ``--valid``).
+
+BLEU against size (unless ``--no-bleu``): every model becomes the **only language model** of the
+real Moses system's k-best lists (``../shared/data/nbest/moses-multi30k-de-en``: the dev 100-best
+of the last MERT iteration and the test2016 100-best of the tuned system, ``--nbest-dir``): each
+hypothesis' ``LM0`` value (the natural-log probability of the system's KenLM, as Moses writes it)
+is replaced by the model's log-probability of the whole hypothesis (``<s>`` context, ``</s>``
+scored; an unnormalised neural model's raw scores, as a decoder adds them), the weights are
+tuned on dev by MERT ``--tunings`` times (seeds 1..N, from the system's tuned weights) and the
+test list reranked; BLEU (tokenised, lowercased reference, sacrebleu ``-tok none``) is the mean
+of the tunings.  The row ``system-lm`` keeps the decoder's own LM (the unchanged lists): the
+reference point.  It is rescoring, not decoding: the lists were searched with the system's LM.
+
+A table (or ``--json``) and, with ``--plot``, a PNG of perplexity (and BLEU) against size.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -29,10 +41,9 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_SHARED = os.path.normpath(os.path.join(_HERE, "..", "..", "..", "..", "shared", "data", "nbest", "moses-multi30k-de-en"))
-if not os.path.isdir(_SHARED):
-    _SHARED = "/work/shared/data/nbest/moses-multi30k-de-en"
+from nlmfeature.bench import shared_data
+
+_SHARED = shared_data("nbest", "moses-multi30k-de-en")
 DEFAULT_TRAIN = os.path.join(_SHARED, "train.tok.lc.en.gz")
 DEFAULT_VALID = os.path.join(_SHARED, "dev.ref.en.gz")
 DEFAULT_TEST = os.path.join(_SHARED, "test.ref.en.gz")
@@ -71,6 +82,18 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true",
                    help="tiny models for one epoch on the first 2000 training sentences: checks the "
                         "benchmark runs, the figures mean nothing")
+    p.add_argument("--no-bleu", action="store_true",
+                   help="skip BLEU against size (the k-best rescoring with each model as the only LM)")
+    p.add_argument("--nbest-dir", default=_SHARED,
+                   help="real Moses k-best lists for BLEU: DEV_NBEST, test.tuned.100best.gz, "
+                        "dev.ref.en.gz, test.ref.en.gz and moses.tuned.ini (default: "
+                        "../shared/data/nbest/moses-multi30k-de-en)")
+    p.add_argument("--dev-nbest", default="dev.iter4.100best.gz",
+                   help="the dev k-best list in --nbest-dir that weights are tuned on (default: "
+                        "the last MERT iteration's, dev.iter4.100best.gz)")
+    p.add_argument("--tunings", type=int, default=3,
+                   help="MERT runs (seeds 1..N) per model for BLEU (default 3)")
+    p.add_argument("--jobs", type=int, default=2, help="processes for MERT's restarts (default 2)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(func=run)
 
@@ -110,6 +133,13 @@ def run(args: argparse.Namespace) -> int:
     for f in (args.train, args.valid, args.test):
         if not os.path.exists(f):
             raise NLMFeatureError(f"{f}: no such file (see --train/--valid/--test)")
+    if not args.no_bleu:
+        for f in (args.dev_nbest, *NBEST_FILES):
+            if not os.path.exists(os.path.join(args.nbest_dir, f)):
+                raise NLMFeatureError(f"{os.path.join(args.nbest_dir, f)}: no such file (see --nbest-dir "
+                                      "and --dev-nbest, or --no-bleu)")
+        if args.tunings < 1:
+            raise NLMFeatureError(f"--tunings must be at least 1, got {args.tunings}")
     if args.plot:
         try:
             import matplotlib  # noqa: F401
@@ -156,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
             m = load(path)
             save(half, m.header, {k: np.asarray(v) for k, v in m.arrays.items()}, half=True)
             for label, p in ((name, path), (name + " float16", half)):
-                rows.append({"model": label, "kind": "neural", "bytes": os.path.getsize(p),
+                rows.append({"model": label, "kind": "neural", "path": p, "bytes": os.path.getsize(p),
                              "test_logprob": neural_scores(p, test), "valid_logprob": neural_scores(p, valid),
                              "epochs": res.epochs, "train_minutes": round(minutes, 2)})
         # -- KenLM --------------------------------------------------------------------------
@@ -173,9 +203,13 @@ def run(args: argparse.Namespace) -> int:
             if proc.returncode != 0:
                 raise NLMFeatureError(f"build_binary {' '.join(bb_args)} failed:\n{proc.stderr[-1000:]}")
             sc = KenLMScorer(binary, vocab)
-            rows.append({"model": name, "kind": "kenlm", "bytes": os.path.getsize(binary),
+            rows.append({"model": name, "kind": "kenlm", "path": binary, "bytes": os.path.getsize(binary),
                          "test_logprob": sc.token_scores(test)[0].logprob,
                          "valid_logprob": sc.token_scores(valid)[0].logprob})
+        # -- BLEU ---------------------------------------------------------------------------
+        bleu = None
+        if not args.no_bleu:
+            bleu = lm_swap_bleu(rows, vocab, args, os.path.join(out, "bleu"), log)
         # -- figures ------------------------------------------------------------------------
         ref = next(r for r in rows if r["model"] == "kenlm-probing")
         ref_test, ref_valid = ref["test_logprob"], ref["valid_logprob"]
@@ -187,9 +221,11 @@ def run(args: argparse.Namespace) -> int:
                 r["linear_with_kenlm_ppl"] = round(_ppl(lin), 3)
                 r["linear_weight"] = round(w, 3)
             r["MB"] = round(r["bytes"] / 1e6, 3)
-            del r["test_logprob"], r["valid_logprob"]
+            del r["test_logprob"], r["valid_logprob"], r["path"]
         result = {"train": args.train, "valid": args.valid, "test": args.test, "quick": args.quick,
                   "vocab": len(vocab) if vocab is not None else None, "rows": rows}
+        if bleu is not None:
+            result["bleu"] = bleu
         if args.plot:
             plot(rows, args.plot, "quick run: figures mean nothing" if args.quick else os.path.basename(args.test))
             result["plot"] = args.plot
@@ -198,10 +234,17 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"test perplexity against file size ({args.test}; vocabulary {result['vocab']})"
                   + ("  [--quick: figures mean nothing]" if args.quick else ""))
-            print(f"{'model':34s} {'MB':>9s} {'test ppl':>9s} {'x KenLM':>8s} {'linear w/ KenLM':>16s}")
+            print(f"{'model':34s} {'MB':>9s} {'test ppl':>9s} {'x KenLM':>8s} {'linear w/ KenLM':>16s}"
+                  + (f" {'BLEU (only LM)':>15s} {'dev':>6s}" if bleu else ""))
             for r in rows:
                 lin = f"{r['linear_with_kenlm_ppl']:10.2f} (w {r['linear_weight']:.2f})" if "linear_weight" in r else ""
-                print(f"{r['model']:34s} {r['MB']:9.2f} {r['test_ppl']:9.2f} {r['ratio_to_kenlm']:8.3f} {lin:>16s}")
+                b_ = f" {r['test_bleu']:8.2f} +-{r['test_bleu_sd']:4.2f} {r['dev_bleu']:6.2f}" if "test_bleu" in r else ""
+                print(f"{r['model']:34s} {r['MB']:9.2f} {r['test_ppl']:9.2f} {r['ratio_to_kenlm']:8.3f} {lin:>16s}{b_}")
+            if bleu:
+                sl = bleu["system_lm"]
+                print(f"{'system-lm (the decoder LM0)':34s} {'':>9s} {'':>9s} {'':>8s} {'':>16s} "
+                      f"{sl['test_bleu']:8.2f} +-{sl['test_bleu_sd']:4.2f} {sl['dev_bleu']:6.2f}")
+                print(f"BLEU: {bleu['note']}")
             if args.plot:
                 print(f"plot: {args.plot}")
     finally:
@@ -210,8 +253,110 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+#: files of --nbest-dir besides --dev-nbest
+NBEST_FILES = ("test.tuned.100best.gz", "dev.ref.en.gz", "test.ref.en.gz", "moses.tuned.ini")
+#: sentences of each list kept with --quick
+QUICK_SENTENCES = 40
+
+
+def lm_swap_bleu(rows: List[Dict[str, Any]], vocab, args: argparse.Namespace, work: str,
+                 log) -> Dict[str, Any]:
+    """BLEU with each row's model as the only LM of the --nbest-dir lists (module doc).  Adds
+    ``test_bleu``, ``test_bleu_sd``, ``test_bleu_runs`` and ``dev_bleu`` to every row and returns
+    {"system_lm": the same for the unchanged lists, "lists", "tunings", "note"}."""
+    from nlmfeature.bench.mt import rerank
+    from nlmfeature.core.model import load
+    from nlmfeature.io.atomicfile import open_output
+    from nlmfeature.io.textio import read_lines
+    from nlmfeature.mt.evaluate import make_metrics, scores_from_stats, sentence_stats
+    from nlmfeature.mt.kbest import format_hypothesis, read_kbest
+    from nlmfeature.mt.rescore import sentence_logprobs
+    from nlmfeature.mt.weights import read_weights, write_weights
+    from nlmfeature.errors import NLMFeatureError
+    from nlmfeature.training.kenlm_baseline import KenLMScorer
+
+    os.makedirs(work, exist_ok=True)
+    d = args.nbest_dir
+    srcs = {"dev": os.path.join(d, args.dev_nbest), "test": os.path.join(d, "test.tuned.100best.gz")}
+    refs = {"dev": read_lines(os.path.join(d, "dev.ref.en.gz")),
+            "test": read_lines(os.path.join(d, "test.ref.en.gz"))}
+    limit = QUICK_SENTENCES if args.quick else None
+    if limit:
+        refs = {k: v[:limit] for k, v in refs.items()}
+    lists: Dict[str, list] = {}
+    for name, path in srcs.items():
+        hyps = [h for h in read_kbest(path) if limit is None or h.sid < limit]
+        if not hyps or not any(label == "LM0" for label, _ in hyps[0].features):
+            raise NLMFeatureError(f"{path}: no LM0= feature to replace (a Moses k-best list of a "
+                                  "system with one KenLM feature is expected)")
+        lists[name] = hyps
+    texts = sorted({h.text for hyps in lists.values() for h in hyps})
+    index = {t: i for i, t in enumerate(texts)}
+    tokens = [t.split() for t in texts]
+    init = os.path.join(work, "init.weights")
+    write_weights(init, read_weights(os.path.join(d, "moses.tuned.ini")))
+    bleu = make_metrics("none", False, 0, ("bleu",))["bleu"]
+    stats = {k: None for k in refs}
+    tune = argparse.Namespace(dev="dev", algorithm="mert", jobs=args.jobs,
+                              rescore_restarts=2 if args.quick else 20)
+    tunings = 1 if args.quick else args.tunings
+
+    def measure(tag: str, scores: Optional[List[float]]) -> Dict[str, Any]:
+        paths = {}
+        for name, hyps in lists.items():
+            p = os.path.join(work, f"{tag}.{name}.nbest.gz")
+            if not os.path.exists(p):
+                with open_output(p) as f:
+                    for h in hyps:
+                        if scores is not None:
+                            h = copy.copy(h)
+                            h.features = [(lab, [scores[index[h.text]]] if lab == "LM0" else v)
+                                          for lab, v in h.features]
+                        f.write(format_hypothesis(h, "moses") + "\n")
+            paths[name] = p
+        test, dev = [], []
+        matrices: Dict[str, Any] = {}
+        for seed in range(1, tunings + 1):
+            best = rerank(tune, work, tag, paths, init, os.path.join(d, "dev.ref.en.gz") if not limit
+                          else _quick_ref(refs["dev"], work), seed, matrices, f"BLEU {tag}",
+                          lambda m: None)
+            for name, out in (("test", test), ("dev", dev)):
+                hyps = read_lines(best[name])[:len(refs[name])]
+                hyps += [""] * (len(refs[name]) - len(hyps))
+                st = sentence_stats(bleu, hyps, [refs[name]]).sum(axis=0)
+                out.append(float(scores_from_stats("bleu", bleu, st)[0]))
+        return {"test_bleu": round(float(np.mean(test)), 2),
+                "test_bleu_sd": round(float(np.std(test, ddof=1)) if len(test) > 1 else 0.0, 2),
+                "test_bleu_runs": [round(x, 2) for x in test], "dev_bleu": round(float(np.mean(dev)), 2)}
+
+    system = measure("system-lm", None)
+    log(f"BLEU: the decoder's own LM {system['test_bleu']:.2f} (test) over {len(texts)} distinct hypotheses")
+    for i, r in enumerate(rows):
+        t0 = time.time()
+        if r["kind"] == "neural":
+            scores = sentence_logprobs(load(r["path"]), tokens)
+        else:
+            scores = KenLMScorer(r["path"], vocab).sentence_logprobs(tokens)
+        r.update(measure(f"row{i}", scores))
+        log(f"BLEU: {r['model']} as the only LM: test {r['test_bleu']:.2f} ({time.time() - t0:.0f} s)")
+    note = (f"each model as the only LM of the Moses k-best lists in {d} ({args.dev_nbest}, "
+            f"test.tuned.100best.gz{'; first %d sentences' % limit if limit else ''}), MERT x{tunings} "
+            "on dev; rescoring, not decoding")
+    return {"system_lm": system, "lists": srcs, "tunings": tunings, "note": note}
+
+
+def _quick_ref(lines: List[str], work: str) -> str:
+    """The dev references of the --quick subset, as a file for the tuner."""
+    from nlmfeature.io.atomicfile import atomic_write_text
+
+    p = os.path.join(work, "dev.ref.quick")
+    atomic_write_text(p, "".join(line + "\n" for line in lines))
+    return p
+
+
 def plot(rows: List[Dict[str, Any]], path: str, title: str) -> None:
-    """Perplexity against size (log scale), neural and KenLM models, as a PNG."""
+    """Perplexity (and, when measured, BLEU as the only LM) against size (log scale), neural
+    and KenLM models, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -219,20 +364,24 @@ def plot(rows: List[Dict[str, Any]], path: str, title: str) -> None:
 
     from nlmfeature.io.atomicfile import atomic_open
 
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for kind, marker, color in (("neural", "o", "tab:blue"), ("kenlm", "s", "tab:red")):
-        rs = [r for r in rows if r["kind"] == kind]
-        ax.scatter([r["MB"] for r in rs], [r["test_ppl"] for r in rs], marker=marker, color=color,
-                   label="nlmfeature" if kind == "neural" else "KenLM 5-gram")
-        for r in rs:
-            ax.annotate(r["model"], (r["MB"], r["test_ppl"]), fontsize=7, xytext=(3, 3),
-                        textcoords="offset points")
-    ax.set_xscale("log")
-    ax.set_xlabel("model file size (MB, log scale)")
-    ax.set_ylabel("test perplexity")
-    ax.set_title(f"perplexity against size ({title})")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
+    panels = [("test_ppl", "test perplexity")]
+    if any("test_bleu" in r for r in rows):
+        panels.append(("test_bleu", "test BLEU, the model as the only LM (k-best)"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(8 * len(panels), 5), squeeze=False)
+    for ax, (key, label) in zip(axes[0], panels):
+        for kind, marker, color in (("neural", "o", "tab:blue"), ("kenlm", "s", "tab:red")):
+            rs = [r for r in rows if r["kind"] == kind and key in r]
+            ax.scatter([r["MB"] for r in rs], [r[key] for r in rs], marker=marker, color=color,
+                       label="nlmfeature" if kind == "neural" else "KenLM 5-gram")
+            for r in rs:
+                ax.annotate(r["model"], (r["MB"], r[key]), fontsize=7, xytext=(3, 3),
+                            textcoords="offset points")
+        ax.set_xscale("log")
+        ax.set_xlabel("model file size (MB, log scale)")
+        ax.set_ylabel(label)
+        ax.set_title(f"{label.split(',')[0]} against size ({title})")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
     fig.tight_layout()
     with atomic_open(path, suffix=".png") as f:
         fig.savefig(f, format="png", dpi=120)

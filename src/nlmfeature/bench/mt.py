@@ -78,7 +78,8 @@ from nlmfeature.errors import InputError, NLMFeatureError
 from nlmfeature.io.textio import read_lines as _read
 from nlmfeature.mt.moses import add_features, decode, find_moses, prepare_system, rewrite_moses_ini
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from nlmfeature.bench import shared_data
+
 DEFAULT_SYSTEM = os.path.join("..", "shared", "data", "moses", "multi30k-de-en")
 DEFAULT_DATA = os.path.join("..", "shared", "data", "parallel", "multi30k")
 #: the models trained when no ``--model`` is given, as ``nlmfeature train`` options, each on one
@@ -104,10 +105,6 @@ def _log(msg: str) -> None:
     print(f"[bench mt {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _repo_path(rel: str) -> str:
-    return os.path.normpath(os.path.join(REPO, rel))
-
-
 def _key(names: Sequence[str]) -> str:
     """A short key of a list of names (model paths): the work folders' names of its runs."""
     import hashlib
@@ -128,9 +125,10 @@ def _write(path: str, lines: Sequence[str]) -> None:
     atomic_write_text(path, "".join(l + "\n" for l in lines))
 
 
-def _quiet_call(fn, argv: List[str], what: str) -> None:
-    """Run one of the package's command-line mains; raise when it fails."""
-    _log("$ " + what + " " + " ".join(shlex.quote(a) for a in argv))
+def _quiet_call(fn, argv: List[str], what: str, log=None) -> None:
+    """Run one of the package's command-line mains (its command line shown by ``log``, default
+    this benchmark's); raise when it fails."""
+    (log or _log)("$ " + what + " " + " ".join(shlex.quote(a) for a in argv))
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         status = fn(argv)
@@ -654,12 +652,13 @@ def append_features(kbest: str, out: str, models: Sequence[str], names: Sequence
 
 
 def rerank(args: argparse.Namespace, rdir: str, tag: str, lists: Dict[str, str], init: str,
-           dev_ref: str, seed: int, matrices: Dict[str, "KbestMatrix"], what: str
+           dev_ref: str, seed: int, matrices: Dict[str, "KbestMatrix"], what: str, log=None
            ) -> Dict[str, str]:
     """Weights tuned on the dev k-best list (``lists[--dev]``) from ``init`` by
     ``nlmfeature-tune optimise`` (``--algorithm``, MERT seed ``seed``), kept in
     ``rdir/TAG.ALGORITHM.SEED.weights``, and every set's list reranked with them; returns
-    {set: 1-best path}.  ``matrices`` keeps the lists read, by path, for the next seed."""
+    {set: 1-best path}.  ``matrices`` keeps the lists read, by path, for the next seed;
+    ``log`` shows progress (default: this benchmark's log)."""
     from nlmfeature.mt.tuning import cli as tune_cli
     from nlmfeature.mt.weights import read_weights
 
@@ -673,8 +672,8 @@ def rerank(args: argparse.Namespace, rdir: str, tag: str, lists: Dict[str, str],
                     ["optimise", "--nbest", lists[args.dev], "--ref", dev_ref, "--init", init,
                      "--algorithm", args.algorithm, "--seed", str(seed), "--restarts",
                      str(args.rescore_restarts), "--jobs", str(args.jobs), "--out", w,
-                     "--quiet"], "nlmfeature-tune")
-        _log(f"{what} seed {seed}: tuned in {time.time() - t0:.0f} s")
+                     "--quiet"], "nlmfeature-tune", log)
+        (log or _log)(f"{what} seed {seed}: tuned in {time.time() - t0:.0f} s")
     per_set = {}
     for name, path in lists.items():
         one = os.path.join(rdir, f"{name}.{tag}.1best")
@@ -1048,11 +1047,11 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
                                         "system",
                              description=__doc__,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--system", default=_repo_path(DEFAULT_SYSTEM),
+    p.add_argument("--system", default=shared_data("moses", "multi30k-de-en"),
                    help="Moses system folder: moses.{tuned,untuned}.ini with MODEL_DIR/ paths, "
                         "tables, ARPA LM, train.tok.lc.en.gz (default: " + DEFAULT_SYSTEM +
                         " beside the repository)")
-    p.add_argument("--data", default=_repo_path(DEFAULT_DATA),
+    p.add_argument("--data", default=shared_data("parallel", "multi30k"),
                    help="raw parallel text: NAME.LANG.gz per set (default: " + DEFAULT_DATA +
                         " beside the repository)")
     p.add_argument("--src-lang", default="de", help="source language (default de)")

@@ -23,11 +23,13 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from nlmfeature.bench import shared_data
+
 from nlmfeature.mt.kbest import sentence_id
 from nlmfeature.io.textio import iter_lines
 from nlmfeature.core.model import DEFAULT_CACHE_ENTRIES
 
-DEFAULT_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "shared", "data")
+DEFAULT_DATA = shared_data()
 
 #: name -> ModelSpec fields (the sizes the seed papers use)
 MODELS: Dict[str, Dict[str, Any]] = {
@@ -246,7 +248,7 @@ def _print_table(rows: List[Dict[str, Any]]) -> None:
 def register(bench_sub: argparse._SubParsersAction) -> None:
     p = bench_sub.add_parser("query", help="native lookup speed of each model x output layer",
                              description=__doc__)
-    p.add_argument("--data", default=os.path.normpath(DEFAULT_DATA),
+    p.add_argument("--data", default=DEFAULT_DATA,
                    help="the shared data folder (default: ../shared/data beside the repository)")
     p.add_argument("--text", default="test", choices=["train", "valid", "test"],
                    help="Brown split whose n-grams are streamed (default test)")

@@ -34,9 +34,9 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-BROWN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))), "..", "shared", "data",
-                     "mono", "brown")
-DEFAULT_DATA = os.path.normpath(BROWN) if os.path.isdir(os.path.normpath(BROWN)) else "/work/shared/data/mono/brown"
+from nlmfeature.bench import shared_data
+
+DEFAULT_DATA = shared_data("mono", "brown")
 
 LBL = dict(arch="lbl", word_width=200, diagonal_contexts=True)
 NPLM = dict(arch="nplm", word_width=150, hidden=750, hidden_layers=[150], activation="relu",

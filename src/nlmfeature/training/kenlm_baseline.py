@@ -263,6 +263,13 @@ class KenLMScorer:
             np.zeros(len(lps), dtype=bool)
         return TokenScores(np.asarray(lps, dtype=np.float64), mask, len(sentences)), kenlm_oov
 
+    def sentence_logprobs(self, sentences: Sequence[Sequence[str]]) -> List[float]:
+        """Natural-log probability of each whole sentence (``<s>`` context, ``</s>`` scored):
+        what Moses' KenLM feature adds for a complete hypothesis (its ``LM0=`` value)."""
+        score = self.model.score
+        return [score(" ".join(self.query_tokens(toks)), bos=True, eos=True) * LN10
+                for toks in sentences]
+
     def histories(self, sentences: Sequence[Sequence[str]]) -> List[Tuple[str, ...]]:
         """KenLM's history (up to order-1 query words, oldest first, from ``<s>``) of every
         predicted token."""
