@@ -43,6 +43,11 @@ def test_bench_memory_quick(tmp_path, capsys):
     # the float16 copy ranks the lists (nearly) as the float32 model
     assert abs(rows["nlm-d16 float16"]["test_bleu"] - rows["nlm-d16"]["test_bleu"]) < 1.0
     assert 5 < res["bleu"]["system_lm"]["test_bleu"] < 80
+    from nlmfeature.bench.memory import format_markdown
+
+    table = format_markdown(res).splitlines()
+    assert table[0].startswith("| model | MB |") and "BLEU" in table[0]
+    assert len([l for l in table if l.startswith("| nlm-") or l.startswith("| kenlm-")]) == len(rows)
 
 
 def test_lm_swap_with_the_systems_own_lm_changes_nothing(tmp_path):

@@ -95,6 +95,8 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
                    help="MERT runs (seeds 1..N) per model for BLEU (default 3)")
     p.add_argument("--jobs", type=int, default=2, help="processes for MERT's restarts (default 2)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--markdown", action="store_true",
+                   help="print the results as one markdown table (the table of docs/training.md)")
     p.set_defaults(func=run)
 
 
@@ -231,6 +233,8 @@ def run(args: argparse.Namespace) -> int:
             result["plot"] = args.plot
         if args.json:
             print(json.dumps(result, indent=2))
+        elif args.markdown:
+            print(format_markdown(result))
         else:
             print(f"test perplexity against file size ({args.test}; vocabulary {result['vocab']})"
                   + ("  [--quick: figures mean nothing]" if args.quick else ""))
@@ -251,6 +255,29 @@ def run(args: argparse.Namespace) -> int:
         if tmp is not None:
             tmp.cleanup()
     return 0
+
+
+def format_markdown(result: Dict[str, Any]) -> str:
+    """The rows of a run (``--json``'s document) as one markdown table."""
+    bleu = result.get("bleu")
+    head = ["model", "MB", "test ppl", "x KenLM probing", "linear with KenLM probing (weight)"]
+    if bleu:
+        head += ["test BLEU as the only LM (sd)", "dev BLEU"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in result["rows"]:
+        cells = [r["model"], f"{r['MB']:.2f}", f"{r['test_ppl']:.2f}", f"{r['ratio_to_kenlm']:.3f}",
+                 f"{r['linear_with_kenlm_ppl']:.2f} ({r['linear_weight']:.2f})" if "linear_weight" in r else ""]
+        if bleu:
+            cells += [f"{r['test_bleu']:.2f} ({r['test_bleu_sd']:.2f})", f"{r['dev_bleu']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    if bleu:
+        sl = bleu["system_lm"]
+        lines.append("| the system's own LM (the lists' LM0) | | | | | "
+                     f"{sl['test_bleu']:.2f} ({sl['test_bleu_sd']:.2f}) | {sl['dev_bleu']:.2f} |")
+    if result.get("quick"):
+        lines.append("")
+        lines.append("(--quick: figures mean nothing)")
+    return "\n".join(lines)
 
 
 #: files of --nbest-dir besides --dev-nbest
