@@ -1,4 +1,4 @@
-"""``nlmfeature bench memory``: perplexity against model size (Baltescu & Blunsom 2015, §7).
+"""``nlmfeature bench memory``: perplexity and BLEU against model size (Baltescu & Blunsom 2015, §7).
 
 Neural models (the decoder recipe, ``nlmfeature train --output unnormalised``: NCE) of
 several embedding widths, each also stored as float16 (``nlmfeature convert --float16``), and
@@ -59,7 +59,7 @@ KENLM_VARIANTS = [
 
 def register(bench_sub: argparse._SubParsersAction) -> None:
     """Add ``nlmfeature bench memory``."""
-    p = bench_sub.add_parser("memory", help="perplexity against model size (widths, float16, pruned "
+    p = bench_sub.add_parser("memory", help="perplexity and BLEU against model size (widths, float16, pruned "
                                             "direct features; KenLM probing/trie/quantised/pruned)",
                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--train", default=DEFAULT_TRAIN,
