@@ -111,6 +111,22 @@ def test_case2_class_members_out_of_order_are_refused(models, tmp_path):
     _refused(path, "class.members", "ascending")
 
 
+def test_case2_wrapping_offsets_are_refused(models, tmp_path):
+    """Offsets whose int32 differences wrap round (0, 2^31-1, -2^31+5, -1, V: every difference
+    "positive" modulo 2^32) are refused, not expanded into a 32 GiB array (found by
+    tools/fuzz.py, seed 8, case 11471: a MemoryError instead of a clear error)."""
+    V = len(nlmfeature.load(models["class"]).vocab)
+
+    def wrap(a):
+        a[:4] = [0, 2**31 - 1, -2**31 + 5, -1]
+        a[4:-1] = np.arange(len(a) - 5)
+        a[-1] = V
+        with np.errstate(over="ignore"):
+            assert np.all(np.diff(a) > 0)        # what the old check saw
+    path = _mutated(tmp_path, models["class"], arrays={"class.start": _int32(wrap)})
+    _refused(path, "class")
+
+
 # -- case 3: malformed headers -----------------------------------------------------------------
 
 def _deep(n):

@@ -256,7 +256,7 @@ def _check_vocabulary(V: int, arrays: Mapping[str, np.ndarray], prefix: str = ""
 
     what = "source vocabulary" if prefix else "vocabulary"
     offs, data = arrays[prefix + "vocab.offsets"], arrays[prefix + "vocab.bytes"]
-    if offs[0] != 0 or np.any(np.diff(offs) <= 0) or offs[-1] != len(data):
+    if offs[0] != 0 or np.any(offs[1:] <= offs[:-1]) or offs[-1] != len(data):
         raise ValueError(f"{what} offsets are inconsistent")
     words = Vocabulary.from_arrays(offs, data).words  # UTF-8, white space, duplicates
     for tok, wid in SPECIAL_IDS.items():
@@ -274,9 +274,10 @@ def _check_classes(V: int, C: int, arrays: Mapping[str, np.ndarray]) -> None:
     """An exact partition: every class non-empty, members listed class by class in ascending
     id order (the scorer reads a class of consecutive ids as one block of the output matrix)."""
     wc, st, mem = arrays["class.of_word"], arrays["class.start"], arrays["class.members"]
-    if wc.min() < 0 or wc.max() >= C or st[0] != 0 or st[-1] != V or np.any(np.diff(st) <= 0):
+    # comparisons, not np.diff: a difference of int32 file values can wrap round and pass
+    if wc.min() < 0 or wc.max() >= C or st[0] != 0 or st[-1] != V or np.any(st[1:] <= st[:-1]):
         raise ValueError("class arrays are inconsistent (every class needs at least one word)")
-    if mem.min() < 0 or mem.max() >= V or np.any(wc[mem] != np.repeat(np.arange(C), np.diff(st))):
+    if mem.min() < 0 or mem.max() >= V or np.any(wc[mem] != np.repeat(np.arange(C), np.diff(st.astype(np.int64)))):
         raise ValueError("class.members is not the partition given by class.of_word")
     step = np.diff(mem.astype(np.int64))
     inner = np.ones(V - 1, dtype=bool)
@@ -290,7 +291,7 @@ def _check_tree(V: int, N: int, arrays: Mapping[str, np.ndarray]) -> None:
     (node, direction) step leads to one child, every inner node has both children and one
     parent.  Then the leaf probabilities sum to one."""
     ps, pn, sg = arrays["tree.path_start"], arrays["tree.path_node"], arrays["tree.path_sign"]
-    if ps[0] != 0 or ps[-1] != len(pn) or len(sg) != len(pn) or np.any(np.diff(ps) < 1):
+    if ps[0] != 0 or ps[-1] != len(pn) or len(sg) != len(pn) or np.any(ps[1:] <= ps[:-1]):
         raise ValueError("tree path arrays are inconsistent (every word needs a path)")
     if pn.min() < 0 or pn.max() >= N or not np.all(np.abs(sg.astype(np.int16)) == 1):
         raise ValueError("tree paths name nodes outside the tree or signs other than +-1")
