@@ -734,7 +734,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             if name.endswith(".json"):
                 with open(os.path.join(args.replay, name)) as f:
                     note = json.load(f)
-                case = dict(note["case"], text=seeds["text"])
+                case = dict(note["case"], text=seeds["text"], joint_text=seeds["joint_text"])
                 case["path"] = os.path.join(args.replay, os.path.basename(case["path"]))
                 if case["kind"] == "pcache":
                     case["model"] = seeds["pcache_model"]

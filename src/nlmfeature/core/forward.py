@@ -261,7 +261,7 @@ def word_log_scores(header: Mapping[str, Any], p: Params, Hu: np.ndarray, inv: n
         raise ValueError(f"unknown output layer {out_type!r}")
     cls = p["class.of_word"][words]
     cl = class_logits(p, Hu)
-    res = cl[inv, cls].astype(np.float64) - logsumexp_rows(cl)[inv] + logit
+    class_lp = cl[inv, cls].astype(np.float64) - logsumexp_rows(cl)[inv]
     start, members = p["class.start"], p["class.members"]
     # one within-class normaliser per distinct (context, class)
     pairs, pinv = np.unique(inv.astype(np.int64) * len(start) + cls, return_inverse=True)
@@ -272,7 +272,9 @@ def word_log_scores(header: Mapping[str, Any], p: Params, Hu: np.ndarray, inv: n
     for rows in np.split(order, bounds):
         c = pcls[rows[0]]
         norm[rows] = logsumexp_rows(_vocab_logits(p, Hu[pctx[rows]], members[start[c]:start[c + 1]]))
-    return res - norm[pinv.reshape(-1)]
+    # the within-class term first, as the Cython scorer: with a huge logit (a bias of 1e20
+    # passes validation) log p(c|h) added before subtracting the normaliser would be lost
+    return class_lp + (logit - norm[pinv.reshape(-1)])
 
 
 def _tree_word_scores(p: Params, H: np.ndarray, words: np.ndarray) -> np.ndarray:
