@@ -33,6 +33,7 @@ import copy
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -302,7 +303,10 @@ def lm_swap_bleu(rows: List[Dict[str, Any]], vocab, args: argparse.Namespace, wo
     from nlmfeature.errors import NLMFeatureError
     from nlmfeature.training.kenlm_baseline import KenLMScorer
 
-    os.makedirs(work, exist_ok=True)
+    # the models are trained afresh every run: nothing in an earlier run's BLEU folder (lists,
+    # tuned weights, 1-bests, named by row) may be taken for this run's
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
     d = args.nbest_dir
     srcs = {"dev": os.path.join(d, args.dev_nbest), "test": os.path.join(d, "test.tuned.100best.gz")}
     refs = {"dev": read_lines(os.path.join(d, "dev.ref.en.gz")),
@@ -323,7 +327,7 @@ def lm_swap_bleu(rows: List[Dict[str, Any]], vocab, args: argparse.Namespace, wo
     init = os.path.join(work, "init.weights")
     write_weights(init, read_weights(os.path.join(d, "moses.tuned.ini")))
     bleu = make_metrics("none", False, 0, ("bleu",))["bleu"]
-    stats = {k: None for k in refs}
+    dev_ref = _quick_ref(refs["dev"], work) if limit else os.path.join(d, "dev.ref.en.gz")
     tune = argparse.Namespace(dev="dev", algorithm="mert", jobs=args.jobs,
                               rescore_restarts=2 if args.quick else 20)
     tunings = 1 if args.quick else args.tunings
@@ -332,20 +336,18 @@ def lm_swap_bleu(rows: List[Dict[str, Any]], vocab, args: argparse.Namespace, wo
         paths = {}
         for name, hyps in lists.items():
             p = os.path.join(work, f"{tag}.{name}.nbest.gz")
-            if not os.path.exists(p):
-                with open_output(p) as f:
-                    for h in hyps:
-                        if scores is not None:
-                            h = copy.copy(h)
-                            h.features = [(lab, [scores[index[h.text]]] if lab == "LM0" else v)
-                                          for lab, v in h.features]
-                        f.write(format_hypothesis(h, "moses") + "\n")
+            with open_output(p) as f:
+                for h in hyps:
+                    if scores is not None:
+                        h = copy.copy(h)
+                        h.features = [(lab, [scores[index[h.text]]] if lab == "LM0" else v)
+                                      for lab, v in h.features]
+                    f.write(format_hypothesis(h, "moses") + "\n")
             paths[name] = p
         test, dev = [], []
         matrices: Dict[str, Any] = {}
         for seed in range(1, tunings + 1):
-            best = rerank(tune, work, tag, paths, init, os.path.join(d, "dev.ref.en.gz") if not limit
-                          else _quick_ref(refs["dev"], work), seed, matrices, f"BLEU {tag}",
+            best = rerank(tune, work, tag, paths, init, dev_ref, seed, matrices, f"BLEU {tag}",
                           lambda m: None)
             for name, out in (("test", test), ("dev", dev)):
                 hyps = read_lines(best[name])[:len(refs[name])]
