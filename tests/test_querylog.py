@@ -105,3 +105,32 @@ def test_bad_logs_are_clear_errors(recorded, tmp_path):
     xz.write_bytes(lzma.compress(b"junk")[:-4])
     with pytest.raises(NLMFeatureError, match=r"x\.qlog\.xz: corrupt"):
         querylog.read_packed(str(xz))
+
+
+def test_replay_tool_runs_a_tuning_loop_through_the_persistent_cache(recorded, tmp_path):
+    """tools/replay_querylog.py --persistent-cache: one stream per tuning iteration, each scored
+    with and without the cache (carried over), then the last again; the cached scores are the
+    uncached ones and the second iteration reads what the first wrote."""
+    import importlib.util
+    import json
+    model, lines, raw, d = recorded
+    spec = importlib.util.spec_from_file_location(
+        "replay_querylog", os.path.join(os.path.dirname(os.path.dirname(__file__)), "tools", "replay_querylog.py"))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    log = querylog.read_raw(raw, model.vocab.words)
+    first, second = str(tmp_path / "it1.qlog.xz"), str(tmp_path / "it2.qlog.xz")
+    querylog.pack(log.head(6), first)
+    querylog.pack(log.head(4), second)
+    out = str(tmp_path / "loop.json")
+    rc = tool.main([model.path, "--persistent-cache", str(tmp_path / "pc"), "--stream", first, "--stream", second,
+                    "--repeats", "1", "--json", out])
+    assert rc == 0
+    rows = json.load(open(out))["rows"]
+    assert [r["iteration"] for r in rows] == [1, 2, "unchanged"]
+    assert all(r["same_scores"] for r in rows)
+    assert rows[0]["disk_bytes"] > 0 and rows[0]["lookups"] == log.head(6).lookups
+    # iteration 2 asks only n-grams iteration 1 wrote: nothing new, the directory does not grow
+    assert rows[1]["disk_bytes"] == rows[0]["disk_bytes"] == rows[2]["disk_bytes"]
+    with pytest.raises(SystemExit):
+        tool.main([model.path, "--stream", first, "--stream", second])

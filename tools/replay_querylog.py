@@ -9,14 +9,32 @@ Record a log with ``NLMFEATURE_QUERY_LOG=DIR`` in a decoder's environment and pa
 figures of docs/decoder-speed.md, session 4)::
 
     python3 tools/replay_querylog.py class.nlm --stream m30k-class.qlog.xz --repeats 3
+
+With ``--persistent-cache DIR`` the streams (``--stream`` repeated: one log per tuning
+iteration, recorded with each iteration's weights) are replayed as a tuning loop through the
+persistent tuning cache (issue 12): each iteration's stream scored without the cache and with
+``DIR`` (emptied first, carried over between iterations), then the last stream once more
+("unchanged weights").  Per iteration: CPU seconds without and with the cache (the latter
+split into sentence begin: mapping and checking files, scoring, sentence end: writing), their
+ratio and whether both gave the same scores; then the mean ratio of iterations 2..k and the
+directory's size.  The scorer's own cost only, without a decoder around it: in Moses the same
+ratios come out higher (its own work evicts the tables from the CPU caches; docs/c-api.md)::
+
+    for i in 1 2 3 4; do NLMFEATURE_QUERY_LOG=ql$i moses -f it$i.ini -i dev.src > /dev/null
+        nlmfeature querylog pack ql$i/queries.*.1.bin --model class.nlm --out it$i.qlog.xz; done
+    python3 tools/replay_querylog.py class.nlm --persistent-cache /tmp/pc \
+        --stream it1.qlog.xz --stream it2.qlog.xz --stream it3.qlog.xz --stream it4.qlog.xz
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
+import shutil
 import sys
 import time
+from typing import List, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "src"))
@@ -26,18 +44,92 @@ import nlmfeature  # noqa: E402
 from nlmfeature.decoder import querylog  # noqa: E402
 
 
+def _digest(scores: np.ndarray) -> str:
+    return hashlib.sha1(scores.tobytes()).hexdigest()[:12]
+
+
+def _loop_pass(scorer, stream) -> Tuple[List[float], str]:
+    """One pass of a stream through a CachedScorer: CPU seconds in sentence begin, scoring and
+    sentence end, and the digest of every score."""
+    ctx, words, starts = stream
+    bounds = list(starts) + [len(words)]
+    t = [0.0, 0.0, 0.0]
+    parts = []
+    for k, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+        t0 = time.process_time()
+        scorer.begin(k)
+        t1 = time.process_time()
+        parts.append(scorer.score_padded(ctx[a:b], words[a:b]))
+        t2 = time.process_time()
+        scorer.end()
+        t3 = time.process_time()
+        t[0] += t1 - t0
+        t[1] += t2 - t1
+        t[2] += t3 - t2
+    return t, _digest(np.concatenate(parts) if parts else np.zeros(0))
+
+
+def _dir_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
+
+
+def tuning_loop(model, streams: List[str], directory: str, repeats: int, out=sys.stdout) -> dict:
+    """Replay ``streams`` as the iterations of a tuning loop with and without the persistent
+    cache in ``directory`` (emptied first); the figures as a dict (also printed)."""
+    from nlmfeature._pcache import CachedScorer
+    loaded = [querylog.load_stream(p, model, 0) for p in streams]
+    if os.path.exists(directory):
+        shutil.rmtree(directory)
+    rows = []
+    for i, stream in enumerate(loaded + loaded[-1:]):
+        none = min((_loop_pass(CachedScorer(model, None, quiet=True), stream) for _ in range(max(1, repeats))),
+                   key=lambda r: sum(r[0]))
+        cached = _loop_pass(CachedScorer(model, directory, quiet=True, policy="always"), stream)
+        row = {"iteration": i + 1 if i < len(loaded) else "unchanged", "lookups": int(len(stream[1])),
+               "none_s": round(sum(none[0]), 3), "cache_s": round(sum(cached[0]), 3),
+               "begin_s": round(cached[0][0], 3), "score_s": round(cached[0][1], 3),
+               "end_s": round(cached[0][2], 3), "ratio": round(sum(cached[0]) / max(1e-9, sum(none[0])), 3),
+               "same_scores": none[1] == cached[1], "disk_bytes": _dir_bytes(directory)}
+        rows.append(row)
+        print(f"iteration {row['iteration']}: {row['lookups']:,} lookups; no cache {row['none_s']:.2f} s, "
+              f"cache {row['cache_s']:.2f} s (begin {row['begin_s']:.2f}, score {row['score_s']:.2f}, "
+              f"end {row['end_s']:.2f}): {row['ratio']:.2f}x; {'same' if row['same_scores'] else 'DIFFERENT'} "
+              f"scores; disk {row['disk_bytes'] / 1e6:.1f} MB", file=out, flush=True)
+    later = [r for r in rows[1:-1]]
+    summary = {"rows": rows}
+    if later:
+        summary["iterations_2_k_ratio"] = round(sum(r["cache_s"] for r in later) / max(1e-9, sum(r["none_s"] for r in later)), 3)
+        print(f"iterations 2-{len(loaded)}: {summary['iterations_2_k_ratio']:.2f}x of the scorer's cost without "
+              f"the cache; unchanged weights {rows[-1]['ratio']:.2f}x", file=out)
+    return summary
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", help="model file (.nlm)")
-    ap.add_argument("--stream", default=None, help="packed query log (.qlog.xz; default: the bundled Moses stream)")
+    ap.add_argument("--stream", action="append", default=None,
+                    help="packed query log (.qlog.xz; default: the bundled Moses stream); repeat it with "
+                         "--persistent-cache, one per tuning iteration")
     ap.add_argument("--sentences", type=int, default=0, help="replay the first N sentences (default 0: all)")
     ap.add_argument("--repeats", type=int, default=3, help="replays; the fastest is reported (default 3)")
     ap.add_argument("--ngram-entries", type=int, default=None,
                     help="bound of the session's n-gram cache (default: the session's own default; 0 off)")
     ap.add_argument("--save", default=None, help="write every score to this .npy file")
+    ap.add_argument("--persistent-cache", default=None, metavar="DIR",
+                    help="replay the streams as a tuning loop with and without the persistent cache in DIR "
+                         "(emptied first)")
+    ap.add_argument("--json", default=None, help="with --persistent-cache: write the figures to this file")
     args = ap.parse_args(argv)
     model = nlmfeature.load(args.model)
-    ctx, words, starts = querylog.load_stream(args.stream, model, args.sentences)
+    if args.persistent_cache:
+        summary = tuning_loop(model, args.stream or [None], args.persistent_cache, args.repeats)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(summary, f, indent=1)
+        return 0 if all(r["same_scores"] for r in summary["rows"]) else 1
+    if args.stream and len(args.stream) > 1:
+        ap.error("several --stream are a tuning loop: give --persistent-cache DIR")
+    ctx, words, starts = querylog.load_stream(args.stream[0] if args.stream else None, model, args.sentences)
     bounds = list(starts) + [len(words)]
     opts = {} if args.ngram_entries is None else {"ngram_entries": args.ngram_entries}
     best, out = float("inf"), None
@@ -53,7 +145,7 @@ def main(argv=None) -> int:
     if args.save:
         np.save(args.save, out)
     print(f"{os.path.basename(args.model)}: {len(words)} lookups in {len(bounds) - 1} sentences, "
-          f"{best / max(1, len(words)) * 1e9:.1f} CPU ns/lookup, scores sha1 {hashlib.sha1(out.tobytes()).hexdigest()[:12]}")
+          f"{best / max(1, len(words)) * 1e9:.1f} CPU ns/lookup, scores sha1 {_digest(out)}")
     return 0
 
 
