@@ -138,6 +138,8 @@ ctypedef struct TableC:
     uint32_t generation
     int32_t* slots            # (capacity, stride)
     float* fvals              # (min(capacity / 2, limit), fval_len) or NULL
+    const uint64_t* filter    # file views: membership filter of the keys (nlm_filter_has), or NULL
+    int64_t filter_blocks     # its 64-byte blocks
     int64_t hits
     int64_t misses
     int64_t clears
@@ -219,6 +221,7 @@ cdef void table_init(TableC* t, int key_len, int nd, int fval_len, int64_t limit
 cdef void table_free(TableC* t) noexcept nogil
 cdef void table_clear(TableC* t) noexcept nogil
 cdef int64_t table_find(const TableC* t, const int32_t* key) noexcept nogil
+cdef int64_t table_find_h(const TableC* t, const int32_t* key, uint64_t h) noexcept nogil
 cdef int64_t table_insert(TableC* t, const int32_t* key, int* found) noexcept nogil
 
 cdef extern from *:
@@ -228,8 +231,30 @@ cdef extern from *:
     static inline unsigned long long nlm_home(unsigned long long h, unsigned long long n) {
         return (unsigned long long)(((unsigned __int128)h * n) >> 64);
     }
+    /* A blocked Bloom filter over key hashes (the persistent cache's files): a key sets 4
+       bits in one 64-byte block, chosen by a remix of its hash that is independent of its
+       home slot.  ~10 bits per key: ~1% of absent keys pass, and an absent key costs one
+       cache line of the filter instead of a probe of the table. */
+    static inline unsigned long long nlm_filter_mix(unsigned long long h) {
+        h ^= h >> 33; h *= 0xff51afd7ed558ccdULL; h ^= h >> 33; h *= 0xc4ceb9fe1a85ec53ULL;
+        return h ^ (h >> 33);
+    }
+    static inline void nlm_filter_add(unsigned long long* f, unsigned long long nblocks, unsigned long long h) {
+        unsigned long long g = nlm_filter_mix(h), *b = f + 8 * nlm_home(g, nblocks);
+        int k;
+        for (k = 0; k < 4; k++) { unsigned bit = (unsigned)(g >> (9 * k)) & 511u; b[bit >> 6] |= 1ULL << (bit & 63); }
+    }
+    static inline int nlm_filter_has(const unsigned long long* f, unsigned long long nblocks, unsigned long long h) {
+        unsigned long long g = nlm_filter_mix(h);
+        const unsigned long long *b = f + 8 * nlm_home(g, nblocks);
+        int k;
+        for (k = 0; k < 4; k++) { unsigned bit = (unsigned)(g >> (9 * k)) & 511u; if (!((b[bit >> 6] >> (bit & 63)) & 1)) return 0; }
+        return 1;
+    }
     """
     uint64_t nlm_home(uint64_t h, uint64_t n) nogil
+    void nlm_filter_add(uint64_t* f, uint64_t nblocks, uint64_t h) nogil
+    int nlm_filter_has(const uint64_t* f, uint64_t nblocks, uint64_t h) nogil
 
 
 cdef inline uint64_t table_next(const TableC* t, uint64_t slot) noexcept nogil:

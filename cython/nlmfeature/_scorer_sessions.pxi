@@ -133,8 +133,12 @@ cdef inline int store_probe(const TableC* files, int n, const int32_t* key, int 
     cdef int f
     cdef int64_t slot
     cdef double v
+    cdef uint64_t h
+    if n <= 0:
+        return 0
+    h = key_hash(key, files[0].key_len)  # every file's region has the same key length
     for f in range(n):
-        slot = table_find(&files[f], key)
+        slot = table_find_h(&files[f], key, h)
         if slot >= 0:
             v = tv_get(&files[f], table_at(&files[f], slot), i)
             if not isnan(v):
