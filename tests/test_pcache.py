@@ -214,6 +214,54 @@ def test_corrupt_file_warns_and_is_rewritten(model_paths, tmp_path, capfd):
     assert len(read_cache_file(p).scores) == len(got[1])
 
 
+def _rewrite_header(path, **fields):
+    """Patch little-endian header fields (offset -> (format, value)) and re-seal the header
+    checksum: a well-formed header that says something else."""
+    import struct
+    from nlmfeature._pcache import header_checksum
+    data = bytearray(open(path, "rb").read())
+    for at, (fmt, value) in fields.items():
+        struct.pack_into(fmt, data, int(at[1:]), value)
+    struct.pack_into("<Q", data, 184, header_checksum(bytes(data[:184])))
+    open(path, "wb").write(bytes(data))
+
+
+def test_ngram_filter_is_checked_and_older_files_are_rewritten(model_paths, tmp_path, capfd):
+    """Version 4 files end with a filter of their n-gram keys (header bytes 144..151: its
+    64-byte blocks).  A header whose filter does not fit the file is refused; a version 3
+    file (no filter) is ignored with a warning and rewritten; scores stay exact throughout,
+    and n-grams in none of a sentence's files are still found in none (new ones computed)."""
+    import struct
+    m = nlmfeature.load(model_paths["class"])
+    run_pass(CachedScorer(m, tmp_path), LINES[:2])
+    p = os.path.join(str(tmp_path), m.checksum, "1.nlmc")
+    data = open(p, "rb").read()
+    (blocks,) = struct.unpack_from("<Q", data, 144)
+    entries = len(read_cache_file(p).scores)
+    assert blocks == (entries * 10 + 511) // 512 and blocks > 0
+    good = data
+    _rewrite_header(p, **{"o144": ("<Q", blocks + 1)})
+    with pytest.raises(NLMFeatureError, match="size does not match|inconsistent"):
+        read_cache_file(p)
+    open(p, "wb").write(good)
+    _rewrite_header(p, **{"o8": ("<I", 3)})
+    with pytest.raises(NLMFeatureError, match="another cache format version"):
+        read_cache_file(p)
+    capfd.readouterr()
+    s = CachedScorer(m, tmp_path)
+    longer = [LINES[0], LINES[1] + " and the rest"]
+    got = run_pass(s, longer)
+    assert "1.nlmc: written by another cache format version" in capfd.readouterr().err
+    for line, g in zip(longer, got):
+        np.testing.assert_allclose(g, m.score_sentence(line), atol=1e-6, rtol=0)
+    assert s.stats()["files_ignored"] == 1
+    # sentence 0 read its file (every n-gram found), sentence 1's was rewritten with all of its
+    assert read_cache_file(p).keys.shape[0] == len(got[1])
+    again = CachedScorer(m, tmp_path)
+    assert [g.tolist() for g in run_pass(again, longer)] == [g.tolist() for g in got]
+    assert again.stats()["persistent_hits"] == sum(len(g) for g in got)
+
+
 _PROBE = """
 import os, sys, resource
 import nlmfeature
