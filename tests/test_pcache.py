@@ -227,7 +227,7 @@ def _rewrite_header(path, **fields):
 
 
 def test_ngram_filter_is_checked_and_older_files_are_rewritten(model_paths, tmp_path, capfd):
-    """Version 4 files end with a filter of their n-gram keys (header bytes 144..151: its
+    """Version 4 files end with a filter of each region's keys (header bytes 144..167: their
     64-byte blocks).  A header whose filter does not fit the file is refused; a version 3
     file (no filter) is ignored with a warning and rewritten; scores stay exact throughout,
     and n-grams in none of a sentence's files are still found in none (new ones computed)."""
@@ -236,9 +236,11 @@ def test_ngram_filter_is_checked_and_older_files_are_rewritten(model_paths, tmp_
     run_pass(CachedScorer(m, tmp_path), LINES[:2])
     p = os.path.join(str(tmp_path), m.checksum, "1.nlmc")
     data = open(p, "rb").read()
-    (blocks,) = struct.unpack_from("<Q", data, 144)
-    entries = len(read_cache_file(p).scores)
-    assert blocks == (entries * 10 + 511) // 512 and blocks > 0
+    blocks, ctx_blocks, class_blocks = struct.unpack_from("<3Q", data, 144)
+    f = read_cache_file(p)
+    assert blocks == (len(f.scores) * 10 + 511) // 512 and blocks > 0
+    assert ctx_blocks == (len(f.context_norms) * 10 + 511) // 512 and ctx_blocks > 0
+    assert class_blocks == 0 and len(f.class_norms) == 0  # within-class normalisers: not written
     good = data
     _rewrite_header(p, **{"o144": ("<Q", blocks + 1)})
     with pytest.raises(NLMFeatureError, match="size does not match|inconsistent"):

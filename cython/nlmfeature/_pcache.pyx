@@ -31,15 +31,15 @@ File format (little-endian; see docs/c-api.md)::
     40   3 x 32   regions (n-gram, context, class): uint32 key length, uint32 doubles per
                   slot, uint64 slots (entries / 0.7, or 0), uint64 entries, uint64 longest probe
     136  uint64   checksum of the data (bytes 192 .. end)
-    144  uint64   B: 64-byte blocks of the n-gram keys' filter (0: none)
+    144  3 x uint64  B0 B1 B2: 64-byte blocks of each region's key filter (0: none)
     184  uint64   checksum of bytes 0 .. 183
     192  regions, each ``slots * (1 + key length + 2 * doubles)`` int32, padded to 64 bytes:
          slot = [1 (0: empty), key..., values (float64)], at ``nlm_home(key_hash(key), slots)``
          or the next slots (linear probing), exactly as nlmfeature._scorer's TableC.
-    then B x 64 bytes: a blocked Bloom filter of the n-gram keys (``nlm_filter_add`` of their
-         ``key_hash``, ~10 bits per key), read before the n-gram region is probed: most n-grams
-         a sentence asks after a tuning step are in none of its files, and each file's table
-         probe would be a cache miss (version 3 files had no filter).
+    then B0, B1, B2 x 64 bytes: a blocked Bloom filter of each region's keys (``nlm_filter_add``
+         of their ``key_hash``, ~10 bits per key), read before the region is probed: most
+         n-grams and contexts a sentence asks after a tuning step are in none of its files, and
+         each file's table probe would be a cache miss (version 3 files had no filters).
 
 A file that is not a regular file, truncated, corrupt, of another version, model or sentence
 is ignored with a warning on stderr (only its header is read before it is rejected) and
@@ -151,7 +151,7 @@ cdef enum:
     HEADER_BYTES = 192
     REGIONS_AT = 40
     DATA_CHECKSUM_AT = 136
-    FILTER_AT = 144           # uint64: 64-byte blocks of the n-gram region's filter (after the regions)
+    FILTER_AT = 144           # 3 x uint64: 64-byte blocks of each region's key filter (after the regions)
     FILTER_BITS = 10          # filter bits per n-gram entry
     HEADER_CHECKSUM_AT = 184
     PATH_MAX_LEN = 4096
@@ -296,7 +296,7 @@ cdef const char* check_header(const unsigned char* h, int64_t size, int order, i
     model and sentence, else the reason.  Reads nothing beyond the header."""
     cdef uint32_t version, order_
     cdef int64_t sid, total = HEADER_BYTES
-    cdef uint64_t fsize, stored, blocks, ngram_slots = 0
+    cdef uint64_t fsize, stored, blocks
     cdef RegionDesc r
     cdef int i
     cdef int want_k[3]
@@ -334,12 +334,10 @@ cdef const char* check_header(const unsigned char* h, int64_t size, int order, i
                 r.max_probe > r.slots or (r.slots and not r.max_probe):
             return "region sizes are inconsistent"
         total += region_bytes(<int64_t>r.slots, r.key_len, r.nd)
-        if i == 0:
-            ngram_slots = r.slots
-    memcpy(&blocks, h + FILTER_AT, 8)
-    if blocks > (1ULL << 34) or (blocks and not ngram_slots):
-        return "region sizes are inconsistent"
-    total += <int64_t>blocks * 64
+        memcpy(&blocks, h + FILTER_AT + 8 * i, 8)
+        if blocks > (1ULL << 34) or (blocks and not r.slots):
+            return "region sizes are inconsistent"
+        total += <int64_t>blocks * 64
     if <int64_t>fsize != size or total != size:
         return "truncated or extended (size does not match the header)"
     return NULL
@@ -376,10 +374,12 @@ cdef void view_regions(const unsigned char* base, TableC* ngram, TableC* ctx, Ta
         out3[i][0].generation = 1
         out3[i][0].slots = <int32_t*>(base + at) if r.slots else NULL
         at += region_bytes(r.slots, r.key_len, r.nd)
-    memcpy(&blocks, base + FILTER_AT, 8)
-    if blocks:
-        ngram.filter = <const uint64_t*>(base + at)
-        ngram.filter_blocks = <int64_t>blocks
+    for i in range(N_REGIONS):  # the filters follow the regions
+        memcpy(&blocks, base + FILTER_AT + 8 * i, 8)
+        if blocks:
+            out3[i][0].filter = <const uint64_t*>(base + at)
+            out3[i][0].filter_blocks = <int64_t>blocks
+            at += <int64_t>blocks * 64
 
 
 cdef int map_file(const char* path, int order, int ctx_key_len, const unsigned char* checksum,
@@ -518,8 +518,9 @@ cdef int write_file(PStore* ps, const char* path, Source** src, int* nsrc, int r
     0 or an errno."""
     cdef int64_t n[3]
     cdef int64_t slots[3]
-    cdef int64_t cnt, maxp, size = HEADER_BYTES, at, blocks, k
-    cdef int stride0
+    cdef int64_t cnt, maxp, size = HEADER_BYTES, at, k, rat
+    cdef int64_t blocks[3]
+    cdef int stride
     cdef const int32_t* q
     cdef int i, fd, e, klen, nd
     cdef int key_lens[3]
@@ -539,10 +540,10 @@ cdef int write_file(PStore* ps, const char* path, Source** src, int* nsrc, int r
         # load <= FILE_LOAD: a probe that misses (new n-grams probe every file) stays short
         slots[i] = (n[i] * 100 + FILE_LOAD_PERCENT - 1) // FILE_LOAD_PERCENT + 1 if n[i] else 0
         size += region_bytes(slots[i], key_lens[i], nds[i])
-    # the n-gram keys' filter: a lookup of an n-gram the file does not hold (most new n-grams
-    # probe every file of the sentence) reads one cache line of it instead of the table
-    blocks = (n[0] * FILTER_BITS + 511) // 512 if n[0] else 0
-    size += blocks * 64
+        # the keys' filter: a lookup of a key the file does not hold (most new n-grams and
+        # contexts probe every file of the sentence) reads one cache line of it, not the table
+        blocks[i] = (n[i] * FILTER_BITS + 511) // 512 if n[i] else 0
+        size += blocks[i] * 64
     buf = <unsigned char*>calloc(1, size)
     if buf == NULL:
         return 12
@@ -569,13 +570,16 @@ cdef int write_file(PStore* ps, const char* path, Source** src, int* nsrc, int r
         memcpy(buf + REGIONS_AT + 32 * i + 24, &maxp, 8)
         entries[0] += cnt
         at += region_bytes(slots[i], key_lens[i], nds[i])
-    memcpy(buf + FILTER_AT, &blocks, 8)
-    if blocks:
-        stride0 = region_stride(key_lens[0], nds[0])
-        for k in range(slots[0]):
-            q = <const int32_t*>(buf + HEADER_BYTES) + k * stride0
+    rat = HEADER_BYTES
+    for i in range(N_REGIONS):
+        memcpy(buf + FILTER_AT + 8 * i, &blocks[i], 8)
+        stride = region_stride(key_lens[i], nds[i])
+        for k in range(slots[i] if blocks[i] else 0):
+            q = <const int32_t*>(buf + rat) + k * stride
             if q[0] != 0:
-                nlm_filter_add(<uint64_t*>(buf + at), <uint64_t>blocks, key_hash(q + 1, key_lens[0]))
+                nlm_filter_add(<uint64_t*>(buf + at), <uint64_t>blocks[i], key_hash(q + 1, key_lens[i]))
+        rat += region_bytes(slots[i], key_lens[i], nds[i])
+        at += blocks[i] * 64
     h = nlm_fast_checksum(buf + HEADER_BYTES, size - HEADER_BYTES)
     memcpy(buf + DATA_CHECKSUM_AT, &h, 8)
     h = data_checksum_c(buf, HEADER_CHECKSUM_AT)
