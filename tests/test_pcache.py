@@ -214,14 +214,14 @@ def test_corrupt_file_warns_and_is_rewritten(model_paths, tmp_path, capfd):
     assert len(read_cache_file(p).scores) == len(got[1])
 
 
-def _rewrite_header(path, **fields):
-    """Patch little-endian header fields (offset -> (format, value)) and re-seal the header
+def _rewrite_header(path, fields):
+    """Patch little-endian header fields ({offset: (format, value)}) and re-seal the header
     checksum: a well-formed header that says something else."""
     import struct
     from nlmfeature._pcache import header_checksum
     data = bytearray(open(path, "rb").read())
     for at, (fmt, value) in fields.items():
-        struct.pack_into(fmt, data, int(at[1:]), value)
+        struct.pack_into(fmt, data, at, value)
     struct.pack_into("<Q", data, 184, header_checksum(bytes(data[:184])))
     open(path, "wb").write(bytes(data))
 
@@ -242,11 +242,11 @@ def test_ngram_filter_is_checked_and_older_files_are_rewritten(model_paths, tmp_
     assert ctx_blocks == (len(f.context_norms) * 10 + 511) // 512 and ctx_blocks > 0
     assert class_blocks == 0 and len(f.class_norms) == 0  # within-class normalisers: not written
     good = data
-    _rewrite_header(p, **{"o144": ("<Q", blocks + 1)})
+    _rewrite_header(p, {144: ("<Q", blocks + 1)})
     with pytest.raises(NLMFeatureError, match="size does not match|inconsistent"):
         read_cache_file(p)
     open(p, "wb").write(good)
-    _rewrite_header(p, **{"o8": ("<I", 3)})
+    _rewrite_header(p, {8: ("<I", 3)})
     with pytest.raises(NLMFeatureError, match="another cache format version"):
         read_cache_file(p)
     capfd.readouterr()

@@ -95,7 +95,7 @@ def tuning_loop(model, streams: List[str], directory: str, repeats: int, out=sys
               f"cache {row['cache_s']:.2f} s (begin {row['begin_s']:.2f}, score {row['score_s']:.2f}, "
               f"end {row['end_s']:.2f}): {row['ratio']:.2f}x; {'same' if row['same_scores'] else 'DIFFERENT'} "
               f"scores; disk {row['disk_bytes'] / 1e6:.1f} MB", file=out, flush=True)
-    later = [r for r in rows[1:-1]]
+    later = rows[1:-1]
     summary = {"rows": rows}
     if later:
         summary["iterations_2_k_ratio"] = round(sum(r["cache_s"] for r in later) / max(1e-9, sum(r["none_s"] for r in later)), 3)

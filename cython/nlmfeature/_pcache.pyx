@@ -152,7 +152,7 @@ cdef enum:
     REGIONS_AT = 40
     DATA_CHECKSUM_AT = 136
     FILTER_AT = 144           # 3 x uint64: 64-byte blocks of each region's key filter (after the regions)
-    FILTER_BITS = 10          # filter bits per n-gram entry
+    FILTER_BITS = 10          # filter bits per entry
     HEADER_CHECKSUM_AT = 184
     PATH_MAX_LEN = 4096
     MAX_DELTAS = 4            # delta files per sentence before they are merged into the base
@@ -464,10 +464,12 @@ cdef inline int wanted(const TableC* t, const int32_t* p, int only_new) noexcept
 
 
 cdef int64_t fill_region(int32_t* slots, int64_t cap, int key_len, int nd, const Source* src,
-                         int nsrc, int64_t* count, int64_t* maxp) noexcept nogil:
-    """Insert the wanted entries of ``src`` into an empty region (generation 1)."""
+                         int nsrc, int64_t* count, int64_t* maxp, uint64_t* filter,
+                         uint64_t blocks) noexcept nogil:
+    """Insert the wanted entries of ``src`` into an empty region (generation 1) and their
+    keys into its (zeroed) filter of ``blocks`` blocks."""
     cdef int stride = region_stride(key_len, nd), k
-    cdef uint64_t h
+    cdef uint64_t h, kh
     cdef int64_t i, probes
     cdef const int32_t* p
     cdef int32_t* q
@@ -479,7 +481,8 @@ cdef int64_t fill_region(int32_t* slots, int64_t cap, int key_len, int nd, const
             p = table_at(src[k].t, i)
             if not wanted(src[k].t, p, src[k].only_new):
                 continue
-            h = nlm_home(key_hash(p + 1, key_len), cap)
+            kh = key_hash(p + 1, key_len)
+            h = nlm_home(kh, cap)
             probes = 1
             dup = 0
             while slots[h * stride] != 0:
@@ -495,6 +498,7 @@ cdef int64_t fill_region(int32_t* slots, int64_t cap, int key_len, int nd, const
             q[0] = 1
             memcpy(q + 1, p + 1, 4 * key_len)
             memcpy(q + 1 + key_len, p + 1 + src[k].t.key_len, 8 * nd)
+            nlm_filter_add(filter, blocks, kh)
             count[0] += 1
             if probes > maxp[0]:
                 maxp[0] = probes
@@ -518,10 +522,8 @@ cdef int write_file(PStore* ps, const char* path, Source** src, int* nsrc, int r
     0 or an errno."""
     cdef int64_t n[3]
     cdef int64_t slots[3]
-    cdef int64_t cnt, maxp, size = HEADER_BYTES, at, k, rat
+    cdef int64_t cnt, maxp, size = HEADER_BYTES, at, filters_at
     cdef int64_t blocks[3]
-    cdef int stride
-    cdef const int32_t* q
     cdef int i, fd, e, klen, nd
     cdef int key_lens[3]
     cdef int nds[3]
@@ -555,12 +557,16 @@ cdef int write_file(PStore* ps, const char* path, Source** src, int* nsrc, int r
     memcpy(buf + 24, &ps.sentence_id, 8)
     memcpy(buf + 32, &size, 8)
     at = HEADER_BYTES
+    filters_at = size - (blocks[0] + blocks[1] + blocks[2]) * 64  # the filters follow the regions
     entries[0] = 0
     for i in range(N_REGIONS):
         cnt = 0
         maxp = 0
         if slots[i]:
-            fill_region(<int32_t*>(buf + at), slots[i], key_lens[i], nds[i], src[i], nsrc[i], &cnt, &maxp)
+            fill_region(<int32_t*>(buf + at), slots[i], key_lens[i], nds[i], src[i], nsrc[i], &cnt, &maxp,
+                        <uint64_t*>(buf + filters_at), <uint64_t>blocks[i])
+        memcpy(buf + FILTER_AT + 8 * i, &blocks[i], 8)
+        filters_at += blocks[i] * 64
         u = key_lens[i]
         memcpy(buf + REGIONS_AT + 32 * i, &u, 4)
         u = nds[i]
@@ -570,16 +576,6 @@ cdef int write_file(PStore* ps, const char* path, Source** src, int* nsrc, int r
         memcpy(buf + REGIONS_AT + 32 * i + 24, &maxp, 8)
         entries[0] += cnt
         at += region_bytes(slots[i], key_lens[i], nds[i])
-    rat = HEADER_BYTES
-    for i in range(N_REGIONS):
-        memcpy(buf + FILTER_AT + 8 * i, &blocks[i], 8)
-        stride = region_stride(key_lens[i], nds[i])
-        for k in range(slots[i] if blocks[i] else 0):
-            q = <const int32_t*>(buf + rat) + k * stride
-            if q[0] != 0:
-                nlm_filter_add(<uint64_t*>(buf + at), <uint64_t>blocks[i], key_hash(q + 1, key_lens[i]))
-        rat += region_bytes(slots[i], key_lens[i], nds[i])
-        at += blocks[i] * 64
     h = nlm_fast_checksum(buf + HEADER_BYTES, size - HEADER_BYTES)
     memcpy(buf + DATA_CHECKSUM_AT, &h, 8)
     h = data_checksum_c(buf, HEADER_CHECKSUM_AT)

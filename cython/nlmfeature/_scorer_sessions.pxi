@@ -138,7 +138,7 @@ cdef inline int store_probe(const TableC* files, int n, const int32_t* key, int 
         return 0
     h = key_hash(key, files[0].key_len)  # every file's region has the same key length
     for f in range(n):
-        slot = table_find_h(&files[f], key, h)
+        slot = table_find(&files[f], key, h)
         if slot >= 0:
             v = tv_get(&files[f], table_at(&files[f], slot), i)
             if not isnan(v):

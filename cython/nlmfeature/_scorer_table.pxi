@@ -97,14 +97,7 @@ cdef inline int key_same(const int32_t* p, const int32_t* key, int n) noexcept n
     return 1
 
 
-cdef int64_t table_find(const TableC* t, const int32_t* key) noexcept nogil:
-    """Slot of ``key``, or -1."""
-    if t.capacity == 0:
-        return -1
-    return table_find_h(t, key, key_hash(key, t.key_len))
-
-
-cdef int64_t table_find_h(const TableC* t, const int32_t* key, uint64_t h) noexcept nogil:
+cdef int64_t table_find(const TableC* t, const int32_t* key, uint64_t h) noexcept nogil:
     """Slot of ``key`` (whose :c:func:`key_hash` is ``h``), or -1; a table with a filter (a
     file view) is probed only where the filter lets the key pass."""
     cdef uint64_t slot
