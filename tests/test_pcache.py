@@ -214,6 +214,37 @@ def test_corrupt_file_warns_and_is_rewritten(model_paths, tmp_path, capfd):
     assert len(read_cache_file(p).scores) == len(got[1])
 
 
+def test_file_truncated_or_overwritten_while_in_use_cannot_fault_the_decoder(model_paths, tmp_path):
+    """A cache file cut short or scribbled over in place (``truncate``, a disk tool) after a
+    sentence began with it: the session reads its files into memory at sentence begin, so
+    the lookups keep their exact scores.  (A mapping of the file would raise SIGBUS on the
+    pages past the new end and kill the decoder: run in a child process.)"""
+    m = nlmfeature.load(model_paths["class"])
+    text = " ".join(LINES[:20])  # a file of several pages
+    run_pass(CachedScorer(m, tmp_path, policy="always"), [LINES[0], text])
+    p = os.path.join(str(tmp_path), m.checksum, "1.nlmc")
+    assert os.path.getsize(p) > 16 << 10
+    code = f"""
+import os, sys, numpy as np, nlmfeature
+from nlmfeature.decoder.pcache import CachedScorer
+m = nlmfeature.load({model_paths["class"]!r})
+s = CachedScorer(m, {str(tmp_path)!r}, policy="always")
+s.begin(1)
+size = os.path.getsize({p!r})
+with open({p!r}, "r+b") as f:
+    f.write(b"\\xff" * (size // 2))
+os.truncate({p!r}, 0)
+got = s.score_sentence({text!r})
+s.end()
+want = m.score_sentence({text!r})
+print(s.stats()["persistent_hits"], len(want), float(np.abs(got - want).max()))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, (r.returncode, r.stderr)
+    hits, n, diff = r.stdout.split()
+    assert int(hits) == int(n) > 0 and float(diff) <= 1e-6
+
+
 def _rewrite_header(path, fields):
     """Patch little-endian header fields ({offset: (format, value)}) and re-seal the header
     checksum: a well-formed header that says something else."""

@@ -23,8 +23,9 @@ Input kinds and what a case checks:
   file, or a model whose scorers agree.
 * ``kbest``  a mutated k-best list (real Moses and cdec lists, plain and gzip): reading and
   rescoring must give an ``InputError`` naming the file, or finish.
-* ``pcache`` a mutated persistent-cache file: the cached scorer must ignore it (warning) and
-  score exactly as the model.
+* ``pcache`` a mutated persistent-cache file, or (a quarter of them) a valid one rewritten in
+  place with the mutation after the sentence began (shorter, longer, scribbled over): the
+  cached scorer must ignore it (warning) and score exactly as the model.
 
 Outcomes per case: ``ok`` (accepted, scores agree), ``clear`` (the expected error class,
 naming the file), ``unclear`` (another exception: a traceback for the user), ``wrong`` (the
@@ -374,6 +375,9 @@ def make_case(seeds: Dict[str, Any], case_id: int, run_seed: int, kinds, casedir
         ext = ".nlmc"
         if special and rng.random() < 0.03:  # a FIFO, a directory or a 3 GB sparse file instead
             case["special"] = what = rng.choice(["fifo", "directory", "huge"])
+        elif rng.random() < 0.25:  # the valid file at sentence begin, mutated in place while in use
+            case["in_use"] = src
+            what = "in use, then " + what
     path = os.path.join(casedir, f"{case_id}-{kind}{ext}")
     with open(path, "wb") as f:
         f.write(data)
@@ -551,10 +555,16 @@ class _Checker:
             with open(target, "wb") as f:
                 f.truncate(3 << 30)
         else:
-            shutil.copy(case["path"], target)
+            shutil.copy(case.get("in_use") or case["path"], target)
         cs = CachedScorer(m, directory=d, quiet=True, policy="always")
         line = self._lines(case)[case["sentence"]]
         cs.begin(case["sentence"])
+        if case.get("in_use"):  # rewritten in place (same inode, maybe shorter) after begin
+            with open(case["path"], "rb") as f:
+                data = f.read()
+            with open(target, "r+b") as f:
+                f.write(data)
+                f.truncate(len(data))
         got = cs.score_sentence(line)
         cs.end()
         want = m.score_sentence(line)

@@ -4,8 +4,9 @@
 Tuning decodes the same dev set many times.  With a persistent directory ``DIR`` a core
 :c:type:`SessionC` gets a :c:type:`StoreC` attached: at sentence begin the files of sentence
 ``i`` (``DIR/<model checksum>/i.nlmc``, the base, and up to four deltas ``i.<k>.nlmc``) are
-memory-mapped -- nothing is parsed, the files *are* hash tables in the core's slot layout --
-and the session probes them wherever its in-memory tables miss, at every level:
+read into memory whole -- nothing is parsed, the files *are* hash tables in the core's slot
+layout; read rather than mapped, so that a file cut short or changed on disk while in use
+cannot fault the decoder -- and the session probes them wherever its in-memory tables miss, at every level:
 
 * exact n-gram scores (key: the n-1 padded context ids and the word),
 * context normalisers (key: the padded context; log Z of the softmax or of the classes),
@@ -83,12 +84,6 @@ cdef extern from "<unistd.h>" nogil:
     int c_link "link"(const char* old, const char* new)
     int c_getpid "getpid"()
 
-cdef extern from "<sys/mman.h>" nogil:
-    void* mmap(void* addr, size_t length, int prot, int flags, int fd, long offset)
-    int munmap(void* addr, size_t length)
-    int PROT_READ, MAP_SHARED, MAP_POPULATE
-    void* MAP_FAILED
-
 cdef extern from "<sys/stat.h>" nogil:
     int c_mkdir "mkdir"(const char* path, unsigned int mode)
     int c_futimens "futimens"(int fd, const void* times)
@@ -109,6 +104,10 @@ cdef extern from "<dirent.h>" nogil:
 cdef extern from *:
     """
     #include <sys/stat.h>
+    #include <sys/mman.h>
+    #include <errno.h>
+    #include <stdlib.h>
+    #include <unistd.h>
     static unsigned long long nlm_pcache_counter = 0;
     static int nlm_pcache_said_off = 0;
     static unsigned long long nlm_pcache_next(void) {
@@ -117,6 +116,31 @@ cdef extern from *:
     /* 1 the first time it is called in this process (one "cache is off" line per process) */
     static int nlm_pcache_first_off(void) {
         return __atomic_exchange_n(&nlm_pcache_said_off, 1, __ATOMIC_RELAXED) == 0;
+    }
+    /* A cache file's bytes in private memory: huge pages from 2 MB up (a sentence probes all
+       over its files; 4 KB file pages made most probes a TLB miss), and a file changed on
+       disk after the read cannot fault the decoder (a truncated mapping would: SIGBUS).
+       NULL with errno set, EIO for a short read (the file shrank). */
+    static void* nlm_read_file(int fd, long long size) {
+        size_t huge = (size_t)2 << 20, cap;
+        char* p;
+        long long at = 0;
+        if (size >= (long long)huge) {
+            cap = ((size_t)size + huge - 1) & ~(huge - 1);
+            p = (char*)aligned_alloc(huge, cap);
+            if (p) madvise(p, cap, MADV_HUGEPAGE);
+        } else {
+            cap = ((size_t)size + 63) & ~(size_t)63;
+            p = (char*)aligned_alloc(64, cap ? cap : 64);
+        }
+        if (!p) { errno = ENOMEM; return NULL; }
+        while (at < size) {
+            ssize_t r = pread(fd, p + at, (size_t)(size - at), at);
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) { int e = r < 0 ? errno : EIO; free(p); errno = e; return NULL; }
+            at += r;
+        }
+        return p;
     }
     static long long nlm_mtime_ns(const struct stat* st) {
         return (long long)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec;
@@ -145,6 +169,7 @@ cdef extern from *:
     unsigned long long nlm_pcache_next() nogil
     int nlm_pcache_first_off() nogil
     long long nlm_mtime_ns(const struct_stat* st) nogil
+    void* nlm_read_file(int fd, long long size) nogil
     unsigned long long nlm_fast_checksum(const unsigned char* p, long long n) nogil
 
 cdef enum:
@@ -352,7 +377,7 @@ cdef inline int memcmp_(const unsigned char* a, const unsigned char* b, int n) n
 
 
 cdef void view_regions(const unsigned char* base, TableC* ngram, TableC* ctx, TableC* cls) noexcept nogil:
-    """Fill the three read-only table views of a checked, mapped file."""
+    """Fill the three read-only table views of a checked file read into memory."""
     cdef int64_t at = HEADER_BYTES
     cdef RegionDesc r
     cdef int i
@@ -385,7 +410,8 @@ cdef void view_regions(const unsigned char* base, TableC* ngram, TableC* ctx, Ta
 cdef int map_file(const char* path, int order, int ctx_key_len, const unsigned char* checksum,
                   int64_t sentence_id, int64_t max_size, int touch, void** map_out,
                   size_t* len_out, const char** why) noexcept nogil:
-    """Map a cache file read-only after checking its header and data checksum: 1 mapped,
+    """Read a cache file into memory (nlm_read_file) after checking its header, then its data
+    checksum and that the header read with the data is the one checked: 1 read,
     0 absent, -1 unusable (``why`` says why).  Never blocks on a FIFO nor reads more than
     the header of a file that is not one of ours."""
     cdef int fd = c_open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC)
@@ -421,16 +447,17 @@ cdef int map_file(const char* path, int order, int ctx_key_len, const unsigned c
     if why[0] != NULL:
         c_close(fd)
         return -1
-    # populated: the checksum below reads every page anyway, and a sentence probes all over it
-    p = mmap(NULL, size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0)
-    if p == MAP_FAILED:
+    # read, not mapped: see nlm_read_file
+    p = nlm_read_file(fd, size)
+    if p == NULL:
         why[0] = strerror(errno)
         c_close(fd)
         return -1
     memcpy(&stored, head + DATA_CHECKSUM_AT, 8)
-    if stored != nlm_fast_checksum(<const unsigned char*>p + HEADER_BYTES, size - HEADER_BYTES):
+    if stored != nlm_fast_checksum(<const unsigned char*>p + HEADER_BYTES, size - HEADER_BYTES) or \
+            memcmp_(<const unsigned char*>p, head, HEADER_BYTES) != 0:
         why[0] = "corrupted (checksum mismatch)"
-        munmap(p, size)
+        free(p)
         c_close(fd)
         return -1
     if touch:
@@ -890,7 +917,7 @@ cdef double pc_lookup(SessionC* s, const int32_t* ctx, int32_t w) noexcept nogil
 cdef void unmap_all(PStore* ps) noexcept nogil:
     cdef int f
     for f in range(ps.view.nfiles):
-        munmap(ps.maps[f], ps.map_len[f])
+        free(ps.maps[f])
     ps.view.nfiles = 0
 
 

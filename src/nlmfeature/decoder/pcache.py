@@ -3,8 +3,9 @@
 Tuning decodes (or rescores) the same dev set many times.  :class:`CachedScorer` is a core
 scoring session with a persistent store attached: sentence ``i``'s files in
 ``DIR/<model checksum>/`` (the base ``i.nlmc`` and up to four deltas ``i.<k>.nlmc``) are
-memory-mapped by :meth:`CachedScorer.begin` -- they are hash tables in the core's own slot
-layout, probed in place, never parsed -- and hold exact n-gram scores, the class (or
+read into memory whole by :meth:`CachedScorer.begin` -- they are hash tables in the core's
+own slot layout, probed as read, never parsed; read rather than mapped, so a file cut short
+or changed on disk while in use cannot fault the decoder -- and hold exact n-gram scores, the class (or
 softmax) normaliser of each context and the within-class normaliser of each (context,
 class).  :meth:`CachedScorer.end` writes what the sentence computed and did not find, as a
 new delta, and only when there is something new; when the delta names are used up they are
