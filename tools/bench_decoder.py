@@ -590,7 +590,10 @@ def run(args: argparse.Namespace) -> int:
             for name in names:
                 path = models[name]
                 pc = os.path.join(work, f"pcache-{name}")
-                subprocess.run(["nlmfeature", "cache", pc, "--clear"], capture_output=True)
+                # this checkout's package, installed or not (an installed one may be another checkout's)
+                penv = dict(os.environ, PYTHONPATH=os.path.join(REPO, "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+                subprocess.run([sys.executable, "-m", "nlmfeature.cli", "cache", pc, "--clear"], capture_output=True,
+                               env=penv)
                 # a model the cache does not pay for leaves no directory behind: copy an empty one
                 os.makedirs(pc, exist_ok=True)
                 ini_pc = write_ini(os.path.join(work, f"{name}.pc.ini"), base, weights, path, args.nlm_weight,
@@ -600,10 +603,10 @@ def run(args: argparse.Namespace) -> int:
                 nb1 = os.path.join(work, f"{name}.it1.nbest")
                 it1 = run_moses(moses, ini_pc, dev, nbest=nb1)
                 w1 = os.path.join(work, f"{name}.w1")
-                subprocess.run(["nlmfeature-tune", "optimise", "--nbest", nb1, "--init", ini_pc, "--ref", devref,
+                subprocess.run([sys.executable, "-m", "nlmfeature.mt.tuning.cli", "optimise", "--nbest", nb1, "--init", ini_pc, "--ref", devref,
                                 "--out", w1, "--algorithm", args.tune_algorithm, "--quiet"]
                                + (["--restarts", "5"] if args.tune_algorithm == "mert" else []),
-                               check=True, capture_output=True)
+                               check=True, capture_output=True, env=penv)
                 wline = " ".join(l.strip() for l in open(w1) if l.strip())
                 wfile = os.path.join(work, f"{name}.w1.line")
                 with open(wfile, "w") as f:

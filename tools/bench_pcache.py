@@ -140,7 +140,9 @@ def optimise(pool: List[str], ini: str, ref: str, out: str, algorithm: str, seed
         cmd += ["--nbest", nb]
     if algorithm == "mert":
         cmd += ["--restarts", "5", "--seed", str(seed)]
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    # this checkout's package, installed or not (an installed one may be another checkout's)
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env)
     if p.returncode != 0:
         raise RuntimeError(f"optimise failed: {p.stderr[-2000:]}")
     return read_weights(out)

@@ -508,6 +508,8 @@ cdef int64_t fill_region(int32_t* slots, int64_t cap, int key_len, int nd, const
             p = table_at(src[k].t, i)
             if not wanted(src[k].t, p, src[k].only_new):
                 continue
+            if count[0] + 1 >= cap:  # never reached with the counts of count_wanted; no endless probe
+                return count[0]
             kh = key_hash(p + 1, key_len)
             h = nlm_home(kh, cap)
             probes = 1
@@ -533,11 +535,16 @@ cdef int64_t fill_region(int32_t* slots, int64_t cap, int key_len, int nd, const
 
 
 cdef int64_t count_wanted(const Source* src, int nsrc) noexcept nogil:
+    """Entries of ``src`` to be written: a session table's new entries are counted as they
+    are computed (``fresh``: no scan of the table at every sentence end); a file's by a scan."""
     cdef int64_t n = 0, i
     cdef int k
     for k in range(nsrc):
+        if src[k].only_new:
+            n += src[k].t.fresh
+            continue
         for i in range(src[k].t.capacity):
-            if wanted(src[k].t, table_at(src[k].t, i), src[k].only_new):
+            if wanted(src[k].t, table_at(src[k].t, i), 0):
                 n += 1
     return n
 

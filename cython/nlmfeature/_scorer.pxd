@@ -134,6 +134,7 @@ ctypedef struct TableC:
     int64_t capacity          # slots (0: not allocated yet); powers of two in memory
     int64_t limit             # entries allowed
     int64_t count
+    int64_t fresh             # entries given a value computed here (disk bit clear) since the last clear
     int64_t max_probe         # > 0: longest probe sequence (read-only file views)
     uint32_t generation
     int32_t* slots            # (capacity, stride)

@@ -199,6 +199,8 @@ cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t w) noexcep
     v = score_uncached_ngram(s, key, w)
     if slot >= 0:
         tv_set(&s.ngram_cache, table_at(&s.ngram_cache, slot), 0, v)
+        if not isnan(v):
+            s.ngram_cache.fresh += 1
     return v
 
 
@@ -270,6 +272,8 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
         if cp != NULL:
             tv_set(&s.ctx_cache, cp, which, lz)
             tv_mark(cp, 0)
+            if not isnan(lz):
+                s.ctx_cache.fresh += 1
     if which == 0:
         return word_logit(m, h, w, states) - lz
     # class-factored: p(c | context) p(w | context, c)
@@ -290,6 +294,8 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
         else:
             lz = within_class_lognorm(m, h, c, states, s.fscratch)
             tv_set(&s.class_cache, kp, 0, lz)
+            if not isnan(lz):
+                s.class_cache.fresh += 1
     else:
         lz = within_class_lognorm(m, h, c, states, s.fscratch)
     return score + word_logit(m, h, w, states) - lz

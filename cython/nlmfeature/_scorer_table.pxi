@@ -83,6 +83,7 @@ cdef void table_free(TableC* t) noexcept nogil:
 cdef void table_clear(TableC* t) noexcept nogil:
     """Forget every entry in O(1)."""
     t.count = 0
+    t.fresh = 0
     t.generation += 1
     if t.generation > 0x7fffffffu:  # 31 bits used up after 2^31 clears: really wipe
         memset(t.slots, 0, t.capacity * t.stride * sizeof(int32_t))
