@@ -121,26 +121,37 @@ cdef extern from *:
        over its files; 4 KB file pages made most probes a TLB miss), and a file changed on
        disk after the read cannot fault the decoder (a truncated mapping would: SIGBUS).
        NULL with errno set, EIO for a short read (the file shrank). */
-    static void* nlm_read_file(int fd, long long size) {
+    static void* nlm_alloc_big(long long size, long long* cap_out) {
         size_t huge = (size_t)2 << 20, cap;
-        char* p;
-        long long at = 0;
+        void* p;
         if (size >= (long long)huge) {
             cap = ((size_t)size + huge - 1) & ~(huge - 1);
-            p = (char*)aligned_alloc(huge, cap);
+            p = aligned_alloc(huge, cap);
             if (p) madvise(p, cap, MADV_HUGEPAGE);
         } else {
             cap = ((size_t)size + 63) & ~(size_t)63;
-            p = (char*)aligned_alloc(64, cap ? cap : 64);
+            if (!cap) cap = 64;
+            p = aligned_alloc(64, cap);
         }
-        if (!p) { errno = ENOMEM; return NULL; }
+        if (cap_out) *cap_out = p ? (long long)cap : 0;
+        return p;
+    }
+    static int nlm_read_file(int fd, long long size, void** buf, long long* cap) {
+        char* p;
+        long long at = 0;
+        if (size > *cap) {  /* the buffer is the file slot's, kept from sentence to sentence */
+            free(*buf);
+            *buf = nlm_alloc_big(size, cap);
+            if (!*buf) { errno = ENOMEM; return -1; }
+        }
+        p = (char*)*buf;
         while (at < size) {
             ssize_t r = pread(fd, p + at, (size_t)(size - at), at);
             if (r < 0 && errno == EINTR) continue;
-            if (r <= 0) { int e = r < 0 ? errno : EIO; free(p); errno = e; return NULL; }
+            if (r <= 0) { if (r == 0) errno = EIO; return -1; }
             at += r;
         }
-        return p;
+        return 0;
     }
     static long long nlm_mtime_ns(const struct stat* st) {
         return (long long)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec;
@@ -169,7 +180,8 @@ cdef extern from *:
     unsigned long long nlm_pcache_next() nogil
     int nlm_pcache_first_off() nogil
     long long nlm_mtime_ns(const struct_stat* st) nogil
-    void* nlm_read_file(int fd, long long size) nogil
+    int nlm_read_file(int fd, long long size, void** buf, long long* cap) nogil
+    void* nlm_alloc_big(long long size, long long* cap_out) nogil
     unsigned long long nlm_fast_checksum(const unsigned char* p, long long n) nogil
 
 cdef enum:
@@ -205,6 +217,8 @@ ctypedef struct PStore:
     char* dir
     char* model_path
     unsigned char checksum[8]
+    unsigned char* wbuf       # the file writer's buffer, kept between sentence ends (no page
+    long long wbuf_cap        # faults for a fresh one at every end): its bytes
     int ngram_key_len         # ids in an n-gram key: the full context and the word (the order
                               # for a target-only model; the file header's "order" field)
     int ctx_key_len
@@ -214,7 +228,7 @@ ctypedef struct PStore:
     int active
     int off                   # the model file changed: no reading or writing any more
     int dirty                 # a file was ignored: rewrite the base at the end
-    int files_mapped          # files of the current sentence
+    int files_loaded          # files of the current sentence
     int keep_class            # also write within-class normalisers (NLMFEATURE_PERSISTENT_CACHE_CLASS=1)
     int64_t sentence_id
     int64_t est_bytes         # estimate of the directory's size (-1: unknown)
@@ -223,8 +237,8 @@ ctypedef struct PStore:
     uint64_t m_ino
     int64_t m_size
     long long m_mtime
-    void* maps[NLM_STORE_MAX_FILES]
-    size_t map_len[NLM_STORE_MAX_FILES]
+    void* maps[NLM_STORE_MAX_FILES]        # the files read (buffers reused from sentence to sentence)
+    long long map_cap[NLM_STORE_MAX_FILES]   # bytes of maps[f] (kept between sentences)
     int64_t files_read
     int64_t files_written
     int64_t files_ignored
@@ -407,11 +421,12 @@ cdef void view_regions(const unsigned char* base, TableC* ngram, TableC* ctx, Ta
             at += <int64_t>blocks * 64
 
 
-cdef int map_file(const char* path, int order, int ctx_key_len, const unsigned char* checksum,
-                  int64_t sentence_id, int64_t max_size, int touch, void** map_out,
-                  size_t* len_out, const char** why) noexcept nogil:
-    """Read a cache file into memory (nlm_read_file) after checking its header, then its data
-    checksum and that the header read with the data is the one checked: 1 read,
+cdef int load_file(const char* path, int order, int ctx_key_len, const unsigned char* checksum,
+                   int64_t sentence_id, int64_t max_size, int touch, void** buf,
+                   long long* cap, const char** why) noexcept nogil:
+    """Read a cache file into ``buf`` (of ``cap`` bytes, grown if needed: nlm_read_file) after
+    checking its header, then its data checksum and that the header read with the data is
+    the one checked: 1 read,
     0 absent, -1 unusable (``why`` says why).  Never blocks on a FIFO nor reads more than
     the header of a file that is not one of ours."""
     cdef int fd = c_open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC)
@@ -448,23 +463,20 @@ cdef int map_file(const char* path, int order, int ctx_key_len, const unsigned c
         c_close(fd)
         return -1
     # read, not mapped: see nlm_read_file
-    p = nlm_read_file(fd, size)
-    if p == NULL:
+    if nlm_read_file(fd, size, buf, cap) != 0:
         why[0] = strerror(errno)
         c_close(fd)
         return -1
+    p = buf[0]
     memcpy(&stored, head + DATA_CHECKSUM_AT, 8)
     if stored != nlm_fast_checksum(<const unsigned char*>p + HEADER_BYTES, size - HEADER_BYTES) or \
             memcmp_(<const unsigned char*>p, head, HEADER_BYTES) != 0:
         why[0] = "corrupted (checksum mismatch)"
-        free(p)
         c_close(fd)
         return -1
     if touch:
         c_futimens(fd, NULL)  # LRU: a use counts as recent (best effort)
     c_close(fd)
-    map_out[0] = p
-    len_out[0] = size
     return 1
 
 # ---------------------------------------------------------------------------------------
@@ -580,9 +592,13 @@ cdef int write_file(PStore* ps, const char* path, Source** src, int* nsrc, int r
         # contexts probe every file of the sentence) reads one cache line of it, not the table
         blocks[i] = (n[i] * FILTER_BITS + 511) // 512 if n[i] else 0
         size += blocks[i] * 64
-    buf = <unsigned char*>calloc(1, size)
-    if buf == NULL:
-        return 12
+    if size > ps.wbuf_cap:
+        free(ps.wbuf)
+        ps.wbuf = <unsigned char*>nlm_alloc_big(size, &ps.wbuf_cap)
+        if ps.wbuf == NULL:
+            return 12
+    buf = ps.wbuf
+    memset(buf, 0, size)
     memcpy(buf, MAGIC, 8)
     memcpy(buf + 8, &FORMAT_VERSION, 4)
     u = ps.ngram_key_len
@@ -618,15 +634,12 @@ cdef int write_file(PStore* ps, const char* path, Source** src, int* nsrc, int r
     fd = c_open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o666)
     if fd < 0:
         e = errno
-        free(buf)
         return e
     if write_all(fd, buf, size) != 0:
         e = errno
         c_close(fd)
         c_unlink(tmp)
-        free(buf)
         return e
-    free(buf)
     if c_close(fd) != 0:
         e = errno
         c_unlink(tmp)
@@ -921,15 +934,14 @@ cdef double pc_lookup(SessionC* s, const int32_t* ctx, int32_t w) noexcept nogil
     return nlm_score_padded(s, ctx, w)
 
 
-cdef void unmap_all(PStore* ps) noexcept nogil:
-    cdef int f
-    for f in range(ps.view.nfiles):
-        free(ps.maps[f])
+cdef void drop_files(PStore* ps) noexcept nogil:
+    """Forget the sentence's files (their buffers stay for the next sentence's)."""
     ps.view.nfiles = 0
 
 
 cdef void pc_session_free(SessionC* s) noexcept nogil:
     cdef PStore* ps
+    cdef int f
     if s == NULL:
         return
     if s.query_log != NULL:
@@ -939,10 +951,13 @@ cdef void pc_session_free(SessionC* s) noexcept nogil:
         ps = <PStore*>s.store
         if ps.active:
             pc_end(s)
-        unmap_all(ps)
+        drop_files(ps)
+        for f in range(NLM_STORE_MAX_FILES):
+            free(ps.maps[f])
         free(ps.root)
         free(ps.dir)
         free(ps.model_path)
+        free(ps.wbuf)
         free(ps)
         s.store = NULL
     nlm_session_free(s)
@@ -961,8 +976,8 @@ cdef void warn(PStore* ps, const char* path, const char* why) noexcept nogil:
                 path, why)
 
 
-cdef int map_sentence(PStore* ps, int64_t sid, int touch) noexcept nogil:
-    """Map the base and delta files of sentence ``sid`` into the store's views (``touch``:
+cdef int load_sentence(PStore* ps, int64_t sid, int touch) noexcept nogil:
+    """Read the base and delta files of sentence ``sid`` into the store's views (``touch``:
     at sentence begin: mark them used, warn about and count unusable ones)."""
     cdef char path[PATH_MAX_LEN]
     cdef int k, r, f
@@ -971,8 +986,8 @@ cdef int map_sentence(PStore* ps, int64_t sid, int touch) noexcept nogil:
     for k in range(MAX_DELTAS + 1):
         f = ps.view.nfiles
         file_path(ps, sid, k, path)
-        r = map_file(path, ps.ngram_key_len, ps.ctx_key_len, ps.checksum, sid, limit, touch,
-                     &ps.maps[f], &ps.map_len[f], &why)
+        r = load_file(path, ps.ngram_key_len, ps.ctx_key_len, ps.checksum, sid, limit, touch,
+                     &ps.maps[f], &ps.map_cap[f], &why)
         if r == 0:
             continue
         if r < 0:
@@ -1005,24 +1020,24 @@ cdef int pc_begin(SessionC* s, int64_t sentence_id) noexcept nogil:
         # the model file changed in place (nlm_model_file_changed): its scores no longer match
         # the checksum, so nothing is loaded from or written to the persistent cache
         if ps != NULL:
-            unmap_all(ps)
+            drop_files(ps)
             ps.active = 0
             switch_off(ps)
         return -2
     if ps == NULL:
         return 0
-    unmap_all(ps)
+    drop_files(ps)
     ps.sentence_id = sentence_id
     ps.active = 1
     ps.dirty = 0
-    ps.files_mapped = 0
+    ps.files_loaded = 0
     if ps.off or sentence_id < 0:
         return 0
     if model_file_changed(ps, 0):
         switch_off(ps)
         return 0
-    map_sentence(ps, sentence_id, 1)
-    ps.files_mapped = ps.view.nfiles
+    load_sentence(ps, sentence_id, 1)
+    ps.files_loaded = ps.view.nfiles
     return 0
 
 
@@ -1055,9 +1070,9 @@ cdef int write_sentence(SessionC* s, int64_t* entries, int64_t* nbytes) noexcept
             e = write_file(ps, dpath, src, nsrc, 0, entries, nbytes)
             if e != EEXIST:  # (EEXIST: a writer that could not take the lock was faster)
                 return e
-    # merge: what is on disk now (re-mapped under the lock) and the new entries
-    unmap_all(ps)
-    map_sentence(ps, ps.sentence_id, 0)
+    # merge: what is on disk now (read again under the lock) and the new entries
+    drop_files(ps)
+    load_sentence(ps, ps.sentence_id, 0)
     for f in range(ps.view.nfiles):
         srcs[0][nsrc[0]].t = &ps.view.ngram[f]
         srcs[0][nsrc[0]].only_new = 0
@@ -1114,7 +1129,7 @@ cdef void print_stats(SessionC* s, PStore* ps) noexcept nogil:
             <long long>(now[2] - ps.last[2]), <long long>s.ngram_cache.count,
             <long long>(now[3] - ps.last[3]), <long long>s.ctx_cache.count,
             <long long>(now[4] - ps.last[4]), <long long>s.class_cache.count,
-            <long long>(now[5] - ps.last[5]), ps.files_mapped, <long long>(now[6] - ps.last[6]))
+            <long long>(now[5] - ps.last[5]), ps.files_loaded, <long long>(now[6] - ps.last[6]))
     memcpy(ps.last, now, sizeof(now))
 
 
@@ -1128,16 +1143,16 @@ cdef int pc_end(SessionC* s) noexcept nogil:
         return 0
     ps.active = 0
     if ps.off or ps.sentence_id < 0:
-        unmap_all(ps)
+        drop_files(ps)
         return 0
     if not ps.dirty and count_new(s) == 0:
         if ps.print_stats:
             print_stats(s, ps)
-        unmap_all(ps)
+        drop_files(ps)
         return 0
     if model_file_changed(ps, 0):  # scores of this sentence may come from other weights
         switch_off(ps)
-        unmap_all(ps)
+        drop_files(ps)
         return 0
     snprintf(lock, PATH_MAX_LEN, "%s/.lock", ps.dir)
     lfd = c_open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0o666)
@@ -1148,7 +1163,7 @@ cdef int pc_end(SessionC* s) noexcept nogil:
     if lfd >= 0:
         c_flock(lfd, LOCK_UN)
         c_close(lfd)
-    unmap_all(ps)
+    drop_files(ps)
     if e != 0:
         if not ps.quiet:
             fprintf(stderr, "nlmfeature: warning: cannot write the persistent cache of sentence %lld in %s: %s\n",
@@ -1250,7 +1265,7 @@ cdef class CachedScorer:
     """A core scoring session with the persistent tuning cache attached.
 
     ``model`` is an :class:`nlmfeature.Model`.  With ``directory`` set, sentence ``i``'s
-    files in ``directory/<model checksum>/`` are mapped by :meth:`begin` and what the
+    files in ``directory/<model checksum>/`` are read by :meth:`begin` and what the
     sentence computed is written by :meth:`end` (n-gram scores, context and within-class
     normalisers).  ``max_bytes`` bounds the directory (least recently used files are
     deleted); ``cache_entries`` bounds the core context caches and ``ngram_entries`` the
