@@ -148,15 +148,16 @@ def nbest_body(path: str) -> List[str]:
     return open(path, encoding="utf-8").read().splitlines()
 
 
-def optimise(pool: List[str], ini: str, ref: str, out: str, algorithm: str, seed: int) -> Weights:
+def optimise(pool: List[str], ini: str, ref: str, out: str, algorithm: str, seed: int,
+             env: Dict[str, str]) -> Weights:
+    """The next weights from the pooled k-best lists, by this checkout's optimiser (``env``:
+    the one Moses runs with, whose PYTHONPATH puts this checkout's package first)."""
     cmd = PY + ["-m", "nlmfeature.mt.tuning.cli", "optimise", "--init", ini, "--ref", ref, "--out", out,
                 "--algorithm", algorithm, "--quiet"]
     for nb in pool:
         cmd += ["--nbest", nb]
     if algorithm == "mert":
         cmd += ["--restarts", "5", "--seed", str(seed)]
-    # this checkout's package, installed or not (an installed one may be another checkout's)
-    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env)
     if p.returncode != 0:
         raise RuntimeError(f"optimise failed: {p.stderr[-2000:]}")
@@ -305,7 +306,7 @@ def run(args: argparse.Namespace) -> int:
                     break
                 pool.append(nb)
                 if it < args.iterations:
-                    weights = optimise(pool, ini_c, ref, os.path.join(work, f"{tag}.weights"), alg, args.seed)
+                    weights = optimise(pool, ini_c, ref, os.path.join(work, f"{tag}.weights"), alg, args.seed, env)
             results["runs"][key] = rows
             later = [r for r in rows[1:args.iterations] if r["nlm_cost_seconds"] > 0]
             if later:

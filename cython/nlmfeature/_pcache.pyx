@@ -50,7 +50,7 @@ used files (by mtime; a use touches them) are deleted until it is under 80% of t
 Everything here except the Python classes at the bottom runs without the GIL.
 """
 cimport cython
-from libc.errno cimport errno, ENOENT, EEXIST, EINTR
+from libc.errno cimport errno, ENOENT, EEXIST, EINTR, EIO, ENOMEM
 from libc.math cimport isnan, NAN
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdio cimport FILE, fopen, fwrite, fclose, fprintf, stderr, snprintf, rename
@@ -66,7 +66,7 @@ cdef extern from "../../src/nlmfeature/decoder/capi/nlmfeature.h":
 from nlmfeature._scorer cimport (ModelC, SessionC, StoreC, TableC, nlm_home, nlm_session_new,
                                  nlm_session_free, nlm_session_begin, nlm_score_padded,
                                  nlm_pad_context, splitmix64, key_hash, table_at, table_live,
-                                 tv_get, tv_disk, nlm_alloc_lines, nlm_costly_lookup,
+                                 tv_get, tv_disk, nlm_alloc_lines, nlm_costly_lookup, alloc_table,
                                  nlm_filter_add, NLM_MAX_ORDER, NLM_STORE_MAX_FILES, OUT_SOFTMAX,
                                  OUT_CLASS)
 
@@ -104,10 +104,6 @@ cdef extern from "<dirent.h>" nogil:
 cdef extern from *:
     """
     #include <sys/stat.h>
-    #include <sys/mman.h>
-    #include <errno.h>
-    #include <stdlib.h>
-    #include <unistd.h>
     static unsigned long long nlm_pcache_counter = 0;
     static int nlm_pcache_said_off = 0;
     static unsigned long long nlm_pcache_next(void) {
@@ -116,42 +112,6 @@ cdef extern from *:
     /* 1 the first time it is called in this process (one "cache is off" line per process) */
     static int nlm_pcache_first_off(void) {
         return __atomic_exchange_n(&nlm_pcache_said_off, 1, __ATOMIC_RELAXED) == 0;
-    }
-    /* A cache file's bytes in private memory: huge pages from 2 MB up (a sentence probes all
-       over its files; 4 KB file pages made most probes a TLB miss), and a file changed on
-       disk after the read cannot fault the decoder (a truncated mapping would: SIGBUS).
-       NULL with errno set, EIO for a short read (the file shrank). */
-    static void* nlm_alloc_big(long long size, long long* cap_out) {
-        size_t huge = (size_t)2 << 20, cap;
-        void* p;
-        if (size >= (long long)huge) {
-            cap = ((size_t)size + huge - 1) & ~(huge - 1);
-            p = aligned_alloc(huge, cap);
-            if (p) madvise(p, cap, MADV_HUGEPAGE);
-        } else {
-            cap = ((size_t)size + 63) & ~(size_t)63;
-            if (!cap) cap = 64;
-            p = aligned_alloc(64, cap);
-        }
-        if (cap_out) *cap_out = p ? (long long)cap : 0;
-        return p;
-    }
-    static int nlm_read_file(int fd, long long size, void** buf, long long* cap) {
-        char* p;
-        long long at = 0;
-        if (size > *cap) {  /* the buffer is the file slot's, kept from sentence to sentence */
-            free(*buf);
-            *buf = nlm_alloc_big(size, cap);
-            if (!*buf) { errno = ENOMEM; return -1; }
-        }
-        p = (char*)*buf;
-        while (at < size) {
-            ssize_t r = pread(fd, p + at, (size_t)(size - at), at);
-            if (r < 0 && errno == EINTR) continue;
-            if (r <= 0) { if (r == 0) errno = EIO; return -1; }
-            at += r;
-        }
-        return 0;
     }
     static long long nlm_mtime_ns(const struct stat* st) {
         return (long long)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec;
@@ -180,8 +140,6 @@ cdef extern from *:
     unsigned long long nlm_pcache_next() nogil
     int nlm_pcache_first_off() nogil
     long long nlm_mtime_ns(const struct_stat* st) nogil
-    int nlm_read_file(int fd, long long size, void** buf, long long* cap) nogil
-    void* nlm_alloc_big(long long size, long long* cap_out) nogil
     unsigned long long nlm_fast_checksum(const unsigned char* p, long long n) nogil
 
 cdef enum:
@@ -267,6 +225,35 @@ cdef uint64_t data_checksum_c(const unsigned char* p, int64_t n) noexcept nogil:
             w |= (<uint64_t>p[i + j]) << (8 * j)
         h = splitmix64(h ^ w)
     return h
+
+
+cdef int read_all(int fd, void* buf, int64_t n) noexcept nogil:
+    """Read ``n`` bytes from offset 0: 0, or an errno (EIO: the file is shorter now)."""
+    cdef char* p = <char*>buf
+    cdef ssize_t r
+    cdef int64_t at = 0
+    while at < n:
+        r = c_pread(fd, p + at, n - at, at)
+        if r < 0 and errno == EINTR:
+            continue
+        if r < 0:
+            return errno
+        if r == 0:
+            return EIO
+        at += r
+    return 0
+
+
+cdef int grow_buffer(void** buf, long long* cap, int64_t n) noexcept nogil:
+    """``buf`` (of ``cap`` bytes) holds at least ``n`` bytes, reallocated (alloc_table) if it
+    did not: 0, or -1 (out of memory, ``buf`` NULL).  The store's buffers are kept from
+    sentence to sentence: no page faults for fresh memory at every begin and end."""
+    if n <= cap[0]:
+        return 0
+    free(buf[0])
+    buf[0] = alloc_table(n)
+    cap[0] = n if buf[0] != NULL else 0
+    return 0 if buf[0] != NULL else -1
 
 
 cdef int write_all(int fd, const void* buf, int64_t n) noexcept nogil:
@@ -424,7 +411,7 @@ cdef void view_regions(const unsigned char* base, TableC* ngram, TableC* ctx, Ta
 cdef int load_file(const char* path, int order, int ctx_key_len, const unsigned char* checksum,
                    int64_t sentence_id, int64_t max_size, int touch, void** buf,
                    long long* cap, const char** why) noexcept nogil:
-    """Read a cache file into ``buf`` (of ``cap`` bytes, grown if needed: nlm_read_file) after
+    """Read a cache file into ``buf`` (of ``cap`` bytes, grown if needed) after
     checking its header, then its data checksum and that the header read with the data is
     the one checked: 1 read,
     0 absent, -1 unusable (``why`` says why).  Never blocks on a FIFO nor reads more than
@@ -434,6 +421,7 @@ cdef int load_file(const char* path, int order, int ctx_key_len, const unsigned 
     cdef unsigned char head[HEADER_BYTES]
     cdef int64_t size
     cdef ssize_t r
+    cdef int e
     cdef void* p
     cdef uint64_t stored
     if fd < 0:
@@ -462,9 +450,15 @@ cdef int load_file(const char* path, int order, int ctx_key_len, const unsigned 
     if why[0] != NULL:
         c_close(fd)
         return -1
-    # read, not mapped: see nlm_read_file
-    if nlm_read_file(fd, size, buf, cap) != 0:
-        why[0] = strerror(errno)
+    # read, not mapped: a file cut short on disk under a mapping would fault the decoder at its
+    # next probe (SIGBUS), and one changed in place would change bytes already checked
+    if grow_buffer(buf, cap, size) != 0:
+        why[0] = strerror(ENOMEM)
+        c_close(fd)
+        return -1
+    e = read_all(fd, buf[0], size)
+    if e != 0:
+        why[0] = strerror(e)
         c_close(fd)
         return -1
     p = buf[0]
@@ -592,11 +586,8 @@ cdef int write_file(PStore* ps, const char* path, Source** src, int* nsrc, int r
         # contexts probe every file of the sentence) reads one cache line of it, not the table
         blocks[i] = (n[i] * FILTER_BITS + 511) // 512 if n[i] else 0
         size += blocks[i] * 64
-    if size > ps.wbuf_cap:
-        free(ps.wbuf)
-        ps.wbuf = <unsigned char*>nlm_alloc_big(size, &ps.wbuf_cap)
-        if ps.wbuf == NULL:
-            return 12
+    if grow_buffer(<void**>&ps.wbuf, &ps.wbuf_cap, size) != 0:
+        return 12
     buf = ps.wbuf
     memset(buf, 0, size)
     memcpy(buf, MAGIC, 8)
@@ -951,7 +942,6 @@ cdef void pc_session_free(SessionC* s) noexcept nogil:
         ps = <PStore*>s.store
         if ps.active:
             pc_end(s)
-        drop_files(ps)
         for f in range(NLM_STORE_MAX_FILES):
             free(ps.maps[f])
         free(ps.root)

@@ -220,6 +220,7 @@ cdef uint64_t key_hash(const int32_t* key, int n) noexcept nogil
 cdef void table_init(TableC* t, int key_len, int nd, int fval_len, int64_t limit,
                      int clear_when_full) noexcept nogil
 cdef void table_free(TableC* t) noexcept nogil
+cdef void* alloc_table(size_t nbytes) noexcept nogil
 cdef void table_clear(TableC* t) noexcept nogil
 cdef int64_t table_find(const TableC* t, const int32_t* key, uint64_t h) noexcept nogil
 cdef int64_t table_insert(TableC* t, const int32_t* key, int* found) noexcept nogil

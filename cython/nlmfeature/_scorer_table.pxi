@@ -21,8 +21,8 @@ cdef void table_init(TableC* t, int key_len, int nd, int fval_len, int64_t limit
 
 
 cdef void* alloc_table(size_t nbytes) noexcept nogil:
-    """Zeroed memory for a cache table; from 2 MB up in transparent huge pages, so probes
-    scattered over a sentence's table do not also miss the TLB."""
+    """Zeroed memory for a cache table (or a persistent-cache file read into memory); from
+    2 MB up in transparent huge pages, so probes scattered over it do not also miss the TLB."""
     cdef size_t huge = 2 << 20, size
     cdef void* p
     if nbytes < huge:
