@@ -398,6 +398,10 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="runs per configuration; the minimum is kept "
                     "(default 3)")
     ap.add_argument("--nlm-weight", type=float, default=0.1, help="weight of the NLM feature (default 0.1)")
+    ap.add_argument("--kenlm-twice", action="store_true",
+                    help="add configuration kenlm+kenlm: the system's KenLM model a second time as its own "
+                         "feature at weight 0 (the same search): what any second n-gram LM feature costs "
+                         "Moses, KenLM's own lookups and minimised state included (Moses only)")
     ap.add_argument("--weights", action="append", default=[], metavar="NAME=MOSES_INI",
                     help="use the [weight] section of this moses.ini (e.g. tuned by nlmfeature-tune) for "
                          "configuration NAME (kenlm or a --model name); repeatable")
@@ -487,6 +491,14 @@ def run(args: argparse.Namespace) -> int:
                                       models[with_nlm] if with_nlm else None, nw,
                                       extras.get(with_nlm, "") if with_nlm else "",
                                       joint=path, joint_weight=jw)
+        if args.kenlm_twice:
+            # the cost of a second n-gram LM feature to Moses, measured on KenLM itself: the
+            # system's binary LM once more (label LM9), weight 0 so that the search is KenLM
+            # alone's; its state is KenLM's minimised one, so it costs no recombination
+            configs["kenlm+kenlm"] = mo.add_features(
+                base, os.path.join(work, "kenlm+kenlm.ini"),
+                [f"KENLM name=LM9 factor=0 path={os.path.abspath(lm)} order=5"],
+                dict(tuned.get("kenlm", weights), LM9=[0.0]))
         for name, path in neurallm.items():
             configs[name] = write_ini(os.path.join(work, f"{name}.ini"), base, tuned.get(name, weights), path,
                                       args.nlm_weight, extras.get(name, ""), feature="NeuralLM")
