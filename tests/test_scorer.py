@@ -293,3 +293,39 @@ def test_scattered_and_singleton_classes(tmp_path, direct):
         assert np.exp(scores).sum() == pytest.approx(1.0, abs=1e-6)
         want = [logprob(model.header, model.arrays, [int(x) for x in c], w) for w in (5, 9, 40, 7)]
         assert np.allclose(scores[[5, 9, 40, 7]], want, atol=1e-5)
+
+
+@pytest.mark.parametrize("out", ["class", "softmax"])
+def test_direct_vectors_cached_per_sentence_are_exact(tmp_path, out):
+    """The normalisers' direct-feature values come from a per-sentence cache keyed by the last
+    direct_order-1 context ids (and the class): every path -- computed and stored, found
+    again, computed without room (tiny caches), all caches off -- gives the same bits, the
+    scores equal the reference and sum to one, and a new sentence starts the cache again."""
+    from helpers import brown_vocab
+    from nlmfeature.core.architecture import ModelSpec, random_model
+
+    vocab, counts = brown_vocab(6)
+    V = len(vocab)
+    cw = np.random.default_rng(7).integers(0, 11, size=V).astype(np.int32)  # scattered classes
+    spec = ModelSpec(arch="lbl", order=4, word_width=16, diagonal_contexts=True, output=out,
+                     **(dict(classes=11) if out == "class" else {}), direct_order=3, hash_space=4099)
+    header, arrays = random_model(spec, vocab, counts, seed=4,
+                                  **(dict(class_of_word=cw) if out == "class" else {}))
+    assert np.count_nonzero(arrays["direct.weights"]) > 0
+    path = str(tmp_path / f"direct-{out}.nlm")
+    nlmfeature.save(path, header, arrays)
+    model = _check_against_reference(path)
+    lines = [l.split() for l in read_lines(BROWN_VALID, 40)]
+    ctxs, words = zip(*(model.sentence_ngrams(l) for l in lines))
+    ctx, w = np.concatenate(ctxs), np.concatenate(words)
+    cached = model.session(1 << 12, 0)
+    first = cached.score_padded(ctx, w)
+    assert np.array_equal(cached.score_padded(ctx, w), first)
+    cached.begin_sentence(1)
+    assert np.array_equal(cached.score_padded(ctx, w), first)
+    for other in (model.session(0), model.session(2, 0)):
+        assert np.array_equal(other.score_padded(ctx, w), first)
+    want = [logprob(model.header, model.arrays, [int(x) for x in c], int(x)) for c, x in zip(ctx[:40], w[:40])]
+    assert np.allclose(first[:40], want, atol=1e-5)
+    c = np.ascontiguousarray(np.repeat(ctx[7][None], V, axis=0))
+    assert np.exp(cached.score_padded(c, np.arange(V, dtype=np.int32))).sum() == pytest.approx(1.0, abs=1e-5)

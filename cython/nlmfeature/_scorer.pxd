@@ -91,6 +91,10 @@ ctypedef struct ModelC:
     const uint64_t* direct_nonzero  # (hash_space / 64 rounded up,) bit i: direct_weights[i] != 0
                                     # (per process, 1/32 of the weights' size: a lookup whose
                                     # feature was never trained skips the cache miss); or NULL
+    const double* direct_first[2]   # the order-0 term of every target's direct value, words (kind 0,
+                                    # V) and classes (kind 1, C; class outputs only), per process:
+                                    # the same double direct_value's sum starts from, read from a
+                                    # small array instead of a random place in the weights; or NULL
     int use_tables                # 1: use branch tables when present
     # identity of the mapped model file when it was loaded (nlm_model_file_changed); fd -1: none
     int file_fd
@@ -172,6 +176,14 @@ ctypedef struct SessionC:
     TableC class_cache        # key: padded context + class; value: logZ within the class
     int ngram_cache_enabled   # exact (context, word) -> score cache (when a lookup costs more than a probe)
     TableC ngram_cache        # key: padded context + word; value: score
+    int direct_cache_enabled  # direct-feature vectors of normalisers are cached (normalised outputs)
+    TableC direct_cache       # key: [tag, last direct_order-1 ids]; value: offset in direct_arena (-1: none)
+    float* direct_arena       # the sentence's direct-feature vectors: every member of a class (tag =
+                              # the class), every class (tag -1), every word (tag -2), as float
+    int64_t direct_used       # floats of direct_arena in use
+    int64_t direct_cap        # floats allocated
+    int64_t direct_limit      # most floats (the cache stops taking vectors beyond)
+    float* dscratch           # a vector the cache had no room for
     StoreC* store             # persistent cache attached by nlmfeature._pcache, or NULL
     void* query_log           # FILE* recording every C-API lookup (NLMFEATURE_QUERY_LOG), or NULL
     int64_t lookups

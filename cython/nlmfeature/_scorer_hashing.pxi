@@ -109,13 +109,43 @@ cdef inline double direct_value(const ModelC* m, const uint64_t* states, int32_t
     return s
 
 
+cdef inline double direct_value_kind(const ModelC* m, int kind, const uint64_t* states,
+                                    int32_t target) noexcept nogil:
+    """:c:func:`direct_value` of ``target`` (a word for kind 0, a class for kind 1; ``states``
+    of that kind), its order-0 term read from ``direct_first``: the same sum, bit for bit
+    (it starts from 0 and adds that term first), without the random access into the
+    weights that the order-0 term of every word of a class normaliser cost."""
+    cdef double s
+    cdef int k
+    cdef uint64_t t = (<uint64_t>target) << 32, i
+    if m.direct_first[kind] == NULL:
+        return direct_value(m, states, target)
+    s = m.direct_first[kind][target]
+    for k in range(1, m.direct_order):
+        i = direct_index(m, splitmix64(states[k] ^ t))
+        if direct_nonzero(m, i):
+            s += m.direct_weights[i]
+    return s
+
+
+cdef void direct_first_fill(const ModelC* m, int kind, int32_t n, double* out) noexcept nogil:
+    """``out[t]`` = the order-0 term of :c:func:`direct_value` for targets ``t`` < ``n`` of
+    ``kind``: the weight it adds (as a double), or 0 where it adds none."""
+    cdef uint64_t s0 = direct_state0(kind), i
+    cdef int32_t t
+    for t in range(n):
+        i = direct_index(m, splitmix64(s0 ^ ((<uint64_t>t) << 32)))
+        out[t] = m.direct_weights[i] if direct_nonzero(m, i) else 0.0
+
+
 cdef inline void direct_prefetch(const ModelC* m, const uint64_t* states, int32_t target) noexcept nogil:
-    """Start loading the direct-feature weights of ``target`` (random places in a table of
-    megabytes) so that the forward pass overlaps their cache misses."""
+    """Start loading the direct-feature weights of ``target`` (a word: kind-0 ``states``;
+    random places in a table of megabytes) so that the forward pass overlaps their cache
+    misses (the order-0 weight comes from ``direct_first`` when there is one)."""
     cdef int k
     cdef uint64_t t = (<uint64_t>target) << 32
     cdef uint64_t i
-    for k in range(m.direct_order):
+    for k in range(1 if m.direct_first[0] != NULL else 0, m.direct_order):
         i = direct_index(m, splitmix64(states[k] ^ t))
         if direct_nonzero(m, i):
             __builtin_prefetch(&m.direct_weights[i])

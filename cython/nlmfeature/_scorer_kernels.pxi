@@ -110,13 +110,44 @@ cdef extern from *:
         }
     }
     /* out[c] = bias[c] + sum_d h[d] * WT[d, c] for c < n; WT is (D, npad), npad a multiple of
-       128 (zero columns): 8 x 16-float accumulators stay in registers (gcc vector extensions,
-       lowered to whatever SIMD the target has) */
+       128 (zero columns).  Each column's sum is fma(h[d], WT[d, c], sum) over d in order, so
+       every version below gives the same bits.  With AVX-512: 8 x 16-float accumulators stay in
+       registers (gcc vector extensions).  With AVX2 (16 registers of 8 floats) those 8 x 16
+       floats did not fit: gcc kept the accumulators on the stack and built the broadcast of h[d]
+       from 16 scalar stores, ~10x the arithmetic's cost (a class normaliser of 77 classes: the
+       largest part of a class model's cost in Moses on such a machine); there, 8 x 8-float
+       accumulators per 64 columns, with explicit FMA intrinsics. */
+    #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+    #include <immintrin.h>
+    #endif
     typedef float nlm_v16 __attribute__((vector_size(64)));
     static inline nlm_v16 nlm_load16(const float* p) { nlm_v16 v; memcpy(&v, p, sizeof v); return v; }
     static inline void nlm_gemv_t(const float* WT, int D, int n, int npad, const float* h,
                                   const float* bias, float* out) {
         int c0, d, c;
+    #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+        for (c0 = 0; c0 < npad; c0 += 64) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+            for (d = 0; d < D; d++) {
+                const float* r = WT + (size_t)d * npad + c0;
+                __m256 x = _mm256_set1_ps(h[d]);
+                a0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(r), a0);
+                a1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(r + 8), a1);
+                a2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(r + 16), a2);
+                a3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(r + 24), a3);
+                a4 = _mm256_fmadd_ps(x, _mm256_loadu_ps(r + 32), a4);
+                a5 = _mm256_fmadd_ps(x, _mm256_loadu_ps(r + 40), a5);
+                a6 = _mm256_fmadd_ps(x, _mm256_loadu_ps(r + 48), a6);
+                a7 = _mm256_fmadd_ps(x, _mm256_loadu_ps(r + 56), a7);
+            }
+            _mm256_storeu_ps(out + c0, a0);       _mm256_storeu_ps(out + c0 + 8, a1);
+            _mm256_storeu_ps(out + c0 + 16, a2);  _mm256_storeu_ps(out + c0 + 24, a3);
+            _mm256_storeu_ps(out + c0 + 32, a4);  _mm256_storeu_ps(out + c0 + 40, a5);
+            _mm256_storeu_ps(out + c0 + 48, a6);  _mm256_storeu_ps(out + c0 + 56, a7);
+        }
+        for (c = 0; c < n; c++) out[c] += bias[c];
+        return;
+    #endif
         for (c0 = 0; c0 < npad; c0 += 128) {
             nlm_v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};
             for (d = 0; d < D; d++) {
@@ -138,9 +169,6 @@ cdef extern from *:
        Each element gets the same fused multiply-adds in the same order as one pass per context
        position (which gcc contracts to FMA where the target has it), so the result is
        bit-identical to them; v is written once instead of read and written per position. */
-    #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-    #include <immintrin.h>
-    #endif
     #ifdef __FMA__
     #define NLM_FMAF(x, y, a) fmaf((x), (y), (a))
     #else

@@ -7,40 +7,47 @@
 cdef inline double word_logit(const ModelC* m, const float* h, int32_t w, const uint64_t* states) noexcept nogil:
     cdef double s = dotf(m.out_weight + <int64_t>w * m.out_dim, h, m.out_dim) + m.out_bias[w]
     if m.direct_order:
-        s += direct_value(m, states, w)
+        s += direct_value_kind(m, 0, states, w)
     return s
 
 
 cdef inline double class_logit(const ModelC* m, const float* h, int32_t c, const uint64_t* states) noexcept nogil:
     cdef double s = dotf(m.class_weight + <int64_t>c * m.out_dim, h, m.out_dim) + m.class_bias[c]
     if m.direct_order:
-        s += direct_value(m, states, c)
+        s += direct_value_kind(m, 1, states, c)
     return s
 
+# The normalisers take the direct-feature values of their targets as one float vector
+# ``dv`` (NULL: the model has no direct features): ``(float) direct_value`` of every word,
+# class or member of the class, from the session's per-sentence cache
+# (:c:func:`direct_vector`).  Adding them in the same order as before keeps every logit
+# bit-identical.
 
-cdef double softmax_lognorm(const ModelC* m, const float* h, const uint64_t* states, float* scratch) noexcept nogil:
+
+cdef double softmax_lognorm(const ModelC* m, const float* h, const float* dv, float* scratch) noexcept nogil:
     cdef int32_t w
     nlm_gemv_rows(m.out_weight, m.vocab_size, m.out_dim, h, scratch)
     for w in range(m.vocab_size):
         scratch[w] += m.out_bias[w]
-        if m.direct_order:
-            scratch[w] += <float>direct_value(m, states, w)
+        if dv != NULL:
+            scratch[w] += dv[w]
     return nlm_logsumexp_f(scratch, m.vocab_size)
 
 
-cdef double class_lognorm(const ModelC* m, const float* h, const uint64_t* cstates, float* scratch) noexcept nogil:
+cdef double class_lognorm(const ModelC* m, const float* h, const float* dv, float* scratch) noexcept nogil:
     cdef int32_t c
     nlm_gemv_t(m.class_weight_t, m.out_dim, m.n_classes, m.n_classes_padded, h, m.class_bias, scratch)
-    if m.direct_order:
+    if dv != NULL:
         for c in range(m.n_classes):
-            scratch[c] += <float>direct_value(m, cstates, c)
+            scratch[c] += dv[c]
     return nlm_logsumexp_f(scratch, m.n_classes)
 
 
 cdef double within_class_lognorm(const ModelC* m, const float* h, int32_t c, const uint64_t* states,
-                                 float* scratch) noexcept nogil:
+                                 const float* dv, float* scratch) noexcept nogil:
     """log of the sum of exp(word logit) over class ``c``; rows of a class whose members are
-    consecutive ids (frequency-binned classes) are one block of the output matrix."""
+    consecutive ids (frequency-binned classes) are one block of the output matrix.  ``dv``:
+    the members' direct values (unused, may be NULL, for a class of one word)."""
     cdef int32_t i, w, a = m.class_start[c], b = m.class_start[c + 1]
     cdef int32_t first = m.class_members[a]
     if b - a == 1:  # p(w | c) = 1
@@ -54,9 +61,9 @@ cdef double within_class_lognorm(const ModelC* m, const float* h, int32_t c, con
         nlm_gemv_rows_idx(m.out_weight, m.class_members + a, b - a, m.out_dim, h, scratch)
         for i in range(a, b):
             scratch[i - a] += m.out_bias[m.class_members[i]]
-    if m.direct_order:
-        for i in range(a, b):
-            scratch[i - a] += <float>direct_value(m, states, m.class_members[i])
+    if dv != NULL:
+        for i in range(b - a):
+            scratch[i] += dv[i]
     return nlm_logsumexp_f(scratch, b - a)
 
 

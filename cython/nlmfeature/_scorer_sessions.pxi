@@ -66,7 +66,9 @@ cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t n
     if m.n_classes_padded > nscratch:
         nscratch = m.n_classes_padded
     s.fscratch = <float*>nlm_alloc_lines(nscratch * sizeof(float))
-    if s.buf0 == NULL or s.buf1 == NULL or s.buf2 == NULL or s.hidden == NULL or s.fscratch == NULL:
+    s.dscratch = <float*>nlm_alloc_lines(nscratch * sizeof(float))
+    if s.buf0 == NULL or s.buf1 == NULL or s.buf2 == NULL or s.hidden == NULL or s.fscratch == NULL \
+            or s.dscratch == NULL:
         nlm_session_free(s)
         return NULL
     s.cache_enabled = cache_entries > 0
@@ -79,6 +81,11 @@ cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t n
         ngram_entries = 4 * cache_entries if (cache_entries > 0 and nlm_ngram_cache_pays(m)) else 0
     s.ngram_cache_enabled = ngram_entries > 0
     table_init(&s.ngram_cache, m.key_len + 1, 1, 0, ngram_entries, 0)
+    # direct-feature vectors of the normalisers: key [tag, last direct_order-1 ids]
+    s.direct_cache_enabled = s.cache_enabled and m.direct_order > 0 and \
+        (m.output_type == OUT_SOFTMAX or m.output_type == OUT_CLASS)
+    table_init(&s.direct_cache, m.direct_order if m.direct_order > 0 else 1, 1, 0, cache_entries, 0)
+    s.direct_limit = 32 * cache_entries if cache_entries > 32768 else 1 << 20
     return s
 
 
@@ -92,6 +99,9 @@ cdef void nlm_session_free(SessionC* s) noexcept nogil:
     free(s.buf2)
     free(s.hidden)
     free(s.fscratch)
+    free(s.dscratch)
+    free(s.direct_arena)
+    table_free(&s.direct_cache)
     table_free(&s.ctx_cache)
     table_free(&s.class_cache)
     table_free(&s.ngram_cache)
@@ -122,6 +132,9 @@ cdef int nlm_session_begin(SessionC* s, int64_t sentence_id) noexcept nogil:
         table_clear(&s.class_cache)
     if s.ngram_cache_enabled:
         table_clear(&s.ngram_cache)
+    if s.direct_cache_enabled:
+        table_clear(&s.direct_cache)
+        s.direct_used = 0
     if nlm_model_file_changed(s.model):
         s.model_changed = 1
     return -1 if s.model_changed else 0
@@ -204,6 +217,68 @@ cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t w) noexcep
     return v
 
 
+cdef const float* direct_vector(SessionC* s, int kind, const uint64_t* states, const int32_t* ctx,
+                                int32_t tag, const int32_t* targets, int32_t n) noexcept nogil:
+    """``(float) direct_value`` of ``n`` targets of ``kind`` (``targets[i]``, or ``i`` when
+    NULL) after the padded context ``ctx`` (whose kind-``kind`` hash states are ``states``):
+    the direct-feature part of a normaliser's logits.  The values depend only on the last
+    direct_order-1 ids of the context, which the contexts of a sentence share far more than
+    whole contexts (a Moses sentence of a class model: 2.4k (last word, class) pairs against
+    71k (context, class) pairs), so each vector is computed once per sentence (key: ``tag``,
+    those ids) into the session's arena; without room, into ``dscratch``.  Valid until the
+    next call."""
+    cdef const ModelC* m = s.model
+    cdef int32_t key[NLM_MAX_ORDER + 1]
+    cdef int found = 0, k
+    cdef int64_t slot = -1, off = -1, need, cap
+    cdef int32_t i
+    cdef float* out = s.dscratch
+    cdef float* grown
+    if s.direct_cache_enabled:
+        key[0] = tag
+        for k in range(1, m.direct_order):
+            key[k] = ctx[m.key_len - k]
+        slot = table_insert(&s.direct_cache, key, &found)
+        if slot >= 0 and found:
+            off = <int64_t>tv_get(&s.direct_cache, table_at(&s.direct_cache, slot), 0)
+            if off >= 0:
+                return s.direct_arena + off
+        elif slot >= 0:
+            need = s.direct_used + n
+            if s.direct_cap < need <= s.direct_limit:  # grow the arena: doubling, within the limit
+                cap = s.direct_cap * 2 if s.direct_cap else 65536
+                cap = need if cap < need else cap
+                cap = s.direct_limit if cap > s.direct_limit else cap
+                grown = <float*>realloc(s.direct_arena, cap * sizeof(float))
+                if grown != NULL:
+                    s.direct_arena = grown
+                    s.direct_cap = cap
+            if need <= s.direct_cap:
+                off = s.direct_used
+                out = s.direct_arena + off
+                s.direct_used = need
+            # -1: no room, the vector is computed again each time
+            tv_set(&s.direct_cache, table_at(&s.direct_cache, slot), 0, <double>off)
+    if targets != NULL:
+        for i in range(n):
+            out[i] = <float>direct_value_kind(m, kind, states, targets[i])
+    else:
+        for i in range(n):
+            out[i] = <float>direct_value_kind(m, kind, states, i)
+    return out
+
+
+cdef double within_class_lz(SessionC* s, const float* h, int32_t c, const int32_t* ctx,
+                            const uint64_t* states) noexcept nogil:
+    """The within-class normaliser of class ``c`` after ``ctx`` (hidden vector ``h``)."""
+    cdef const ModelC* m = s.model
+    cdef int32_t a = m.class_start[c], n = m.class_start[c + 1] - m.class_start[c]
+    cdef const float* dv = NULL
+    if m.direct_order and n > 1:
+        dv = direct_vector(s, 0, states, ctx, c, m.class_members + a, n)
+    return within_class_lognorm(m, h, c, states, dv, s.fscratch)
+
+
 cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noexcept nogil:
     """The score of one n-gram through the context and class-normaliser caches."""
     cdef const ModelC* m = s.model
@@ -266,9 +341,11 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
         tv_mark(cp, 1)
     else:
         if which == 0:
-            lz = softmax_lognorm(m, h, states, s.fscratch)
+            lz = softmax_lognorm(m, h, direct_vector(s, 0, states, ctx, -2, NULL, m.vocab_size)
+                                 if m.direct_order else NULL, s.fscratch)
         else:
-            lz = class_lognorm(m, h, cstates, s.fscratch)
+            lz = class_lognorm(m, h, direct_vector(s, 1, cstates, ctx, -1, NULL, m.n_classes)
+                               if m.direct_order else NULL, s.fscratch)
         if cp != NULL:
             tv_set(&s.ctx_cache, cp, which, lz)
             tv_mark(cp, 0)
@@ -283,7 +360,7 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
         slot = table_insert(&s.class_cache, class_key, &found)
         kp = table_at(&s.class_cache, slot)
         if slot < 0:  # out of memory
-            lz = within_class_lognorm(m, h, c, states, s.fscratch)
+            lz = within_class_lz(s, h, c, ctx, states)
         elif found:
             lz = tv_get(&s.class_cache, kp, 0)
         elif s.store != NULL and s.store.probe_context and \
@@ -292,12 +369,12 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
             tv_set(&s.class_cache, kp, 0, lz)
             tv_mark(kp, 1)
         else:
-            lz = within_class_lognorm(m, h, c, states, s.fscratch)
+            lz = within_class_lz(s, h, c, ctx, states)
             tv_set(&s.class_cache, kp, 0, lz)
             if not isnan(lz):
                 s.class_cache.fresh += 1
     else:
-        lz = within_class_lognorm(m, h, c, states, s.fscratch)
+        lz = within_class_lz(s, h, c, ctx, states)
     return score + word_logit(m, h, w, states) - lz
 
 

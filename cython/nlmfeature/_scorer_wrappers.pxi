@@ -135,6 +135,14 @@ cdef class NativeModel:
             nz.view(np.uint8)[:bits.shape[0]] = bits
             self._extra.append(nz)
             m.direct_nonzero = <const uint64_t*>cnp.PyArray_DATA(nz)
+            # the order-0 term of every word's (and class's) direct value, read from a small
+            # array instead of a random place in the weights (direct_value_kind)
+            for kind, n in ((0, m.vocab_size), (1, m.n_classes if m.output_type == OUT_CLASS else 0)):
+                if n:
+                    first = np.zeros(n, dtype=np.float64)
+                    direct_first_fill(m, kind, n, <double*>cnp.PyArray_DATA(first))
+                    self._extra.append(first)
+                    m.direct_first[kind] = <const double*>cnp.PyArray_DATA(first)
         m.use_tables = use_tables
         m.key_len = m.ctx_len
         source = header.get("source")
