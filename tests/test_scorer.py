@@ -329,3 +329,63 @@ def test_direct_vectors_cached_per_sentence_are_exact(tmp_path, out):
     assert np.allclose(first[:40], want, atol=1e-5)
     c = np.ascontiguousarray(np.repeat(ctx[7][None], V, axis=0))
     assert np.exp(cached.score_padded(c, np.arange(V, dtype=np.int32))).sum() == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.parametrize("case", ["class-diag-direct", "softmax-full-tables-bias", "joint-class",
+                                  "class-order1-bias"])
+def test_linear_outputs_sum_position_terms(tmp_path, case, monkeypatch):
+    """Log-bilinear normalised outputs sum each context position's term of the logits
+    (per-sentence vectors) instead of multiplying the rows by a hidden vector: the scores
+    equal the float64 reference more closely than the hidden-vector path does, every cache
+    path (stored vectors, none, no room) gives the same bits, and normalisers sum to one."""
+    from helpers import brown_vocab
+    from nlmfeature.core.architecture import ModelSpec, precompute_tables, random_model
+
+    vocab, counts = brown_vocab(6)
+    V = len(vocab)
+    fields = dict(arch="lbl", order=4, word_width=16, diagonal_contexts=True, output="class", classes=13)
+    extra = {}
+    if case == "softmax-full-tables-bias":
+        fields.update(output="softmax", diagonal_contexts=False)
+        del fields["classes"]
+    elif case == "class-order1-bias":
+        fields.update(order=1)
+    if "direct" in case:
+        fields.update(direct_order=3, hash_space=4099)
+    if case.startswith("joint"):
+        fields.update(source_window=3)
+        svocab, scounts = brown_vocab(8)
+        extra = dict(source_vocab=svocab, source_counts=scounts)
+    header, arrays = random_model(ModelSpec(**fields), vocab, counts, seed=11,
+                                  class_of_word=np.random.default_rng(2).integers(0, 13, V).astype(np.int32)
+                                  if fields["output"] == "class" else None, **extra)
+    if "bias" in case:
+        header["branches"][0]["bias"] = True
+        arrays["branch0.bias"] = np.random.default_rng(3).normal(0, 0.3, header["branches"][0]["hidden"]).astype(np.float32)
+    if "tables" in case:
+        precompute_tables(header, arrays)
+    path = str(tmp_path / f"{case}.nlm")
+    nlmfeature.save(path, header, arrays)
+    monkeypatch.setenv("NLMFEATURE_LINEAR_OUTPUT", "0")
+    hidden_path = nlmfeature.load(path)
+    monkeypatch.delenv("NLMFEATURE_LINEAR_OUTPUT")
+    model = nlmfeature.load(path)
+    lines = [l.split() for l in read_lines(BROWN_VALID, 25)]
+    if case.startswith("joint"):
+        pairs = [(l[::-1], l, " ".join(f"{i}-{i}" for i in range(len(l)))) for l in lines]
+        ctx, w = zip(*(model.sentence_ngrams(*p) for p in pairs))
+    else:
+        ctx, w = zip(*(model.sentence_ngrams(l) for l in lines))
+    ctx, w = np.ascontiguousarray(np.concatenate(ctx)), np.ascontiguousarray(np.concatenate(w))
+    got = model.session().score_padded(ctx, w)
+    for other in (model.session(0), model.session(2, 0), model.session(1 << 12, 0)):
+        assert np.array_equal(other.score_padded(ctx, w), got)
+    hid = hidden_path.session().score_padded(ctx, w)
+    assert np.allclose(got, hid, atol=2e-5) and not np.array_equal(got, hid)
+    if not case.startswith("joint"):
+        want = np.array([logprob(model.header, model.arrays, [int(x) for x in c], int(x))
+                         for c, x in zip(ctx[:300], w[:300])])
+        assert np.abs(got[:300] - want).max() <= np.abs(hid[:300] - want).max() + 1e-7
+        assert np.abs(got[:300] - want).max() < 2e-6
+    c = np.ascontiguousarray(np.repeat(ctx[5][None], V, axis=0))
+    assert np.exp(model.session().score_padded(c, np.arange(V, dtype=np.int32))).sum() == pytest.approx(1.0, abs=1e-6)

@@ -112,6 +112,12 @@ ctypedef struct ModelC:
     int src_eos
     int src_null
     int key_len                   # w + n-1: ids in a full context (the caches' keys)
+    # 1: the output logits are a sum of one term per context position (one first-layer branch
+    # with the identity activation, no further layers: log-bilinear models) and the output is
+    # normalised (softmax, class): a normaliser adds up per-sentence vectors of those terms
+    # (session vec_cache) instead of multiplying the output rows by each context's hidden vector
+    int linear_out
+    const int32_t* class_pos      # (V,) each word's place among its class's members (class outputs)
 
 cdef enum:
     NLM_STORE_MAX_FILES = 8   # mapped persistent-cache files per sentence (a base + deltas)
@@ -176,14 +182,28 @@ ctypedef struct SessionC:
     TableC class_cache        # key: padded context + class; value: logZ within the class
     int ngram_cache_enabled   # exact (context, word) -> score cache (when a lookup costs more than a probe)
     TableC ngram_cache        # key: padded context + word; value: score
-    int direct_cache_enabled  # direct-feature vectors of normalisers are cached (normalised outputs)
-    TableC direct_cache       # key: [tag, last direct_order-1 ids]; value: offset in direct_arena (-1: none)
-    float* direct_arena       # the sentence's direct-feature vectors: every member of a class (tag =
-                              # the class), every class (tag -1), every word (tag -2), as float
-    int64_t direct_used       # floats of direct_arena in use
-    int64_t direct_cap        # floats allocated
-    int64_t direct_limit      # most floats (the cache stops taking vectors beyond)
-    float* dscratch           # a vector the cache had no room for
+    # the sentence's vectors of a normaliser's logits (normalised outputs), in one arena: the
+    # direct-feature values after the last direct_order-1 ids (of every member of a class,
+    # every class or every word; key [tag, ids...] in vec_cache), and for linear outputs
+    # (ModelC.linear_out) each context position's term of the logits, per (position, id) and
+    # class (indexed directly: pos_q, term_off)
+    int vec_cache_enabled
+    TableC vec_cache          # value: offset of the vector in vec_arena (-1: no room, computed again)
+    double* vec_arena         # (doubles: the position terms are computed and summed in double)
+    int64_t vec_used          # doubles of vec_arena in use
+    int64_t vec_cap           # doubles allocated
+    int64_t vec_limit         # most doubles (the caches stop taking vectors beyond)
+    double* vscratch          # a vector the caches had no room for (max(V, padded classes))
+    double* dacc              # a normaliser's logits summed in double (max(V, padded classes))
+    double* pbuf              # one context position's contribution to the hidden vector (max_width)
+    double* clbuf             # a context's class logits when the context cache has no entry for it
+    int32_t* pos_q            # ((key_len + 1) x max(V, Vs)): the sentence's number of (position, id),
+    uint32_t* pos_stamp       # valid where pos_stamp is the sentence's stamp; position 0 is the bias
+    uint32_t stamp
+    int64_t* term_off         # (n_terms, term_cols): arena offset of each term vector, -1 none yet
+    int64_t n_terms           # (position, id) numbers given out this sentence
+    int64_t terms_cap         # rows of term_off allocated
+    int term_cols             # classes + 1 (the last: the class vector), 1 for softmax
     StoreC* store             # persistent cache attached by nlmfeature._pcache, or NULL
     void* query_log           # FILE* recording every C-API lookup (NLMFEATURE_QUERY_LOG), or NULL
     int64_t lookups

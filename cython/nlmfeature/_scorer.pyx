@@ -31,6 +31,8 @@ cdef extern from "../../src/nlmfeature/decoder/capi/nlmfeature.h":
 #: of nlmfeature.h, the one place it is spelled)
 DEFAULT_CACHE_ENTRIES = NLM_DEFAULT_CACHE_ENTRIES
 
+import os
+
 import numpy as np
 cimport numpy as cnp
 

@@ -62,6 +62,9 @@ cdef extern from *:
     """
     #include <math.h>
     #include <string.h>
+    #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+    #include <immintrin.h>
+    #endif
     static inline void nlm_gemv_rows(const float* W, int n, int D, const float* h, float* out) {
         int r = 0, d;
         for (; r + 4 <= n; r += 4) {
@@ -109,7 +112,76 @@ cdef extern from *:
             out[r] = a0;
         }
     }
-    /* out[c] = bias[c] + sum_d h[d] * WT[d, c] for c < n; WT is (D, npad), npad a multiple of
+    /* Products of float rows and a double vector (the position terms of linear outputs), in
+       one fixed order -- four lanes over d, then (l0 + l1) + (l2 + l3), then the tail -- so that
+       an element of a term vector and the same product alone agree to the bit.  Compiled
+       without -fassociative-math (which would let gcc reorder them differently where they
+       are inlined). */
+    #pragma GCC push_options
+    #pragma GCC optimize ("no-associative-math")
+    #ifdef __FMA__
+    #define NLM_FMAD(x, y, a) __builtin_fma((x), (y), (a))
+    #else
+    #define NLM_FMAD(x, y, a) ((a) + (x) * (y))
+    #endif
+    static double nlm_dot_fd(const float* w, const double* p, int D) {
+        double s;
+        int d = 0;
+    #if defined(__AVX2__) && defined(__FMA__)
+        double l[4];
+        __m256d a = _mm256_setzero_pd();
+        for (; d + 4 <= D; d += 4)
+            a = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(w + d)), _mm256_loadu_pd(p + d), a);
+        _mm256_storeu_pd(l, a);
+    #else
+        double l[4] = {0, 0, 0, 0};
+        int k;
+        for (; d + 4 <= D; d += 4)
+            for (k = 0; k < 4; k++) l[k] = NLM_FMAD((double)w[d + k], p[d + k], l[k]);
+    #endif
+        s = (l[0] + l[1]) + (l[2] + l[3]);
+        for (; d < D; d++) s = NLM_FMAD((double)w[d], p[d], s);
+        return s;
+    }
+    /* out[k] = W[idx[k]] . p (W[k] . p when idx is NULL) for k < n: nlm_dot_fd of each row,
+       four rows at a time (the next four rows' first lines prefetched when gathered) */
+    static void nlm_gemv_rows_d(const float* W, const int32_t* idx, int n, int D, const double* p,
+                                double* out) {
+        int r = 0;
+    #if defined(__AVX2__) && defined(__FMA__)
+        int d, k, q;
+        for (; r + 4 <= n; r += 4) {
+            const float* w[4];
+            __m256d a[4];
+            double l[4], s;
+            for (k = 0; k < 4; k++) {
+                w[k] = W + (size_t)(idx ? idx[r + k] : r + k) * D;
+                a[k] = _mm256_setzero_pd();
+            }
+            if (idx)
+                for (k = r + 4; k < r + 8 && k < n; k++) {
+                    __builtin_prefetch(W + (size_t)idx[k] * D);
+                    __builtin_prefetch(W + (size_t)idx[k] * D + 16);
+                }
+            for (d = 0; d + 4 <= D; d += 4) {
+                __m256d x = _mm256_loadu_pd(p + d);
+                a[0] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(w[0] + d)), x, a[0]);
+                a[1] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(w[1] + d)), x, a[1]);
+                a[2] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(w[2] + d)), x, a[2]);
+                a[3] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(w[3] + d)), x, a[3]);
+            }
+            for (k = 0; k < 4; k++) {
+                _mm256_storeu_pd(l, a[k]);
+                s = (l[0] + l[1]) + (l[2] + l[3]);
+                for (q = d; q < D; q++) s = NLM_FMAD((double)w[k][q], p[q], s);
+                out[r + k] = s;
+            }
+        }
+    #endif
+        for (; r < n; r++) out[r] = nlm_dot_fd(W + (size_t)(idx ? idx[r] : r) * D, p, D);
+    }
+    #pragma GCC pop_options
+    /* out[c] = bias[c] (none if NULL) + sum_d h[d] * WT[d, c] for c < n; WT is (D, npad), npad a multiple of
        128 (zero columns).  Each column's sum is fma(h[d], WT[d, c], sum) over d in order, so
        every version below gives the same bits.  With AVX-512: 8 x 16-float accumulators stay in
        registers (gcc vector extensions).  With AVX2 (16 registers of 8 floats) those 8 x 16
@@ -117,9 +189,6 @@ cdef extern from *:
        from 16 scalar stores, ~10x the arithmetic's cost (a class normaliser of 77 classes: the
        largest part of a class model's cost in Moses on such a machine); there, 8 x 8-float
        accumulators per 64 columns, with explicit FMA intrinsics. */
-    #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-    #include <immintrin.h>
-    #endif
     typedef float nlm_v16 __attribute__((vector_size(64)));
     static inline nlm_v16 nlm_load16(const float* p) { nlm_v16 v; memcpy(&v, p, sizeof v); return v; }
     static inline void nlm_gemv_t(const float* WT, int D, int n, int npad, const float* h,
@@ -145,7 +214,7 @@ cdef extern from *:
             _mm256_storeu_ps(out + c0 + 32, a4);  _mm256_storeu_ps(out + c0 + 40, a5);
             _mm256_storeu_ps(out + c0 + 48, a6);  _mm256_storeu_ps(out + c0 + 56, a7);
         }
-        for (c = 0; c < n; c++) out[c] += bias[c];
+        if (bias) for (c = 0; c < n; c++) out[c] += bias[c];
         return;
     #endif
         for (c0 = 0; c0 < npad; c0 += 128) {
@@ -163,7 +232,7 @@ cdef extern from *:
             memcpy(out + c0 + 64, &a4, 64);  memcpy(out + c0 + 80, &a5, 64);
             memcpy(out + c0 + 96, &a6, 64);  memcpy(out + c0 + 112, &a7, 64);
         }
-        for (c = 0; c < n; c++) out[c] += bias[c];
+        if (bias) for (c = 0; c < n; c++) out[c] += bias[c];
     }
     /* diagonal log-bilinear context layer in one pass: v[i] = bias[i] + sum_j W[j, i] * emb[ctx[j], i].
        Each element gets the same fused multiply-adds in the same order as one pass per context
@@ -248,6 +317,8 @@ cdef extern from *:
     """
     void nlm_gemv_rows(const float* W, int n, int D, const float* h, float* out) nogil
     void nlm_gemv_rows_idx(const float* W, const int32_t* idx, int n, int D, const float* h, float* out) nogil
+    void nlm_gemv_rows_d(const float* W, const int32_t* idx, int n, int D, const double* p, double* out) nogil
+    double nlm_dot_fd(const float* w, const double* p, int D) nogil
     int nlm_fstat_identity(int fd, long long* size, long long* mtime_ns) nogil
     void nlm_gemv_t(const float* WT, int D, int n, int npad, const float* h, const float* bias, float* out) nogil
     void nlm_diag_forward(const float* bias, const float* W, const float* emb, const int32_t* ctx, int c, int E,

@@ -17,34 +17,34 @@ cdef inline double class_logit(const ModelC* m, const float* h, int32_t c, const
         s += direct_value_kind(m, 1, states, c)
     return s
 
-# The normalisers take the direct-feature values of their targets as one float vector
-# ``dv`` (NULL: the model has no direct features): ``(float) direct_value`` of every word,
+# The normalisers take the direct-feature values of their targets as one vector ``dv``
+# (NULL: the model has no direct features): ``(float) direct_value`` of every word,
 # class or member of the class, from the session's per-sentence cache
 # (:c:func:`direct_vector`).  Adding them in the same order as before keeps every logit
 # bit-identical.
 
 
-cdef double softmax_lognorm(const ModelC* m, const float* h, const float* dv, float* scratch) noexcept nogil:
+cdef double softmax_lognorm(const ModelC* m, const float* h, const double* dv, float* scratch) noexcept nogil:
     cdef int32_t w
     nlm_gemv_rows(m.out_weight, m.vocab_size, m.out_dim, h, scratch)
     for w in range(m.vocab_size):
         scratch[w] += m.out_bias[w]
         if dv != NULL:
-            scratch[w] += dv[w]
+            scratch[w] += <float>dv[w]
     return nlm_logsumexp_f(scratch, m.vocab_size)
 
 
-cdef double class_lognorm(const ModelC* m, const float* h, const float* dv, float* scratch) noexcept nogil:
+cdef double class_lognorm(const ModelC* m, const float* h, const double* dv, float* scratch) noexcept nogil:
     cdef int32_t c
     nlm_gemv_t(m.class_weight_t, m.out_dim, m.n_classes, m.n_classes_padded, h, m.class_bias, scratch)
     if dv != NULL:
         for c in range(m.n_classes):
-            scratch[c] += dv[c]
+            scratch[c] += <float>dv[c]
     return nlm_logsumexp_f(scratch, m.n_classes)
 
 
 cdef double within_class_lognorm(const ModelC* m, const float* h, int32_t c, const uint64_t* states,
-                                 const float* dv, float* scratch) noexcept nogil:
+                                 const double* dv, float* scratch) noexcept nogil:
     """log of the sum of exp(word logit) over class ``c``; rows of a class whose members are
     consecutive ids (frequency-binned classes) are one block of the output matrix.  ``dv``:
     the members' direct values (unused, may be NULL, for a class of one word)."""
@@ -63,7 +63,7 @@ cdef double within_class_lognorm(const ModelC* m, const float* h, int32_t c, con
             scratch[i - a] += m.out_bias[m.class_members[i]]
     if dv != NULL:
         for i in range(b - a):
-            scratch[i] += dv[i]
+            scratch[i] += <float>dv[i]
     return nlm_logsumexp_f(scratch, b - a)
 
 

@@ -55,7 +55,7 @@ cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t n
     caches; ``ngram_entries`` bounds the exact n-gram cache (0 off, < 0: ``4 * cache_entries``
     when :c:func:`nlm_ngram_cache_pays`).  NULL on OOM."""
     cdef SessionC* s = <SessionC*>nlm_alloc_lines(sizeof(SessionC))
-    cdef int64_t nscratch = m.vocab_size
+    cdef int64_t nscratch = m.vocab_size, npos
     if s == NULL:
         return NULL
     s.model = m
@@ -66,26 +66,39 @@ cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t n
     if m.n_classes_padded > nscratch:
         nscratch = m.n_classes_padded
     s.fscratch = <float*>nlm_alloc_lines(nscratch * sizeof(float))
-    s.dscratch = <float*>nlm_alloc_lines(nscratch * sizeof(float))
+    s.vscratch = <double*>nlm_alloc_lines(nscratch * sizeof(double))
+    s.dacc = <double*>nlm_alloc_lines(nscratch * sizeof(double))
+    s.pbuf = <double*>nlm_alloc_lines(m.max_width * sizeof(double))
+    s.clbuf = <double*>nlm_alloc_lines((m.n_classes + 1) * sizeof(double))
+    if m.linear_out:
+        npos = (m.key_len + 1) * <int64_t>(m.vocab_size if m.vocab_size > m.src_vocab_size else m.src_vocab_size)
+        s.pos_q = <int32_t*>calloc(npos, sizeof(int32_t))
+        s.pos_stamp = <uint32_t*>calloc(npos, sizeof(uint32_t))
+        s.term_cols = m.n_classes + 1 if m.output_type == OUT_CLASS else 1
     if s.buf0 == NULL or s.buf1 == NULL or s.buf2 == NULL or s.hidden == NULL or s.fscratch == NULL \
-            or s.dscratch == NULL:
+            or s.vscratch == NULL or s.dacc == NULL or s.pbuf == NULL or s.clbuf == NULL \
+            or (m.linear_out and (s.pos_q == NULL or s.pos_stamp == NULL)):
         nlm_session_free(s)
         return NULL
     s.cache_enabled = cache_entries > 0
     s.ctx_cache_enabled = s.cache_enabled and context_cache_pays(m)
     s.sentence_id = -1
     # context key: the full padded context (one dummy id for unigram models)
-    table_init(&s.ctx_cache, m.key_len if m.key_len > 0 else 1, 2, m.out_dim, cache_entries, 1)
+    # (linear outputs keep the class logits of a context there, not its hidden vector)
+    table_init(&s.ctx_cache, m.key_len if m.key_len > 0 else 1, 2,
+               (2 * (m.n_classes + 1) if m.output_type == OUT_CLASS else 0) if m.linear_out else m.out_dim,
+               cache_entries, 1)
     table_init(&s.class_cache, m.key_len + 1, 1, 0, cache_entries, 1)
     if ngram_entries < 0:
         ngram_entries = 4 * cache_entries if (cache_entries > 0 and nlm_ngram_cache_pays(m)) else 0
     s.ngram_cache_enabled = ngram_entries > 0
     table_init(&s.ngram_cache, m.key_len + 1, 1, 0, ngram_entries, 0)
-    # direct-feature vectors of the normalisers: key [tag, last direct_order-1 ids]
-    s.direct_cache_enabled = s.cache_enabled and m.direct_order > 0 and \
+    # the normalisers' vectors (direct features; linear outputs' position terms)
+    s.vec_cache_enabled = s.cache_enabled and (m.direct_order > 0 or m.linear_out) and \
         (m.output_type == OUT_SOFTMAX or m.output_type == OUT_CLASS)
-    table_init(&s.direct_cache, m.direct_order if m.direct_order > 0 else 1, 1, 0, cache_entries, 0)
-    s.direct_limit = 32 * cache_entries if cache_entries > 32768 else 1 << 20
+    table_init(&s.vec_cache, m.direct_order + 1, 1, 0, cache_entries, 0)
+    s.stamp = 1
+    s.vec_limit = 32 * cache_entries if cache_entries > 32768 else 1 << 20
     return s
 
 
@@ -99,9 +112,15 @@ cdef void nlm_session_free(SessionC* s) noexcept nogil:
     free(s.buf2)
     free(s.hidden)
     free(s.fscratch)
-    free(s.dscratch)
-    free(s.direct_arena)
-    table_free(&s.direct_cache)
+    free(s.vscratch)
+    free(s.dacc)
+    free(s.pbuf)
+    free(s.vec_arena)
+    free(s.clbuf)
+    free(s.pos_q)
+    free(s.pos_stamp)
+    free(s.term_off)
+    table_free(&s.vec_cache)
     table_free(&s.ctx_cache)
     table_free(&s.class_cache)
     table_free(&s.ngram_cache)
@@ -132,9 +151,15 @@ cdef int nlm_session_begin(SessionC* s, int64_t sentence_id) noexcept nogil:
         table_clear(&s.class_cache)
     if s.ngram_cache_enabled:
         table_clear(&s.ngram_cache)
-    if s.direct_cache_enabled:
-        table_clear(&s.direct_cache)
-        s.direct_used = 0
+    if s.vec_cache_enabled:
+        table_clear(&s.vec_cache)
+        s.vec_used = 0
+        s.n_terms = 0
+        s.stamp += 1
+        if s.stamp == 0 and s.pos_stamp != NULL:  # 2^32 sentences: really forget
+            memset(s.pos_stamp, 0, (s.model.key_len + 1) * <int64_t>(s.model.vocab_size if s.model.vocab_size >
+                   s.model.src_vocab_size else s.model.src_vocab_size) * sizeof(uint32_t))
+            s.stamp = 1
     if nlm_model_file_changed(s.model):
         s.model_changed = 1
     return -1 if s.model_changed else 0
@@ -217,55 +242,400 @@ cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t w) noexcep
     return v
 
 
-cdef const float* direct_vector(SessionC* s, int kind, const uint64_t* states, const int32_t* ctx,
-                                int32_t tag, const int32_t* targets, int32_t n) noexcept nogil:
+cdef int64_t vec_alloc(SessionC* s, int64_t n) noexcept nogil:
+    """Room for ``n`` doubles in the sentence's arena: their offset, or -1 (the limit, or no
+    memory).  Offsets stay valid for the sentence; the arena may move as it grows, so read
+    it only after the last call."""
+    cdef int64_t need = s.vec_used + n, cap, off
+    cdef double* grown
+    if s.vec_cap < need <= s.vec_limit:  # doubling, within the limit
+        cap = s.vec_cap * 2 if s.vec_cap else 65536
+        cap = need if cap < need else cap
+        cap = s.vec_limit if cap > s.vec_limit else cap
+        grown = <double*>realloc(s.vec_arena, cap * sizeof(double))
+        if grown != NULL:
+            s.vec_arena = grown
+            s.vec_cap = cap
+    if need > s.vec_cap:
+        return -1
+    off = s.vec_used
+    s.vec_used = need
+    return off
+
+
+cdef int64_t vec_slot(SessionC* s, const int32_t* key, int32_t n, int* fill) noexcept nogil:
+    """Offset in ``vec_arena`` of the ``n``-double vector of ``key`` in the sentence's vector
+    cache: of its stored values (``fill`` = 0), or of room to compute them into (``fill`` =
+    1); -1 when there is no room (a full cache, no memory)."""
+    cdef int found = 0
+    cdef int64_t slot, off
+    fill[0] = 1
+    if not s.vec_cache_enabled:
+        return -1
+    slot = table_insert(&s.vec_cache, key, &found)
+    if slot < 0:
+        return -1
+    if found:
+        off = <int64_t>tv_get(&s.vec_cache, table_at(&s.vec_cache, slot), 0)
+        fill[0] = off < 0
+        return off
+    off = vec_alloc(s, n)
+    # -1: no room, the vector is computed again each time
+    tv_set(&s.vec_cache, table_at(&s.vec_cache, slot), 0, <double>off)
+    return off
+
+
+cdef int64_t direct_level(SessionC* s, int kind, const uint64_t* states, const int32_t* ctx, int32_t tag,
+                          const int32_t* targets, int32_t n, int level) noexcept nogil:
+    """Offset in ``vec_arena`` of the direct values of ``n`` targets of ``kind``
+    (``targets[i]``, or ``i`` when NULL; ``tag`` names them) after the last ``level`` ids of
+    ``ctx`` (kind-``kind`` hash ``states``), summed through order ``level``: the partial sums
+    of :c:func:`direct_value_kind`, in double, term for term; at the model's last order the
+    values are rounded to float, as the normalisers add them.  Each level of a sentence's
+    (ids, targets) is computed once from the level below it: a Moses sentence of a class
+    model asks 2.4k (last word, class) and 15k (last two words, class) vectors for its 71k
+    (context, class) normalisers.  -1: no room."""
+    cdef const ModelC* m = s.model
+    cdef int32_t key[NLM_MAX_ORDER + 2]
+    cdef int fill = 0, k, last = level == m.direct_order - 1
+    cdef int32_t i, t
+    cdef int64_t off, below = -1, j
+    cdef uint64_t tt
+    cdef double x
+    cdef const double* first = m.direct_first[kind]
+    key[0] = tag
+    key[1] = level
+    for k in range(1, m.direct_order):
+        key[k + 1] = ctx[m.key_len - k] if k <= level else 0
+    off = vec_slot(s, key, n, &fill)
+    if off < 0 or not fill:
+        return off
+    if level > 0:
+        below = direct_level(s, kind, states, ctx, tag, targets, n, level - 1)
+    for i in range(n):
+        t = targets[i] if targets != NULL else i
+        tt = (<uint64_t>t) << 32
+        if below >= 0:
+            x = s.vec_arena[below + i]
+        else:  # (level 0, or no room below: the sum through level - 1 here)
+            x = first[t] if first != NULL else 0.0
+            for k in range(0 if first == NULL else 1, level):
+                j = direct_index(m, splitmix64(states[k] ^ tt))
+                if direct_nonzero(m, j):
+                    x += m.direct_weights[j]
+        if level > 0 or first == NULL:
+            j = direct_index(m, splitmix64(states[level] ^ tt))
+            if direct_nonzero(m, j):
+                x += m.direct_weights[j]
+        s.vec_arena[off + i] = <float>x if last else x
+    return off
+
+
+cdef const double* direct_vector(SessionC* s, int kind, const uint64_t* states, const int32_t* ctx,
+                                 int32_t tag, const int32_t* targets, int32_t n) noexcept nogil:
     """``(float) direct_value`` of ``n`` targets of ``kind`` (``targets[i]``, or ``i`` when
     NULL) after the padded context ``ctx`` (whose kind-``kind`` hash states are ``states``):
-    the direct-feature part of a normaliser's logits.  The values depend only on the last
-    direct_order-1 ids of the context, which the contexts of a sentence share far more than
-    whole contexts (a Moses sentence of a class model: 2.4k (last word, class) pairs against
-    71k (context, class) pairs), so each vector is computed once per sentence (key: ``tag``,
-    those ids) into the session's arena; without room, into ``dscratch``.  Valid until the
-    next call."""
+    the direct-feature part of a normaliser's logits, from the sentence's cache
+    (:c:func:`direct_level`), else computed into ``vscratch``.  Valid until the next call."""
     cdef const ModelC* m = s.model
-    cdef int32_t key[NLM_MAX_ORDER + 1]
-    cdef int found = 0, k
-    cdef int64_t slot = -1, off = -1, need, cap
+    cdef int64_t off = direct_level(s, kind, states, ctx, tag, targets, n, m.direct_order - 1)
     cdef int32_t i
-    cdef float* out = s.dscratch
-    cdef float* grown
-    if s.direct_cache_enabled:
-        key[0] = tag
-        for k in range(1, m.direct_order):
-            key[k] = ctx[m.key_len - k]
-        slot = table_insert(&s.direct_cache, key, &found)
-        if slot >= 0 and found:
-            off = <int64_t>tv_get(&s.direct_cache, table_at(&s.direct_cache, slot), 0)
-            if off >= 0:
-                return s.direct_arena + off
-        elif slot >= 0:
-            need = s.direct_used + n
-            if s.direct_cap < need <= s.direct_limit:  # grow the arena: doubling, within the limit
-                cap = s.direct_cap * 2 if s.direct_cap else 65536
-                cap = need if cap < need else cap
-                cap = s.direct_limit if cap > s.direct_limit else cap
-                grown = <float*>realloc(s.direct_arena, cap * sizeof(float))
-                if grown != NULL:
-                    s.direct_arena = grown
-                    s.direct_cap = cap
-            if need <= s.direct_cap:
-                off = s.direct_used
-                out = s.direct_arena + off
-                s.direct_used = need
-            # -1: no room, the vector is computed again each time
-            tv_set(&s.direct_cache, table_at(&s.direct_cache, slot), 0, <double>off)
+    if off >= 0:
+        return s.vec_arena + off
     if targets != NULL:
         for i in range(n):
-            out[i] = <float>direct_value_kind(m, kind, states, targets[i])
+            s.vscratch[i] = <float>direct_value_kind(m, kind, states, targets[i])
     else:
         for i in range(n):
-            out[i] = <float>direct_value_kind(m, kind, states, i)
-    return out
+            s.vscratch[i] = <float>direct_value_kind(m, kind, states, i)
+    return s.vscratch
+
+
+# ---------------------------------------------------------------------------------------
+# linear outputs (ModelC.linear_out): log-bilinear models' normalisers from position terms
+# ---------------------------------------------------------------------------------------
+# With one first-layer branch, the identity activation and no further layers, the hidden
+# vector is h = b + sum_j p_j(u_j), p_j(u) the contribution of context position j holding
+# id u (diagonal: weights_j * e(u); full: M_j e(u), a table row when precomputed; joint
+# models: source positions first), so every logit is q . h = q . b + sum_j q . p_j(u_j).
+# The terms q . p_j(u) of a class's members (of every class, of every word) are one vector per
+# (position, id, class), computed once per sentence: a Moses sentence of a class LBL with 77
+# Brown classes asks 71k within-class normalisers (3.7M output rows times a hidden vector)
+# and 26k class normalisers, but its contexts hold only 70-90 distinct ids per position:
+# 9.2k (position, id, class) vectors (0.6M rows) and 310 (position, id) class vectors.  A
+# logit is then a sum of n-1 terms (n with a bias) in double, each term q . p_j(u) computed in
+# double from the float parameters (nlm_dot_fd): not bit-identical to the hidden-vector path
+# (float arithmetic), and closer to the exact value (docs/decoder-speed.md).  The same sums
+# whether a term comes from a stored vector or is computed alone (no room, caches off).
+
+
+cdef const double* position_vector(SessionC* s, int j, int32_t u) noexcept nogil:
+    """p_j(u): the contribution of context position ``j`` (joint models: the source window
+    first) holding id ``u`` to the (only) branch's hidden vector, in double (a diagonal
+    branch's products of two floats exactly); ``j`` < 0: the branch bias."""
+    cdef const ModelC* m = s.model
+    cdef const BranchC* br = &m.branches[0]
+    cdef int H = br.hidden, E = m.embed_dim, w0 = m.src_window, i, k
+    cdef const float* e
+    cdef const float* r
+    cdef double x
+    if j < 0:
+        r = br.bias
+    elif br.tables != NULL and m.use_tables:
+        r = br.src_tables + (<int64_t>j * m.src_vocab_size + u) * H if j < w0 else \
+            br.tables + (<int64_t>(j - w0) * m.vocab_size + u) * H
+    else:
+        r = NULL
+    if r != NULL:
+        for i in range(H):
+            s.pbuf[i] = r[i]
+        return s.pbuf
+    e = (m.src_embeddings if j < w0 else m.embeddings) + <int64_t>u * E
+    if br.diagonal:
+        for i in range(E):
+            s.pbuf[i] = <double>br.weights[<int64_t>j * E + i] * e[i]
+    else:
+        for i in range(H):
+            r = br.weights + (<int64_t>j * H + i) * E
+            x = 0
+            for k in range(E):
+                x += <double>r[k] * e[k]
+            s.pbuf[i] = x
+    return s.pbuf
+
+
+cdef inline int32_t term_rows(const ModelC* m, int what, int32_t c, const int32_t** idx,
+                              const float** W) noexcept nogil:
+    """The output rows of a term vector: their number, index list (NULL: consecutive) and
+    matrix."""
+    if what == 2:
+        idx[0] = NULL
+        W[0] = m.class_weight
+        return m.n_classes
+    W[0] = m.out_weight
+    if c < 0:
+        idx[0] = NULL
+        return m.vocab_size
+    idx[0] = m.class_members + m.class_start[c]
+    return m.class_start[c + 1] - m.class_start[c]
+
+
+cdef int64_t term_vector(SessionC* s, int what, int32_t c, int j, int32_t u, int make) noexcept nogil:
+    """Offset in ``vec_arena`` of the terms q . p_j(u) of a normaliser's logits: of the
+    members of class ``c`` (``what`` 1, ``c`` >= 0), of every word (``what`` 1, ``c`` < 0),
+    of every class (``what`` 2); computed on first use in the sentence when ``make``.  -1:
+    not stored (not made, no room, caches off)."""
+    cdef const ModelC* m = s.model
+    cdef int64_t at, q, off
+    cdef int32_t n
+    cdef const int32_t* idx
+    cdef const float* W
+    cdef int64_t* grown
+    cdef int64_t k
+    if not s.vec_cache_enabled:
+        return -1
+    at = <int64_t>(j + 1) * (m.vocab_size if m.vocab_size > m.src_vocab_size else m.src_vocab_size) + u
+    if s.pos_stamp[at] == s.stamp:
+        q = s.pos_q[at]
+    elif not make:
+        return -1
+    else:  # a new (position, id) of the sentence: a row of term offsets
+        if s.n_terms == s.terms_cap:
+            k = s.terms_cap * 2 if s.terms_cap else 256
+            grown = <int64_t*>realloc(s.term_off, k * s.term_cols * sizeof(int64_t))
+            if grown == NULL:
+                return -1
+            s.term_off = grown
+            s.terms_cap = k
+        q = s.n_terms
+        s.n_terms += 1
+        for k in range(s.term_cols):
+            s.term_off[q * s.term_cols + k] = -1
+        s.pos_q[at] = <int32_t>q
+        s.pos_stamp[at] = s.stamp
+    k = q * s.term_cols + (s.term_cols - 1 if what == 2 else (c if c >= 0 else 0))
+    off = s.term_off[k]
+    if off >= 0 or not make:
+        return off
+    n = term_rows(m, what, c, &idx, &W)
+    off = vec_alloc(s, n)
+    if off < 0:
+        return -1
+    nlm_gemv_rows_d(W, idx, n, m.out_dim, position_vector(s, j, u), s.vec_arena + off)
+    s.term_off[k] = off
+    return off
+
+
+cdef void lin_logits(SessionC* s, const int32_t* ctx, int what, int32_t c, double* acc) noexcept nogil:
+    """``acc[i]`` = q_i . h for the logits of :c:func:`term_vector` (``what``, ``c``) after the
+    padded context ``ctx``: the bias's term, then each position's, added in double."""
+    cdef const ModelC* m = s.model
+    cdef const int32_t* idx
+    cdef const float* W
+    cdef int32_t n = term_rows(m, what, c, &idx, &W), i
+    cdef int j, first = 1
+    cdef int64_t off
+    cdef const double* v
+    for j in range(-1 if m.branches[0].bias != NULL else 0, m.key_len):
+        off = term_vector(s, what, c, j, ctx[j] if j >= 0 else 0, 1)
+        if off >= 0:
+            v = s.vec_arena + off
+        else:  # not stored: the same terms, computed here
+            nlm_gemv_rows_d(W, idx, n, m.out_dim, position_vector(s, j, ctx[j] if j >= 0 else 0), s.vscratch)
+            v = s.vscratch
+        if first:
+            for i in range(n):
+                acc[i] = v[i]
+            first = 0
+        else:
+            for i in range(n):
+                acc[i] += v[i]
+    if first:  # no term at all (a unigram model without bias)
+        for i in range(n):
+            acc[i] = 0
+
+
+cdef double lin_logit(SessionC* s, const int32_t* ctx, int what, int32_t c, int32_t i) noexcept nogil:
+    """Element ``i`` of :c:func:`lin_logits` alone: the same terms added in the same order,
+    each from a stored vector or computed alone (:c:func:`nlm_dot_fd`, the same value)."""
+    cdef const ModelC* m = s.model
+    cdef const int32_t* idx
+    cdef const float* W
+    cdef int32_t n = term_rows(m, what, c, &idx, &W)
+    cdef int j, first = 1
+    cdef int64_t off
+    cdef double x = 0, t
+    for j in range(-1 if m.branches[0].bias != NULL else 0, m.key_len):
+        off = term_vector(s, what, c, j, ctx[j] if j >= 0 else 0, 0)
+        if off >= 0:
+            t = s.vec_arena[off + i]
+        else:
+            t = nlm_dot_fd(W + <int64_t>(idx[i] if idx != NULL else i) * m.out_dim,
+                           position_vector(s, j, ctx[j] if j >= 0 else 0), m.out_dim)
+        x = t if first else x + t
+        first = 0
+    return x
+
+
+cdef double score_linear(SessionC* s, const int32_t* ctx, int32_t w) noexcept nogil:
+    """The score of one n-gram of a linear output (class or softmax) through the context,
+    class-normaliser and persistent caches, the logits summed from position terms.  A
+    context's cache entry holds its class logits beside their normaliser (doubles in its
+    floats, then 1 once they are filled); a new normaliser (of a class's members or of the
+    vocabulary) gives the word's logit as its element, a cached one lets :c:func:`lin_logit`
+    sum the word's terms alone: the same double either way."""
+    cdef const ModelC* m = s.model
+    cdef int32_t class_key[NLM_MAX_KEY + 1]
+    cdef uint64_t states[NLM_MAX_ORDER]
+    cdef uint64_t cstates[NLM_MAX_ORDER]
+    cdef int found = 0, which = 0 if m.output_type == OUT_SOFTMAX else 1, filled = 0
+    cdef int64_t slot = -1
+    cdef int32_t* cp = NULL
+    cdef int32_t* kp = NULL
+    cdef double* cl = s.clbuf
+    cdef float* x = s.fscratch
+    cdef double* acc = s.dacc
+    cdef const double* dv = NULL
+    cdef double lz = NAN, lzw = NAN, score = 0, logit
+    cdef int32_t c = -2, pos = w, n = m.vocab_size, a = 0, i
+    cdef int32_t none = 0
+    cdef const int32_t* ckey = ctx if m.key_len > 0 else &none  # (a unigram model: one key)
+    if m.direct_order:
+        direct_states(m, ctx, 0, states)
+        if which:
+            direct_states(m, ctx, 1, cstates)
+    if s.ctx_cache_enabled:
+        slot = table_insert(&s.ctx_cache, ckey, &found)
+    if slot >= 0:
+        cp = table_at(&s.ctx_cache, slot)
+        if not found:
+            tv_set(&s.ctx_cache, cp, 0, NAN)
+            tv_set(&s.ctx_cache, cp, 1, NAN)
+        lz = tv_get(&s.ctx_cache, cp, which)
+        if which:
+            cl = <double*>table_fvals(&s.ctx_cache, cp)
+            if not found:
+                cl[m.n_classes] = 0
+            filled = cl[m.n_classes] == 1.0
+    if which and not filled:  # the class logits of the context
+        lin_logits(s, ctx, 2, -1, cl)
+        if m.direct_order:
+            dv = direct_vector(s, 1, cstates, ctx, -1, NULL, m.n_classes)
+        for i in range(m.n_classes):
+            cl[i] += m.class_bias[i]
+            if dv != NULL:
+                cl[i] += dv[i]
+        if cp != NULL:
+            cl[m.n_classes] = 1.0
+    if isnan(lz):  # the context's normaliser: from the persistent cache, else computed
+        if cp != NULL and s.store != NULL and s.store.probe_context and \
+                store_probe(s.store.ctx, s.store.nfiles, ckey, which, &lz):
+            s.store.ctx_hits += 1
+            tv_set(&s.ctx_cache, cp, which, lz)
+            tv_mark(cp, 1)
+        elif which:
+            for i in range(m.n_classes):
+                x[i] = <float>cl[i]
+            lz = nlm_logsumexp_f(x, m.n_classes)
+            if cp != NULL:
+                tv_set(&s.ctx_cache, cp, 1, lz)
+                tv_mark(cp, 0)
+                s.ctx_cache.fresh += not isnan(lz)
+    if which:
+        c = m.word_class[w]
+        pos = m.class_pos[w]
+        a = m.class_start[c]
+        n = m.class_start[c + 1] - a
+        score = cl[c] - lz
+        if s.cache_enabled:
+            for i in range(m.key_len):
+                class_key[i] = ctx[i]
+            class_key[m.key_len] = c
+            slot = table_insert(&s.class_cache, class_key, &found)
+            if slot >= 0:
+                kp = table_at(&s.class_cache, slot)
+                if found:
+                    lzw = tv_get(&s.class_cache, kp, 0)
+                elif s.store != NULL and s.store.probe_context and \
+                        store_probe(s.store.cls, s.store.nfiles, class_key, 0, &lzw):
+                    s.store.class_hits += 1
+                    tv_set(&s.class_cache, kp, 0, lzw)
+                    tv_mark(kp, 1)
+        if n == 1:  # p(w | c) = 1; the normaliser (the word's logit) is kept as for any class
+            if kp != NULL and isnan(lzw):
+                lzw = lin_logit(s, ctx, 1, c, 0) + m.out_bias[w]
+                if m.direct_order:
+                    lzw += <double><float>direct_value_kind(m, 0, states, w)
+                tv_set(&s.class_cache, kp, 0, lzw)
+                s.class_cache.fresh += not isnan(lzw)
+            return score
+    else:
+        lzw = lz
+    if isnan(lzw):
+        # a new normaliser (of the class's members, or of the vocabulary): its logits, the
+        # word's among them
+        lin_logits(s, ctx, 1, c, acc)
+        if m.direct_order:
+            dv = direct_vector(s, 0, states, ctx, c, m.class_members + a if which else NULL, n)
+        for i in range(n):
+            acc[i] += m.out_bias[m.class_members[a + i] if which else i]
+            if dv != NULL:
+                acc[i] += dv[i]
+            x[i] = <float>acc[i]
+        logit = acc[pos]
+        lzw = nlm_logsumexp_f(x, n)
+        if kp != NULL:
+            tv_set(&s.class_cache, kp, 0, lzw)
+            s.class_cache.fresh += not isnan(lzw)
+        elif not which and cp != NULL:
+            tv_set(&s.ctx_cache, cp, 0, lzw)
+            tv_mark(cp, 0)
+            s.ctx_cache.fresh += not isnan(lzw)
+    else:
+        logit = lin_logit(s, ctx, 1, c, pos) + m.out_bias[w]
+        if m.direct_order:
+            logit += <double><float>direct_value_kind(m, 0, states, w)
+    return score + logit - lzw
 
 
 cdef double within_class_lz(SessionC* s, const float* h, int32_t c, const int32_t* ctx,
@@ -273,7 +643,7 @@ cdef double within_class_lz(SessionC* s, const float* h, int32_t c, const int32_
     """The within-class normaliser of class ``c`` after ``ctx`` (hidden vector ``h``)."""
     cdef const ModelC* m = s.model
     cdef int32_t a = m.class_start[c], n = m.class_start[c + 1] - m.class_start[c]
-    cdef const float* dv = NULL
+    cdef const double* dv = NULL
     if m.direct_order and n > 1:
         dv = direct_vector(s, 0, states, ctx, c, m.class_members + a, n)
     return within_class_lognorm(m, h, c, states, dv, s.fscratch)
@@ -282,7 +652,7 @@ cdef double within_class_lz(SessionC* s, const float* h, int32_t c, const int32_
 cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noexcept nogil:
     """The score of one n-gram through the context and class-normaliser caches."""
     cdef const ModelC* m = s.model
-    cdef float* h
+    cdef float* h = NULL
     cdef int32_t* cp = NULL
     cdef int32_t* kp
     cdef int found = 0, i, which
@@ -295,6 +665,8 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
     cdef double lz, score
     cdef const int32_t* ckey = ctx
     s.lookups += 1
+    if m.linear_out:
+        return score_linear(s, ctx, w)
     if m.output_type == OUT_CLASS and s.cache_enabled:
         # the within-class normaliser's key (context, class of w): its slot loads while the
         # context is looked up and the class probability computed
@@ -315,12 +687,14 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
         slot = table_insert(&s.ctx_cache, ckey, &found)
     if slot >= 0 and s.ctx_cache_enabled:
         cp = table_at(&s.ctx_cache, slot)
-        h = table_fvals(&s.ctx_cache, cp)
         if not found:
-            nlm_compute_hidden(m, ctx, h, s.buf0, s.buf1, s.buf2)
             tv_set(&s.ctx_cache, cp, 0, NAN)
             tv_set(&s.ctx_cache, cp, 1, NAN)
-    else:
+        if not m.linear_out:  # (a linear output's entry holds no hidden vector)
+            h = table_fvals(&s.ctx_cache, cp)
+            if not found:
+                nlm_compute_hidden(m, ctx, h, s.buf0, s.buf1, s.buf2)
+    if h == NULL:
         h = s.hidden
         nlm_compute_hidden(m, ctx, h, s.buf0, s.buf1, s.buf2)
     if m.output_type == OUT_UNNORMALISED:

@@ -122,6 +122,19 @@ cdef class NativeModel:
             m.path_start = <const int64_t*>rawptr(arrays, "tree.path_start", np.int64)
             m.path_node = <const int32_t*>rawptr(arrays, "tree.path_node", np.int32)
             m.path_sign = <const int8_t*>rawptr(arrays, "tree.path_sign", np.int8)
+        # log-bilinear normalised outputs: normalisers from per-sentence position terms
+        # (ModelC.linear_out; NLMFEATURE_LINEAR_OUTPUT=0 in the environment turns it off, to
+        # compare with the hidden-vector path)
+        m.linear_out = (m.n_branches == 1 and m.n_layers == 0 and m.branches[0].activation == ACT_IDENTITY
+                        and (m.output_type == OUT_SOFTMAX or m.output_type == OUT_CLASS)
+                        and os.environ.get("NLMFEATURE_LINEAR_OUTPUT", "1") != "0")
+        if m.output_type == OUT_CLASS:
+            starts = np.asarray(arrays["class.start"], dtype=np.int64)
+            members = np.asarray(arrays["class.members"], dtype=np.int64)
+            pos = np.zeros(m.vocab_size, dtype=np.int32)
+            pos[members] = np.arange(members.shape[0]) - np.repeat(starts[:-1], np.diff(starts))
+            self._extra.append(pos)
+            m.class_pos = <const int32_t*>cnp.PyArray_DATA(pos)
         direct = header.get("direct")
         if direct:
             m.direct_order = direct["order"]
