@@ -180,6 +180,11 @@ cdef extern from *:
     #endif
         for (; r < n; r++) out[r] = nlm_dot_fd(W + (size_t)(idx ? idx[r] : r) * D, p, D);
     }
+    /* a + (b - c) in that order: a class's log-probability plus the word's within-class one
+       (b, c may be huge and nearly equal, e.g. a mutated bias, and must not swallow a) */
+    static double nlm_add_diff(double a, double b, double c) {
+        return a + (b - c);
+    }
     #pragma GCC pop_options
     /* out[c] = bias[c] (none if NULL) + sum_d h[d] * WT[d, c] for c < n; WT is (D, npad), npad a multiple of
        128 (zero columns).  Each column's sum is fma(h[d], WT[d, c], sum) over d in order, so
@@ -319,6 +324,7 @@ cdef extern from *:
     void nlm_gemv_rows_idx(const float* W, const int32_t* idx, int n, int D, const float* h, float* out) nogil
     void nlm_gemv_rows_d(const float* W, const int32_t* idx, int n, int D, const double* p, double* out) nogil
     double nlm_dot_fd(const float* w, const double* p, int D) nogil
+    double nlm_add_diff(double a, double b, double c) nogil
     int nlm_fstat_identity(int fd, long long* size, long long* mtime_ns) nogil
     void nlm_gemv_t(const float* WT, int D, int n, int npad, const float* h, const float* bias, float* out) nogil
     void nlm_diag_forward(const float* bias, const float* W, const float* emb, const int32_t* ctx, int c, int E,

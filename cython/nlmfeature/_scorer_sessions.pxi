@@ -635,7 +635,7 @@ cdef double score_linear(SessionC* s, const int32_t* ctx, int32_t w) noexcept no
         logit = lin_logit(s, ctx, 1, c, pos) + m.out_bias[w]
         if m.direct_order:
             logit += <double><float>direct_value_kind(m, 0, states, w)
-    return score + logit - lzw
+    return nlm_add_diff(score, logit, lzw)
 
 
 cdef double within_class_lz(SessionC* s, const float* h, int32_t c, const int32_t* ctx,
