@@ -55,13 +55,15 @@ def listing(directory, mtimes=False):
     return out
 
 
+@pytest.mark.parametrize("terms", [False, True])
 @pytest.mark.parametrize("kind", ["unnormalised", "class", "softmax"])
-def test_scores_equal_the_model_and_survive_a_round_trip(model_paths, tmp_path, kind):
+def test_scores_equal_the_model_and_survive_a_round_trip(model_paths, tmp_path, kind, terms):
+    """(``terms``: a decoder's session, normalisers from position terms)"""
     m = nlmfeature.load(model_paths[kind])
     want = [m.score_sentence(l) for l in LINES]
-    first = run_pass(CachedScorer(m, tmp_path, policy="always"), LINES)
+    first = run_pass(CachedScorer(m, tmp_path, policy="always", position_terms=terms), LINES)
     before = listing(tmp_path)
-    s2 = CachedScorer(m, tmp_path, policy="always")
+    s2 = CachedScorer(m, tmp_path, policy="always", position_terms=terms)
     second = run_pass(s2, LINES)
     for a, b, w in zip(first, second, want):
         assert np.array_equal(a, b)
@@ -100,6 +102,40 @@ def test_context_normalisers_are_reused_for_new_ngrams(model_paths, tmp_path, ki
     s3 = CachedScorer(m, tmp_path)
     run_pass(s3, changed)
     assert s3.stats()["persistent_hits"] == s3.stats()["lookups"] and s3.stats()["files_written"] == 0
+
+
+@pytest.mark.parametrize("kind", ["class", "softmax"])
+def test_files_copied_into_the_table_at_begin_change_nothing(model_paths, tmp_path, kind, monkeypatch, capfd):
+    """The n-grams of a sentence's files are copied into its n-gram table at sentence begin
+    (no probe of the files at each n-gram's first lookup); probing the files lazily
+    (NLMFEATURE_PERSISTENT_PRELOAD=0) is the same cache: over a tuning-like loop (passes over
+    changed sentences, deltas, a merge) the same scores, counters, per-sentence stats lines
+    (n-grams found on disk) and file contents."""
+    m = nlmfeature.load(model_paths[kind])
+    monkeypatch.setenv("NLMFEATURE_CACHE_STATS", "1")
+    passes = [LINES[:30]] + [[" ".join(l.split()[k:] + l.split()[:k]) for l in LINES[:30]] for k in (1, 2, 2)]
+    runs = {}
+    for preload in ("1", "0"):
+        monkeypatch.setenv("NLMFEATURE_PERSISTENT_PRELOAD", preload)
+        d = tmp_path / preload
+        scores, stats = [], []
+        for lines in passes:
+            s = CachedScorer(m, d)
+            scores.append(run_pass(s, lines))
+            stats.append(s.stats())
+        lines = [l for l in capfd.readouterr().err.splitlines() if l.startswith("nlmfeature: cache sentence")]
+        contents = [sorted(zip(map(tuple, f.keys.tolist()), f.scores.tolist()))
+                    for f in (read_sentence(s.directory, i) for i in range(30))]
+        runs[preload] = scores, stats, lines, contents
+    (a, sa, la, ca), (b, sb, lb, cb) = runs["1"], runs["0"]
+    for pa, pb in zip(a, b):
+        for x, y in zip(pa, pb):
+            assert np.array_equal(x, y)
+    assert sa == sb
+    assert la == lb
+    assert ca == cb
+    assert sa[-1]["persistent_hits"] == sa[-1]["lookups"] > 0  # the last pass repeats the third
+    assert any(" ngrams_on_disk=0 " not in l for l in la[30:])
 
 
 def test_without_directory_and_with_caches_off(model_paths):

@@ -295,8 +295,9 @@ def test_scattered_and_singleton_classes(tmp_path, direct):
         assert np.allclose(scores[[5, 9, 40, 7]], want, atol=1e-5)
 
 
+@pytest.mark.parametrize("terms", [False, True])
 @pytest.mark.parametrize("out", ["class", "softmax"])
-def test_direct_vectors_cached_per_sentence_are_exact(tmp_path, out):
+def test_direct_vectors_cached_per_sentence_are_exact(tmp_path, out, terms):
     """The normalisers' direct-feature values come from a per-sentence cache keyed by the last
     direct_order-1 context ids (and the class): every path -- computed and stored, found
     again, computed without room (tiny caches), all caches off -- gives the same bits, the
@@ -318,12 +319,12 @@ def test_direct_vectors_cached_per_sentence_are_exact(tmp_path, out):
     lines = [l.split() for l in read_lines(BROWN_VALID, 40)]
     ctxs, words = zip(*(model.sentence_ngrams(l) for l in lines))
     ctx, w = np.concatenate(ctxs), np.concatenate(words)
-    cached = model.session(1 << 12, 0)
+    cached = model.session(1 << 12, 0, position_terms=terms)
     first = cached.score_padded(ctx, w)
     assert np.array_equal(cached.score_padded(ctx, w), first)
     cached.begin_sentence(1)
     assert np.array_equal(cached.score_padded(ctx, w), first)
-    for other in (model.session(0), model.session(2, 0)):
+    for other in (model.session(0, position_terms=terms), model.session(2, 0, position_terms=terms)):
         assert np.array_equal(other.score_padded(ctx, w), first)
     want = [logprob(model.header, model.arrays, [int(x) for x in c], int(x)) for c, x in zip(ctx[:40], w[:40])]
     assert np.allclose(first[:40], want, atol=1e-5)
@@ -334,8 +335,9 @@ def test_direct_vectors_cached_per_sentence_are_exact(tmp_path, out):
 @pytest.mark.parametrize("case", ["class-diag-direct", "softmax-full-tables-bias", "joint-class",
                                   "class-order1-bias"])
 def test_linear_outputs_sum_position_terms(tmp_path, case, monkeypatch):
-    """Log-bilinear normalised outputs sum each context position's term of the logits
-    (per-sentence vectors) instead of multiplying the rows by a hidden vector: the scores
+    """Log-bilinear normalised outputs in a decoder's session (``position_terms``) sum each
+    context position's term of the logits (per-sentence vectors) instead of multiplying the
+    rows by a hidden vector: the scores
     equal the float64 reference more closely than the hidden-vector path does, every cache
     path (stored vectors, none, no room) gives the same bits, and normalisers sum to one."""
     from helpers import brown_vocab
@@ -377,15 +379,19 @@ def test_linear_outputs_sum_position_terms(tmp_path, case, monkeypatch):
     else:
         ctx, w = zip(*(model.sentence_ngrams(l) for l in lines))
     ctx, w = np.ascontiguousarray(np.concatenate(ctx)), np.ascontiguousarray(np.concatenate(w))
-    got = model.session().score_padded(ctx, w)
-    for other in (model.session(0), model.session(2, 0), model.session(1 << 12, 0)):
+    got = model.session(position_terms=True).score_padded(ctx, w)
+    for other in (model.session(0, position_terms=True), model.session(2, 0, position_terms=True),
+                  model.session(1 << 12, 0, position_terms=True)):
         assert np.array_equal(other.score_padded(ctx, w), got)
-    hid = hidden_path.session().score_padded(ctx, w)
+    hid = hidden_path.session(position_terms=True).score_padded(ctx, w)
     assert np.allclose(got, hid, atol=2e-5) and not np.array_equal(got, hid)
+    # sessions that do not ask for position terms (a sentence scored once) take the hidden path
+    assert np.array_equal(model.session().score_padded(ctx, w), hid)
     if not case.startswith("joint"):
         want = np.array([logprob(model.header, model.arrays, [int(x) for x in c], int(x))
                          for c, x in zip(ctx[:300], w[:300])])
         assert np.abs(got[:300] - want).max() <= np.abs(hid[:300] - want).max() + 1e-7
         assert np.abs(got[:300] - want).max() < 2e-6
     c = np.ascontiguousarray(np.repeat(ctx[5][None], V, axis=0))
-    assert np.exp(model.session().score_padded(c, np.arange(V, dtype=np.int32))).sum() == pytest.approx(1.0, abs=1e-6)
+    assert np.exp(model.session(position_terms=True).score_padded(c, np.arange(V, dtype=np.int32))).sum() == \
+        pytest.approx(1.0, abs=1e-6)

@@ -113,9 +113,9 @@ def tuning_loop(model, streams: List[str], directory: str, repeats: int, out=sys
     rows = []
     seen: List[set] = []  # per sentence: the n-grams of the iterations before (what the files can hold)
     for i, stream in enumerate(loaded + loaded[-1:]):
-        none = min((_loop_pass(CachedScorer(model, None, quiet=True), stream) for _ in range(max(1, repeats))),
+        none = min((_loop_pass(CachedScorer(model, None, quiet=True, position_terms=True), stream) for _ in range(max(1, repeats))),
                    key=lambda r: sum(r[0]))
-        hits = min(_hits_pass(CachedScorer(model, None, quiet=True), stream) for _ in range(max(1, repeats)))
+        hits = min(_hits_pass(CachedScorer(model, None, quiet=True, position_terms=True), stream) for _ in range(max(1, repeats)))
         keys = _sentence_keys(stream)
         distinct = sum(len(k) for k in keys)
         on_disk = sum(len(k & seen[j]) for j, k in enumerate(keys) if j < len(seen))
@@ -128,7 +128,7 @@ def tuning_loop(model, streams: List[str], directory: str, repeats: int, out=sys
                 seen[j] |= k
             else:
                 seen.append(set(k))
-        cached = _loop_pass(CachedScorer(model, directory, quiet=True, policy="always"), stream)
+        cached = _loop_pass(CachedScorer(model, directory, quiet=True, policy="always", position_terms=True), stream)
         row = {"iteration": i + 1 if i < len(loaded) else "unchanged", "lookups": int(len(stream[1])),
                "none_s": round(sum(none[0]), 3), "cache_s": round(sum(cached[0]), 3),
                "begin_s": round(cached[0][0], 3), "score_s": round(cached[0][1], 3),
@@ -182,7 +182,9 @@ def main(argv=None) -> int:
         ap.error("several --stream are a tuning loop: give --persistent-cache DIR")
     ctx, words, starts = querylog.load_stream(args.stream[0] if args.stream else None, model, args.sentences)
     bounds = list(starts) + [len(words)]
-    opts = {} if args.ngram_entries is None else {"ngram_entries": args.ngram_entries}
+    # a decoder's session (normalisers from position terms, as the C API's sessions)
+    opts = {"position_terms": True} if args.ngram_entries is None else \
+        {"ngram_entries": args.ngram_entries, "position_terms": True}
     best, out = float("inf"), None
     for _ in range(max(1, args.repeats)):
         session = model.session(**opts)

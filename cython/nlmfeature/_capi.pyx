@@ -80,7 +80,9 @@ cdef void* vt_session_new(const nlm_vt_model* m, const nlm_vt_session_opts* o, c
     cdef SessionC* s = pc_session_new(<const ModelC*>m.model_c, m.checksum, m.checksum_hex, m.path,
                                       o.cache_entries, o.ngram_cache_entries, o.persistent_dir,
                                       o.persistent_max_bytes, o.quiet, o.context_cache,
-                                      o.persistent_policy, err, errlen)
+                                      o.persistent_policy, o.cache_entries > 0, err, errlen)
+    # (a decoder's session: normalisers from position terms, which its caches keep; with the
+    # caches off each would be computed again at every use, and the hidden-vector path is faster)
     return <void*>s
 
 

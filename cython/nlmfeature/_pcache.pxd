@@ -35,7 +35,8 @@ cdef enum:
 cdef SessionC* pc_session_new(const ModelC* m, const unsigned char* checksum, const char* checksum_hex,
                               const char* model_path, int64_t cache_entries, int64_t ngram_entries,
                               const char* persistent_dir, int64_t max_bytes, int quiet,
-                              int context_cache, int policy, char* err, size_t errlen) noexcept nogil
+                              int context_cache, int policy, int terms, char* err,
+                              size_t errlen) noexcept nogil
 cdef void pc_session_free(SessionC* s) noexcept nogil
 cdef int pc_begin(SessionC* s, int64_t sentence_id) noexcept nogil
 cdef int pc_end(SessionC* s) noexcept nogil

@@ -66,11 +66,14 @@ cdef extern from "../../src/nlmfeature/decoder/capi/nlmfeature.h":
 from nlmfeature._scorer cimport (ModelC, SessionC, StoreC, TableC, nlm_home, nlm_session_new,
                                  nlm_session_free, nlm_session_begin, nlm_score_padded,
                                  nlm_pad_context, splitmix64, key_hash, table_at, table_live,
-                                 tv_get, tv_disk, nlm_alloc_lines, nlm_costly_lookup, alloc_table,
+                                 table_insert, table_grow, tv_get, tv_set, tv_mark, tv_disk, nlm_alloc_lines, nlm_costly_lookup, alloc_table,
                                  nlm_filter_add, NLM_MAX_ORDER, NLM_STORE_MAX_FILES, OUT_SOFTMAX,
                                  OUT_CLASS)
 
 import numpy as np
+
+cdef extern from * nogil:
+    void __builtin_prefetch(const void* p)
 
 cdef extern from "<fcntl.h>" nogil:
     int c_open "open"(const char* path, int flags, ...)
@@ -188,6 +191,8 @@ ctypedef struct PStore:
     int dirty                 # a file was ignored: rewrite the base at the end
     int files_loaded          # files of the current sentence
     int keep_class            # also write within-class normalisers (NLMFEATURE_PERSISTENT_CACHE_CLASS=1)
+    int preload               # copy the files' n-grams into the session's table at sentence begin
+                              # (NLMFEATURE_PERSISTENT_PRELOAD=0: probe the files lazily instead)
     int64_t sentence_id
     int64_t est_bytes         # estimate of the directory's size (-1: unknown)
     int64_t written_since_scan
@@ -809,7 +814,8 @@ cdef void switch_off(PStore* ps) noexcept nogil:
 cdef SessionC* pc_session_new(const ModelC* m, const unsigned char* checksum, const char* checksum_hex,
                               const char* model_path, int64_t cache_entries, int64_t ngram_entries,
                               const char* persistent_dir, int64_t max_bytes, int quiet,
-                              int context_cache, int policy, char* err, size_t errlen) noexcept nogil:
+                              int context_cache, int policy, int terms, char* err,
+                              size_t errlen) noexcept nogil:
     """A core session, with a persistent store attached when ``persistent_dir`` is set and
     the policy says the cache pays; NULL with a message in ``err``.  ``context_cache``: -1
     lets the core decide whether caching hidden vectors pays, 0 turns it off, 1 on."""
@@ -829,7 +835,7 @@ cdef SessionC* pc_session_new(const ModelC* m, const unsigned char* checksum, co
                     "set NLMFEATURE_PERSISTENT_CACHE=always to use it anyway\n", persistent_dir)
     if use and ngram_entries < 0:
         ngram_entries = C_DEFAULT_NGRAM_ENTRIES
-    s = nlm_session_new(m, cache_entries, ngram_entries)
+    s = nlm_session_new(m, cache_entries, ngram_entries, terms)
     if s == NULL:
         set_err(err, errlen, "out of memory allocating a session", "", 0)
         return NULL
@@ -861,6 +867,8 @@ cdef SessionC* pc_session_new(const ModelC* m, const unsigned char* checksum, co
     # were on disk, while they made up ~40% of the files (tools/bench_pcache.py)
     ps.keep_class = getenv("NLMFEATURE_PERSISTENT_CACHE_CLASS") != NULL and \
         strcmp(getenv("NLMFEATURE_PERSISTENT_CACHE_CLASS"), "1") == 0
+    ps.preload = not (getenv("NLMFEATURE_PERSISTENT_PRELOAD") != NULL and
+                      strcmp(getenv("NLMFEATURE_PERSISTENT_PRELOAD"), "0") == 0)
     n = strlen(persistent_dir)
     if n + 64 >= PATH_MAX_LEN:
         set_err(err, errlen, "persistent cache directory path is too long: ", persistent_dir, 0)
@@ -994,6 +1002,61 @@ cdef int load_sentence(PStore* ps, int64_t sid, int touch) noexcept nogil:
     return 0
 
 
+cdef void preload_ngrams(SessionC* s, PStore* ps) noexcept nogil:
+    """Copy the n-grams of the sentence's files into its n-gram table (disk bit set, the
+    first file's value where several hold one): in a tuning loop most of a sentence's
+    lookups are n-grams of its files, and a copy in one pass over them (sequential reads,
+    inserts prefetched ahead) costs less than probing the files (a filter line and a slot of
+    each file, cache misses among the decoder's own) at each n-gram's first lookup.  Skipped
+    where they would fill more than half the table's bound (the files are probed then)."""
+    cdef TableC* t = &s.ngram_cache
+    cdef const TableC* v
+    cdef int64_t total = 0, i, slot, hits = t.hits, misses = t.misses
+    cdef int f, found
+    cdef int32_t* q
+    cdef const int32_t* p
+    cdef const int32_t* ahead
+    cdef double x
+    ps.view.ngram_in_table = 0
+    ps.view.ngram_copied = 0
+    if not ps.preload or not s.ngram_cache_enabled:
+        return
+    for f in range(ps.view.nfiles):
+        if ps.view.ngram[f].key_len != t.key_len:
+            return
+        total += ps.view.ngram[f].count
+    if 2 * (t.count + total) > t.limit:
+        return
+    while 2 * (t.count + total + 1) > t.capacity:  # room first: no rehash while copying
+        if table_grow(t) != 0:
+            return
+    for f in range(ps.view.nfiles):
+        v = &ps.view.ngram[f]
+        for i in range(v.capacity):
+            if i + 16 < v.capacity:
+                ahead = table_at(v, i + 16)
+                if table_live(v, ahead):
+                    __builtin_prefetch(table_at(t, nlm_home(key_hash(ahead + 1, t.key_len), t.capacity)))
+            p = table_at(v, i)
+            if not table_live(v, p):
+                continue
+            x = tv_get(v, p, 0)
+            slot = table_insert(t, p + 1, &found)
+            if slot < 0:  # (cannot happen with the room made above) the files stay probed
+                t.hits = hits
+                t.misses = misses
+                return
+            q = table_at(t, slot)
+            if not found or (isnan(tv_get(t, q, 0)) and not isnan(x)):
+                tv_set(t, q, 0, x)
+                tv_mark(q, 1)
+            ps.view.ngram_copied += not found
+    t.hits = hits  # copying is not looking up
+    t.misses = misses
+    ps.view.ngram_in_table = 1
+    ps.view.ngram_clears = t.clears
+
+
 cdef int pc_begin(SessionC* s, int64_t sentence_id) noexcept nogil:
     """Start a sentence: empties the per-sentence caches and maps the sentence's files."""
     cdef PStore* ps = <PStore*>s.store
@@ -1017,6 +1080,8 @@ cdef int pc_begin(SessionC* s, int64_t sentence_id) noexcept nogil:
     if ps == NULL:
         return 0
     drop_files(ps)
+    ps.view.ngram_in_table = 0
+    ps.view.ngram_copied = 0
     ps.sentence_id = sentence_id
     ps.active = 1
     ps.dirty = 0
@@ -1028,6 +1093,7 @@ cdef int pc_begin(SessionC* s, int64_t sentence_id) noexcept nogil:
         return 0
     load_sentence(ps, sentence_id, 1)
     ps.files_loaded = ps.view.nfiles
+    preload_ngrams(s, ps)
     return 0
 
 
@@ -1116,7 +1182,8 @@ cdef void print_stats(SessionC* s, PStore* ps) noexcept nogil:
             "ngrams=%lld ngrams_on_disk=%lld contexts=%lld contexts_on_disk=%lld class_pairs=%lld "
             "class_pairs_on_disk=%lld files=%d bytes_written=%lld\n", <long long>ps.sentence_id,
             <long long>(now[0] - ps.last[0]), <long long>(now[1] - ps.last[1]),
-            <long long>(now[2] - ps.last[2]), <long long>s.ngram_cache.count,
+            <long long>(now[2] - ps.last[2]),
+            <long long>(s.ngram_cache.count - ps.view.ngram_copied),
             <long long>(now[3] - ps.last[3]), <long long>s.ctx_cache.count,
             <long long>(now[4] - ps.last[4]), <long long>s.class_cache.count,
             <long long>(now[5] - ps.last[5]), ps.files_loaded, <long long>(now[6] - ps.last[6]))
@@ -1264,15 +1331,18 @@ cdef class CachedScorer:
     hidden vectors on (1) or off (0) instead of the core's choice (-1).  ``policy``:
     ``"auto"`` uses the directory only for models whose lookups cost more than a probe
     (one line on stderr says when it is skipped), ``"always"``, ``"never"``; None reads
-    ``NLMFEATURE_PERSISTENT_CACHE`` (default auto).  One scorer per thread; scores are
-    natural logs, identical to :meth:`Model.score_sentence`.
+    ``NLMFEATURE_PERSISTENT_CACHE`` (default auto).  ``position_terms=True`` scores as the
+    decoders' sessions do (:meth:`Model.session`).  One scorer per thread; scores are
+    natural logs, identical to :meth:`Model.score_sentence` (to a session's of the same
+    ``position_terms``).
     """
     cdef SessionC* s
     cdef readonly object model
     cdef object _capsule
 
     def __cinit__(self, model, directory=None, int64_t max_bytes=0, int64_t cache_entries=NLM_DEFAULT_CACHE_ENTRIES,
-                  int64_t ngram_entries=-1, bint quiet=False, int context_cache=-1, policy=None):
+                  int64_t ngram_entries=-1, bint quiet=False, int context_cache=-1, policy=None,
+                  bint position_terms=False):
         cdef char err[1024]
         cdef const ModelC* m
         cdef int pol = -1
@@ -1295,7 +1365,7 @@ cdef class CachedScorer:
         err[0] = 0
         self.s = pc_session_new(m, <const unsigned char*><char*>cs, cs_hex, <const char*>mp,
                                 cache_entries, ngram_entries, <const char*>d, max_bytes, quiet,
-                                context_cache, pol, err, sizeof(err))
+                                context_cache, pol, position_terms, err, sizeof(err))
         if self.s == NULL:
             raise OSError(err.decode("utf-8", "replace"))
 

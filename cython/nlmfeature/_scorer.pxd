@@ -115,7 +115,8 @@ ctypedef struct ModelC:
     # 1: the output logits are a sum of one term per context position (one first-layer branch
     # with the identity activation, no further layers: log-bilinear models) and the output is
     # normalised (softmax, class): a normaliser adds up per-sentence vectors of those terms
-    # (session vec_cache) instead of multiplying the output rows by each context's hidden vector
+    # (session vec_cache) instead of multiplying the output rows by each context's hidden vector,
+    # in sessions that ask for it (SessionC.linear)
     int linear_out
     const int32_t* class_pos      # (V,) each word's place among its class's members (class outputs)
 
@@ -168,6 +169,10 @@ ctypedef struct StoreC:
     int64_t ngram_found       # distinct n-grams of the sentence found in the files
     int64_t ctx_hits          # context normalisers found in the files
     int64_t class_hits        # within-class normalisers found in the files
+    int ngram_in_table        # the files' n-grams were copied into the session's n-gram table
+    int64_t ngram_copied      # of them not asked for yet (the table's count less these: the sentence's n-grams)
+    int64_t ngram_clears      # at sentence begin (while the table has not been cleared since,
+                              # a lookup it misses is on no file either: no probe)
 
 ctypedef struct SessionC:
     const ModelC* model
@@ -188,6 +193,11 @@ ctypedef struct SessionC:
     # (ModelC.linear_out) each context position's term of the logits, per (position, id) and
     # class (indexed directly: pos_q, term_off)
     int vec_cache_enabled
+    # normalisers from position terms (ModelC.linear_out, asked for at creation: decoder
+    # sessions, whatever their caches, so that every cache path gives the same bits), whose searches ask for the same few words at each position
+    # thousands of times a sentence (a Moses sentence: 38 normalisers per term vector); a
+    # sentence scored once reuses a term a few times and the hidden-vector path is ~5x faster
+    int linear
     TableC vec_cache          # value: offset of the vector in vec_arena (-1: no room, computed again)
     double* vec_arena         # (doubles: the position terms are computed and summed in double)
     int64_t vec_used          # doubles of vec_arena in use
@@ -217,7 +227,8 @@ cdef int64_t nlm_vocab_find(const int64_t* offsets, const unsigned char* data, c
 cdef int nlm_pad_context(const ModelC* m, const int32_t* ids, int n, int32_t* out) noexcept nogil
 cdef void nlm_compute_hidden(const ModelC* m, const int32_t* ctx, float* out,
                              float* b0, float* b1, float* b2) noexcept nogil
-cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t ngram_entries) noexcept nogil
+cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t ngram_entries,
+                               int terms) noexcept nogil
 cdef int nlm_ngram_cache_pays(const ModelC* m) noexcept nogil
 cdef int nlm_costly_lookup(const ModelC* m) noexcept nogil
 cdef void* nlm_alloc_lines(size_t n) noexcept nogil
@@ -256,6 +267,7 @@ cdef void* alloc_table(size_t nbytes) noexcept nogil
 cdef void table_clear(TableC* t) noexcept nogil
 cdef int64_t table_find(const TableC* t, const int32_t* key, uint64_t h) noexcept nogil
 cdef int64_t table_insert(TableC* t, const int32_t* key, int* found) noexcept nogil
+cdef int table_grow(TableC* t) noexcept nogil
 
 cdef extern from *:
     """
@@ -301,7 +313,8 @@ cdef inline int32_t* table_at(const TableC* t, int64_t slot) noexcept nogil:
 
 
 cdef inline int table_live(const TableC* t, const int32_t* p) noexcept nogil:
-    return (<uint32_t>p[0] & 0x7fffffffu) == t.generation
+    # word 0 of a slot: the generation (30 bits), the "seen" bit (30), the disk bit (31)
+    return (<uint32_t>p[0] & 0x3fffffffu) == t.generation
 
 
 cdef inline double tv_get(const TableC* t, const int32_t* p, int i) noexcept nogil:
@@ -316,6 +329,15 @@ cdef inline void tv_set(const TableC* t, int32_t* p, int i, double v) noexcept n
 
 cdef inline int tv_disk(const int32_t* p) noexcept nogil:
     return <int>((<uint32_t>p[0]) >> 31)
+
+
+cdef inline int tv_seen(const int32_t* p) noexcept nogil:
+    """An entry copied from the files at sentence begin has been asked for since."""
+    return <int>((<uint32_t>p[0] >> 30) & 1u)
+
+
+cdef inline void tv_mark_seen(int32_t* p) noexcept nogil:
+    p[0] = <int32_t>(<uint32_t>p[0] | 0x40000000u)
 
 
 cdef inline void tv_mark(int32_t* p, int disk) noexcept nogil:

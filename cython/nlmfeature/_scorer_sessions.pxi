@@ -50,7 +50,8 @@ cdef int nlm_ngram_cache_pays(const ModelC* m) noexcept nogil:
     return m.output_type == OUT_UNNORMALISED and (m.direct_order > 0 or m.ctx_len * m.embed_dim + m.out_dim >= 512)
 
 
-cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t ngram_entries) noexcept nogil:
+cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t ngram_entries,
+                               int terms) noexcept nogil:
     """A new per-thread session; ``cache_entries`` <= 0 disables the context/normaliser
     caches; ``ngram_entries`` bounds the exact n-gram cache (0 off, < 0: ``4 * cache_entries``
     when :c:func:`nlm_ngram_cache_pays`).  NULL on OOM."""
@@ -70,14 +71,15 @@ cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t n
     s.dacc = <double*>nlm_alloc_lines(nscratch * sizeof(double))
     s.pbuf = <double*>nlm_alloc_lines(m.max_width * sizeof(double))
     s.clbuf = <double*>nlm_alloc_lines((m.n_classes + 1) * sizeof(double))
-    if m.linear_out:
+    s.linear = m.linear_out and terms
+    if s.linear:
         npos = (m.key_len + 1) * <int64_t>(m.vocab_size if m.vocab_size > m.src_vocab_size else m.src_vocab_size)
         s.pos_q = <int32_t*>calloc(npos, sizeof(int32_t))
         s.pos_stamp = <uint32_t*>calloc(npos, sizeof(uint32_t))
         s.term_cols = m.n_classes + 1 if m.output_type == OUT_CLASS else 1
     if s.buf0 == NULL or s.buf1 == NULL or s.buf2 == NULL or s.hidden == NULL or s.fscratch == NULL \
             or s.vscratch == NULL or s.dacc == NULL or s.pbuf == NULL or s.clbuf == NULL \
-            or (m.linear_out and (s.pos_q == NULL or s.pos_stamp == NULL)):
+            or (s.linear and (s.pos_q == NULL or s.pos_stamp == NULL)):
         nlm_session_free(s)
         return NULL
     s.cache_enabled = cache_entries > 0
@@ -86,7 +88,7 @@ cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t n
     # context key: the full padded context (one dummy id for unigram models)
     # (linear outputs keep the class logits of a context there, not its hidden vector)
     table_init(&s.ctx_cache, m.key_len if m.key_len > 0 else 1, 2,
-               (2 * (m.n_classes + 1) if m.output_type == OUT_CLASS else 0) if m.linear_out else m.out_dim,
+               (2 * (m.n_classes + 1) if m.output_type == OUT_CLASS else 0) if s.linear else m.out_dim,
                cache_entries, 1)
     table_init(&s.class_cache, m.key_len + 1, 1, 0, cache_entries, 1)
     if ngram_entries < 0:
@@ -94,7 +96,7 @@ cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t n
     s.ngram_cache_enabled = ngram_entries > 0
     table_init(&s.ngram_cache, m.key_len + 1, 1, 0, ngram_entries, 0)
     # the normalisers' vectors (direct features; linear outputs' position terms)
-    s.vec_cache_enabled = s.cache_enabled and (m.direct_order > 0 or m.linear_out) and \
+    s.vec_cache_enabled = s.cache_enabled and (m.direct_order > 0 or s.linear) and \
         (m.output_type == OUT_SOFTMAX or m.output_type == OUT_CLASS)
     table_init(&s.vec_cache, m.direct_order + 1, 1, 0, cache_entries, 0)
     s.stamp = 1
@@ -222,8 +224,13 @@ cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t w) noexcep
         p = table_at(&s.ngram_cache, slot)
         if s.store != NULL and tv_disk(p):  # an entry that came from the persistent cache
             s.store.ngram_hits += 1
+            if not tv_seen(p):  # (copied at sentence begin, asked for the first time)
+                tv_mark_seen(p)
+                s.store.ngram_found += 1
+                s.store.ngram_copied -= 1
         return tv_get(&s.ngram_cache, p, 0)
-    if s.store != NULL and store_probe(s.store.ngram, s.store.nfiles, key, 0, &v):
+    if s.store != NULL and not (s.store.ngram_in_table and s.ngram_cache.clears == s.store.ngram_clears) \
+            and store_probe(s.store.ngram, s.store.nfiles, key, 0, &v):
         s.lookups += 1
         s.store.ngram_hits += 1
         s.store.ngram_found += 1
@@ -233,6 +240,7 @@ cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t w) noexcep
             p = table_at(&s.ngram_cache, slot)
             tv_set(&s.ngram_cache, p, 0, v)
             tv_mark(p, 1)
+            tv_mark_seen(p)
         return v
     v = score_uncached_ngram(s, key, w)
     if slot >= 0:
@@ -665,7 +673,7 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
     cdef double lz, score
     cdef const int32_t* ckey = ctx
     s.lookups += 1
-    if m.linear_out:
+    if s.linear:
         return score_linear(s, ctx, w)
     if m.output_type == OUT_CLASS and s.cache_enabled:
         # the within-class normaliser's key (context, class of w): its slot loads while the
@@ -690,7 +698,7 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
         if not found:
             tv_set(&s.ctx_cache, cp, 0, NAN)
             tv_set(&s.ctx_cache, cp, 1, NAN)
-        if not m.linear_out:  # (a linear output's entry holds no hidden vector)
+        if not s.linear:  # (a linear output's entry holds no hidden vector)
             h = table_fvals(&s.ctx_cache, cp)
             if not found:
                 nlm_compute_hidden(m, ctx, h, s.buf0, s.buf1, s.buf2)

@@ -85,7 +85,7 @@ cdef void table_clear(TableC* t) noexcept nogil:
     t.count = 0
     t.fresh = 0
     t.generation += 1
-    if t.generation > 0x7fffffffu:  # 31 bits used up after 2^31 clears: really wipe
+    if t.generation > 0x3fffffffu:  # 30 bits used up after 2^30 clears: really wipe
         memset(t.slots, 0, t.capacity * t.stride * sizeof(int32_t))
         t.generation = 1
 

@@ -252,10 +252,12 @@ cdef class NativeModel:
         nlm_compute_hidden(&self.m, &padded[0] if padded.shape[0] else &dummy, &o[0], &bb[0], &bb[W], &bb[2 * W])
         return out
 
-    def session(self, int64_t cache_entries=NLM_DEFAULT_CACHE_ENTRIES, int64_t ngram_entries=-1):
+    def session(self, int64_t cache_entries=NLM_DEFAULT_CACHE_ENTRIES, int64_t ngram_entries=-1,
+                bint position_terms=False):
         """A new scoring session (one per thread); ``cache_entries=0`` disables caching;
-        ``ngram_entries`` bounds the exact n-gram cache (-1: automatic, 0: off)."""
-        return Session(self, cache_entries, ngram_entries)
+        ``ngram_entries`` bounds the exact n-gram cache (-1: automatic, 0: off);
+        ``position_terms``: a decoder's session (see :meth:`nlmfeature.Model.session`)."""
+        return Session(self, cache_entries, ngram_entries, position_terms)
 
 
 def _changed_error(path):
@@ -299,9 +301,10 @@ cdef class Session:
     cdef SessionC* s
     cdef readonly NativeModel model
 
-    def __cinit__(self, NativeModel model, int64_t cache_entries=NLM_DEFAULT_CACHE_ENTRIES, int64_t ngram_entries=-1):
+    def __cinit__(self, NativeModel model, int64_t cache_entries=NLM_DEFAULT_CACHE_ENTRIES, int64_t ngram_entries=-1,
+                  bint position_terms=False):
         self.model = model
-        self.s = nlm_session_new(&model.m, cache_entries, ngram_entries)
+        self.s = nlm_session_new(&model.m, cache_entries, ngram_entries, position_terms)
         if self.s == NULL:
             raise MemoryError("could not allocate a scoring session")
 
