@@ -488,6 +488,9 @@ class _Checker:
         if p.returncode != 0:
             return {"outcome": "unclear", "detail": f"C API exit {p.returncode}: {p.stderr[-300:]}"}
         got = [[float(x) for x in l.split()] for l in p.stdout.splitlines()]
+        # Python scoring as the C API's sessions do (a decoder's: normalisers of log-bilinear
+        # models from position terms), so that the two must agree however wild the weights
+        m._session = m.session(position_terms=True)
         with open(case["text"], encoding="utf-8") as f:
             if m.header.get("source"):  # nlm_score on a joint model: the <null> window
                 want = [[m.score(["<s>"] + t[:i], w) for i, w in enumerate(t + ["</s>"])]
