@@ -1017,8 +1017,6 @@ cdef void preload_ngrams(SessionC* s, PStore* ps) noexcept nogil:
     cdef const int32_t* p
     cdef const int32_t* ahead
     cdef double x
-    ps.view.ngram_in_table = 0
-    ps.view.ngram_copied = 0
     if not ps.preload or not s.ngram_cache_enabled:
         return
     for f in range(ps.view.nfiles):
@@ -1054,7 +1052,6 @@ cdef void preload_ngrams(SessionC* s, PStore* ps) noexcept nogil:
     t.hits = hits  # copying is not looking up
     t.misses = misses
     ps.view.ngram_in_table = 1
-    ps.view.ngram_clears = t.clears
 
 
 cdef int pc_begin(SessionC* s, int64_t sentence_id) noexcept nogil:

@@ -169,10 +169,10 @@ ctypedef struct StoreC:
     int64_t ngram_found       # distinct n-grams of the sentence found in the files
     int64_t ctx_hits          # context normalisers found in the files
     int64_t class_hits        # within-class normalisers found in the files
-    int ngram_in_table        # the files' n-grams were copied into the session's n-gram table
+    int ngram_in_table        # the files' n-grams were copied into the session's n-gram table at
+                              # sentence begin (a lookup it misses is on no file: no probe; the
+                              # table never clears itself: a full one takes no new key)
     int64_t ngram_copied      # of them not asked for yet (the table's count less these: the sentence's n-grams)
-    int64_t ngram_clears      # at sentence begin (while the table has not been cleared since,
-                              # a lookup it misses is on no file either: no probe)
 
 ctypedef struct SessionC:
     const ModelC* model
@@ -198,6 +198,7 @@ ctypedef struct SessionC:
     # thousands of times a sentence (a Moses sentence: 38 normalisers per term vector); a
     # sentence scored once reuses a term a few times and the hidden-vector path is ~5x faster
     int linear
+    int64_t pos_ids           # ids per position in pos_q / pos_stamp (the larger vocabulary)
     TableC vec_cache          # value: offset of the vector in vec_arena (-1: no room, computed again)
     double* vec_arena         # (doubles: the position terms are computed and summed in double)
     int64_t vec_used          # doubles of vec_arena in use

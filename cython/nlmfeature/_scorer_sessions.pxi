@@ -73,7 +73,8 @@ cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t n
     s.clbuf = <double*>nlm_alloc_lines((m.n_classes + 1) * sizeof(double))
     s.linear = m.linear_out and terms
     if s.linear:
-        npos = (m.key_len + 1) * <int64_t>(m.vocab_size if m.vocab_size > m.src_vocab_size else m.src_vocab_size)
+        s.pos_ids = m.vocab_size if m.vocab_size > m.src_vocab_size else m.src_vocab_size
+        npos = (m.key_len + 1) * s.pos_ids
         s.pos_q = <int32_t*>calloc(npos, sizeof(int32_t))
         s.pos_stamp = <uint32_t*>calloc(npos, sizeof(uint32_t))
         s.term_cols = m.n_classes + 1 if m.output_type == OUT_CLASS else 1
@@ -159,8 +160,7 @@ cdef int nlm_session_begin(SessionC* s, int64_t sentence_id) noexcept nogil:
         s.n_terms = 0
         s.stamp += 1
         if s.stamp == 0 and s.pos_stamp != NULL:  # 2^32 sentences: really forget
-            memset(s.pos_stamp, 0, (s.model.key_len + 1) * <int64_t>(s.model.vocab_size if s.model.vocab_size >
-                   s.model.src_vocab_size else s.model.src_vocab_size) * sizeof(uint32_t))
+            memset(s.pos_stamp, 0, (s.model.key_len + 1) * s.pos_ids * sizeof(uint32_t))
             s.stamp = 1
     if nlm_model_file_changed(s.model):
         s.model_changed = 1
@@ -229,8 +229,7 @@ cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t w) noexcep
                 s.store.ngram_found += 1
                 s.store.ngram_copied -= 1
         return tv_get(&s.ngram_cache, p, 0)
-    if s.store != NULL and not (s.store.ngram_in_table and s.ngram_cache.clears == s.store.ngram_clears) \
-            and store_probe(s.store.ngram, s.store.nfiles, key, 0, &v):
+    if s.store != NULL and not s.store.ngram_in_table and store_probe(s.store.ngram, s.store.nfiles, key, 0, &v):
         s.lookups += 1
         s.store.ngram_hits += 1
         s.store.ngram_found += 1
@@ -442,7 +441,7 @@ cdef int64_t term_vector(SessionC* s, int what, int32_t c, int j, int32_t u, int
     cdef int64_t k
     if not s.vec_cache_enabled:
         return -1
-    at = <int64_t>(j + 1) * (m.vocab_size if m.vocab_size > m.src_vocab_size else m.src_vocab_size) + u
+    at = <int64_t>(j + 1) * s.pos_ids + u
     if s.pos_stamp[at] == s.stamp:
         q = s.pos_q[at]
     elif not make:
