@@ -524,6 +524,47 @@ cdef double lin_logit(SessionC* s, const int32_t* ctx, int what, int32_t c, int3
     return x
 
 
+cdef int ctx_norm_from_store(SessionC* s, int32_t* cp, const int32_t* ckey, int which, double* lz) noexcept nogil:
+    """Normaliser ``which`` (0 softmax, 1 class) of the context entry ``cp`` (key ``ckey``)
+    from the persistent cache's files into the entry (disk bit set): 1, else 0."""
+    if cp == NULL or s.store == NULL or not s.store.probe_context or \
+            not store_probe(s.store.ctx, s.store.nfiles, ckey, which, lz):
+        return 0
+    s.store.ctx_hits += 1
+    tv_set(&s.ctx_cache, cp, which, lz[0])
+    tv_mark(cp, 1)
+    return 1
+
+
+cdef int32_t* class_norm_entry(SessionC* s, const int32_t* class_key, double* lz) noexcept nogil:
+    """The class-normaliser cache entry of ``class_key`` (the context, then the class; NULL:
+    no room) and in ``lz`` its within-class normaliser: cached, else from the persistent
+    cache's files, else NaN (compute it and :c:func:`norm_keep` it)."""
+    cdef int found = 0
+    cdef int64_t slot = table_insert(&s.class_cache, class_key, &found)
+    cdef int32_t* kp
+    lz[0] = NAN
+    if slot < 0:
+        return NULL
+    kp = table_at(&s.class_cache, slot)
+    if found:
+        lz[0] = tv_get(&s.class_cache, kp, 0)
+    elif s.store != NULL and s.store.probe_context and \
+            store_probe(s.store.cls, s.store.nfiles, class_key, 0, lz):
+        s.store.class_hits += 1
+        tv_set(&s.class_cache, kp, 0, lz[0])
+        tv_mark(kp, 1)
+    return kp
+
+
+cdef inline void norm_keep(TableC* t, int32_t* p, int i, double lz) noexcept nogil:
+    """Keep normaliser ``i`` computed here in entry ``p`` (disk bit clear; a new entry for
+    the sentence's file unless NaN)."""
+    tv_set(t, p, i, lz)
+    tv_mark(p, 0)
+    t.fresh += not isnan(lz)
+
+
 cdef double score_linear(SessionC* s, const int32_t* ctx, int32_t w) noexcept nogil:
     """The score of one n-gram of a linear output (class or softmax) through the context,
     class-normaliser and persistent caches, the logits summed from position terms.  A
@@ -574,20 +615,13 @@ cdef double score_linear(SessionC* s, const int32_t* ctx, int32_t w) noexcept no
                 cl[i] += dv[i]
         if cp != NULL:
             cl[m.n_classes] = 1.0
-    if isnan(lz):  # the context's normaliser: from the persistent cache, else computed
-        if cp != NULL and s.store != NULL and s.store.probe_context and \
-                store_probe(s.store.ctx, s.store.nfiles, ckey, which, &lz):
-            s.store.ctx_hits += 1
-            tv_set(&s.ctx_cache, cp, which, lz)
-            tv_mark(cp, 1)
-        elif which:
-            for i in range(m.n_classes):
-                x[i] = <float>cl[i]
-            lz = nlm_logsumexp_f(x, m.n_classes)
-            if cp != NULL:
-                tv_set(&s.ctx_cache, cp, 1, lz)
-                tv_mark(cp, 0)
-                s.ctx_cache.fresh += not isnan(lz)
+    if isnan(lz) and not ctx_norm_from_store(s, cp, ckey, which, &lz) and which:
+        # the context's class normaliser, not on disk either
+        for i in range(m.n_classes):
+            x[i] = <float>cl[i]
+        lz = nlm_logsumexp_f(x, m.n_classes)
+        if cp != NULL:
+            norm_keep(&s.ctx_cache, cp, 1, lz)
     if which:
         c = m.word_class[w]
         pos = m.class_pos[w]
@@ -598,23 +632,13 @@ cdef double score_linear(SessionC* s, const int32_t* ctx, int32_t w) noexcept no
             for i in range(m.key_len):
                 class_key[i] = ctx[i]
             class_key[m.key_len] = c
-            slot = table_insert(&s.class_cache, class_key, &found)
-            if slot >= 0:
-                kp = table_at(&s.class_cache, slot)
-                if found:
-                    lzw = tv_get(&s.class_cache, kp, 0)
-                elif s.store != NULL and s.store.probe_context and \
-                        store_probe(s.store.cls, s.store.nfiles, class_key, 0, &lzw):
-                    s.store.class_hits += 1
-                    tv_set(&s.class_cache, kp, 0, lzw)
-                    tv_mark(kp, 1)
+            kp = class_norm_entry(s, class_key, &lzw)
         if n == 1:  # p(w | c) = 1; the normaliser (the word's logit) is kept as for any class
             if kp != NULL and isnan(lzw):
                 lzw = lin_logit(s, ctx, 1, c, 0) + m.out_bias[w]
                 if m.direct_order:
                     lzw += <double><float>direct_value_kind(m, 0, states, w)
-                tv_set(&s.class_cache, kp, 0, lzw)
-                s.class_cache.fresh += not isnan(lzw)
+                norm_keep(&s.class_cache, kp, 0, lzw)
             return score
     else:
         lzw = lz
@@ -632,12 +656,9 @@ cdef double score_linear(SessionC* s, const int32_t* ctx, int32_t w) noexcept no
         logit = acc[pos]
         lzw = nlm_logsumexp_f(x, n)
         if kp != NULL:
-            tv_set(&s.class_cache, kp, 0, lzw)
-            s.class_cache.fresh += not isnan(lzw)
+            norm_keep(&s.class_cache, kp, 0, lzw)
         elif not which and cp != NULL:
-            tv_set(&s.ctx_cache, cp, 0, lzw)
-            tv_mark(cp, 0)
-            s.ctx_cache.fresh += not isnan(lzw)
+            norm_keep(&s.ctx_cache, cp, 0, lzw)
     else:
         logit = lin_logit(s, ctx, 1, c, pos) + m.out_bias[w]
         if m.direct_order:
@@ -715,12 +736,7 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
         direct_states(m, ctx, 1, cstates)
     if cp != NULL and not isnan(tv_get(&s.ctx_cache, cp, which)):
         lz = tv_get(&s.ctx_cache, cp, which)
-    elif cp != NULL and s.store != NULL and s.store.probe_context and \
-            store_probe(s.store.ctx, s.store.nfiles, ckey, which, &lz):
-        s.store.ctx_hits += 1
-        tv_set(&s.ctx_cache, cp, which, lz)
-        tv_mark(cp, 1)
-    else:
+    elif not ctx_norm_from_store(s, cp, ckey, which, &lz):
         if which == 0:
             lz = softmax_lognorm(m, h, direct_vector(s, 0, states, ctx, -2, NULL, m.vocab_size)
                                  if m.direct_order else NULL, s.fscratch)
@@ -728,34 +744,18 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
             lz = class_lognorm(m, h, direct_vector(s, 1, cstates, ctx, -1, NULL, m.n_classes)
                                if m.direct_order else NULL, s.fscratch)
         if cp != NULL:
-            tv_set(&s.ctx_cache, cp, which, lz)
-            tv_mark(cp, 0)
-            if not isnan(lz):
-                s.ctx_cache.fresh += 1
+            norm_keep(&s.ctx_cache, cp, which, lz)
     if which == 0:
         return word_logit(m, h, w, states) - lz
     # class-factored: p(c | context) p(w | context, c)
     c = m.word_class[w]
     score = class_logit(m, h, c, cstates) - lz
-    if s.cache_enabled:  # class_key: built above
-        slot = table_insert(&s.class_cache, class_key, &found)
-        kp = table_at(&s.class_cache, slot)
-        if slot < 0:  # out of memory
-            lz = within_class_lz(s, h, c, ctx, states)
-        elif found:
-            lz = tv_get(&s.class_cache, kp, 0)
-        elif s.store != NULL and s.store.probe_context and \
-                store_probe(s.store.cls, s.store.nfiles, class_key, 0, &lz):
-            s.store.class_hits += 1
-            tv_set(&s.class_cache, kp, 0, lz)
-            tv_mark(kp, 1)
-        else:
-            lz = within_class_lz(s, h, c, ctx, states)
-            tv_set(&s.class_cache, kp, 0, lz)
-            if not isnan(lz):
-                s.class_cache.fresh += 1
-    else:
+    lz = NAN
+    kp = class_norm_entry(s, class_key, &lz) if s.cache_enabled else NULL  # (class_key: built above)
+    if isnan(lz):
         lz = within_class_lz(s, h, c, ctx, states)
+        if kp != NULL:
+            norm_keep(&s.class_cache, kp, 0, lz)
     return score + word_logit(m, h, w, states) - lz
 
 
