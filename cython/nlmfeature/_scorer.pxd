@@ -206,13 +206,21 @@ ctypedef struct SessionC:
     int64_t vec_limit         # most doubles (the caches stop taking vectors beyond)
     double* vscratch          # a vector the caches had no room for (max(V, padded classes))
     double* dacc              # a normaliser's logits summed in double (max(V, padded classes))
+    uint64_t* hscratch        # a direct-feature vector's indices (max(V, padded classes))
     double* pbuf              # one context position's contribution to the hidden vector (max_width)
     double* clbuf             # a context's class logits when the context cache has no entry for it
-    int32_t* pos_q            # ((key_len + 1) x max(V, Vs)): the sentence's number of (position, id),
-    uint32_t* pos_stamp       # valid where pos_stamp is the sentence's stamp; position 0 is the bias
+    # the position terms are functions of the model alone, so they outlive the sentence: their
+    # own arena, kept across sentences (a Moses sentence finds ~70% of its term vectors made by
+    # the sentences before it) and emptied at a sentence's begin once past term_limit
+    int32_t* pos_q            # ((key_len + 1) x max(V, Vs)): the number of (position, id),
+    uint32_t* pos_stamp       # valid where pos_stamp is the stamp; position 0 is the bias
     uint32_t stamp
-    int64_t* term_off         # (n_terms, term_cols): arena offset of each term vector, -1 none yet
-    int64_t n_terms           # (position, id) numbers given out this sentence
+    int64_t* term_off         # (n_terms, term_cols): term_arena offset of each term vector, -1 none yet
+    int64_t n_terms           # (position, id) numbers given out since the terms were emptied
+    double* term_arena
+    int64_t term_used         # doubles of term_arena in use
+    int64_t term_cap          # doubles allocated
+    int64_t term_limit        # most doubles (beyond, terms are computed where they are used)
     int64_t terms_cap         # rows of term_off allocated
     int term_cols             # classes + 1 (the last: the class vector), 1 for softmax
     StoreC* store             # persistent cache attached by nlmfeature._pcache, or NULL

@@ -69,6 +69,7 @@ cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t n
     s.fscratch = <float*>nlm_alloc_lines(nscratch * sizeof(float))
     s.vscratch = <double*>nlm_alloc_lines(nscratch * sizeof(double))
     s.dacc = <double*>nlm_alloc_lines(nscratch * sizeof(double))
+    s.hscratch = <uint64_t*>nlm_alloc_lines(nscratch * sizeof(uint64_t))
     s.pbuf = <double*>nlm_alloc_lines(m.max_width * sizeof(double))
     s.clbuf = <double*>nlm_alloc_lines((m.n_classes + 1) * sizeof(double))
     s.linear = m.linear_out and terms
@@ -79,7 +80,7 @@ cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t n
         s.pos_stamp = <uint32_t*>calloc(npos, sizeof(uint32_t))
         s.term_cols = m.n_classes + 1 if m.output_type == OUT_CLASS else 1
     if s.buf0 == NULL or s.buf1 == NULL or s.buf2 == NULL or s.hidden == NULL or s.fscratch == NULL \
-            or s.vscratch == NULL or s.dacc == NULL or s.pbuf == NULL or s.clbuf == NULL \
+            or s.vscratch == NULL or s.dacc == NULL or s.hscratch == NULL or s.pbuf == NULL or s.clbuf == NULL \
             or (s.linear and (s.pos_q == NULL or s.pos_stamp == NULL)):
         nlm_session_free(s)
         return NULL
@@ -102,6 +103,7 @@ cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t n
     table_init(&s.vec_cache, m.direct_order + 1, 1, 0, cache_entries, 0)
     s.stamp = 1
     s.vec_limit = 32 * cache_entries if cache_entries > 32768 else 1 << 20
+    s.term_limit = s.vec_limit
     return s
 
 
@@ -117,8 +119,10 @@ cdef void nlm_session_free(SessionC* s) noexcept nogil:
     free(s.fscratch)
     free(s.vscratch)
     free(s.dacc)
+    free(s.hscratch)
     free(s.pbuf)
     free(s.vec_arena)
+    free(s.term_arena)
     free(s.clbuf)
     free(s.pos_q)
     free(s.pos_stamp)
@@ -157,11 +161,13 @@ cdef int nlm_session_begin(SessionC* s, int64_t sentence_id) noexcept nogil:
     if s.vec_cache_enabled:
         table_clear(&s.vec_cache)
         s.vec_used = 0
-        s.n_terms = 0
-        s.stamp += 1
-        if s.stamp == 0 and s.pos_stamp != NULL:  # 2^32 sentences: really forget
-            memset(s.pos_stamp, 0, (s.model.key_len + 1) * s.pos_ids * sizeof(uint32_t))
-            s.stamp = 1
+        if s.term_used > s.term_limit - s.term_limit // 4:  # leave a sentence room: empty the terms
+            s.term_used = 0
+            s.n_terms = 0
+            s.stamp += 1
+            if s.stamp == 0 and s.pos_stamp != NULL:  # 2^32 emptyings: really forget
+                memset(s.pos_stamp, 0, (s.model.key_len + 1) * s.pos_ids * sizeof(uint32_t))
+                s.stamp = 1
     if nlm_model_file_changed(s.model):
         s.model_changed = 1
     return -1 if s.model_changed else 0
@@ -249,25 +255,31 @@ cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t w) noexcep
     return v
 
 
-cdef int64_t vec_alloc(SessionC* s, int64_t n) noexcept nogil:
-    """Room for ``n`` doubles in the sentence's arena: their offset, or -1 (the limit, or no
-    memory).  Offsets stay valid for the sentence; the arena may move as it grows, so read
-    it only after the last call."""
-    cdef int64_t need = s.vec_used + n, cap, off
+cdef int64_t arena_alloc(double** arena, int64_t* used, int64_t* capacity, int64_t limit,
+                         int64_t n) noexcept nogil:
+    """Room for ``n`` doubles in an arena of at most ``limit``: their offset, or -1 (the
+    limit, or no memory).  Offsets stay valid until the arena is emptied; it may move as it
+    grows, so read it only after the last call."""
+    cdef int64_t need = used[0] + n, cap, off
     cdef double* grown
-    if s.vec_cap < need <= s.vec_limit:  # doubling, within the limit
-        cap = s.vec_cap * 2 if s.vec_cap else 65536
+    if capacity[0] < need <= limit:  # doubling, within the limit
+        cap = capacity[0] * 2 if capacity[0] else 65536
         cap = need if cap < need else cap
-        cap = s.vec_limit if cap > s.vec_limit else cap
-        grown = <double*>realloc(s.vec_arena, cap * sizeof(double))
+        cap = limit if cap > limit else cap
+        grown = <double*>realloc(arena[0], cap * sizeof(double))
         if grown != NULL:
-            s.vec_arena = grown
-            s.vec_cap = cap
-    if need > s.vec_cap:
+            arena[0] = grown
+            capacity[0] = cap
+    if need > capacity[0]:
         return -1
-    off = s.vec_used
-    s.vec_used = need
+    off = used[0]
+    used[0] = need
     return off
+
+
+cdef inline int64_t vec_alloc(SessionC* s, int64_t n) noexcept nogil:
+    """Room for ``n`` doubles in the sentence's arena (:c:func:`arena_alloc`)."""
+    return arena_alloc(&s.vec_arena, &s.vec_used, &s.vec_cap, s.vec_limit, n)
 
 
 cdef int64_t vec_slot(SessionC* s, const int32_t* key, int32_t n, int* fill) noexcept nogil:
@@ -304,7 +316,7 @@ cdef int64_t direct_level(SessionC* s, int kind, const uint64_t* states, const i
     (context, class) normalisers.  -1: no room."""
     cdef const ModelC* m = s.model
     cdef int32_t key[NLM_MAX_ORDER + 2]
-    cdef int fill = 0, k, last = level == m.direct_order - 1
+    cdef int fill = 0, k, last = level == m.direct_order - 1, own
     cdef int32_t i, t
     cdef int64_t off, below = -1, j
     cdef uint64_t tt
@@ -319,6 +331,19 @@ cdef int64_t direct_level(SessionC* s, int kind, const uint64_t* states, const i
         return off
     if level > 0:
         below = direct_level(s, kind, states, ctx, tag, targets, n, level - 1)
+    own = level > 0 or first == NULL
+    if own:  # this level's features of every target: indices first, their loads started
+        # together (the bitmap's words, then the non-zero weights), so that the sum below
+        # waits for one round of cache misses instead of one per target
+        for i in range(n):
+            t = targets[i] if targets != NULL else i
+            j = direct_index(m, splitmix64(states[level] ^ ((<uint64_t>t) << 32)))
+            s.hscratch[i] = j
+            if m.direct_nonzero != NULL:
+                __builtin_prefetch(&m.direct_nonzero[j >> 6])
+        for i in range(n):
+            if direct_nonzero(m, s.hscratch[i]):
+                __builtin_prefetch(&m.direct_weights[s.hscratch[i]])
     for i in range(n):
         t = targets[i] if targets != NULL else i
         tt = (<uint64_t>t) << 32
@@ -330,8 +355,8 @@ cdef int64_t direct_level(SessionC* s, int kind, const uint64_t* states, const i
                 j = direct_index(m, splitmix64(states[k] ^ tt))
                 if direct_nonzero(m, j):
                     x += m.direct_weights[j]
-        if level > 0 or first == NULL:
-            j = direct_index(m, splitmix64(states[level] ^ tt))
+        if own:
+            j = s.hscratch[i]
             if direct_nonzero(m, j):
                 x += m.direct_weights[j]
         s.vec_arena[off + i] = <float>x if last else x
@@ -428,9 +453,10 @@ cdef inline int32_t term_rows(const ModelC* m, int what, int32_t c, const int32_
 
 
 cdef int64_t term_vector(SessionC* s, int what, int32_t c, int j, int32_t u, int make) noexcept nogil:
-    """Offset in ``vec_arena`` of the terms q . p_j(u) of a normaliser's logits: of the
+    """Offset in ``term_arena`` of the terms q . p_j(u) of a normaliser's logits: of the
     members of class ``c`` (``what`` 1, ``c`` >= 0), of every word (``what`` 1, ``c`` < 0),
-    of every class (``what`` 2); computed on first use in the sentence when ``make``.  -1:
+    of every class (``what`` 2); computed on first use (since the terms were last emptied)
+    when ``make``.  -1:
     not stored (not made, no room, caches off)."""
     cdef const ModelC* m = s.model
     cdef int64_t at, q, off
@@ -446,7 +472,7 @@ cdef int64_t term_vector(SessionC* s, int what, int32_t c, int j, int32_t u, int
         q = s.pos_q[at]
     elif not make:
         return -1
-    else:  # a new (position, id) of the sentence: a row of term offsets
+    else:  # a new (position, id): a row of term offsets
         if s.n_terms == s.terms_cap:
             k = s.terms_cap * 2 if s.terms_cap else 256
             grown = <int64_t*>realloc(s.term_off, k * s.term_cols * sizeof(int64_t))
@@ -465,10 +491,10 @@ cdef int64_t term_vector(SessionC* s, int what, int32_t c, int j, int32_t u, int
     if off >= 0 or not make:
         return off
     n = term_rows(m, what, c, &idx, &W)
-    off = vec_alloc(s, n)
+    off = arena_alloc(&s.term_arena, &s.term_used, &s.term_cap, s.term_limit, n)
     if off < 0:
         return -1
-    nlm_gemv_rows_d(W, idx, n, m.out_dim, position_vector(s, j, u), s.vec_arena + off)
+    nlm_gemv_rows_d(W, idx, n, m.out_dim, position_vector(s, j, u), s.term_arena + off)
     s.term_off[k] = off
     return off
 
@@ -486,7 +512,7 @@ cdef void lin_logits(SessionC* s, const int32_t* ctx, int what, int32_t c, doubl
     for j in range(-1 if m.branches[0].bias != NULL else 0, m.key_len):
         off = term_vector(s, what, c, j, ctx[j] if j >= 0 else 0, 1)
         if off >= 0:
-            v = s.vec_arena + off
+            v = s.term_arena + off
         else:  # not stored: the same terms, computed here
             nlm_gemv_rows_d(W, idx, n, m.out_dim, position_vector(s, j, ctx[j] if j >= 0 else 0), s.vscratch)
             v = s.vscratch
@@ -515,7 +541,7 @@ cdef double lin_logit(SessionC* s, const int32_t* ctx, int what, int32_t c, int3
     for j in range(-1 if m.branches[0].bias != NULL else 0, m.key_len):
         off = term_vector(s, what, c, j, ctx[j] if j >= 0 else 0, 0)
         if off >= 0:
-            t = s.vec_arena[off + i]
+            t = s.term_arena[off + i]
         else:
             t = nlm_dot_fd(W + <int64_t>(idx[i] if idx != NULL else i) * m.out_dim,
                            position_vector(s, j, ctx[j] if j >= 0 else 0), m.out_dim)
