@@ -333,7 +333,7 @@ def test_direct_vectors_cached_per_sentence_are_exact(tmp_path, out, terms):
 
 
 @pytest.mark.parametrize("case", ["class-diag-direct", "softmax-full-tables-bias", "joint-class",
-                                  "class-order1-bias"])
+                                  "class-order1-bias", "class-wide-range"])
 def test_linear_outputs_sum_position_terms(tmp_path, case, monkeypatch):
     """Log-bilinear normalised outputs in a decoder's session (``position_terms``) sum each
     context position's term of the logits (per-sentence vectors) instead of multiplying the
@@ -366,6 +366,8 @@ def test_linear_outputs_sum_position_terms(tmp_path, case, monkeypatch):
         arrays["branch0.bias"] = np.random.default_rng(3).normal(0, 0.3, header["branches"][0]["hidden"]).astype(np.float32)
     if "tables" in case:
         precompute_tables(header, arrays)
+    if "wide" in case:  # logits spanning more than a float exponential holds: the summed normaliser
+        arrays["output.bias"][::7] += 95.0
     path = str(tmp_path / f"{case}.nlm")
     nlmfeature.save(path, header, arrays)
     monkeypatch.setenv("NLMFEATURE_LINEAR_OUTPUT", "0")
@@ -391,7 +393,28 @@ def test_linear_outputs_sum_position_terms(tmp_path, case, monkeypatch):
         want = np.array([logprob(model.header, model.arrays, [int(x) for x in c], int(x))
                          for c, x in zip(ctx[:300], w[:300])])
         assert np.abs(got[:300] - want).max() <= np.abs(hid[:300] - want).max() + 1e-7
-        assert np.abs(got[:300] - want).max() < 2e-6
+        # (float logits round in proportion to their size: the wide model's scores reach -100)
+        assert np.abs(got[:300] - want).max() < 2e-6 * max(1.0, np.abs(want).max() / 30)
     c = np.ascontiguousarray(np.repeat(ctx[5][None], V, axis=0))
     assert np.exp(model.session(position_terms=True).score_padded(c, np.arange(V, dtype=np.int32))).sum() == \
         pytest.approx(1.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("entries", [1 << 16, 3])
+def test_position_terms_outlive_the_sentence(tmp_path, entries):
+    """A decoder's session keeps its term and base vectors (functions of the model alone)
+    from sentence to sentence, emptied at a sentence's begin once past their bounds (3
+    entries: at every begin): each sentence scores the same bits as in a session of its own,
+    in any order."""
+    model = nlmfeature.load(make_model(tmp_path, output="class", classes=13, direct_order=3, hash_space=4099))
+    lines = [l.split() for l in read_lines(BROWN_VALID, 12)]
+    grams = [model.sentence_ngrams(l) for l in lines]
+    alone = []
+    for ctx, w in grams:
+        sess = model.session(entries, position_terms=True)
+        sess.begin_sentence(0)
+        alone.append(sess.score_padded(ctx, w))
+    sess = model.session(entries, position_terms=True)
+    for k in list(range(len(grams))) + list(range(len(grams)))[::-1]:
+        sess.begin_sentence(k)
+        assert np.array_equal(sess.score_padded(*grams[k]), alone[k])

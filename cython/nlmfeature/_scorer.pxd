@@ -218,6 +218,17 @@ ctypedef struct SessionC:
     int64_t* term_off         # (n_terms, term_cols): term_arena offset of each term vector, -1 none yet
     int64_t n_terms           # (position, id) numbers given out since the terms were emptied
     double* term_arena
+    # factorised within-class normalisers (class outputs of linear sessions): the logits after a
+    # context are a sum of a base vector of its last fact_k ids (bias, output bias, direct
+    # features and those positions' terms) and the terms of the other positions, so the
+    # normaliser is the sum of the products of their exponentials (float vectors, each scaled
+    # by its largest value): a product of key_len - fact_k + 1 stored vectors instead of every
+    # term vector summed and exponentiated per (context, class)
+    int fact_k                # 0: off
+    TableC base_cache         # key: class, the last fact_k ids; value: term_arena offset of the base
+                              # vector (kept across sentences with the terms, emptied with them)
+    double* escratch          # (key_len + 1) vectors of the factorisation the caches had no room for
+    int64_t escratch_stride   # doubles per vector in escratch
     int64_t term_used         # doubles of term_arena in use
     int64_t term_cap          # doubles allocated
     int64_t term_limit        # most doubles (beyond, terms are computed where they are used)
@@ -276,6 +287,8 @@ cdef void* alloc_table(size_t nbytes) noexcept nogil
 cdef void table_clear(TableC* t) noexcept nogil
 cdef int64_t table_find(const TableC* t, const int32_t* key, uint64_t h) noexcept nogil
 cdef int64_t table_insert(TableC* t, const int32_t* key, int* found) noexcept nogil
+cdef int64_t table_insert_h(TableC* t, const int32_t* key, uint64_t h, int* found) noexcept nogil
+cdef uint64_t table_prefetch(const TableC* t, const int32_t* key) noexcept nogil
 cdef int table_grow(TableC* t) noexcept nogil
 
 cdef extern from *:

@@ -305,6 +305,23 @@ cdef extern from *:
        added in double.  A float running sum over a 40k-word vocabulary loses ~2e-6 of the
        total without -march=native's wide vectors (NLMFEATURE_PORTABLE=1 builds), which
        breaks sum-to-one; per block the float error stays ~1e-8. */
+    /* sum over i < n of b[i] * p[0][i] * ... * p[np-1][i], the products and the sum in double */
+    static double nlm_prod_sum_f(const float* b, const float* const* p, int np, int n) {
+        double s = 0.0, v;
+        int i, j;
+        if (np == 2) {
+            const float* p0 = p[0];
+            const float* p1 = p[1];
+            for (i = 0; i < n; i++) s += (double)b[i] * p0[i] * p1[i];
+            return s;
+        }
+        for (i = 0; i < n; i++) {
+            v = b[i];
+            for (j = 0; j < np; j++) v *= p[j][i];
+            s += v;
+        }
+        return s;
+    }
     static double nlm_logsumexp_f(const float* x, int n) {
         float m = -INFINITY, b;
         double s = 0.0;
@@ -330,6 +347,7 @@ cdef extern from *:
     void nlm_diag_forward(const float* bias, const float* W, const float* emb, const int32_t* ctx, int c, int E,
                           float* v) nogil
     double nlm_logsumexp_f(const float* x, int n) nogil
+    double nlm_prod_sum_f(const float* b, const float** p, int count, int n) nogil
 
 
 cdef inline double log_sigmoid(double x) noexcept nogil:

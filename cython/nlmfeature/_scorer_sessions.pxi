@@ -100,7 +100,17 @@ cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t n
     # the normalisers' vectors (direct features; linear outputs' position terms)
     s.vec_cache_enabled = s.cache_enabled and (m.direct_order > 0 or s.linear) and \
         (m.output_type == OUT_SOFTMAX or m.output_type == OUT_CLASS)
+    if s.linear and m.output_type == OUT_CLASS and m.key_len >= 2:
+        # the base vector holds the last two ids' terms (and the direct features' ids)
+        s.fact_k = 2 if m.direct_order - 1 <= 2 else m.direct_order - 1
+        s.fact_k = m.key_len if s.fact_k > m.key_len else s.fact_k
+        s.escratch_stride = nscratch + (nscratch + 1) // 2 + 2
+        s.escratch = <double*>nlm_alloc_lines((m.key_len + 1) * s.escratch_stride * sizeof(double))
+        if s.escratch == NULL:
+            nlm_session_free(s)
+            return NULL
     table_init(&s.vec_cache, m.direct_order + 1, 1, 0, cache_entries, 0)
+    table_init(&s.base_cache, s.fact_k + 1, 1, 0, cache_entries, 0)
     s.stamp = 1
     s.vec_limit = 32 * cache_entries if cache_entries > 32768 else 1 << 20
     s.term_limit = s.vec_limit
@@ -120,6 +130,7 @@ cdef void nlm_session_free(SessionC* s) noexcept nogil:
     free(s.vscratch)
     free(s.dacc)
     free(s.hscratch)
+    free(s.escratch)
     free(s.pbuf)
     free(s.vec_arena)
     free(s.term_arena)
@@ -128,6 +139,7 @@ cdef void nlm_session_free(SessionC* s) noexcept nogil:
     free(s.pos_stamp)
     free(s.term_off)
     table_free(&s.vec_cache)
+    table_free(&s.base_cache)
     table_free(&s.ctx_cache)
     table_free(&s.class_cache)
     table_free(&s.ngram_cache)
@@ -161,9 +173,12 @@ cdef int nlm_session_begin(SessionC* s, int64_t sentence_id) noexcept nogil:
     if s.vec_cache_enabled:
         table_clear(&s.vec_cache)
         s.vec_used = 0
-        if s.term_used > s.term_limit - s.term_limit // 4:  # leave a sentence room: empty the terms
+        if s.term_used > s.term_limit - s.term_limit // 4 or \
+                s.base_cache.count > s.base_cache.limit - s.base_cache.limit // 4:
+            # leave a sentence room: empty the terms (and the base vectors among them)
             s.term_used = 0
             s.n_terms = 0
+            table_clear(&s.base_cache)
             s.stamp += 1
             if s.stamp == 0 and s.pos_stamp != NULL:  # 2^32 emptyings: really forget
                 memset(s.pos_stamp, 0, (s.model.key_len + 1) * s.pos_ids * sizeof(uint32_t))
@@ -282,16 +297,17 @@ cdef inline int64_t vec_alloc(SessionC* s, int64_t n) noexcept nogil:
     return arena_alloc(&s.vec_arena, &s.vec_used, &s.vec_cap, s.vec_limit, n)
 
 
-cdef int64_t vec_slot(SessionC* s, const int32_t* key, int32_t n, int* fill) noexcept nogil:
+cdef int64_t vec_slot(SessionC* s, const int32_t* key, uint64_t h, int32_t n, int* fill) noexcept nogil:
     """Offset in ``vec_arena`` of the ``n``-double vector of ``key`` in the sentence's vector
     cache: of its stored values (``fill`` = 0), or of room to compute them into (``fill`` =
-    1); -1 when there is no room (a full cache, no memory)."""
+    1); -1 when there is no room (a full cache, no memory).  ``h``: the key's
+    :c:func:`key_hash`."""
     cdef int found = 0
     cdef int64_t slot, off
     fill[0] = 1
     if not s.vec_cache_enabled:
         return -1
-    slot = table_insert(&s.vec_cache, key, &found)
+    slot = table_insert_h(&s.vec_cache, key, h, &found)
     if slot < 0:
         return -1
     if found:
@@ -326,7 +342,7 @@ cdef int64_t direct_level(SessionC* s, int kind, const uint64_t* states, const i
     key[1] = level
     for k in range(1, m.direct_order):
         key[k + 1] = ctx[m.key_len - k] if k <= level else 0
-    off = vec_slot(s, key, n, &fill)
+    off = vec_slot(s, key, key_hash(key, s.vec_cache.key_len), n, &fill)
     if off < 0 or not fill:
         return off
     if level > 0:
@@ -465,6 +481,7 @@ cdef int64_t term_vector(SessionC* s, int what, int32_t c, int j, int32_t u, int
     cdef const float* W
     cdef int64_t* grown
     cdef int64_t k
+    cdef int fact
     if not s.vec_cache_enabled:
         return -1
     at = <int64_t>(j + 1) * s.pos_ids + u
@@ -491,17 +508,22 @@ cdef int64_t term_vector(SessionC* s, int what, int32_t c, int j, int32_t u, int
     if off >= 0 or not make:
         return off
     n = term_rows(m, what, c, &idx, &W)
-    off = arena_alloc(&s.term_arena, &s.term_used, &s.term_cap, s.term_limit, n)
+    fact = s.fact_k > 0 and what == 1  # room for the exponentials (exp_terms), not filled yet
+    off = arena_alloc(&s.term_arena, &s.term_used, &s.term_cap, s.term_limit,
+                      n + (n + 1) // 2 + 2 if fact else n)
     if off < 0:
         return -1
     nlm_gemv_rows_d(W, idx, n, m.out_dim, position_vector(s, j, u), s.term_arena + off)
+    if fact:
+        s.term_arena[off + n + (n + 1) // 2] = NAN
     s.term_off[k] = off
     return off
 
 
-cdef void lin_logits(SessionC* s, const int32_t* ctx, int what, int32_t c, double* acc) noexcept nogil:
+cdef void lin_logits(SessionC* s, const int32_t* ctx, int what, int32_t c, double* acc, int lo=0) noexcept nogil:
     """``acc[i]`` = q_i . h for the logits of :c:func:`term_vector` (``what``, ``c``) after the
-    padded context ``ctx``: the bias's term, then each position's, added in double."""
+    padded context ``ctx``: the bias's term, then each position's from ``lo`` on, added in
+    double."""
     cdef const ModelC* m = s.model
     cdef const int32_t* idx
     cdef const float* W
@@ -509,7 +531,9 @@ cdef void lin_logits(SessionC* s, const int32_t* ctx, int what, int32_t c, doubl
     cdef int j, first = 1
     cdef int64_t off
     cdef const double* v
-    for j in range(-1 if m.branches[0].bias != NULL else 0, m.key_len):
+    for j in range(-1 if m.branches[0].bias != NULL else lo, m.key_len):
+        if 0 <= j < lo:
+            continue
         off = term_vector(s, what, c, j, ctx[j] if j >= 0 else 0, 1)
         if off >= 0:
             v = s.term_arena + off
@@ -550,6 +574,130 @@ cdef double lin_logit(SessionC* s, const int32_t* ctx, int what, int32_t c, int3
     return x
 
 
+# factorised within-class normalisers (SessionC.fact_k): with J = key_len - fact_k, a class's
+# logits after a context are l_i = B_i + sum_{j<J} T_j(u_j)_i, B the base vector of the last
+# fact_k ids (bias term, those positions' terms, output bias, direct values: the sums of
+# lin_logits and score_linear, in the same order) and T_j the term vectors of the others, so
+# Z = sum_i exp(l_i) = exp(M) sum_i b_i prod_j t_ji with b = exp(B - max B), t_j = exp(T_j -
+# max T_j) (floats in [exp(-range), 1]) and M the sum of the maxima: one pass over J + 1
+# stored vectors per (context, class) instead of every term vector summed and exponentiated.
+# A Moses sentence asks ~67k such normalisers of ~12k base vectors.  Each vector's
+# exponentials are floats, so a vector whose values span more than FACT_RANGE (where they
+# would leave float's normal range) sends its normalisers to the summed path.
+
+DEF FACT_RANGE = 80.0
+
+
+cdef void exp_fill(const double* v, float* e, int32_t n, double* mr) noexcept nogil:
+    """``e[i]`` = exp(``v[i]`` - max v) for i < ``n``; ``mr`` = [max v, max v - min v] (the
+    range infinite when a value is NaN)."""
+    cdef double mx = v[0], mn = v[0]
+    cdef int32_t i
+    cdef int bad = 0
+    for i in range(n):
+        bad |= isnan(v[i])
+        mx = v[i] if v[i] > mx else mx
+        mn = v[i] if v[i] < mn else mn
+    for i in range(n):
+        e[i] = <float>exp(v[i] - mx)
+    mr[0] = mx
+    mr[1] = INFINITY if bad else mx - mn
+
+
+cdef int64_t exp_terms(SessionC* s, int32_t c, int j, int32_t u, int32_t n, double* scratch) noexcept nogil:
+    """Offset in ``term_arena`` of the member terms of class ``c`` for position ``j`` holding
+    ``u``, laid out [T (n doubles), exp (n floats), max, range], the exponentials filled; -1:
+    not stored, the same laid out in ``scratch``."""
+    cdef const ModelC* m = s.model
+    cdef int64_t off = term_vector(s, 1, c, j, u, 1), ne = (n + 1) // 2
+    cdef double* v
+    cdef const int32_t* idx
+    cdef const float* W
+    if off >= 0:
+        v = s.term_arena + off
+        if isnan(v[n + ne]):
+            exp_fill(v, <float*>(v + n), n, v + n + ne)
+        return off
+    term_rows(m, 1, c, &idx, &W)
+    nlm_gemv_rows_d(W, idx, n, m.out_dim, position_vector(s, j, u), scratch)
+    exp_fill(scratch, <float*>(scratch + n), n, scratch + n + ne)
+    return -1
+
+
+cdef inline void base_key(const SessionC* s, const int32_t* ctx, int32_t c, int32_t* key) noexcept nogil:
+    """The base_cache key of the base vector of class ``c`` after ``ctx``."""
+    cdef int k
+    key[0] = c
+    for k in range(s.fact_k):
+        key[k + 1] = ctx[s.model.key_len - s.fact_k + k]
+
+
+cdef int64_t base_vector(SessionC* s, const int32_t* ctx, int32_t c, int32_t n,
+                         const uint64_t* states, const int32_t* key, uint64_t h) noexcept nogil:
+    """Offset in ``term_arena`` of the base vector of class ``c`` after ``ctx`` (its last
+    ``fact_k`` ids; base_cache ``key`` from :c:func:`base_key`, hash ``h``), laid out [exp (n
+    floats), max, range]; -1: not stored, computed into ``escratch``.  Like the terms, base
+    vectors are functions of the model and outlive the sentence (a Moses sentence finds ~45%
+    of its ~12k made before it)."""
+    cdef const ModelC* m = s.model
+    cdef int32_t a = m.class_start[c], i
+    cdef int found = 0
+    cdef int64_t off = -1, slot = -1, ne = (n + 1) // 2
+    cdef double* acc = s.dacc
+    cdef const double* dv = NULL
+    cdef double* v
+    if s.vec_cache_enabled:
+        slot = table_insert_h(&s.base_cache, key, h, &found)
+    if slot >= 0 and found:
+        off = <int64_t>tv_get(&s.base_cache, table_at(&s.base_cache, slot), 0)
+        if off >= 0:
+            return off
+    elif slot >= 0:
+        off = arena_alloc(&s.term_arena, &s.term_used, &s.term_cap, s.term_limit, ne + 2)
+        tv_set(&s.base_cache, table_at(&s.base_cache, slot), 0, <double>off)  # (-1: no room, computed each time)
+    lin_logits(s, ctx, 1, c, acc, m.key_len - s.fact_k)
+    if m.direct_order:
+        dv = direct_vector(s, 0, states, ctx, c, m.class_members + a, n)
+    for i in range(n):
+        acc[i] += m.out_bias[m.class_members[a + i]]
+        if dv != NULL:
+            acc[i] += dv[i]
+    v = s.term_arena + off if off >= 0 else s.escratch  # (the arena's address after the last call)
+    exp_fill(acc, <float*>v, n, v + ne)
+    return off
+
+
+cdef int fact_lognorm(SessionC* s, const int32_t* ctx, int32_t c, int32_t n, const uint64_t* states,
+                      const int32_t* bkey, uint64_t bh, double* lz) noexcept nogil:
+    """The within-class normaliser of class ``c`` (``n`` > 1 members) after ``ctx``, factorised
+    (above; the base vector's key and hash ``bkey``, ``bh``): 1, else 0 (a vector's range too
+    wide: the summed path)."""
+    cdef const ModelC* m = s.model
+    cdef int J = m.key_len - s.fact_k, j
+    cdef int64_t ne = (n + 1) // 2, boff
+    cdef int64_t offs[NLM_MAX_KEY]
+    cdef const float* p[NLM_MAX_KEY]
+    cdef const double* v
+    cdef const float* b
+    cdef double mx, ok = 1
+    boff = base_vector(s, ctx, c, n, states, bkey, bh)
+    for j in range(J):
+        offs[j] = exp_terms(s, c, j, ctx[j], n, s.escratch + (j + 1) * s.escratch_stride)
+    v = s.term_arena + boff if boff >= 0 else s.escratch  # (addresses after the last call)
+    b = <const float*>v
+    mx = v[ne]
+    ok = v[ne + 1] <= FACT_RANGE
+    for j in range(J):
+        v = s.term_arena + offs[j] if offs[j] >= 0 else s.escratch + (j + 1) * s.escratch_stride
+        p[j] = <const float*>(v + n)
+        mx += v[n + ne]
+        ok = ok and v[n + ne + 1] <= FACT_RANGE
+    if not ok:
+        return 0
+    lz[0] = mx + log(nlm_prod_sum_f(b, p, J, n))
+    return 1
+
+
 cdef int ctx_norm_from_store(SessionC* s, int32_t* cp, const int32_t* ckey, int which, double* lz) noexcept nogil:
     """Normaliser ``which`` (0 softmax, 1 class) of the context entry ``cp`` (key ``ckey``)
     from the persistent cache's files into the entry (disk bit set): 1, else 0."""
@@ -562,12 +710,13 @@ cdef int ctx_norm_from_store(SessionC* s, int32_t* cp, const int32_t* ckey, int 
     return 1
 
 
-cdef int32_t* class_norm_entry(SessionC* s, const int32_t* class_key, double* lz) noexcept nogil:
-    """The class-normaliser cache entry of ``class_key`` (the context, then the class; NULL:
-    no room) and in ``lz`` its within-class normaliser: cached, else from the persistent
-    cache's files, else NaN (compute it and :c:func:`norm_keep` it)."""
+cdef int32_t* class_norm_entry(SessionC* s, const int32_t* class_key, uint64_t h, double* lz) noexcept nogil:
+    """The class-normaliser cache entry of ``class_key`` (the context, then the class; its
+    :c:func:`key_hash` ``h``; NULL: no room) and in ``lz`` its within-class normaliser:
+    cached, else from the persistent cache's files, else NaN (compute it and
+    :c:func:`norm_keep` it)."""
     cdef int found = 0
-    cdef int64_t slot = table_insert(&s.class_cache, class_key, &found)
+    cdef int64_t slot = table_insert_h(&s.class_cache, class_key, h, &found)
     cdef int32_t* kp
     lz[0] = NAN
     if slot < 0:
@@ -614,12 +763,28 @@ cdef double score_linear(SessionC* s, const int32_t* ctx, int32_t w) noexcept no
     cdef int32_t c = -2, pos = w, n = m.vocab_size, a = 0, i
     cdef int32_t none = 0
     cdef const int32_t* ckey = ctx if m.key_len > 0 else &none  # (a unigram model: one key)
+    cdef int32_t bkey[NLM_MAX_KEY + 2]
+    cdef uint64_t ch = 0, kh = 0, bh = 0
+    # the keys of the context's, the class normaliser's and the base vector's entries first,
+    # their slots' loads started together (each a cache miss in a decoder)
+    if s.ctx_cache_enabled:
+        ch = table_prefetch(&s.ctx_cache, ckey)
+    if which:
+        c = m.word_class[w]
+        if s.cache_enabled:
+            for i in range(m.key_len):
+                class_key[i] = ctx[i]
+            class_key[m.key_len] = c
+            kh = table_prefetch(&s.class_cache, class_key)
+        if s.fact_k:
+            base_key(s, ctx, c, bkey)
+            bh = table_prefetch(&s.base_cache, bkey)
     if m.direct_order:
         direct_states(m, ctx, 0, states)
         if which:
             direct_states(m, ctx, 1, cstates)
     if s.ctx_cache_enabled:
-        slot = table_insert(&s.ctx_cache, ckey, &found)
+        slot = table_insert_h(&s.ctx_cache, ckey, ch, &found)
     if slot >= 0:
         cp = table_at(&s.ctx_cache, slot)
         if not found:
@@ -649,16 +814,12 @@ cdef double score_linear(SessionC* s, const int32_t* ctx, int32_t w) noexcept no
         if cp != NULL:
             norm_keep(&s.ctx_cache, cp, 1, lz)
     if which:
-        c = m.word_class[w]
         pos = m.class_pos[w]
         a = m.class_start[c]
         n = m.class_start[c + 1] - a
         score = cl[c] - lz
         if s.cache_enabled:
-            for i in range(m.key_len):
-                class_key[i] = ctx[i]
-            class_key[m.key_len] = c
-            kp = class_norm_entry(s, class_key, &lzw)
+            kp = class_norm_entry(s, class_key, kh, &lzw)
         if n == 1:  # p(w | c) = 1; the normaliser (the word's logit) is kept as for any class
             if kp != NULL and isnan(lzw):
                 lzw = lin_logit(s, ctx, 1, c, 0) + m.out_bias[w]
@@ -668,7 +829,13 @@ cdef double score_linear(SessionC* s, const int32_t* ctx, int32_t w) noexcept no
             return score
     else:
         lzw = lz
-    if isnan(lzw):
+    if isnan(lzw) and which and s.fact_k and fact_lognorm(s, ctx, c, n, states, bkey, bh, &lzw):
+        if kp != NULL:
+            norm_keep(&s.class_cache, kp, 0, lzw)
+        logit = lin_logit(s, ctx, 1, c, pos) + m.out_bias[w]
+        if m.direct_order:
+            logit += <double><float>direct_value_kind(m, 0, states, w)
+    elif isnan(lzw):
         # a new normaliser (of the class's members, or of the vocabulary): its logits, the
         # word's among them
         lin_logits(s, ctx, 1, c, acc)
@@ -718,6 +885,7 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
     cdef uint64_t cstates[NLM_MAX_ORDER]
     cdef double lz, score
     cdef const int32_t* ckey = ctx
+    cdef uint64_t kh = 0
     s.lookups += 1
     if s.linear:
         return score_linear(s, ctx, w)
@@ -727,9 +895,7 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
         for i in range(m.key_len):
             class_key[i] = ctx[i]
         class_key[m.key_len] = m.word_class[w]
-        if s.class_cache.capacity:
-            __builtin_prefetch(table_at(&s.class_cache, nlm_home(key_hash(class_key, s.class_cache.key_len),
-                                                                 s.class_cache.capacity)))
+        kh = table_prefetch(&s.class_cache, class_key)
     if m.direct_order:
         # hashes first: the weights they address load while the hidden layer is computed
         direct_states(m, ctx, 0, states)
@@ -777,7 +943,7 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
     c = m.word_class[w]
     score = class_logit(m, h, c, cstates) - lz
     lz = NAN
-    kp = class_norm_entry(s, class_key, &lz) if s.cache_enabled else NULL  # (class_key: built above)
+    kp = class_norm_entry(s, class_key, kh, &lz) if s.cache_enabled else NULL  # (class_key: built above)
     if isnan(lz):
         lz = within_class_lz(s, h, c, ctx, states)
         if kp != NULL:

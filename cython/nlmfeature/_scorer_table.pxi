@@ -120,15 +120,29 @@ cdef int64_t table_find(const TableC* t, const int32_t* key, uint64_t h) noexcep
     return -1
 
 
+cdef uint64_t table_prefetch(const TableC* t, const int32_t* key) noexcept nogil:
+    """:c:func:`key_hash` of ``key``, the load of its home slot started (for
+    :c:func:`table_insert_h` a little later: the probes of several tables overlap)."""
+    cdef uint64_t h = key_hash(key, t.key_len)
+    if t.capacity:
+        __builtin_prefetch(table_at(t, nlm_home(h, t.capacity)))
+    return h
+
+
 cdef int64_t table_insert(TableC* t, const int32_t* key, int* found) noexcept nogil:
     """Slot of ``key``; inserted (values undefined, disk bit clear, ``found`` = 0) when
     absent.  A full table is cleared first (``clear_when_full``) or takes no new key (-1);
     -1 also when out of memory."""
+    return table_insert_h(t, key, key_hash(key, t.key_len), found)
+
+
+cdef int64_t table_insert_h(TableC* t, const int32_t* key, uint64_t h, int* found) noexcept nogil:
+    """:c:func:`table_insert` of ``key`` whose :c:func:`key_hash` is ``h``."""
     cdef uint64_t slot
     cdef int32_t* p
     found[0] = 0
     if t.capacity:
-        slot = nlm_home(key_hash(key, t.key_len), t.capacity)
+        slot = nlm_home(h, t.capacity)
         while True:
             p = table_at(t, slot)
             if not table_live(t, p):
@@ -150,7 +164,7 @@ cdef int64_t table_insert(TableC* t, const int32_t* key, int* found) noexcept no
                 return -1
             table_clear(t)  # out of memory: start the table again
             t.clears += 1
-    slot = nlm_home(key_hash(key, t.key_len), t.capacity)
+    slot = nlm_home(h, t.capacity)
     while table_live(t, table_at(t, slot)):
         slot = table_next(t, slot)
     p = table_at(t, slot)
