@@ -218,6 +218,9 @@ ctypedef struct SessionC:
     int64_t* term_off         # (n_terms, term_cols): term_arena offset of each term vector, -1 none yet
     int64_t n_terms           # (position, id) numbers given out since the terms were emptied
     double* term_arena
+    int64_t term_used         # doubles of term_arena in use
+    int64_t term_cap          # doubles allocated
+    int64_t term_limit        # most doubles (beyond, terms are computed where they are used)
     # factorised within-class normalisers (class outputs of linear sessions): the logits after a
     # context are a sum of a base vector of its last fact_k ids (bias, output bias, direct
     # features and those positions' terms) and the terms of the other positions, so the
@@ -229,9 +232,6 @@ ctypedef struct SessionC:
                               # vector (kept across sentences with the terms, emptied with them)
     double* escratch          # (key_len + 1) vectors of the factorisation the caches had no room for
     int64_t escratch_stride   # doubles per vector in escratch
-    int64_t term_used         # doubles of term_arena in use
-    int64_t term_cap          # doubles allocated
-    int64_t term_limit        # most doubles (beyond, terms are computed where they are used)
     int64_t terms_cap         # rows of term_off allocated
     int term_cols             # classes + 1 (the last: the class vector), 1 for softmax
     StoreC* store             # persistent cache attached by nlmfeature._pcache, or NULL
