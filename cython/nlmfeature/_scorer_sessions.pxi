@@ -515,7 +515,7 @@ cdef int64_t term_vector(SessionC* s, int what, int32_t c, int j, int32_t u, int
         return -1
     nlm_gemv_rows_d(W, idx, n, m.out_dim, position_vector(s, j, u), s.term_arena + off)
     if fact:
-        s.term_arena[off + n + (n + 1) // 2] = NAN
+        s.term_arena[off + n] = NAN
     s.term_off[k] = off
     return off
 
@@ -606,21 +606,22 @@ cdef void exp_fill(const double* v, float* e, int32_t n, double* mr) noexcept no
 
 cdef int64_t exp_terms(SessionC* s, int32_t c, int j, int32_t u, int32_t n, double* scratch) noexcept nogil:
     """Offset in ``term_arena`` of the member terms of class ``c`` for position ``j`` holding
-    ``u``, laid out [T (n doubles), exp (n floats), max, range], the exponentials filled; -1:
-    not stored, the same laid out in ``scratch``."""
+    ``u``, laid out [T (n doubles), max, range, exp (n floats)] (the maximum read first, on
+    the exponentials' first line), the exponentials filled; -1: not stored, the same laid out
+    in ``scratch``."""
     cdef const ModelC* m = s.model
-    cdef int64_t off = term_vector(s, 1, c, j, u, 1), ne = (n + 1) // 2
+    cdef int64_t off = term_vector(s, 1, c, j, u, 1)
     cdef double* v
     cdef const int32_t* idx
     cdef const float* W
     if off >= 0:
         v = s.term_arena + off
-        if isnan(v[n + ne]):
-            exp_fill(v, <float*>(v + n), n, v + n + ne)
+        if isnan(v[n]):
+            exp_fill(v, <float*>(v + n + 2), n, v + n)
         return off
     term_rows(m, 1, c, &idx, &W)
     nlm_gemv_rows_d(W, idx, n, m.out_dim, position_vector(s, j, u), scratch)
-    exp_fill(scratch, <float*>(scratch + n), n, scratch + n + ne)
+    exp_fill(scratch, <float*>(scratch + n + 2), n, scratch + n)
     return -1
 
 
@@ -635,8 +636,8 @@ cdef inline void base_key(const SessionC* s, const int32_t* ctx, int32_t c, int3
 cdef int64_t base_vector(SessionC* s, const int32_t* ctx, int32_t c, int32_t n,
                          const uint64_t* states, const int32_t* key, uint64_t h) noexcept nogil:
     """Offset in ``term_arena`` of the base vector of class ``c`` after ``ctx`` (its last
-    ``fact_k`` ids; base_cache ``key`` from :c:func:`base_key`, hash ``h``), laid out [exp (n
-    floats), max, range]; -1: not stored, computed into ``escratch``.  Like the terms, base
+    ``fact_k`` ids; base_cache ``key`` from :c:func:`base_key`, hash ``h``), laid out [max,
+    range, exp (n floats)]; -1: not stored, computed into ``escratch``.  Like the terms, base
     vectors are functions of the model and outlive the sentence (a Moses sentence finds ~45%
     of its ~12k made before it)."""
     cdef const ModelC* m = s.model
@@ -651,6 +652,8 @@ cdef int64_t base_vector(SessionC* s, const int32_t* ctx, int32_t c, int32_t n,
     if slot >= 0 and found:
         off = <int64_t>tv_get(&s.base_cache, table_at(&s.base_cache, slot), 0)
         if off >= 0:
+            for i in range(0, 16 + 4 * n, 64):
+                __builtin_prefetch(<char*>(s.term_arena + off) + i)
             return off
     elif slot >= 0:
         off = arena_alloc(&s.term_arena, &s.term_used, &s.term_cap, s.term_limit, ne + 2)
@@ -663,7 +666,7 @@ cdef int64_t base_vector(SessionC* s, const int32_t* ctx, int32_t c, int32_t n,
         if dv != NULL:
             acc[i] += dv[i]
     v = s.term_arena + off if off >= 0 else s.escratch  # (the arena's address after the last call)
-    exp_fill(acc, <float*>v, n, v + ne)
+    exp_fill(acc, <float*>(v + 2), n, v)
     return off
 
 
@@ -674,24 +677,29 @@ cdef int fact_lognorm(SessionC* s, const int32_t* ctx, int32_t c, int32_t n, con
     wide: the summed path)."""
     cdef const ModelC* m = s.model
     cdef int J = m.key_len - s.fact_k, j
-    cdef int64_t ne = (n + 1) // 2, boff
+    cdef int64_t boff, o, k
     cdef int64_t offs[NLM_MAX_KEY]
     cdef const float* p[NLM_MAX_KEY]
     cdef const double* v
     cdef const float* b
     cdef double mx, ok = 1
     boff = base_vector(s, ctx, c, n, states, bkey, bh)
+    for j in range(J):  # the stored vectors' lines start loading together
+        o = term_vector(s, 1, c, j, ctx[j], 1)
+        if o >= 0:
+            for k in range(0, 16 + 4 * n, 64):
+                __builtin_prefetch(<char*>(s.term_arena + o + n) + k)
     for j in range(J):
         offs[j] = exp_terms(s, c, j, ctx[j], n, s.escratch + (j + 1) * s.escratch_stride)
     v = s.term_arena + boff if boff >= 0 else s.escratch  # (addresses after the last call)
-    b = <const float*>v
-    mx = v[ne]
-    ok = v[ne + 1] <= FACT_RANGE
+    b = <const float*>(v + 2)
+    mx = v[0]
+    ok = v[1] <= FACT_RANGE
     for j in range(J):
         v = s.term_arena + offs[j] if offs[j] >= 0 else s.escratch + (j + 1) * s.escratch_stride
-        p[j] = <const float*>(v + n)
-        mx += v[n + ne]
-        ok = ok and v[n + ne + 1] <= FACT_RANGE
+        p[j] = <const float*>(v + n + 2)
+        mx += v[n]
+        ok = ok and v[n + 1] <= FACT_RANGE
     if not ok:
         return 0
     lz[0] = mx + log(nlm_prod_sum_f(b, p, J, n))
