@@ -189,9 +189,9 @@ ctypedef struct SessionC:
     TableC ngram_cache        # key: padded context + word; value: score
     # the sentence's vectors of a normaliser's logits (normalised outputs), in one arena: the
     # direct-feature values after the last direct_order-1 ids (of every member of a class,
-    # every class or every word; key [tag, ids...] in vec_cache), and for linear outputs
+    # every class or every word; key [tag, level, ids...] in vec_cache); for linear outputs
     # (ModelC.linear_out) each context position's term of the logits, per (position, id) and
-    # class (indexed directly: pos_q, term_off)
+    # class, is in term_arena (indexed directly: pos_q, term_off)
     int vec_cache_enabled
     # normalisers from position terms (ModelC.linear_out, asked for at creation: decoder
     # sessions, whatever their caches, so that every cache path gives the same bits), whose searches ask for the same few words at each position

@@ -407,7 +407,8 @@ cdef const double* direct_vector(SessionC* s, int kind, const uint64_t* states, 
 # id u (diagonal: weights_j * e(u); full: M_j e(u), a table row when precomputed; joint
 # models: source positions first), so every logit is q . h = q . b + sum_j q . p_j(u_j).
 # The terms q . p_j(u) of a class's members (of every class, of every word) are one vector per
-# (position, id, class), computed once per sentence: a Moses sentence of a class LBL with 77
+# (position, id, class), computed once and kept across the session's sentences (they depend
+# on the model alone; SessionC.term_arena): a Moses sentence of a class LBL with 77
 # Brown classes asks 71k within-class normalisers (3.7M output rows times a hidden vector)
 # and 26k class normalisers, but its contexts hold only 70-90 distinct ids per position:
 # 9.2k (position, id, class) vectors (0.6M rows) and 310 (position, id) class vectors.  A
