@@ -66,7 +66,7 @@ cdef extern from "../../src/nlmfeature/decoder/capi/nlmfeature.h":
 from nlmfeature._scorer cimport (ModelC, SessionC, StoreC, TableC, nlm_home, nlm_session_new,
                                  nlm_session_free, nlm_session_begin, nlm_score_padded,
                                  nlm_pad_context, splitmix64, key_hash, table_at, table_live,
-                                 table_insert, table_grow, tv_get, tv_set, tv_mark, tv_disk, nlm_alloc_lines, nlm_costly_lookup, alloc_table,
+                                 table_insert, table_prefetch, table_grow, tv_get, tv_set, tv_mark, tv_disk, nlm_alloc_lines, nlm_costly_lookup, alloc_table,
                                  nlm_filter_add, NLM_MAX_ORDER, NLM_STORE_MAX_FILES, OUT_SOFTMAX,
                                  OUT_CLASS)
 
@@ -1034,7 +1034,7 @@ cdef void preload_ngrams(SessionC* s, PStore* ps) noexcept nogil:
             if i + 16 < v.capacity:
                 ahead = table_at(v, i + 16)
                 if table_live(v, ahead):
-                    __builtin_prefetch(table_at(t, nlm_home(key_hash(ahead + 1, t.key_len), t.capacity)))
+                    table_prefetch(t, ahead + 1)
             p = table_at(v, i)
             if not table_live(v, p):
                 continue

@@ -218,7 +218,7 @@ cdef void nlm_prefetch_padded(SessionC* s, const int32_t* ctx, int32_t w) noexce
     if not s.ngram_cache_enabled or t.capacity == 0:
         return
     nlm_clean_ngram(s.model, ctx, w, key)
-    __builtin_prefetch(table_at(t, nlm_home(key_hash(key, t.key_len), t.capacity)))
+    table_prefetch(t, key)
 
 
 cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t w) noexcept nogil:
@@ -589,6 +589,13 @@ cdef double lin_logit(SessionC* s, const int32_t* ctx, int what, int32_t c, int3
 DEF FACT_RANGE = 80.0
 
 
+cdef inline void prefetch_bytes(const void* p, int64_t nbytes) noexcept nogil:
+    """Start loading the cache lines of ``nbytes`` bytes from ``p``."""
+    cdef int64_t k
+    for k in range(0, nbytes, 64):
+        __builtin_prefetch(<const char*>p + k)
+
+
 cdef void exp_fill(const double* v, float* e, int32_t n, double* mr) noexcept nogil:
     """``e[i]`` = exp(``v[i]`` - max v) for i < ``n``; ``mr`` = [max v, max v - min v] (the
     range infinite when a value is NaN)."""
@@ -605,13 +612,13 @@ cdef void exp_fill(const double* v, float* e, int32_t n, double* mr) noexcept no
     mr[1] = INFINITY if bad else mx - mn
 
 
-cdef int64_t exp_terms(SessionC* s, int32_t c, int j, int32_t u, int32_t n, double* scratch) noexcept nogil:
-    """Offset in ``term_arena`` of the member terms of class ``c`` for position ``j`` holding
-    ``u``, laid out [T (n doubles), max, range, exp (n floats)] (the maximum read first, on
-    the exponentials' first line), the exponentials filled; -1: not stored, the same laid out
-    in ``scratch``."""
+cdef const double* exp_terms(SessionC* s, int32_t c, int j, int32_t u, int32_t n, int64_t off,
+                            double* scratch) noexcept nogil:
+    """The member terms of class ``c`` for position ``j`` holding ``u`` (``off``: their
+    :c:func:`term_vector` offset, -1 none), laid out [T (n doubles), max, range, exp (n
+    floats)] (the maximum read first, on the exponentials' first line), the exponentials
+    filled: in ``term_arena``, else computed into ``scratch``.  Valid until the arena grows."""
     cdef const ModelC* m = s.model
-    cdef int64_t off = term_vector(s, 1, c, j, u, 1)
     cdef double* v
     cdef const int32_t* idx
     cdef const float* W
@@ -619,11 +626,11 @@ cdef int64_t exp_terms(SessionC* s, int32_t c, int j, int32_t u, int32_t n, doub
         v = s.term_arena + off
         if isnan(v[n]):
             exp_fill(v, <float*>(v + n + 2), n, v + n)
-        return off
+        return v
     term_rows(m, 1, c, &idx, &W)
     nlm_gemv_rows_d(W, idx, n, m.out_dim, position_vector(s, j, u), scratch)
     exp_fill(scratch, <float*>(scratch + n + 2), n, scratch + n)
-    return -1
+    return scratch
 
 
 cdef inline void base_key(const SessionC* s, const int32_t* ctx, int32_t c, int32_t* key) noexcept nogil:
@@ -653,8 +660,7 @@ cdef int64_t base_vector(SessionC* s, const int32_t* ctx, int32_t c, int32_t n,
     if slot >= 0 and found:
         off = <int64_t>tv_get(&s.base_cache, table_at(&s.base_cache, slot), 0)
         if off >= 0:
-            for i in range(0, 16 + 4 * n, 64):
-                __builtin_prefetch(<char*>(s.term_arena + off) + i)
+            prefetch_bytes(s.term_arena + off, 16 + 4 * n)
             return off
     elif slot >= 0:
         off = arena_alloc(&s.term_arena, &s.term_used, &s.term_cap, s.term_limit, ne + 2)
@@ -677,27 +683,24 @@ cdef int fact_lognorm(SessionC* s, const int32_t* ctx, int32_t c, int32_t n, con
     (above; the base vector's key and hash ``bkey``, ``bh``): 1, else 0 (a vector's range too
     wide: the summed path)."""
     cdef const ModelC* m = s.model
-    cdef int J = m.key_len - s.fact_k, j
-    cdef int64_t boff, o, k
+    cdef int J = m.key_len - s.fact_k, j, ok
+    cdef int64_t boff
     cdef int64_t offs[NLM_MAX_KEY]
     cdef const float* p[NLM_MAX_KEY]
     cdef const double* v
     cdef const float* b
-    cdef double mx, ok = 1
+    cdef double mx
     boff = base_vector(s, ctx, c, n, states, bkey, bh)
     for j in range(J):  # the stored vectors' lines start loading together
-        o = term_vector(s, 1, c, j, ctx[j], 1)
-        if o >= 0:
-            for k in range(0, 16 + 4 * n, 64):
-                __builtin_prefetch(<char*>(s.term_arena + o + n) + k)
-    for j in range(J):
-        offs[j] = exp_terms(s, c, j, ctx[j], n, s.escratch + (j + 1) * s.escratch_stride)
-    v = s.term_arena + boff if boff >= 0 else s.escratch  # (addresses after the last call)
+        offs[j] = term_vector(s, 1, c, j, ctx[j], 1)
+        if offs[j] >= 0:
+            prefetch_bytes(s.term_arena + offs[j] + n, 16 + 4 * n)
+    v = s.term_arena + boff if boff >= 0 else s.escratch  # (the arena allocates no more below)
     b = <const float*>(v + 2)
     mx = v[0]
     ok = v[1] <= FACT_RANGE
-    for j in range(J):
-        v = s.term_arena + offs[j] if offs[j] >= 0 else s.escratch + (j + 1) * s.escratch_stride
+    for j in range(J):  # their exponentials filled, or computed where there was no room
+        v = exp_terms(s, c, j, ctx[j], n, offs[j], s.escratch + (j + 1) * s.escratch_stride)
         p[j] = <const float*>(v + n + 2)
         mx += v[n]
         ok = ok and v[n + 1] <= FACT_RANGE
@@ -839,12 +842,9 @@ cdef double score_linear(SessionC* s, const int32_t* ctx, int32_t w) noexcept no
     else:
         lzw = lz
     if isnan(lzw) and which and s.fact_k and fact_lognorm(s, ctx, c, n, states, bkey, bh, &lzw):
-        if kp != NULL:
+        if kp != NULL:  # (a finite normaliser: the word's logit is summed alone below)
             norm_keep(&s.class_cache, kp, 0, lzw)
-        logit = lin_logit(s, ctx, 1, c, pos) + m.out_bias[w]
-        if m.direct_order:
-            logit += <double><float>direct_value_kind(m, 0, states, w)
-    elif isnan(lzw):
+    if isnan(lzw):
         # a new normaliser (of the class's members, or of the vocabulary): its logits, the
         # word's among them
         lin_logits(s, ctx, 1, c, acc)
