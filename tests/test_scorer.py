@@ -418,3 +418,26 @@ def test_position_terms_outlive_the_sentence(tmp_path, entries):
     for k in list(range(len(grams))) + list(range(len(grams)))[::-1]:
         sess.begin_sentence(k)
         assert np.array_equal(sess.score_padded(*grams[k]), alone[k])
+
+
+@pytest.mark.parametrize("output", ["unnormalised", "class"])
+def test_huge_page_copies_score_the_same_bits(tmp_path, monkeypatch, output):
+    """The arrays a decoder reads at scattered rows (here the 4 MB of direct-feature weights)
+    are copied into huge pages at load, unless ``NLMFEATURE_HUGE_PAGES=0``: the same scores,
+    bit for bit, in decoder sessions with their caches on and off."""
+    path = make_model(tmp_path, output=output, **(dict(classes=13) if output == "class" else {}),
+                      direct_order=3, hash_space=1 << 20)
+    lines = [l.split() for l in read_lines(BROWN_VALID, 6)]
+    scores = {}
+    for huge in ("0", "1"):
+        monkeypatch.setenv("NLMFEATURE_HUGE_PAGES", huge)
+        model = nlmfeature.load(path)
+        assert (model.native.copied_bytes >= 4 << 20) == (huge == "1")
+        got = []
+        for entries in (1 << 16, 0):
+            sess = model.session(entries, position_terms=True)
+            for k, line in enumerate(lines):
+                sess.begin_sentence(k)
+                got.append(sess.score_padded(*model.sentence_ngrams(line)))
+        scores[huge] = np.concatenate(got)
+    assert np.array_equal(scores["0"], scores["1"])

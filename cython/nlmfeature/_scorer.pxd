@@ -11,6 +11,7 @@ cdef enum:
     NLM_MAX_LAYERS = 8
     NLM_MAX_WINDOW = 31      # joint models: most source-window positions (2m+1)
     NLM_MAX_KEY = NLM_MAX_ORDER + NLM_MAX_WINDOW  # ids in a full context (window + n-1)
+    NLM_MAX_COPIES = 4 + 2 * NLM_MAX_BRANCHES  # a model's arrays copied into huge pages (NativeModel.hot)
 
 # activation functions
 cdef enum:
@@ -284,6 +285,7 @@ cdef void table_init(TableC* t, int key_len, int nd, int fval_len, int64_t limit
                      int clear_when_full) noexcept nogil
 cdef void table_free(TableC* t) noexcept nogil
 cdef void* alloc_table(size_t nbytes) noexcept nogil
+cdef void* alloc_huge(size_t nbytes, int zero) noexcept nogil
 cdef void table_clear(TableC* t) noexcept nogil
 cdef int64_t table_find(const TableC* t, const int32_t* key, uint64_t h) noexcept nogil
 cdef int64_t table_insert(TableC* t, const int32_t* key, int* found) noexcept nogil

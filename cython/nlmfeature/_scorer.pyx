@@ -8,7 +8,7 @@ All scoring functions are ``nogil`` and touch no Python object.  Scores are natu
 cimport cython
 from libc.math cimport exp, expf, log, log1p, tanhf, INFINITY, NAN, isnan
 from libc.stdint cimport int8_t, int32_t, int64_t, uint32_t, uint64_t
-from libc.stdlib cimport calloc, free, realloc
+from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memset
 from posix.unistd cimport close
 from cpython.pycapsule cimport PyCapsule_New

@@ -281,8 +281,11 @@ cdef int64_t arena_alloc(double** arena, int64_t* used, int64_t* capacity, int64
         cap = capacity[0] * 2 if capacity[0] else 65536
         cap = need if cap < need else cap
         cap = limit if cap > limit else cap
-        grown = <double*>realloc(arena[0], cap * sizeof(double))
+        grown = <double*>alloc_huge(cap * sizeof(double), 0)
         if grown != NULL:
+            if arena[0] != NULL:
+                memcpy(grown, arena[0], used[0] * sizeof(double))
+                free(arena[0])
             arena[0] = grown
             capacity[0] = cap
     if need > capacity[0]:

@@ -20,19 +20,30 @@ cdef void table_init(TableC* t, int key_len, int nd, int fval_len, int64_t limit
     t.generation = 1
 
 
-cdef void* alloc_table(size_t nbytes) noexcept nogil:
-    """Zeroed memory for a cache table (or a persistent-cache file read into memory); from
-    2 MB up in transparent huge pages, so probes scattered over it do not also miss the TLB."""
+cdef void* alloc_huge(size_t nbytes, int zero) noexcept nogil:
+    """Memory (zeroed with ``zero``) for what is probed at scattered places: a cache table,
+    a vector arena, a persistent-cache file read into memory, a model's large arrays
+    (nlm_copy_huge).  From 2 MB up in transparent huge pages, so that the probes do not also
+    miss the TLB (a Moses search keeps the TLB busy with its own data); freed with free()."""
     cdef size_t huge = 2 << 20, size
     cdef void* p
     if nbytes < huge:
-        return calloc(1, nbytes if nbytes else 1)
+        if zero:
+            return calloc(1, nbytes if nbytes else 1)
+        return malloc(nbytes if nbytes else 1)
     size = (nbytes + huge - 1) & ~(huge - 1)
     p = aligned_alloc(huge, size)
     if p != NULL:
         madvise(p, size, MADV_HUGEPAGE)
-        memset(p, 0, size)
+        if zero:
+            memset(p, 0, size)
     return p
+
+
+cdef void* alloc_table(size_t nbytes) noexcept nogil:
+    """Zeroed memory for a cache table (or a persistent-cache file read into memory):
+    :c:func:`alloc_huge`."""
+    return alloc_huge(nbytes, 1)
 
 
 cdef int table_grow(TableC* t) noexcept nogil:

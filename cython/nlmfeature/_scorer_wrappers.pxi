@@ -37,6 +37,11 @@ cdef class NativeModel:
     cdef object _arrays
     cdef object _extra
     cdef readonly object path
+    cdef void* _copies[NLM_MAX_COPIES]
+    cdef int _ncopies
+    cdef bint _huge
+    #: bytes of the model's arrays this process reads from its own huge-page copies (hot)
+    cdef readonly int64_t copied_bytes
 
     def __cinit__(self, *args, **kwargs):
         self.m.file_fd = -1
@@ -45,6 +50,39 @@ cdef class NativeModel:
         if self.m.file_fd >= 0:
             close(self.m.file_fd)
             self.m.file_fd = -1
+        self._free_copies()
+
+    cdef void _free_copies(self) noexcept:
+        cdef int i
+        for i in range(self._ncopies):
+            free(self._copies[i])
+        self._ncopies = 0
+        self.copied_bytes = 0
+
+    cdef const float* hot(self, arrays, name, required=True) except? NULL:
+        """``fptr`` of an array the scorer reads at scattered rows (embeddings, output
+        weights, first-layer tables, direct-feature weights): from 2 MB up, a copy of it in
+        transparent huge pages (:c:func:`alloc_huge`), owned by this model.  The mapped
+        file's 4 KB pages cost a Moses search a TLB miss on nearly every such read (its own
+        data fills the TLB); one process's copy costs the array's size in memory, once for
+        all its threads.  ``NLMFEATURE_HUGE_PAGES=0`` in the environment reads the mapping
+        itself (processes then share the page cache's one copy)."""
+        cdef const float* p = fptr(arrays, name, required)
+        cdef size_t n
+        cdef void* q
+        if p == NULL or not self._huge or self._ncopies == NLM_MAX_COPIES:
+            return p
+        n = arrays[name].nbytes
+        if n < (2 << 20):
+            return p
+        q = alloc_huge(n, 0)
+        if q == NULL:
+            return p
+        memcpy(q, p, n)
+        self._copies[self._ncopies] = q
+        self._ncopies += 1
+        self.copied_bytes += n
+        return <const float*>q
 
     def __init__(self, dict header, dict arrays, bint use_tables=True):
         cdef int k
@@ -56,6 +94,8 @@ cdef class NativeModel:
             close(m.file_fd)
         memset(m, 0, sizeof(ModelC))
         m.file_fd = -1
+        self._free_copies()
+        self._huge = os.environ.get("NLMFEATURE_HUGE_PAGES", "1") != "0"
         m.order = header["order"]
         if not 1 <= m.order <= NLM_MAX_ORDER:
             raise ValueError(f"order {m.order} is outside 1..{NLM_MAX_ORDER}")
@@ -64,7 +104,7 @@ cdef class NativeModel:
         m.embed_dim = header["embed_dim"]
         sp = header["special"]
         m.unk, m.bos, m.eos, m.null = sp["<unk>"], sp["<s>"], sp["</s>"], sp["<null>"]
-        m.embeddings = fptr(arrays, "embeddings")
+        m.embeddings = self.hot(arrays, "embeddings")
         branches = header["branches"]
         if not 1 <= len(branches) <= NLM_MAX_BRANCHES:
             raise ValueError(f"between 1 and {NLM_MAX_BRANCHES} first-layer branches are supported")
@@ -77,7 +117,7 @@ cdef class NativeModel:
             m.branches[k].activation = ACTIVATIONS[br["activation"]]
             m.branches[k].weights = fptr(arrays, f"branch{k}.weights")
             m.branches[k].bias = fptr(arrays, f"branch{k}.bias", False)
-            m.branches[k].tables = fptr(arrays, f"branch{k}.tables", False)
+            m.branches[k].tables = self.hot(arrays, f"branch{k}.tables", False)
             m.max_width = max(m.max_width, br["hidden"])
         layers = header["layers"]
         if len(layers) > NLM_MAX_LAYERS:
@@ -100,7 +140,7 @@ cdef class NativeModel:
         m.out_dim = out["dim"]
         m.max_width = max(m.max_width, m.out_dim)
         m.output_type = OUTPUTS[out["type"]]
-        m.out_weight = fptr(arrays, "output.weight")
+        m.out_weight = self.hot(arrays, "output.weight")
         m.out_bias = fptr(arrays, "output.bias")
         if m.output_type == OUT_CLASS:
             m.n_classes = out["classes"]
@@ -139,7 +179,7 @@ cdef class NativeModel:
         if direct:
             m.direct_order = direct["order"]
             m.hash_space = direct["hash_space"]
-            m.direct_weights = fptr(arrays, "direct.weights")
+            m.direct_weights = self.hot(arrays, "direct.weights")
             if not 1 <= m.direct_order <= m.order:
                 raise ValueError("direct feature order must be between 1 and the model order")
             # which hashed weights are non-zero (most are: only trained n-grams get a weight)
@@ -166,9 +206,9 @@ cdef class NativeModel:
             m.src_vocab_size = source["vocab_size"]
             ssp = source["special"]
             m.src_unk, m.src_bos, m.src_eos, m.src_null = ssp["<unk>"], ssp["<s>"], ssp["</s>"], ssp["<null>"]
-            m.src_embeddings = fptr(arrays, "source.embeddings")
+            m.src_embeddings = self.hot(arrays, "source.embeddings")
             for k in range(m.n_branches):
-                m.branches[k].src_tables = fptr(arrays, f"branch{k}.source.tables", False)
+                m.branches[k].src_tables = self.hot(arrays, f"branch{k}.source.tables", False)
                 if (m.branches[k].tables == NULL) != (m.branches[k].src_tables == NULL):
                     raise ValueError("a joint model has tables for all positions or none")
             m.key_len = m.ctx_len + m.src_window
