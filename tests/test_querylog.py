@@ -110,7 +110,8 @@ def test_bad_logs_are_clear_errors(recorded, tmp_path):
 def test_replay_tool_runs_a_tuning_loop_through_the_persistent_cache(recorded, tmp_path):
     """tools/replay_querylog.py --persistent-cache: one stream per tuning iteration, each scored
     with and without the cache (carried over), then the last again; the cached scores are the
-    uncached ones and the second iteration reads what the first wrote."""
+    uncached ones and the second iteration reads what the first wrote (each cached pass of
+    the two repeats on a copy of the directory as the iteration found it)."""
     import importlib.util
     import json
     model, lines, raw, d = recorded
@@ -124,7 +125,7 @@ def test_replay_tool_runs_a_tuning_loop_through_the_persistent_cache(recorded, t
     querylog.pack(log.head(4), second)
     out = str(tmp_path / "loop.json")
     rc = tool.main([model.path, "--persistent-cache", str(tmp_path / "pc"), "--stream", first, "--stream", second,
-                    "--repeats", "1", "--json", out])
+                    "--repeats", "2", "--json", out])
     assert rc == 0
     rows = json.load(open(out))["rows"]
     assert [r["iteration"] for r in rows] == [1, 2, "unchanged"]

@@ -14,8 +14,10 @@ With ``--persistent-cache DIR`` the streams (``--stream`` repeated: one log per 
 iteration, recorded with each iteration's weights) are replayed as a tuning loop through the
 persistent tuning cache (issue 12): each iteration's stream scored without the cache and with
 ``DIR`` (emptied first, carried over between iterations), then the last stream once more
-("unchanged weights").  Per iteration: CPU seconds without and with the cache (the latter
-split into sentence begin: mapping and checking files, scoring, sentence end: writing), their
+("unchanged weights").  Per iteration: CPU seconds without and with the cache, each the
+least of ``--repeats`` passes (the cached ones each on a copy of the directory as the
+iteration found it; split into sentence begin: mapping and checking files, scoring,
+sentence end: writing), their
 ratio and whether both gave the same scores; then the mean ratio of iterations 2..k and the
 directory's size.  Beside each ratio, the bound the iteration's reuse allows: the share of its
 distinct n-grams that earlier iterations asked in the same sentence (what the files can hold)
@@ -91,6 +93,28 @@ def _hits_pass(scorer, stream) -> float:
     return t
 
 
+def _cached_pass(model, stream, directory: str, repeats: int):
+    """The least of ``repeats`` passes of a stream through the persistent cache, each on a
+    copy of ``directory`` as the iteration found it (as the passes without the cache are the
+    least of ``repeats``: one pass of this machine can be 30% off); ``directory`` then holds
+    what the last pass left (every pass writes the same entries)."""
+    from nlmfeature._pcache import CachedScorer
+    best = None
+    for _ in range(max(1, repeats)):
+        run = directory + ".run"
+        if os.path.exists(run):
+            shutil.rmtree(run)
+        if os.path.exists(directory):
+            shutil.copytree(directory, run)
+        got = _loop_pass(CachedScorer(model, run, quiet=True, policy="always", position_terms=True), stream)
+        if best is None or sum(got[0]) < sum(best[0]):
+            best = got
+    if os.path.exists(directory):
+        shutil.rmtree(directory)
+    os.rename(run, directory)
+    return best
+
+
 def _sentence_keys(stream) -> List[set]:
     """Per sentence: its distinct n-grams (context ids and word, as bytes)."""
     ctx, words, starts = stream
@@ -128,7 +152,7 @@ def tuning_loop(model, streams: List[str], directory: str, repeats: int, out=sys
                 seen[j] |= k
             else:
                 seen.append(set(k))
-        cached = _loop_pass(CachedScorer(model, directory, quiet=True, policy="always", position_terms=True), stream)
+        cached = _cached_pass(model, stream, directory, repeats)
         row = {"iteration": i + 1 if i < len(loaded) else "unchanged", "lookups": int(len(stream[1])),
                "none_s": round(sum(none[0]), 3), "cache_s": round(sum(cached[0]), 3),
                "begin_s": round(cached[0][0], 3), "score_s": round(cached[0][1], 3),
