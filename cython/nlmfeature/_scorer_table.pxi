@@ -23,7 +23,7 @@ cdef void table_init(TableC* t, int key_len, int nd, int fval_len, int64_t limit
 cdef void* alloc_huge(size_t nbytes, int zero) noexcept nogil:
     """Memory (zeroed with ``zero``) for what is probed at scattered places: a cache table,
     a vector arena, a persistent-cache file read into memory, a model's large arrays
-    (nlm_copy_huge).  From 2 MB up in transparent huge pages, so that the probes do not also
+    (NativeModel.hot).  From 2 MB up in transparent huge pages, so that the probes do not also
     miss the TLB (a Moses search keeps the TLB busy with its own data); freed with free()."""
     cdef size_t huge = 2 << 20, size
     cdef void* p
