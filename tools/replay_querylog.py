@@ -16,9 +16,8 @@ persistent tuning cache (issue 12): each iteration's stream scored without the c
 ``DIR`` (emptied first, carried over between iterations), then the last stream once more
 ("unchanged weights").  Per iteration: CPU seconds without and with the cache, each the
 least of ``--repeats`` passes (the cached ones each on a copy of the directory as the
-iteration found it; split into sentence begin: mapping and checking files, scoring,
-sentence end: writing), their
-ratio and whether both gave the same scores; then the mean ratio of iterations 2..k and the
+iteration found it, and split into sentence begin: mapping and checking files, scoring,
+sentence end: writing), their ratio and whether both gave the same scores; then the mean ratio of iterations 2..k and the
 directory's size.  Beside each ratio, the bound the iteration's reuse allows: the share of its
 distinct n-grams that earlier iterations asked in the same sentence (what the files can hold)
 and the cost of the stream when every lookup is a hit of the session's table (each

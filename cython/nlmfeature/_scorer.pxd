@@ -12,6 +12,7 @@ cdef enum:
     NLM_MAX_WINDOW = 31      # joint models: most source-window positions (2m+1)
     NLM_MAX_KEY = NLM_MAX_ORDER + NLM_MAX_WINDOW  # ids in a full context (window + n-1)
     NLM_MAX_COPIES = 4 + 2 * NLM_MAX_BRANCHES  # a model's arrays copied into huge pages (NativeModel.hot)
+    NLM_HUGE_PAGE = 2 << 20  # bytes of a transparent huge page: alloc_huge's unit, and the least array NativeModel.hot copies
 
 # activation functions
 cdef enum:

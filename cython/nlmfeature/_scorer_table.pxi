@@ -25,7 +25,7 @@ cdef void* alloc_huge(size_t nbytes, int zero) noexcept nogil:
     a vector arena, a persistent-cache file read into memory, a model's large arrays
     (NativeModel.hot).  From 2 MB up in transparent huge pages, so that the probes do not also
     miss the TLB (a Moses search keeps the TLB busy with its own data); freed with free()."""
-    cdef size_t huge = 2 << 20, size
+    cdef size_t huge = NLM_HUGE_PAGE, size
     cdef void* p
     if nbytes < huge:
         if zero:

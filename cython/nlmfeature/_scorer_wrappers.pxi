@@ -73,7 +73,7 @@ cdef class NativeModel:
         if p == NULL or not self._huge or self._ncopies == NLM_MAX_COPIES:
             return p
         n = arrays[name].nbytes
-        if n < (2 << 20):
+        if n < NLM_HUGE_PAGE:
             return p
         q = alloc_huge(n, 0)
         if q == NULL:
