@@ -480,10 +480,11 @@ def test_disk_use_is_bounded_and_least_recently_used_files_go(model_paths, tmp_p
         s.begin(i)
         s.score_sentence(line)
         s.end()
-        # age the file as if written long ago, in order (mtime has 1 s resolution for LRU)
+        # age the file as if written two days ago, in order: files unused for a day go
+        # least recently used first
         path = os.path.join(s.directory, f"{i}.nlmc")
         if os.path.exists(path):
-            os.utime(path, (now - 10000 + i, now - 10000 + i))
+            os.utime(path, (now - 200000 + i, now - 200000 + i))
         # keep sentence 0 in use: loading it makes it the most recent
         s.begin(0)
         s.end()
@@ -494,6 +495,42 @@ def test_disk_use_is_bounded_and_least_recently_used_files_go(model_paths, tmp_p
     assert not os.path.exists(os.path.join(str(d), m.checksum, "1.nlmc"))  # old, unused
     left, removed = prune(str(d), st.bytes // 2)
     assert removed > 0 and left <= st.bytes // 2 * 0.8 + 1
+
+
+def test_a_bound_below_one_pass_keeps_the_first_sentences_up_to_date(model_paths, tmp_path):
+    """A tuning loop reads its sentences in the same order at every iteration, each iteration a
+    new decoder run.  With a bound below one iteration's files, deleting the least recently used
+    file deletes the one the loop needs next: no file would survive to the next iteration.  A
+    run writes only what fits instead: the first sentences keep their files, the others get
+    none, and where new entries do not fit, a sentence's working set replaces its files."""
+    m = nlmfeature.load(model_paths["unnormalised"])
+    run_pass(CachedScorer(m, tmp_path / "probe", policy="always"), LINES)
+    bound = directory_stats(str(tmp_path / "probe")).bytes // 3
+    d = tmp_path / "bounded"
+    sub = os.path.join(str(d), m.checksum)
+    run_pass(CachedScorer(m, d, max_bytes=bound, quiet=True, policy="always"), LINES)
+    kept = sorted(int(n.split(".")[0]) for n in os.listdir(sub) if n.endswith(".nlmc"))
+    assert directory_stats(str(d)).bytes <= bound
+    # the first sentences (and later ones small enough for what room was left)
+    assert len(LINES) // 5 <= len(kept) < len(LINES) and set(range(len(kept) * 3 // 4)) <= set(kept)
+    # the next iterations: partly the same n-grams, partly new ones (a little fewer in all)
+    def mix(a, b):
+        a, b = a.split(), b.split()
+        return " ".join(a[:len(a) // 2] + b[len(b) // 2:len(b) // 2 + len(a) // 3])
+    lines2 = [mix(a, b) for a, b in zip(LINES, LINES[1:] + LINES[:1])]
+    hits = []
+    for _ in range(2):
+        s = CachedScorer(m, d, max_bytes=bound, quiet=True, policy="always")
+        got = run_pass(s, lines2)
+        st = s.stats()
+        assert st["files_read"] >= len(kept)
+        hits.append(st["persistent_hits"])
+        assert directory_stats(str(d)).bytes <= bound
+        for g, line in zip(got, lines2):
+            np.testing.assert_allclose(g, m.score_sentence(line), atol=1e-6, rtol=0)
+        assert {int(n.split(".")[0]) for n in os.listdir(sub) if n.endswith(".nlmc")} >= set(kept)  # none lost
+    # the second run of lines2 finds what the first computed (the files are up to date)
+    assert hits[1] > hits[0] > 0
 
 
 def test_cache_command(model_paths, tmp_path):

@@ -58,6 +58,8 @@ from nlmfeature import cli  # noqa: E402
 from nlmfeature.bench import shared_data  # noqa: E402
 from nlmfeature.io.atomicfile import atomic_write_text  # noqa: E402
 from nlmfeature.io.textio import iter_lines  # noqa: E402
+from nlmfeature.decoder.pcache import parse_size  # noqa: E402
+from nlmfeature.errors import NLMFeatureError  # noqa: E402
 from nlmfeature.mt import moses as mo  # noqa: E402
 from nlmfeature.mt.weights import Weights, format_weights, read_weights  # noqa: E402
 SHARED = shared_data()
@@ -198,10 +200,22 @@ def main(argv=None) -> int:
                     help="decode each iteration's three configurations this many times, interleaved, each "
                          "cached repeat from the cache as the iteration found it, and report the least CPU "
                          "time of each (default 1; 3 on a shared machine, where one run cannot resolve 10%%)")
+    ap.add_argument("--max-bytes", default=None, metavar="SIZE", type=_size,
+                    help="bound of the cache directory (persistent-cache-max: 500M, 2G, ...; default: the "
+                         "feature's own, 4G); a bound below the dev set's files shows what a tuning loop keeps")
     ap.add_argument("--workdir", default=None, help="keep files here (default: a temporary directory)")
     ap.add_argument("--json", default=None, help="write all figures to this JSON file")
     ap.set_defaults(func=run)
     return cli.run(ap, argv)     # the package's one error handler: bad input gives a message, no traceback
+
+
+def _size(text: str) -> str:
+    """A size as the Moses feature takes it (checked here: a bad one is a usage error)."""
+    try:
+        parse_size(text)
+    except NLMFeatureError as e:
+        raise argparse.ArgumentTypeError(str(e))
+    return text.strip()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -227,8 +241,9 @@ def run(args: argparse.Namespace) -> int:
     n = len(refs)
     label = f"first {n} dev sentences" if args.sentences and n < 1014 else f"{n} dev sentences"
     print(f"moses: {moses}\nsystem: {os.path.abspath(args.system)} (tables filtered, LM binarised)\n"
-          f"dev: {label}; {args.iterations} iterations; {args.threads} thread(s)\nworkdir: {work}")
-    results: Dict = {"moses": moses, "sentences": n, "label": label, "runs": {}}
+          f"dev: {label}; {args.iterations} iterations; {args.threads} thread(s); "
+          f"cache bound {args.max_bytes or 'the default'}\nworkdir: {work}")
+    results: Dict = {"moses": moses, "sentences": n, "label": label, "max_bytes": args.max_bytes, "runs": {}}
     for spec in args.model:
         name, path = spec.split("=", 1)
         for alg in [a for a in args.algorithms.split(",") if a]:
@@ -248,7 +263,9 @@ def run(args: argparse.Namespace) -> int:
                 tag = f"{name}.{alg}.{it}"
                 ini_k = write_ini(os.path.join(work, f"{tag}.kenlm.ini"), ini0, weights, None)
                 ini_n = write_ini(os.path.join(work, f"{tag}.nlm.ini"), ini0, weights, path)
-                ini_c = write_ini(os.path.join(work, f"{tag}.pc.ini"), ini0, weights, path, f"persistent-cache={pc}")
+                bound = f" persistent-cache-max={args.max_bytes}" if args.max_bytes else ""
+                ini_c = write_ini(os.path.join(work, f"{tag}.pc.ini"), ini0, weights, path,
+                                  f"persistent-cache={pc}{bound}")
                 nb = os.path.join(work, f"{tag}.pc.nbest")
                 snap = pc + ".before"
                 if args.repeats > 1:  # every cached repeat starts from the cache as the iteration found it

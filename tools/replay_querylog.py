@@ -48,6 +48,7 @@ import numpy as np  # noqa: E402
 
 import nlmfeature  # noqa: E402
 from nlmfeature.decoder import querylog  # noqa: E402
+from nlmfeature.decoder.pcache import parse_size  # noqa: E402
 
 
 def _digest(scores: np.ndarray) -> str:
@@ -92,11 +93,12 @@ def _hits_pass(scorer, stream) -> float:
     return t
 
 
-def _cached_pass(model, stream, directory: str, repeats: int):
-    """The least of ``repeats`` passes of a stream through the persistent cache, each on a
-    copy of ``directory`` as the iteration found it (as the passes without the cache are the
-    least of ``repeats``: one pass of this machine can be 30% off); ``directory`` then holds
-    what the last pass left (every pass writes the same entries)."""
+def _cached_pass(model, stream, directory: str, repeats: int, max_bytes: int = 0):
+    """The least of ``repeats`` passes of a stream through the persistent cache (bounded by
+    ``max_bytes``, 0: the default), each on a copy of ``directory`` as the iteration found it
+    (as the passes without the cache are the least of ``repeats``: one pass of this machine can
+    be 30% off); ``directory`` then holds what the last pass left (every pass writes the same
+    entries).  Returns the times, the digest and the sentences that found files."""
     from nlmfeature._pcache import CachedScorer
     best = None
     for _ in range(max(1, repeats)):
@@ -105,9 +107,12 @@ def _cached_pass(model, stream, directory: str, repeats: int):
             shutil.rmtree(run)
         if os.path.exists(directory):
             shutil.copytree(directory, run)
-        got = _loop_pass(CachedScorer(model, run, quiet=True, policy="always", position_terms=True), stream)
+        scorer = CachedScorer(model, run, max_bytes=max_bytes, quiet=True, policy="always", position_terms=True)
+        got = _loop_pass(scorer, stream)
+        found = scorer.stats()["files_read"]
+        del scorer
         if best is None or sum(got[0]) < sum(best[0]):
-            best = got
+            best = got + (found,)
     if os.path.exists(directory):
         shutil.rmtree(directory)
     os.rename(run, directory)
@@ -126,9 +131,12 @@ def _dir_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
 
 
-def tuning_loop(model, streams: List[str], directory: str, repeats: int, out=sys.stdout) -> dict:
+def tuning_loop(model, streams: List[str], directory: str, repeats: int, out=sys.stdout,
+                max_bytes: int = 0) -> dict:
     """Replay ``streams`` as the iterations of a tuning loop with and without the persistent
-    cache in ``directory`` (emptied first); the figures as a dict (also printed)."""
+    cache in ``directory`` (emptied first, bounded by ``max_bytes``, 0: the default); the
+    figures as a dict (also printed).  The bound assumes every n-gram of the iterations before
+    is on disk: under a disk bound smaller than that, fewer are."""
     from nlmfeature._pcache import CachedScorer
     loaded = [querylog.load_stream(p, model, 0) for p in streams]
     if os.path.exists(directory):
@@ -151,19 +159,21 @@ def tuning_loop(model, streams: List[str], directory: str, repeats: int, out=sys
                 seen[j] |= k
             else:
                 seen.append(set(k))
-        cached = _cached_pass(model, stream, directory, repeats)
+        cached = _cached_pass(model, stream, directory, repeats, max_bytes)
         row = {"iteration": i + 1 if i < len(loaded) else "unchanged", "lookups": int(len(stream[1])),
                "none_s": round(sum(none[0]), 3), "cache_s": round(sum(cached[0]), 3),
                "begin_s": round(cached[0][0], 3), "score_s": round(cached[0][1], 3),
                "end_s": round(cached[0][2], 3), "ratio": round(sum(cached[0]) / max(1e-9, sum(none[0])), 3),
                "same_scores": none[1] == cached[1], "disk_bytes": _dir_bytes(directory),
                "all_hits_s": round(hits, 3), "distinct_ngrams_on_disk": round(share, 3),
+               "files_read": cached[2], "sentences": len(keys),
                "bound": round(bound, 3)}
         rows.append(row)
         print(f"iteration {row['iteration']}: {row['lookups']:,} lookups; no cache {row['none_s']:.2f} s, "
               f"cache {row['cache_s']:.2f} s (begin {row['begin_s']:.2f}, score {row['score_s']:.2f}, "
               f"end {row['end_s']:.2f}): {row['ratio']:.2f}x; {'same' if row['same_scores'] else 'DIFFERENT'} "
-              f"scores; disk {row['disk_bytes'] / 1e6:.1f} MB; {row['distinct_ngrams_on_disk']:.1%} of its "
+              f"scores; disk {row['disk_bytes'] / 1e6:.1f} MB ({row['files_read']} files read for "
+              f"{row['sentences']} sentences); {row['distinct_ngrams_on_disk']:.1%} of its "
               f"distinct n-grams on disk, all lookups as hits {row['all_hits_s']:.2f} s: bound "
               f"{row['bound']:.2f}x", file=out, flush=True)
     later = rows[1:-1]
@@ -192,11 +202,15 @@ def main(argv=None) -> int:
     ap.add_argument("--persistent-cache", default=None, metavar="DIR",
                     help="replay the streams as a tuning loop with and without the persistent cache in DIR "
                          "(emptied first)")
+    ap.add_argument("--max-bytes", default="0", metavar="SIZE",
+                    help="with --persistent-cache: bound of the cache directory (500M, 2G, ...; default 0: "
+                         "the cache's own default, 4G)")
     ap.add_argument("--json", default=None, help="with --persistent-cache: write the figures to this file")
     args = ap.parse_args(argv)
     model = nlmfeature.load(args.model)
     if args.persistent_cache:
-        summary = tuning_loop(model, args.stream or [None], args.persistent_cache, args.repeats)
+        summary = tuning_loop(model, args.stream or [None], args.persistent_cache, args.repeats,
+                              max_bytes=parse_size(args.max_bytes))
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(summary, f, indent=1)

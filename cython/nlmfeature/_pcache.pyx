@@ -44,13 +44,19 @@ File format (little-endian; see docs/c-api.md)::
 
 A file that is not a regular file, truncated, corrupt, of another version, model or sentence
 is ignored with a warning on stderr (only its header is read before it is rejected) and
-replaced at sentence end.  The directory is bounded: beyond ``max_bytes`` the least recently
-used files (by mtime; a use touches them) are deleted until it is under 80% of the bound.
+replaced at sentence end.  The directory is bounded by ``max_bytes``.  A tuning loop reads its
+sentences in the same order at every iteration, so deleting its least recently used file would
+delete the one it needs next, and a bound below one iteration's files would leave none for the
+next.  So a session writes only what fits (``write_sentence``): where new entries do not fit,
+a sentence that has files gets its working set (what it asked for) in their place, and a
+sentence without files gets none: the first sentences of the loop keep theirs, up to date.
+Files unused for a day are deleted, least recently used first (by mtime; a use touches them),
+when the bound is passed (``prune_dir``).
 
 Everything here except the Python classes at the bottom runs without the GIL.
 """
 cimport cython
-from libc.errno cimport errno, ENOENT, EEXIST, EINTR, EIO, ENOMEM
+from libc.errno cimport errno, ENOENT, EEXIST, EINTR, EIO, ENOMEM, ENOSPC
 from libc.math cimport isnan, NAN
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdio cimport FILE, fopen, fwrite, fclose, fprintf, stderr, snprintf, rename
@@ -66,7 +72,7 @@ cdef extern from "../../src/nlmfeature/decoder/capi/nlmfeature.h":
 from nlmfeature._scorer cimport (ModelC, SessionC, StoreC, TableC, nlm_home, nlm_session_new,
                                  nlm_session_free, nlm_session_begin, nlm_score_padded,
                                  nlm_pad_context, splitmix64, key_hash, table_at, table_live,
-                                 table_insert, table_prefetch, table_grow, tv_get, tv_set, tv_mark, tv_disk, nlm_alloc_lines, nlm_costly_lookup, alloc_table,
+                                 table_insert, table_prefetch, table_grow, tv_get, tv_set, tv_mark, tv_disk, tv_seen, nlm_alloc_lines, nlm_costly_lookup, alloc_table,
                                  nlm_filter_add, NLM_MAX_ORDER, NLM_STORE_MAX_FILES, OUT_SOFTMAX,
                                  OUT_CLASS)
 
@@ -107,6 +113,7 @@ cdef extern from "<dirent.h>" nogil:
 cdef extern from *:
     """
     #include <sys/stat.h>
+    #include <time.h>
     static unsigned long long nlm_pcache_counter = 0;
     static int nlm_pcache_said_off = 0;
     static unsigned long long nlm_pcache_next(void) {
@@ -118,6 +125,13 @@ cdef extern from *:
     }
     static long long nlm_mtime_ns(const struct stat* st) {
         return (long long)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec;
+    }
+    /* the wall clock in ns as the kernel stamps files (its coarse clock: a file touched after
+       this call never has an earlier time) */
+    static long long nlm_now_ns(void) {
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME_COARSE, &t);
+        return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
     }
     /* checksum of the data regions: four xxh64-style lanes (memory speed) */
     static inline unsigned long long nlm_rotl(unsigned long long x, int r) {
@@ -143,6 +157,7 @@ cdef extern from *:
     unsigned long long nlm_pcache_next() nogil
     int nlm_pcache_first_off() nogil
     long long nlm_mtime_ns(const struct_stat* st) nogil
+    long long nlm_now_ns() nogil
     unsigned long long nlm_fast_checksum(const unsigned char* p, long long n) nogil
 
 cdef enum:
@@ -195,6 +210,8 @@ ctypedef struct PStore:
                               # (NLMFEATURE_PERSISTENT_PRELOAD=0: probe the files lazily instead)
     int64_t sentence_id
     int64_t est_bytes         # estimate of the directory's size (-1: unknown)
+    long long since_ns        # when the session started: files touched since are this run's
+    int said_full             # the "no room" line was printed
     int64_t written_since_scan
     uint64_t m_dev
     uint64_t m_ino
@@ -482,18 +499,24 @@ cdef int load_file(const char* path, int order, int ctx_key_len, const unsigned 
 # writing: the entries of several tables (deduplicated) as one file
 # ---------------------------------------------------------------------------------------
 
+cdef enum:
+    SRC_ALL = 0               # every live entry (a file's)
+    SRC_NEW = 1               # entries computed here (disk bit clear) with a value
+    SRC_ASKED = 2             # entries the sentence asked for (computed here, or from disk and
+                              # seen): its working set, what the next iteration most likely asks
+
 ctypedef struct Source:
     const TableC* t
-    int only_new              # skip entries from disk and entries whose values are all NaN
+    int mode                  # SRC_ALL, SRC_NEW or SRC_ASKED
 
 
-cdef inline int wanted(const TableC* t, const int32_t* p, int only_new) noexcept nogil:
+cdef inline int wanted(const TableC* t, const int32_t* p, int mode) noexcept nogil:
     cdef int i
     if not table_live(t, p):
         return 0
-    if not only_new:
+    if mode == SRC_ALL:
         return 1
-    if tv_disk(p):
+    if tv_disk(p) and (mode == SRC_NEW or not tv_seen(p)):
         return 0
     for i in range(t.nd):
         if not isnan(tv_get(t, p, i)):
@@ -517,7 +540,7 @@ cdef int64_t fill_region(int32_t* slots, int64_t cap, int key_len, int nd, const
     for k in range(nsrc):
         for i in range(src[k].t.capacity):
             p = table_at(src[k].t, i)
-            if not wanted(src[k].t, p, src[k].only_new):
+            if not wanted(src[k].t, p, src[k].mode):
                 continue
             if count[0] + 1 >= cap:  # never reached with the counts of count_wanted; no endless probe
                 return count[0]
@@ -551,20 +574,21 @@ cdef int64_t count_wanted(const Source* src, int nsrc) noexcept nogil:
     cdef int64_t n = 0, i
     cdef int k
     for k in range(nsrc):
-        if src[k].only_new:
+        if src[k].mode == SRC_NEW:
             n += src[k].t.fresh
             continue
         for i in range(src[k].t.capacity):
-            if wanted(src[k].t, table_at(src[k].t, i), 0):
+            if wanted(src[k].t, table_at(src[k].t, i), src[k].mode):
                 n += 1
     return n
 
 
 cdef int write_file(PStore* ps, const char* path, Source** src, int* nsrc, int replace,
-                    int64_t* entries, int64_t* nbytes) noexcept nogil:
+                    int64_t max_size, int64_t* entries, int64_t* nbytes) noexcept nogil:
     """Write the wanted entries of each region's sources as a cache file at ``path``:
     temporary file, then rename (``replace``) or link (EEXIST if ``path`` exists).
-    0 or an errno."""
+    0 or an errno; ENOSPC, with nothing written, when the file would be larger than
+    ``max_size`` bytes (its size in ``nbytes``)."""
     cdef int64_t n[3]
     cdef int64_t slots[3]
     cdef int64_t cnt, maxp, size = HEADER_BYTES, at, filters_at
@@ -591,6 +615,9 @@ cdef int write_file(PStore* ps, const char* path, Source** src, int* nsrc, int r
         # contexts probe every file of the sentence) reads one cache line of it, not the table
         blocks[i] = (n[i] * FILTER_BITS + 511) // 512 if n[i] else 0
         size += blocks[i] * 64
+    nbytes[0] = size
+    if size > max_size:
+        return ENOSPC
     if grow_buffer(<void**>&ps.wbuf, &ps.wbuf_cap, size) != 0:
         return 12
     buf = ps.wbuf
@@ -659,16 +686,27 @@ cdef int write_file(PStore* ps, const char* path, Source** src, int* nsrc, int r
 # ---------------------------------------------------------------------------------------
 
 ctypedef struct FileEntry:
-    int64_t mtime
+    int group                 # PRUNE_STALE, PRUNE_RUN or PRUNE_KEEP: the order of deletion
+    int64_t key               # within a group: deleted in ascending order
     int64_t size
     char* path
+
+
+cdef enum:
+    PRUNE_STALE = 0           # least recently used first: other runs' files, a day unused
+    PRUNE_RUN = 1             # most recently used first: files this run has used or written
+    PRUNE_KEEP = 2            # not deleted by a decoder: files an earlier run left for this one
+    STALE_SECONDS = 86400     # a file unused this long is no tuning loop's any more
+    TMP_STALE_SECONDS = 600   # a temporary file this old is a dead writer's (younger: in flight)
 
 
 cdef int cmp_entry(const void* a, const void* b) noexcept nogil:
     cdef const FileEntry* x = <const FileEntry*>a
     cdef const FileEntry* y = <const FileEntry*>b
-    if x.mtime != y.mtime:
-        return -1 if x.mtime < y.mtime else 1
+    if x.group != y.group:
+        return -1 if x.group < y.group else 1
+    if x.key != y.key:
+        return -1 if x.key < y.key else 1
     return strcmp(x.path, y.path)
 
 
@@ -677,9 +715,22 @@ cdef int ends_with(const char* s, const char* suffix) noexcept nogil:
     return n >= m and strcmp(s + n - m, suffix) == 0
 
 
-cdef int64_t prune_dir(const char* root, int64_t max_bytes, int64_t* removed) noexcept nogil:
-    """Size of ``root``'s cache files after deleting the least recently used ones, if the
-    total exceeds ``max_bytes``, until it is under 80% of it.  -1 if unreadable."""
+cdef int64_t prune_dir(const char* root, int64_t max_bytes, int64_t* removed, long long since_ns,
+                       int64_t need) noexcept nogil:
+    """Size of ``root``'s cache files after pruning, if the total and ``need`` bytes more
+    exceed ``max_bytes``; -1 if unreadable.
+
+    ``since_ns`` < 0 (``nlmfeature cache --prune``): the least recently used files are
+    deleted until the total is under 80% of the bound.  Otherwise a decoder session that
+    started at ``since_ns`` prunes, and a tuning loop reads its files in the same order at
+    every iteration: there, deleting the least recently used file deletes the one the loop
+    needs next, and a bound smaller than one iteration's files would keep none of them for
+    the next.  So files unused for a day (and dead writers' temporary files) go first, least
+    recently used first, until the total and ``need`` are under 80%; if the total is still
+    above the bound (other processes wrote too: a
+    session's own writes stay within the bound, see :c:func:`write_sentence`), the files this
+    run has used or written go, most recently used first, down to the bound; the files an
+    earlier run left for this one are kept."""
     cdef DIR* d = opendir(root)
     cdef DIR* sd
     cdef dirent* e
@@ -690,6 +741,8 @@ cdef int64_t prune_dir(const char* root, int64_t max_bytes, int64_t* removed) no
     cdef FileEntry* files = NULL
     cdef FileEntry* grown
     cdef int64_t n = 0, cap = 0, total = 0, i, target
+    cdef long long now = nlm_now_ns(), mt
+    cdef int tmp
     removed[0] = 0
     if d == NULL:
         return -1
@@ -707,7 +760,8 @@ cdef int64_t prune_dir(const char* root, int64_t max_bytes, int64_t* removed) no
             f = readdir(sd)
             if f == NULL:
                 break
-            if not (ends_with(f.d_name, ".nlmc") or ends_with(f.d_name, ".tmp")):
+            tmp = ends_with(f.d_name, ".tmp")
+            if not (tmp or ends_with(f.d_name, ".nlmc")):
                 continue
             snprintf(path, PATH_MAX_LEN, "%s/%s", sub, f.d_name)
             if stat(path, &st) != 0 or not S_ISREG(st.st_mode):
@@ -718,7 +772,18 @@ cdef int64_t prune_dir(const char* root, int64_t max_bytes, int64_t* removed) no
                 if grown == NULL:
                     break
                 files = grown
-            files[n].mtime = st.st_mtime
+            mt = nlm_mtime_ns(&st)
+            files[n].key = mt
+            if tmp:  # a decoder keeps other writers' files in flight
+                files[n].group = PRUNE_STALE if since_ns < 0 or mt < now - TMP_STALE_SECONDS * 1000000000LL \
+                    else PRUNE_KEEP
+            elif since_ns < 0 or mt < now - STALE_SECONDS * 1000000000LL:
+                files[n].group = PRUNE_STALE
+            elif mt >= since_ns:
+                files[n].group = PRUNE_RUN
+                files[n].key = -mt
+            else:
+                files[n].group = PRUNE_KEEP
             files[n].size = st.st_size
             files[n].path = <char*>malloc(strlen(path) + 1)
             if files[n].path == NULL:
@@ -728,11 +793,16 @@ cdef int64_t prune_dir(const char* root, int64_t max_bytes, int64_t* removed) no
             n += 1
         closedir(sd)
     closedir(d)
-    if total > max_bytes:
+    if total + need > max_bytes:
         qsort(files, n, sizeof(FileEntry), cmp_entry)
-        target = max_bytes // 10 * 8
+        target = max_bytes // 10 * 8 - need
         i = 0
-        while i < n and total > target:
+        while i < n and total > target and files[i].group == PRUNE_STALE:
+            if c_unlink(files[i].path) == 0 or errno == ENOENT:
+                total -= files[i].size
+                removed[0] += 1
+            i += 1
+        while i < n and total > max_bytes and files[i].group == PRUNE_RUN:
             if c_unlink(files[i].path) == 0 or errno == ENOENT:
                 total -= files[i].size
                 removed[0] += 1
@@ -857,6 +927,7 @@ cdef SessionC* pc_session_new(const ModelC* m, const unsigned char* checksum, co
     ps.ctx_key_len = m.key_len if m.key_len > 0 else 1
     ps.sentence_id = -1
     ps.est_bytes = -1
+    ps.since_ns = nlm_now_ns()
     ps.quiet = quiet
     ps.print_stats = getenv("NLMFEATURE_CACHE_STATS") != NULL and not quiet
     ps.max_bytes = max_bytes if max_bytes > 0 else C_DEFAULT_MAX_BYTES
@@ -1094,20 +1165,64 @@ cdef int pc_begin(SessionC* s, int64_t sentence_id) noexcept nogil:
     return 0
 
 
-cdef int write_sentence(SessionC* s, int64_t* entries, int64_t* nbytes) noexcept nogil:
+cdef int64_t sentence_bytes(PStore* ps) noexcept nogil:
+    """Bytes of the current sentence's files on disk (base and deltas)."""
+    cdef char path[PATH_MAX_LEN]
+    cdef struct_stat st
+    cdef int64_t n = 0
+    cdef int k
+    for k in range(MAX_DELTAS + 1):
+        file_path(ps, ps.sentence_id, k, path)
+        if stat(path, &st) == 0 and S_ISREG(st.st_mode):
+            n += st.st_size
+    return n
+
+
+cdef int64_t room(PStore* ps) noexcept nogil:
+    """Bytes the directory's bound leaves (by the session's estimate of its size)."""
+    return ps.max_bytes - ps.est_bytes if ps.est_bytes >= 0 else ps.max_bytes
+
+
+cdef int write_room(PStore* ps, const char* path, Source** src, int* nsrc, int replace, int64_t old,
+                    int64_t* entries, int64_t* nbytes) noexcept nogil:
+    """:c:func:`write_file` in place of ``old`` bytes of files, within the bound: where the file
+    does not fit, files unused for a day are deleted to make room (:c:func:`prune_dir`) and it
+    is tried again; ENOSPC if it still does not fit."""
+    cdef int64_t removed = 0, t
+    cdef int e = write_file(ps, path, src, nsrc, replace, room(ps) + old, entries, nbytes)
+    if e != ENOSPC:
+        return e
+    t = prune_dir(ps.root, ps.max_bytes, &removed, ps.since_ns, nbytes[0] - old)
+    if t >= 0:
+        ps.est_bytes = t
+    ps.files_pruned += removed
+    if removed == 0:
+        return ENOSPC
+    return write_file(ps, path, src, nsrc, replace, room(ps) + old, entries, nbytes)
+
+
+cdef int write_sentence(SessionC* s, int64_t* entries, int64_t* nbytes, int64_t* freed) noexcept nogil:
     """Under the directory lock: the new entries as a delta, or base + deltas + new entries
-    merged into a new base when no delta name is free (or a file was unusable)."""
+    merged into a new base when no delta name is free (or a file was unusable), within the
+    directory's bound (:c:func:`write_room`).  Where that does not fit, a sentence that has files gets its
+    working set instead (what it asked for: the entries it computed and those of the files it
+    used) as its new base, if that fits in place of its files; a sentence without files gets
+    none (ENOSPC): a tuning loop asks for its sentences in the same order at every iteration,
+    so with a bound below one iteration's files the first sentences keep theirs, up to date,
+    and the others have none.  ``freed``: bytes of the files replaced."""
     cdef PStore* ps = <PStore*>s.store
     cdef char path[PATH_MAX_LEN]
     cdef char dpath[PATH_MAX_LEN]
     cdef Source srcs[3][NLM_STORE_MAX_FILES + 1]
     cdef Source* src[3]
     cdef int nsrc[3]
-    cdef int k, e, f, i
+    cdef int k, e = 0, f, i
+    cdef int64_t old
     cdef struct_stat st
+    freed[0] = 0
     for i in range(3):
         src[i] = srcs[i]
-        srcs[i][0].only_new = 1
+        srcs[i][0].mode = SRC_NEW
     srcs[0][0].t = &s.ngram_cache
     srcs[1][0].t = &s.ctx_cache
     srcs[2][0].t = &s.class_cache
@@ -1120,27 +1235,49 @@ cdef int write_sentence(SessionC* s, int64_t* entries, int64_t* nbytes) noexcept
             file_path(ps, ps.sentence_id, k, dpath)
             if stat(dpath, &st) == 0:
                 continue
-            e = write_file(ps, dpath, src, nsrc, 0, entries, nbytes)
-            if e != EEXIST:  # (EEXIST: a writer that could not take the lock was faster)
+            e = write_room(ps, dpath, src, nsrc, 0, 0, entries, nbytes)
+            if e == EEXIST:  # a writer that could not take the lock was faster: the next name
+                continue
+            if e != ENOSPC:  # written, or an error
                 return e
-    # merge: what is on disk now (read again under the lock) and the new entries
-    drop_files(ps)
-    load_sentence(ps, ps.sentence_id, 0)
-    for f in range(ps.view.nfiles):
-        srcs[0][nsrc[0]].t = &ps.view.ngram[f]
-        srcs[0][nsrc[0]].only_new = 0
-        nsrc[0] += 1
-        srcs[1][nsrc[1]].t = &ps.view.ctx[f]
-        srcs[1][nsrc[1]].only_new = 0
-        nsrc[1] += 1
-        srcs[2][nsrc[2]].t = &ps.view.cls[f]
-        srcs[2][nsrc[2]].only_new = 0
-        nsrc[2] += 1
-    e = write_file(ps, path, src, nsrc, 1, entries, nbytes)
+            break
+    old = sentence_bytes(ps)
+    if e != ENOSPC:
+        # merge: what is on disk now (read again under the lock) and the new entries
+        drop_files(ps)
+        load_sentence(ps, ps.sentence_id, 0)
+        for f in range(ps.view.nfiles):
+            srcs[0][nsrc[0]].t = &ps.view.ngram[f]
+            srcs[0][nsrc[0]].mode = SRC_ALL
+            nsrc[0] += 1
+            srcs[1][nsrc[1]].t = &ps.view.ctx[f]
+            srcs[1][nsrc[1]].mode = SRC_ALL
+            nsrc[1] += 1
+            srcs[2][nsrc[2]].t = &ps.view.cls[f]
+            srcs[2][nsrc[2]].mode = SRC_ALL
+            nsrc[2] += 1
+        e = write_room(ps, path, src, nsrc, 1, old, entries, nbytes)
+        if e != ENOSPC:
+            if e == 0:
+                for k in range(1, MAX_DELTAS + 1):
+                    file_path(ps, ps.sentence_id, k, dpath)
+                    c_unlink(dpath)
+                freed[0] = old
+            return e
+    if old == 0:
+        return ENOSPC
+    # no room: the sentence's working set replaces its files
+    nsrc[0] = 1 if s.ngram_cache_enabled else 0
+    nsrc[1] = 1 if (ps.view.probe_context and s.ctx_cache_enabled) else 0
+    nsrc[2] = 1 if (ps.view.probe_context and ps.keep_class) else 0
+    for i in range(3):
+        srcs[i][0].mode = SRC_ASKED
+    e = write_file(ps, path, src, nsrc, 1, room(ps) + old, entries, nbytes)
     if e == 0:
         for k in range(1, MAX_DELTAS + 1):
             file_path(ps, ps.sentence_id, k, dpath)
             c_unlink(dpath)
+        freed[0] = old
     return e
 
 
@@ -1150,16 +1287,16 @@ cdef int64_t count_new(SessionC* s) noexcept nogil:
     cdef int n = 0
     if s.ngram_cache_enabled:
         src[n].t = &s.ngram_cache
-        src[n].only_new = 1
+        src[n].mode = SRC_NEW
         n += 1
     if ps.view.probe_context:
         if s.ctx_cache_enabled:
             src[n].t = &s.ctx_cache
-            src[n].only_new = 1
+            src[n].mode = SRC_NEW
             n += 1
         if ps.keep_class:
             src[n].t = &s.class_cache
-            src[n].only_new = 1
+            src[n].mode = SRC_NEW
             n += 1
     return count_wanted(src, n)
 
@@ -1192,7 +1329,7 @@ cdef int pc_end(SessionC* s) noexcept nogil:
     cdef PStore* ps = <PStore*>s.store
     cdef char lock[PATH_MAX_LEN]
     cdef int lfd, e
-    cdef int64_t entries = 0, size = 0, removed = 0
+    cdef int64_t entries = 0, size = 0, removed = 0, freed = 0
     if ps == NULL or not ps.active:
         return 0
     ps.active = 0
@@ -1213,11 +1350,25 @@ cdef int pc_end(SessionC* s) noexcept nogil:
     if lfd >= 0:
         while c_flock(lfd, LOCK_EX) != 0 and errno == EINTR:
             pass
-    e = write_sentence(s, &entries, &size)
+    if ps.est_bytes < 0:  # the run's first write: what is on disk (files unused for a day pruned)
+        ps.est_bytes = prune_dir(ps.root, ps.max_bytes, &removed, ps.since_ns, 0)
+        ps.files_pruned += removed
+    e = write_sentence(s, &entries, &size, &freed)
     if lfd >= 0:
         c_flock(lfd, LOCK_UN)
         c_close(lfd)
     drop_files(ps)
+    if e == ENOSPC:  # no room, and the sentence has no files: it gets none
+        if not ps.said_full and not ps.quiet:
+            fprintf(stderr, "nlmfeature: persistent cache %s is at its bound (%lld MB): sentences that have "
+                    "files keep them up to date, the others get none; give it more room with "
+                    "persistent-cache-max (a Multi30k sentence takes ~5 MB after one tuning iteration, "
+                    "~9 MB after four)\n", ps.root, <long long>(ps.max_bytes >> 20))
+        ps.said_full = 1
+        ps.dirty = 0
+        if ps.print_stats:
+            print_stats(s, ps)
+        return 0
     if e != 0:
         if not ps.quiet:
             fprintf(stderr, "nlmfeature: warning: cannot write the persistent cache of sentence %lld in %s: %s\n",
@@ -1232,9 +1383,10 @@ cdef int pc_end(SessionC* s) noexcept nogil:
     # bounded disk use: rescan when our estimate says the bound is near
     ps.written_since_scan += size
     if ps.est_bytes >= 0:
-        ps.est_bytes += size
+        ps.est_bytes += size - freed
+    # other processes write too: rescan now and then, and when the estimate passes the bound
     if ps.est_bytes < 0 or ps.est_bytes > ps.max_bytes or ps.written_since_scan > ps.max_bytes // 8:
-        ps.est_bytes = prune_dir(ps.root, ps.max_bytes, &removed)
+        ps.est_bytes = prune_dir(ps.root, ps.max_bytes, &removed, ps.since_ns, 0)
         ps.written_since_scan = 0
         ps.files_pruned += removed
     return 0
@@ -1311,7 +1463,7 @@ def prune(str directory, int64_t max_bytes):
     cdef int64_t removed = 0, left
     cdef const char* p = d
     with nogil:
-        left = prune_dir(p, max_bytes, &removed)
+        left = prune_dir(p, max_bytes, &removed, -1, 0)
     return left, removed
 
 
@@ -1321,7 +1473,7 @@ cdef class CachedScorer:
     ``model`` is an :class:`nlmfeature.Model`.  With ``directory`` set, sentence ``i``'s
     files in ``directory/<model checksum>/`` are read by :meth:`begin` and what the
     sentence computed is written by :meth:`end` (n-gram scores, context and within-class
-    normalisers).  ``max_bytes`` bounds the directory (least recently used files are
+    normalisers).  ``max_bytes`` bounds the directory (see :func:`prune_dir`: files are
     deleted); ``cache_entries`` bounds the core context caches and ``ngram_entries`` the
     n-gram cache of one sentence (-1: the core's choice without a directory,
     :data:`DEFAULT_NGRAM_ENTRIES` with one; 0: off); ``context_cache`` forces caching of

@@ -722,6 +722,7 @@ cdef int ctx_norm_from_store(SessionC* s, int32_t* cp, const int32_t* ckey, int 
     s.store.ctx_hits += 1
     tv_set(&s.ctx_cache, cp, which, lz[0])
     tv_mark(cp, 1)
+    tv_mark_seen(cp)  # (asked for: the sentence's working set, _pcache.write_sentence)
     return 1
 
 
@@ -744,6 +745,7 @@ cdef int32_t* class_norm_entry(SessionC* s, const int32_t* class_key, uint64_t h
         s.store.class_hits += 1
         tv_set(&s.class_cache, kp, 0, lz[0])
         tv_mark(kp, 1)
+        tv_mark_seen(kp)
     return kp
 
 

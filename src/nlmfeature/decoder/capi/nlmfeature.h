@@ -115,8 +115,11 @@ typedef struct nlm_session_options {
                                        with one line on stderr, unless the environment has
                                        NLMFEATURE_PERSISTENT_CACHE=always (or =never: off
                                        for every model) */
-    int64_t persistent_max_bytes; /**< disk bound of that directory (default 4 GiB); least
-                                       recently used files are deleted beyond it */
+    int64_t persistent_max_bytes; /**< disk bound of that directory (default 4 GiB).  A run
+                                       writes only what fits: at the bound, sentences that have
+                                       files get their working set in their place, the others
+                                       none, and files unused for a day are deleted (a tuning
+                                       loop reads its sentences in the same order every time) */
     int quiet;                    /**< 1: do not warn on stderr about ignored cache files */
     int context_cache;            /**< cache each context's hidden vector: -1 (default) when the
                                        model makes it pay (normalised outputs, dense layers),
