@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from nlmfeature.errors import InputError
+from nlmfeature.decoder.pcache import size_option
 from nlmfeature.bench import shared_data
 from nlmfeature.mt.tuning.cli import main as tune_main
 from nlmfeature.mt.moses import moses_ini_lines, rewrite_moses_ini
@@ -207,10 +208,12 @@ def test_driver_refuses_other_settings_and_reports_decoder_failure(tmp_path):
     cache = tmp_path / "cache"
     with pytest.raises(DecoderError):
         Driver(settings_for(wd3, binary=shutil.which("false"), max_iterations=3,
-                            persistent_cache=str(cache), nlm_features=["KENLM"]),
+                            persistent_cache=str(cache), persistent_cache_max=size_option("2G"),
+                            nlm_features=["KENLM"]),
                log=lambda m: None).run()
     assert read_weights(str(wd3 / "run2.moses.ini")) == read_weights(str(wd3 / "run1.weights.out"))
-    assert f"persistent-cache={cache}" in (wd3 / "run2.moses.ini").read_text(encoding="utf-8")
+    line = [x for x in (wd3 / "run2.moses.ini").read_text(encoding="utf-8").splitlines() if x.startswith("KENLM")]
+    assert f"persistent-cache={cache}" in line[0] and f"persistent-cache-max={2 << 30}" in line[0]
     assert DriverState.load(str(wd3 / "state.json")).iteration == 2
 
 

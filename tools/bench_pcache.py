@@ -58,8 +58,7 @@ from nlmfeature import cli  # noqa: E402
 from nlmfeature.bench import shared_data  # noqa: E402
 from nlmfeature.io.atomicfile import atomic_write_text  # noqa: E402
 from nlmfeature.io.textio import iter_lines  # noqa: E402
-from nlmfeature.decoder.pcache import parse_size  # noqa: E402
-from nlmfeature.errors import NLMFeatureError  # noqa: E402
+from nlmfeature.decoder.pcache import size_option  # noqa: E402
 from nlmfeature.mt import moses as mo  # noqa: E402
 from nlmfeature.mt.weights import Weights, format_weights, read_weights  # noqa: E402
 SHARED = shared_data()
@@ -200,22 +199,13 @@ def main(argv=None) -> int:
                     help="decode each iteration's three configurations this many times, interleaved, each "
                          "cached repeat from the cache as the iteration found it, and report the least CPU "
                          "time of each (default 1; 3 on a shared machine, where one run cannot resolve 10%%)")
-    ap.add_argument("--max-bytes", default=None, metavar="SIZE", type=_size,
+    ap.add_argument("--max-bytes", default=None, metavar="SIZE", type=size_option,
                     help="bound of the cache directory (persistent-cache-max: 500M, 2G, ...; default: the "
                          "feature's own, 4G); a bound below the dev set's files shows what a tuning loop keeps")
     ap.add_argument("--workdir", default=None, help="keep files here (default: a temporary directory)")
     ap.add_argument("--json", default=None, help="write all figures to this JSON file")
     ap.set_defaults(func=run)
     return cli.run(ap, argv)     # the package's one error handler: bad input gives a message, no traceback
-
-
-def _size(text: str) -> str:
-    """A size as the Moses feature takes it (checked here: a bad one is a usage error)."""
-    try:
-        parse_size(text)
-    except NLMFeatureError as e:
-        raise argparse.ArgumentTypeError(str(e))
-    return text.strip()
 
 
 def run(args: argparse.Namespace) -> int:

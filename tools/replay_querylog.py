@@ -143,6 +143,8 @@ def tuning_loop(model, streams: List[str], directory: str, repeats: int, out=sys
         shutil.rmtree(directory)
     rows = []
     seen: List[set] = []  # per sentence: the n-grams of the iterations before (what the files can hold)
+    first: List[set] = []  # per sentence: the first iteration's (what files kept as first written hold)
+    last: List[set] = []  # per sentence: the iteration before's (what its working set holds)
     for i, stream in enumerate(loaded + loaded[-1:]):
         none = min((_loop_pass(CachedScorer(model, None, quiet=True, position_terms=True), stream) for _ in range(max(1, repeats))),
                    key=lambda r: sum(r[0]))
@@ -151,6 +153,8 @@ def tuning_loop(model, streams: List[str], directory: str, repeats: int, out=sys
         distinct = sum(len(k) for k in keys)
         on_disk = sum(len(k & seen[j]) for j, k in enumerate(keys) if j < len(seen))
         share = on_disk / max(1, distinct)
+        in_first = sum(len(k & first[j]) for j, k in enumerate(keys) if j < len(first)) / max(1, distinct)
+        in_last = sum(len(k & last[j]) for j, k in enumerate(keys) if j < len(last)) / max(1, distinct)
         # the best any exact n-gram-level cache can do: every lookup costs a hit of the
         # session's table, and only the n-grams on disk are not computed
         bound = (hits + (1 - share) * max(0.0, sum(none[0]) - hits)) / max(1e-9, sum(none[0]))
@@ -159,6 +163,9 @@ def tuning_loop(model, streams: List[str], directory: str, repeats: int, out=sys
                 seen[j] |= k
             else:
                 seen.append(set(k))
+        if not first:
+            first = [set(k) for k in keys]
+        last = keys
         cached = _cached_pass(model, stream, directory, repeats, max_bytes)
         row = {"iteration": i + 1 if i < len(loaded) else "unchanged", "lookups": int(len(stream[1])),
                "none_s": round(sum(none[0]), 3), "cache_s": round(sum(cached[0]), 3),
@@ -166,6 +173,7 @@ def tuning_loop(model, streams: List[str], directory: str, repeats: int, out=sys
                "end_s": round(cached[0][2], 3), "ratio": round(sum(cached[0]) / max(1e-9, sum(none[0])), 3),
                "same_scores": none[1] == cached[1], "disk_bytes": _dir_bytes(directory),
                "all_hits_s": round(hits, 3), "distinct_ngrams_on_disk": round(share, 3),
+               "distinct_ngrams_in_first": round(in_first, 3), "distinct_ngrams_in_last": round(in_last, 3),
                "files_read": cached[2], "sentences": len(keys),
                "bound": round(bound, 3)}
         rows.append(row)
@@ -173,9 +181,10 @@ def tuning_loop(model, streams: List[str], directory: str, repeats: int, out=sys
               f"cache {row['cache_s']:.2f} s (begin {row['begin_s']:.2f}, score {row['score_s']:.2f}, "
               f"end {row['end_s']:.2f}): {row['ratio']:.2f}x; {'same' if row['same_scores'] else 'DIFFERENT'} "
               f"scores; disk {row['disk_bytes'] / 1e6:.1f} MB ({row['files_read']} files read for "
-              f"{row['sentences']} sentences); {row['distinct_ngrams_on_disk']:.1%} of its "
-              f"distinct n-grams on disk, all lookups as hits {row['all_hits_s']:.2f} s: bound "
-              f"{row['bound']:.2f}x", file=out, flush=True)
+              f"{row['sentences']} sentences); {row['distinct_ngrams_on_disk']:.1%} of its distinct n-grams "
+              f"asked before ({row['distinct_ngrams_in_first']:.1%} in iteration 1, "
+              f"{row['distinct_ngrams_in_last']:.1%} in the last), all lookups as hits {row['all_hits_s']:.2f} s: "
+              f"bound {row['bound']:.2f}x", file=out, flush=True)
     later = rows[1:-1]
     summary = {"rows": rows}
     if later:

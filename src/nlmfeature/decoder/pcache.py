@@ -26,6 +26,7 @@ This module also reads, inspects, prunes and clears such directories (``nlmfeatu
 """
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import struct
@@ -244,3 +245,12 @@ def parse_size(text: str) -> int:
     if not m:
         raise NLMFeatureError(f"bad size {text!r}: use a number with an optional K, M, G or T suffix")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def size_option(text: str) -> str:
+    """An argparse type: a size (:func:`parse_size`) as bytes, the way the Moses and cdec
+    features' ``persistent-cache-max`` takes it; a bad one is a usage error."""
+    try:
+        return str(parse_size(text))
+    except NLMFeatureError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

@@ -16,6 +16,7 @@ from typing import List, Optional
 import numpy as np
 
 from nlmfeature.mt.bleu import DEFAULT_TOKENIZE, TOKENIZERS, References, bleu_summary
+from nlmfeature.decoder.pcache import size_option
 from nlmfeature.errors import NLMFeatureError
 from nlmfeature.mt.weights import read_weights, write_weights
 from nlmfeature.mt.tuning import ALGORITHMS, optimise_pool
@@ -148,6 +149,11 @@ def _driver_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--persistent-cache", metavar="DIR",
                    help="add persistent-cache=DIR to the NLM feature lines of the config, so "
                         "later iterations reuse n-gram scores cached by earlier ones")
+    p.add_argument("--persistent-cache-max", metavar="SIZE", type=size_option,
+                   help="with --persistent-cache: its disk bound (500M, 2G, ...; default: the "
+                        "feature's own, 4G).  At the bound the first dev sentences keep their files "
+                        "and the others get none: a Multi30k sentence takes ~5 MB after one "
+                        "iteration and ~9 MB after four with a class model")
     p.add_argument("--nlm-feature", action="append", default=None, metavar="NAME",
                    help="feature whose config line gets the persistent cache option: a Moses "
                         "[feature] class or a cdec feature_function name / library file name "
@@ -176,7 +182,8 @@ def cmd_driver(args: argparse.Namespace) -> int:
         refs=args.ref, workdir=args.workdir, weights=getattr(args, "weights", None),
         nbest_size=args.nbest_size, distinct=args.distinct, max_iterations=args.max_iterations,
         algorithm=args.algorithm, threads=args.threads, persistent_cache=args.persistent_cache,
-        nlm_features=args.nlm_feature, cache_key=args.cache_key,
+        persistent_cache_max=args.persistent_cache_max, nlm_features=args.nlm_feature,
+        cache_key=args.cache_key,
         tokenize=args.tokenize, lowercase=args.lowercase, min_change=args.min_change,
         decoder_args=args.decoder_arg, optimiser=_optimiser_settings(args),
         final_weights=args.final_weights)

@@ -71,6 +71,7 @@ class DriverSettings:
     algorithm: str = "mert"
     threads: int = 1
     persistent_cache: Optional[str] = None
+    persistent_cache_max: Optional[str] = None  # its disk bound ("2G"), as the feature takes it
     nlm_features: Optional[List[str]] = None   # default: NLMFeature / libcdec_ff_nlm.so
     cache_key: str = "persistent-cache"
     tokenize: str = DEFAULT_TOKENIZE
@@ -223,6 +224,9 @@ class Driver:
                                             else ["libcdec_ff_nlm.so"])
             opts = {name: {self.s.cache_key: os.path.abspath(self.s.persistent_cache)}
                     for name in names}
+            if self.s.persistent_cache_max:
+                for o in opts.values():
+                    o[self.s.cache_key + "-max"] = self.s.persistent_cache_max
         if self.s.decoder == "moses":
             ini = self.path(f"run{k}.moses.ini")
             moses.rewrite_moses_ini(self.s.config, ini, weights, opts)
