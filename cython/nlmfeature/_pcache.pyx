@@ -1222,13 +1222,7 @@ cdef int write_sentence(SessionC* s, int64_t* entries, int64_t* nbytes, int64_t*
     freed[0] = 0
     for i in range(3):
         src[i] = srcs[i]
-        srcs[i][0].mode = SRC_NEW
-    srcs[0][0].t = &s.ngram_cache
-    srcs[1][0].t = &s.ctx_cache
-    srcs[2][0].t = &s.class_cache
-    nsrc[0] = 1 if s.ngram_cache_enabled else 0
-    nsrc[1] = 1 if (ps.view.probe_context and s.ctx_cache_enabled) else 0
-    nsrc[2] = 1 if (ps.view.probe_context and ps.keep_class) else 0
+    session_sources(s, ps, srcs, nsrc, SRC_NEW)
     file_path(ps, ps.sentence_id, 0, path)
     if not ps.dirty and stat(path, &st) == 0:
         for k in range(1, MAX_DELTAS + 1):
@@ -1258,21 +1252,34 @@ cdef int write_sentence(SessionC* s, int64_t* entries, int64_t* nbytes, int64_t*
             nsrc[2] += 1
         e = write_room(ps, path, src, nsrc, 1, old, entries, nbytes)
         if e != ENOSPC:
-            if e == 0:
-                for k in range(1, MAX_DELTAS + 1):
-                    file_path(ps, ps.sentence_id, k, dpath)
-                    c_unlink(dpath)
-                freed[0] = old
-            return e
+            return base_written(ps, e, old, freed)
     if old == 0:
         return ENOSPC
     # no room: the sentence's working set replaces its files
+    session_sources(s, ps, srcs, nsrc, SRC_ASKED)
+    return base_written(ps, write_file(ps, path, src, nsrc, 1, room(ps) + old, entries, nbytes), old, freed)
+
+
+cdef void session_sources(SessionC* s, PStore* ps, Source (*srcs)[NLM_STORE_MAX_FILES + 1], int* nsrc,
+                          int mode) noexcept nogil:
+    """The session's n-gram, context and class tables as the first source of each region
+    (those the cache keeps), taking the entries of ``mode``."""
+    cdef int i
+    for i in range(3):
+        srcs[i][0].mode = mode
+    srcs[0][0].t = &s.ngram_cache
+    srcs[1][0].t = &s.ctx_cache
+    srcs[2][0].t = &s.class_cache
     nsrc[0] = 1 if s.ngram_cache_enabled else 0
     nsrc[1] = 1 if (ps.view.probe_context and s.ctx_cache_enabled) else 0
     nsrc[2] = 1 if (ps.view.probe_context and ps.keep_class) else 0
-    for i in range(3):
-        srcs[i][0].mode = SRC_ASKED
-    e = write_file(ps, path, src, nsrc, 1, room(ps) + old, entries, nbytes)
+
+
+cdef int base_written(PStore* ps, int e, int64_t old, int64_t* freed) noexcept nogil:
+    """After a new base file was written (``e`` 0, else its error, returned): the deltas it
+    replaces are removed, and ``old`` bytes freed."""
+    cdef char dpath[PATH_MAX_LEN]
+    cdef int k
     if e == 0:
         for k in range(1, MAX_DELTAS + 1):
             file_path(ps, ps.sentence_id, k, dpath)
@@ -1282,23 +1289,12 @@ cdef int write_sentence(SessionC* s, int64_t* entries, int64_t* nbytes, int64_t*
 
 
 cdef int64_t count_new(SessionC* s) noexcept nogil:
+    """Entries the sentence computed that its files would keep."""
     cdef PStore* ps = <PStore*>s.store
-    cdef Source src[3]
-    cdef int n = 0
-    if s.ngram_cache_enabled:
-        src[n].t = &s.ngram_cache
-        src[n].mode = SRC_NEW
-        n += 1
-    if ps.view.probe_context:
-        if s.ctx_cache_enabled:
-            src[n].t = &s.ctx_cache
-            src[n].mode = SRC_NEW
-            n += 1
-        if ps.keep_class:
-            src[n].t = &s.class_cache
-            src[n].mode = SRC_NEW
-            n += 1
-    return count_wanted(src, n)
+    cdef Source srcs[3][NLM_STORE_MAX_FILES + 1]
+    cdef int nsrc[3]
+    session_sources(s, ps, srcs, nsrc, SRC_NEW)
+    return count_wanted(srcs[0], nsrc[0]) + count_wanted(srcs[1], nsrc[1]) + count_wanted(srcs[2], nsrc[2])
 
 
 cdef void print_stats(SessionC* s, PStore* ps) noexcept nogil:
