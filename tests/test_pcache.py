@@ -18,7 +18,7 @@ import nlmfeature
 from nlmfeature.errors import ModelFileError
 from helpers import BROWN_VALID, make_model, read_lines
 from nlmfeature.errors import NLMFeatureError
-from nlmfeature.decoder.pcache import (MAX_DELTA_FILES, CachedScorer, clear, directory_stats, parse_size,
+from nlmfeature.decoder.pcache import (MAX_DELTA_FILES, CachedScorer, bound_report, clear, directory_stats, parse_size,
                                prune, read_cache_file, read_sentence, sentence_files)
 
 LINES = read_lines(BROWN_VALID, 80)
@@ -531,6 +531,33 @@ def test_a_bound_below_one_pass_keeps_the_first_sentences_up_to_date(model_paths
         assert {int(n.split(".")[0]) for n in os.listdir(sub) if n.endswith(".nlmc")} >= set(kept)  # none lost
     # the second run of lines2 finds what the first computed (the files are up to date)
     assert hits[1] > hits[0] > 0
+
+
+def test_a_tuning_run_is_told_when_the_cache_is_at_its_bound(model_paths, tmp_path):
+    """The decoder's line on stderr (a real session's) makes `nlmfeature tune` say how many dev
+    sentences have files and what bound would hold them all."""
+    m = nlmfeature.load(model_paths["unnormalised"])
+    run_pass(CachedScorer(m, tmp_path / "probe", policy="always"), LINES[:40])
+    bound = directory_stats(str(tmp_path / "probe")).bytes // 4
+    d = tmp_path / "bounded"
+    log = tmp_path / "decoder.log"
+    code = ("import sys, nlmfeature; from nlmfeature.decoder.pcache import CachedScorer\n"
+            "m = nlmfeature.load(sys.argv[1]); s = CachedScorer(m, sys.argv[2], max_bytes=int(sys.argv[3]), "
+            "policy='always')\n"
+            "for i, line in enumerate(open(sys.argv[4]).read().splitlines()):\n"
+            "    s.begin(i); s.score_sentence(line); s.end()\n")
+    text = tmp_path / "dev.txt"
+    text.write_text("\n".join(LINES[:40]) + "\n")
+    root = os.path.dirname(os.path.dirname(nlmfeature.__file__))
+    with open(log, "w") as err:
+        subprocess.run([sys.executable, "-c", code, model_paths["unnormalised"], str(d), str(bound), str(text)],
+                       stderr=err, check=True, cwd=root)
+    note = bound_report(str(d), 40, str(log))
+    kept = len([n for n in os.listdir(os.path.join(str(d), m.checksum)) if n.endswith(".nlmc")])
+    assert note is not None and f"{kept} of 40 dev sentences have files" in note and "--persistent-cache-max" in note
+    assert 0 < kept < 40
+    log.write_text("nothing about the cache\n")
+    assert bound_report(str(d), 40, str(log)) is None
 
 
 def test_cache_command(model_paths, tmp_path):

@@ -239,6 +239,38 @@ def prune(directory: str, max_bytes: int) -> Tuple[int, int]:
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
+#: the line a decoder's session prints on stderr when its cache directory reaches its bound
+BOUND_LINE = "is at its bound"
+
+
+def bound_report(directory: str, sentences: int, decoder_log: str) -> Optional[str]:
+    """What to tell a tuning run whose decoder found the cache ``directory`` at its bound
+    (the decoder's stderr, ``decoder_log``, has the line): how many of the ``sentences`` dev
+    sentences have files and about how much room all of them would take; None if the
+    decoder did not reach the bound."""
+    try:
+        with open(decoder_log, "rb") as f:
+            if not any(BOUND_LINE.encode() in line and b"persistent cache" in line for line in f):
+                return None
+    except OSError:
+        return None
+    kept: Dict[str, set] = {}
+    size = 0
+    for cs, path in cache_files(directory):
+        m = _FILE.match(os.path.basename(path))
+        if m:
+            kept.setdefault(cs, set()).add(os.path.basename(path).split(".")[0])
+            size += os.path.getsize(path)
+    n = max((len(v) for v in kept.values()), default=0)
+    if n == 0:
+        return f"the persistent cache {directory} is at its bound and holds no sentence's files"
+    need = size / n * max(sentences, n)
+    return (f"the persistent cache {directory} is at its bound: {n} of {sentences} dev sentences have "
+            f"files ({size / 2**20:.0f} MiB); all of them would take ~{need / 2**30:.1f} GiB now and more "
+            f"as tuning goes on (Multi30k, class LBL: ~1.8x after four iterations): "
+            f"--persistent-cache-max {max(1, int(need * 2 / 2**30 + 0.999))}G")
+
+
 def parse_size(text: str) -> int:
     """``"500M"`` -> bytes (suffixes K, M, G, T are powers of 1024; optional ``B``/``iB``)."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(?:i?[bB])?\s*", str(text))

@@ -35,6 +35,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from nlmfeature.decoder.pcache import bound_report
 from nlmfeature.io.atomicfile import atomic_write_bytes, atomic_write_text, install, open_output
 from nlmfeature.mt.bleu import DEFAULT_TOKENIZE, References, corpus_bleu
 from nlmfeature.errors import DecoderError, InputError
@@ -275,6 +276,10 @@ class Driver:
                 raise DecoderError(f"{cmd[0]} produced no k-best lines; see {err_path}")
             if self.s.decoder == "moses":
                 install(stdout_tmp, self.path(f"run{k}.out"))
+            if self.s.persistent_cache:
+                note = bound_report(self.s.persistent_cache, len(self.refs), err_path)
+                if note:
+                    self.log(f"iteration {k}: {note}")
         finally:
             for t in (tmp, stdout_tmp):
                 if os.path.exists(t):
