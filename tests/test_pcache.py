@@ -18,8 +18,9 @@ import nlmfeature
 from nlmfeature.errors import ModelFileError
 from helpers import BROWN_VALID, make_model, read_lines
 from nlmfeature.errors import NLMFeatureError
-from nlmfeature.decoder.pcache import (MAX_DELTA_FILES, CachedScorer, bound_report, clear, directory_stats, parse_size,
-                               prune, read_cache_file, read_sentence, sentence_files)
+from nlmfeature.decoder.pcache import (MAX_DELTA_FILES, CachedScorer, bound_report, cache_files, clear,
+                                      directory_stats, parse_size, prune, read_cache_file, read_sentence,
+                                      sentence_files)
 
 LINES = read_lines(BROWN_VALID, 80)
 # the command line of this checkout (not whatever `nlmfeature` is first on PATH)
@@ -212,6 +213,41 @@ def test_threads_sharing_a_directory_merge(model_paths, tmp_path):
         cf = read_sentence(d, i)
         assert {tuple(k) for k in cf.keys.tolist()} == {tuple(c) + (w,) for c, w in zip(ctx.tolist(), words.tolist())}
     assert not [f for f in os.listdir(d) if f.endswith(".tmp")]
+
+
+def test_threads_sharing_a_bounded_directory(model_paths, tmp_path):
+    """Four threads, each with its own scorer, score the sentences in the same order three
+    times in a directory bounded below one pass: exact scores, valid files only, and the
+    directory within the bound give or take the files the others wrote since a writer last
+    looked (each session keeps its own estimate)."""
+    m = nlmfeature.load(model_paths["class"])
+    run_pass(CachedScorer(m, tmp_path / "probe"), LINES)
+    one = max(os.path.getsize(p) for _, p in cache_files(str(tmp_path / "probe")))
+    bound = directory_stats(str(tmp_path / "probe")).bytes // 3
+    d = tmp_path / "bounded"
+    want = [m.score_sentence(line) for line in LINES]
+    errors = []
+
+    def work(k):
+        try:
+            for rep in range(3):
+                s = CachedScorer(m, d, max_bytes=bound, quiet=True)
+                for i in range(k * 7 % len(LINES), len(LINES)):
+                    s.begin(i)
+                    np.testing.assert_allclose(s.score_sentence(LINES[i]), want[i], atol=1e-6, rtol=0)
+                    s.end()
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    st = directory_stats(str(d), verify=True)
+    assert not st.invalid and st.temporary_files == 0
+    assert 0 < st.bytes <= bound + 4 * one
 
 
 def test_deltas_are_merged_into_the_base(model_paths, tmp_path):
