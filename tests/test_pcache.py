@@ -56,6 +56,24 @@ def listing(directory, mtimes=False):
     return out
 
 
+def in_threads(work, n=4):
+    """Run ``work(k)`` for k < n in n threads at once; the exceptions they raised."""
+    errors = []
+
+    def run(k):
+        try:
+            work(k)
+        except Exception as exc:  # pragma: no cover - reported by the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
 @pytest.mark.parametrize("terms", [False, True])
 @pytest.mark.parametrize("kind", ["unnormalised", "class", "softmax"])
 def test_scores_equal_the_model_and_survive_a_round_trip(model_paths, tmp_path, kind, terms):
@@ -189,25 +207,16 @@ def test_threads_sharing_a_directory_merge(model_paths, tmp_path):
     each scoring a different quarter of the n-grams; every sentence ends up with all of them."""
     m = nlmfeature.load(model_paths["class"])
     sents = [m.sentence_ngrams(l) for l in LINES]
-    errors = []
 
     def work(k):
-        try:
-            s = CachedScorer(m, tmp_path, quiet=True)
-            for rep in range(2):
-                for i, (ctx, words) in enumerate(sents):
-                    s.begin(i)
-                    s.score_padded(np.ascontiguousarray(ctx[k::4]), np.ascontiguousarray(words[k::4]))
-                    s.end()
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
+        s = CachedScorer(m, tmp_path, quiet=True)
+        for rep in range(2):
+            for i, (ctx, words) in enumerate(sents):
+                s.begin(i)
+                s.score_padded(np.ascontiguousarray(ctx[k::4]), np.ascontiguousarray(words[k::4]))
+                s.end()
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    assert not in_threads(work)
     d = os.path.join(str(tmp_path), m.checksum)
     for i, (ctx, words) in enumerate(sents):
         cf = read_sentence(d, i)
@@ -226,25 +235,16 @@ def test_threads_sharing_a_bounded_directory(model_paths, tmp_path):
     bound = directory_stats(str(tmp_path / "probe")).bytes // 3
     d = tmp_path / "bounded"
     want = [m.score_sentence(line) for line in LINES]
-    errors = []
 
     def work(k):
-        try:
-            for rep in range(3):
-                s = CachedScorer(m, d, max_bytes=bound, quiet=True)
-                for i in range(k * 7 % len(LINES), len(LINES)):
-                    s.begin(i)
-                    np.testing.assert_allclose(s.score_sentence(LINES[i]), want[i], atol=1e-6, rtol=0)
-                    s.end()
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
+        for rep in range(3):
+            s = CachedScorer(m, d, max_bytes=bound, quiet=True)
+            for i in range(k * 7 % len(LINES), len(LINES)):
+                s.begin(i)
+                np.testing.assert_allclose(s.score_sentence(LINES[i]), want[i], atol=1e-6, rtol=0)
+                s.end()
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    assert not in_threads(work)
     st = directory_stats(str(d), verify=True)
     assert not st.invalid and st.temporary_files == 0
     assert 0 < st.bytes <= bound + 4 * one
