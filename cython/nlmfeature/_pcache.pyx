@@ -1469,8 +1469,8 @@ cdef class CachedScorer:
     ``model`` is an :class:`nlmfeature.Model`.  With ``directory`` set, sentence ``i``'s
     files in ``directory/<model checksum>/`` are read by :meth:`begin` and what the
     sentence computed is written by :meth:`end` (n-gram scores, context and within-class
-    normalisers).  ``max_bytes`` bounds the directory (see :func:`prune_dir`: files are
-    deleted); ``cache_entries`` bounds the core context caches and ``ngram_entries`` the
+    normalisers).  ``max_bytes`` bounds the directory (a run writes only what fits: see
+    ``write_sentence``); ``cache_entries`` bounds the core context caches and ``ngram_entries`` the
     n-gram cache of one sentence (-1: the core's choice without a directory,
     :data:`DEFAULT_NGRAM_ENTRIES` with one; 0: off); ``context_cache`` forces caching of
     hidden vectors on (1) or off (0) instead of the core's choice (-1).  ``policy``:
