@@ -116,12 +116,17 @@ cdef extern from *:
     #include <time.h>
     static unsigned long long nlm_pcache_counter = 0;
     static int nlm_pcache_said_off = 0;
+    static int nlm_pcache_said_full = 0;
     static unsigned long long nlm_pcache_next(void) {
         return __atomic_fetch_add(&nlm_pcache_counter, 1, __ATOMIC_RELAXED);
     }
     /* 1 the first time it is called in this process (one "cache is off" line per process) */
     static int nlm_pcache_first_off(void) {
         return __atomic_exchange_n(&nlm_pcache_said_off, 1, __ATOMIC_RELAXED) == 0;
+    }
+    /* 1 the first time it is called in this process (one "at its bound" line per process) */
+    static int nlm_pcache_first_full(void) {
+        return __atomic_exchange_n(&nlm_pcache_said_full, 1, __ATOMIC_RELAXED) == 0;
     }
     static long long nlm_mtime_ns(const struct stat* st) {
         return (long long)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec;
@@ -156,6 +161,7 @@ cdef extern from *:
     """
     unsigned long long nlm_pcache_next() nogil
     int nlm_pcache_first_off() nogil
+    int nlm_pcache_first_full() nogil
     long long nlm_mtime_ns(const struct_stat* st) nogil
     long long nlm_now_ns() nogil
     unsigned long long nlm_fast_checksum(const unsigned char* p, long long n) nogil
@@ -211,7 +217,6 @@ ctypedef struct PStore:
     int64_t sentence_id
     int64_t est_bytes         # estimate of the directory's size (-1: unknown)
     long long since_ns        # when the session started: files touched since are this run's
-    int said_full             # the "no room" line was printed
     int64_t written_since_scan
     uint64_t m_dev
     uint64_t m_ino
@@ -1355,12 +1360,11 @@ cdef int pc_end(SessionC* s) noexcept nogil:
         c_close(lfd)
     drop_files(ps)
     if e == ENOSPC:  # no room, and the sentence has no files: it gets none
-        if not ps.said_full and not ps.quiet:
+        if not ps.quiet and nlm_pcache_first_full():
             fprintf(stderr, "nlmfeature: persistent cache %s is at its bound (%lld MB): sentences that have "
                     "files keep them up to date, the others get none; give it more room with "
                     "persistent-cache-max (a Multi30k sentence takes ~5 MB after one tuning iteration, "
                     "~9 MB after four)\n", ps.root, <long long>(ps.max_bytes >> 20))
-        ps.said_full = 1
         ps.dirty = 0
         if ps.print_stats:
             print_stats(s, ps)
