@@ -1211,8 +1211,8 @@ cdef int write_sentence(SessionC* s, int64_t* entries, int64_t* nbytes, int64_t*
     merged into a new base when no delta name is free (or a file was unusable), within the
     directory's bound (:c:func:`write_room`).  Where that does not fit, a sentence that has files gets its
     working set instead (what it asked for: the entries it computed and those of the files it
-    used) as its new base, if that fits in place of its files; a sentence without files gets
-    none (ENOSPC): a tuning loop asks for its sentences in the same order at every iteration,
+    used) as its new base, if that fits in place of its files; ENOSPC where nothing fits (a
+    sentence without files gets none, one with files keeps them): a tuning loop asks for its sentences in the same order at every iteration,
     so with a bound below one iteration's files the first sentences keep theirs, up to date,
     and the others have none.  ``freed``: bytes of the files replaced."""
     cdef PStore* ps = <PStore*>s.store
@@ -1359,7 +1359,7 @@ cdef int pc_end(SessionC* s) noexcept nogil:
         c_flock(lfd, LOCK_UN)
         c_close(lfd)
     drop_files(ps)
-    if e == ENOSPC:  # no room, and the sentence has no files: it gets none
+    if e == ENOSPC:  # no room: the sentence keeps the files it has (none if it had none)
         if not ps.quiet and nlm_pcache_first_full():
             fprintf(stderr, "nlmfeature: persistent cache %s is at its bound (%lld MB): sentences that have "
                     "files keep them up to date, the others get none; give it more room with "

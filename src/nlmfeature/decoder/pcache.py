@@ -259,7 +259,7 @@ def bound_report(directory: str, sentences: int, decoder_log: str) -> Optional[s
     for cs, path in cache_files(directory):
         m = _FILE.match(os.path.basename(path))
         if m:
-            kept.setdefault(cs, set()).add(os.path.basename(path).split(".")[0])
+            kept.setdefault(cs, set()).add(m.group(1))
             size += os.path.getsize(path)
     n = max((len(v) for v in kept.values()), default=0)
     if n == 0:
