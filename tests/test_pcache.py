@@ -292,7 +292,7 @@ def test_file_truncated_or_overwritten_while_in_use_cannot_fault_the_decoder(mod
     the lookups keep their exact scores.  (A mapping of the file would raise SIGBUS on the
     pages past the new end and kill the decoder: run in a child process.)"""
     m = nlmfeature.load(model_paths["class"])
-    text = " ".join(LINES[:20])  # a file of several pages
+    text = " ".join(LINES[:40])  # a file of several pages
     run_pass(CachedScorer(m, tmp_path, policy="always"), [LINES[0], text])
     p = os.path.join(str(tmp_path), m.checksum, "1.nlmc")
     assert os.path.getsize(p) > 16 << 10

@@ -4,8 +4,8 @@
 Tuning decodes the same dev set many times.  With a persistent directory ``DIR`` a core
 :c:type:`SessionC` gets a :c:type:`StoreC` attached: at sentence begin the files of sentence
 ``i`` (``DIR/<model checksum>/i.nlmc``, the base, and up to four deltas ``i.<k>.nlmc``) are
-read into memory whole -- nothing is parsed, the files *are* hash tables in the core's slot
-layout; read rather than mapped, so that a file cut short or changed on disk while in use
+read into memory whole -- nothing is parsed or hashed, the files are hash tables whose slots
+unpack in one pass into the core's slot layout; read rather than mapped, so that a file cut short or changed on disk while in use
 cannot fault the decoder -- and the session probes them wherever its in-memory tables miss, at every level:
 
 * exact n-gram scores (key: the n-1 padded context ids and the word),
@@ -24,19 +24,25 @@ another checksum, and a model file changed under a running process switches its 
 File format (little-endian; see docs/c-api.md)::
 
     0    8 bytes  magic "NLMPCAC2"
-    8    uint32   format version (4)
+    8    uint32   format version (5)
     12   uint32   model order n
     16   8 bytes  model checksum (raw)
     24   int64    sentence id
     32   uint64   file size
-    40   3 x 32   regions (n-gram, context, class): uint32 key length, uint32 doubles per
-                  slot, uint64 slots (entries / 0.7, or 0), uint64 entries, uint64 longest probe
+    40   3 x 32   regions (n-gram, context, class): uint16 key length, uint16 bytes per key id
+                  (2 or 4), uint32 doubles per slot, uint64 slots (entries / 0.7, or 0),
+                  uint64 entries, uint64 longest probe
     136  uint64   checksum of the data (bytes 192 .. end)
     144  3 x uint64  B0 B1 B2: 64-byte blocks of each region's key filter (0: none)
     184  uint64   checksum of bytes 0 .. 183
-    192  regions, each ``slots * (1 + key length + 2 * doubles)`` int32, padded to 64 bytes:
-         slot = [1 (0: empty), key..., values (float64)], at ``nlm_home(key_hash(key), slots)``
-         or the next slots (linear probing), exactly as nlmfeature._scorer's TableC.
+    192  regions, each (if it has slots) three parts padded to 64 bytes: the slot map (a bit
+         per slot, in uint64 words), the keys of the live slots in slot order (ids of 2 bytes
+         where all of the region's are below 65536, else 4), then their values (float64).
+         A key lives at ``nlm_home(key_hash(key), slots)`` or the next slots (linear probing),
+         exactly as in nlmfeature._scorer's TableC: reading a file unpacks it into that layout
+         (slot = [1 (0: empty), key ids as int32, values]) in one sequential pass, and the
+         session probes it as its own tables.  Version 4 files stored that layout itself:
+         this one is 2.3x smaller for a 5-gram model.
     then B0, B1, B2 x 64 bytes: a blocked Bloom filter of each region's keys (``nlm_filter_add``
          of their ``key_hash``, ~10 bits per key), read before the region is probed: most
          n-grams and contexts a sentence asks after a tuning step are in none of its files, and
@@ -58,7 +64,7 @@ Everything here except the Python classes at the bottom runs without the GIL.
 cimport cython
 from libc.errno cimport errno, ENOENT, EEXIST, EINTR, EIO, ENOMEM, ENOSPC
 from libc.math cimport isnan, NAN
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdio cimport FILE, fopen, fwrite, fclose, fprintf, stderr, snprintf, rename
 from libc.stdlib cimport getenv, calloc, free, malloc, realloc, qsort
 from libc.string cimport memcpy, memset, strlen, strerror, strcmp
@@ -80,6 +86,8 @@ import numpy as np
 
 cdef extern from * nogil:
     void __builtin_prefetch(const void* p)
+    int __builtin_popcountll(unsigned long long x)
+    int __builtin_ctzll(unsigned long long x)
 
 cdef extern from "<fcntl.h>" nogil:
     int c_open "open"(const char* path, int flags, ...)
@@ -176,9 +184,10 @@ cdef enum:
     PATH_MAX_LEN = 4096
     MAX_DELTAS = 4            # delta files per sentence before they are merged into the base
     FILE_LOAD_PERCENT = 70    # most entries per 100 slots in a file's regions
+    MAX_SLOTS_PER_ENTRY = 4   # a region's slots are at most 4 per entry (+ 64): refused otherwise
     N_REGIONS = 3
 cdef const char* MAGIC = b"NLMPCAC2"
-cdef uint32_t FORMAT_VERSION = 4
+cdef uint32_t FORMAT_VERSION = 5
 cdef int64_t C_DEFAULT_MAX_BYTES = 4LL << 30
 cdef int64_t C_DEFAULT_NGRAM_ENTRIES = 1 << 20
 #: default bound on a persistent cache directory (bytes)
@@ -201,6 +210,9 @@ ctypedef struct PStore:
     unsigned char checksum[8]
     unsigned char* wbuf       # the file writer's buffer, kept between sentence ends (no page
     long long wbuf_cap        # faults for a fresh one at every end): its bytes
+    unsigned char* raw        # a file as on disk: read before it is unpacked, packed before it
+    long long raw_cap         # is written (kept between sentences too)
+    int key_width             # bytes per key id on disk, as the model's id ranges allow (2 or 4)
     int ngram_key_len         # ids in an n-gram key: the full context and the word (the order
                               # for a target-only model; the file header's "order" field)
     int ctx_key_len
@@ -322,12 +334,27 @@ cdef inline int region_stride(int key_len, int nd) noexcept nogil:
     return 1 + key_len + 2 * nd
 
 
+cdef inline int64_t pad64(int64_t n) noexcept nogil:
+    return (n + 63) // 64 * 64
+
+
 cdef inline int64_t region_bytes(int64_t slots, int key_len, int nd) noexcept nogil:
-    return (slots * region_stride(key_len, nd) * 4 + 63) // 64 * 64
+    """Bytes of a region in memory: ``slots`` slots of the core's table layout."""
+    return pad64(slots * region_stride(key_len, nd) * 4)
+
+
+cdef inline int64_t disk_region_bytes(int64_t slots, int64_t count, int key_len, int width,
+                                      int nd) noexcept nogil:
+    """Bytes of a region on disk: its slot map (a bit per slot), then the keys of the live
+    slots (``width`` bytes per id) and their values, in slot order, each padded to 64 bytes."""
+    if not slots:
+        return 0
+    return pad64((slots + 63) // 64 * 8) + pad64(count * key_len * width) + pad64(count * nd * 8)
 
 
 ctypedef struct RegionDesc:
     uint32_t key_len
+    uint32_t width            # bytes per key id on disk: 2 (every id < 65536) or 4
     uint32_t nd
     uint64_t slots
     uint64_t count
@@ -335,12 +362,26 @@ ctypedef struct RegionDesc:
 
 
 cdef inline void read_region(const unsigned char* h, int i, RegionDesc* r) noexcept nogil:
-    """Region ``i``'s descriptor from a file header (5 little-endian fields)."""
-    memcpy(&r.key_len, h + REGIONS_AT + 32 * i, 4)
+    """Region ``i``'s descriptor from a file header (6 little-endian fields)."""
+    cdef uint16_t k, w
+    memcpy(&k, h + REGIONS_AT + 32 * i, 2)
+    memcpy(&w, h + REGIONS_AT + 32 * i + 2, 2)
+    r.key_len = k
+    r.width = w
     memcpy(&r.nd, h + REGIONS_AT + 32 * i + 4, 4)
     memcpy(&r.slots, h + REGIONS_AT + 32 * i + 8, 8)
     memcpy(&r.count, h + REGIONS_AT + 32 * i + 16, 8)
     memcpy(&r.max_probe, h + REGIONS_AT + 32 * i + 24, 8)
+
+
+cdef inline void write_region(unsigned char* h, int i, const RegionDesc* r) noexcept nogil:
+    cdef uint16_t k = <uint16_t>r.key_len, w = <uint16_t>r.width
+    memcpy(h + REGIONS_AT + 32 * i, &k, 2)
+    memcpy(h + REGIONS_AT + 32 * i + 2, &w, 2)
+    memcpy(h + REGIONS_AT + 32 * i + 4, &r.nd, 4)
+    memcpy(h + REGIONS_AT + 32 * i + 8, &r.slots, 8)
+    memcpy(h + REGIONS_AT + 32 * i + 16, &r.count, 8)
+    memcpy(h + REGIONS_AT + 32 * i + 24, &r.max_probe, 8)
 
 
 cdef const char* check_header(const unsigned char* h, int64_t size, int order, int ctx_key_len,
@@ -381,12 +422,16 @@ cdef const char* check_header(const unsigned char* h, int64_t size, int order, i
         return "written for another sentence id"
     for i in range(N_REGIONS):
         read_region(h, i, &r)
-        if r.key_len != <uint32_t>want_k[i] or r.nd != <uint32_t>want_nd[i]:
+        if r.key_len != <uint32_t>want_k[i] or r.nd != <uint32_t>want_nd[i] or \
+                (r.width != 2 and r.width != 4):
             return "region layout does not match the model"
+        # (slots <= MAX_SLOTS_PER_ENTRY * entries + 64: a small file never unpacks into a
+        # huge table)
         if r.slots > (1ULL << 40) or r.count >= r.slots + (r.slots == 0) or \
+                r.slots > MAX_SLOTS_PER_ENTRY * r.count + 64 or \
                 r.max_probe > r.slots or (r.slots and not r.max_probe):
             return "region sizes are inconsistent"
-        total += region_bytes(<int64_t>r.slots, r.key_len, r.nd)
+        total += disk_region_bytes(<int64_t>r.slots, <int64_t>r.count, r.key_len, r.width, r.nd)
         memcpy(&blocks, h + FILTER_AT + 8 * i, 8)
         if blocks > (1ULL << 34) or (blocks and not r.slots):
             return "region sizes are inconsistent"
@@ -435,14 +480,155 @@ cdef void view_regions(const unsigned char* base, TableC* ngram, TableC* ctx, Ta
             at += <int64_t>blocks * 64
 
 
+cdef int64_t unpacked_bytes(const unsigned char* h) noexcept nogil:
+    """Bytes of a checked file (header ``h``) unpacked into memory: the header, each region in
+    the core's table layout, then the filters."""
+    cdef int64_t n = HEADER_BYTES
+    cdef RegionDesc r
+    cdef uint64_t blocks
+    cdef int i
+    for i in range(N_REGIONS):
+        read_region(h, i, &r)
+        memcpy(&blocks, h + FILTER_AT + 8 * i, 8)
+        n += region_bytes(<int64_t>r.slots, r.key_len, r.nd) + <int64_t>blocks * 64
+    return n
+
+
+cdef const char* unpack_file(const unsigned char* src, unsigned char* out) noexcept nogil:
+    """Unpack a checked file ``src`` into ``out`` (:c:func:`unpacked_bytes` bytes): each
+    region as the core's table (slot = [1, key ids as int32, values], or all zero where the
+    slot map says empty), so that the session probes and copies it as it does its own.  NULL,
+    or why the file is corrupt (a slot map that does not hold the region's entry count)."""
+    cdef int64_t at_in = HEADER_BYTES, at_out = HEADER_BYTES, words, w, slot, j, count, filters = 0
+    cdef RegionDesc r
+    cdef int i, stride, k, kl, width, nd
+    cdef uint64_t bits, blocks
+    cdef const unsigned char* keys
+    cdef const unsigned char* vals
+    cdef int32_t* t
+    cdef int32_t* q
+    cdef uint16_t u
+    memcpy(out, src, HEADER_BYTES)
+    for i in range(N_REGIONS):
+        read_region(src, i, &r)
+        memcpy(&blocks, src + FILTER_AT + 8 * i, 8)
+        filters += <int64_t>blocks * 64
+        if not r.slots:
+            continue
+        kl = r.key_len
+        width = r.width
+        nd = r.nd
+        count = <int64_t>r.count
+        stride = region_stride(kl, nd)
+        words = (<int64_t>r.slots + 63) // 64
+        keys = src + at_in + pad64(words * 8)
+        vals = keys + pad64(count * kl * width)
+        t = <int32_t*>(out + at_out)
+        memset(t, 0, region_bytes(<int64_t>r.slots, kl, nd))
+        j = 0
+        for w in range(words):
+            memcpy(&bits, src + at_in + 8 * w, 8)
+            if w == words - 1 and r.slots % 64 and (bits >> (r.slots % 64)) != 0:
+                return "corrupted (slot map marks slots beyond the region)"
+            if j + __builtin_popcountll(bits) > count:
+                return "corrupted (slot map holds more entries than the header)"
+            while bits:
+                slot = w * 64 + __builtin_ctzll(bits)
+                bits &= bits - 1
+                q = t + slot * stride
+                q[0] = 1
+                if width == 4:
+                    memcpy(q + 1, keys + 4 * kl * j, 4 * kl)
+                else:
+                    for k in range(kl):
+                        memcpy(&u, keys + 2 * (kl * j + k), 2)
+                        q[1 + k] = u
+                memcpy(q + 1 + kl, vals + 8 * nd * j, 8 * nd)
+                j += 1
+        if j != count:
+            return "corrupted (slot map holds fewer entries than the header)"
+        at_in += disk_region_bytes(<int64_t>r.slots, count, kl, width, nd)
+        at_out += region_bytes(<int64_t>r.slots, kl, nd)
+    memcpy(out + at_out, src + at_in, filters)  # the filters follow the regions
+    return NULL
+
+
+cdef int64_t pack_file(const unsigned char* src, unsigned char* out, int64_t max_size) noexcept nogil:
+    """Pack a file written in memory layout (``src``: header, regions as tables, filters; the
+    regions' widths unset) for disk: each region's slot map, then its live keys (2 bytes per id
+    where every id of the region is below 65536, else 4) and values, then the filters.  Writes
+    ``out`` only if the result is at most ``max_size`` bytes; returns its size."""
+    cdef int64_t at_in = HEADER_BYTES, at_out = HEADER_BYTES, size = HEADER_BYTES, slot, j, filters = 0
+    cdef RegionDesc r[3]
+    cdef int i, k, kl, nd, stride
+    cdef uint64_t bits, blocks
+    cdef const int32_t* p
+    cdef unsigned char* keys
+    cdef unsigned char* vals
+    cdef uint16_t u
+    cdef int32_t lo, hi
+    for i in range(N_REGIONS):  # the widths first: they decide the size
+        read_region(src, i, &r[i])
+        memcpy(&blocks, src + FILTER_AT + 8 * i, 8)
+        filters += <int64_t>blocks * 64
+        stride = region_stride(r[i].key_len, r[i].nd)
+        lo = 0
+        hi = 0
+        for slot in range(<int64_t>r[i].slots):
+            p = <const int32_t*>(src + at_in) + slot * stride
+            if p[0] == 0:
+                continue
+            for k in range(<int>r[i].key_len):
+                lo = p[1 + k] if p[1 + k] < lo else lo
+                hi = p[1 + k] if p[1 + k] > hi else hi
+        r[i].width = 2 if lo >= 0 and hi < 65536 else 4
+        at_in += region_bytes(<int64_t>r[i].slots, r[i].key_len, r[i].nd)
+        size += disk_region_bytes(<int64_t>r[i].slots, <int64_t>r[i].count, r[i].key_len, r[i].width, r[i].nd)
+    size += filters
+    if size > max_size:
+        return size
+    memcpy(out, src, HEADER_BYTES)
+    at_in = HEADER_BYTES
+    for i in range(N_REGIONS):
+        write_region(out, i, &r[i])
+        kl = r[i].key_len
+        nd = r[i].nd
+        stride = region_stride(kl, nd)
+        if not r[i].slots:
+            continue
+        memset(out + at_out, 0, disk_region_bytes(<int64_t>r[i].slots, <int64_t>r[i].count, kl, r[i].width, nd))
+        keys = out + at_out + pad64((<int64_t>r[i].slots + 63) // 64 * 8)
+        vals = keys + pad64(<int64_t>r[i].count * kl * r[i].width)
+        j = 0
+        for slot in range(<int64_t>r[i].slots):
+            p = <const int32_t*>(src + at_in) + slot * stride
+            if p[0] == 0:
+                continue
+            bits = 1ULL << (slot % 64)
+            (<uint64_t*>(out + at_out))[slot // 64] |= bits
+            if r[i].width == 4:
+                memcpy(keys + 4 * kl * j, p + 1, 4 * kl)
+            else:
+                for k in range(kl):
+                    u = <uint16_t>p[1 + k]
+                    memcpy(keys + 2 * (kl * j + k), &u, 2)
+            memcpy(vals + 8 * nd * j, p + 1 + kl, 8 * nd)
+            j += 1
+        at_in += region_bytes(<int64_t>r[i].slots, kl, nd)
+        at_out += disk_region_bytes(<int64_t>r[i].slots, <int64_t>r[i].count, kl, r[i].width, nd)
+    memcpy(out + at_out, src + at_in, filters)
+    memcpy(out + 32, &size, 8)
+    return size
+
+
 cdef int load_file(const char* path, int order, int ctx_key_len, const unsigned char* checksum,
                    int64_t sentence_id, int64_t max_size, int touch, void** buf,
-                   long long* cap, const char** why) noexcept nogil:
-    """Read a cache file into ``buf`` (of ``cap`` bytes, grown if needed) after
-    checking its header, then its data checksum and that the header read with the data is
-    the one checked: 1 read,
-    0 absent, -1 unusable (``why`` says why).  Never blocks on a FIFO nor reads more than
-    the header of a file that is not one of ours."""
+                   long long* cap, void** raw, long long* raw_cap, const char** why) noexcept nogil:
+    """Read a cache file into ``raw`` (of ``raw_cap`` bytes, grown if needed) after checking
+    its header, then its data checksum and that the header read with the data is the one
+    checked, and unpack it into ``buf`` (:c:func:`unpack_file`): 1 read, 0 absent, -1
+    unusable (``why`` says why).  Never blocks on a FIFO nor reads more than the header of a
+    file that is not one of ours."""
     cdef int fd = c_open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC)
     cdef struct_stat st
     cdef unsigned char head[HEADER_BYTES]
@@ -479,20 +665,24 @@ cdef int load_file(const char* path, int order, int ctx_key_len, const unsigned 
         return -1
     # read, not mapped: a file cut short on disk under a mapping would fault the decoder at its
     # next probe (SIGBUS), and one changed in place would change bytes already checked
-    if grow_buffer(buf, cap, size) != 0:
+    if grow_buffer(raw, raw_cap, size) != 0 or grow_buffer(buf, cap, unpacked_bytes(head)) != 0:
         why[0] = strerror(ENOMEM)
         c_close(fd)
         return -1
-    e = read_all(fd, buf[0], size)
+    e = read_all(fd, raw[0], size)
     if e != 0:
         why[0] = strerror(e)
         c_close(fd)
         return -1
-    p = buf[0]
+    p = raw[0]
     memcpy(&stored, head + DATA_CHECKSUM_AT, 8)
     if stored != nlm_fast_checksum(<const unsigned char*>p + HEADER_BYTES, size - HEADER_BYTES) or \
             memcmp_(<const unsigned char*>p, head, HEADER_BYTES) != 0:
         why[0] = "corrupted (checksum mismatch)"
+        c_close(fd)
+        return -1
+    why[0] = unpack_file(<const unsigned char*>p, <unsigned char*>buf[0])
+    if why[0] != NULL:
         c_close(fd)
         return -1
     if touch:
@@ -591,19 +781,21 @@ cdef int64_t count_wanted(const Source* src, int nsrc) noexcept nogil:
 cdef int write_file(PStore* ps, const char* path, Source** src, int* nsrc, int replace,
                     int64_t max_size, int64_t* entries, int64_t* nbytes) noexcept nogil:
     """Write the wanted entries of each region's sources as a cache file at ``path``:
-    temporary file, then rename (``replace``) or link (EEXIST if ``path`` exists).
+    built in memory layout (the regions as tables), packed (:c:func:`pack_file`), written to
+    a temporary file, then renamed (``replace``) or linked (EEXIST if ``path`` exists).
     0 or an errno; ENOSPC, with nothing written, when the file would be larger than
     ``max_size`` bytes (its size in ``nbytes``)."""
     cdef int64_t n[3]
     cdef int64_t slots[3]
-    cdef int64_t cnt, maxp, size = HEADER_BYTES, at, filters_at
+    cdef int64_t cnt[3]
+    cdef int64_t maxp, size, disk, most, at, filters_at
     cdef int64_t blocks[3]
-    cdef int i, fd, e, klen, nd
+    cdef int i, fd, e, refill = 1
     cdef int key_lens[3]
     cdef int nds[3]
     cdef unsigned char* buf
     cdef uint64_t h
-    cdef uint32_t u
+    cdef RegionDesc r
     cdef char tmp[PATH_MAX_LEN]
     key_lens[0] = ps.ngram_key_len
     key_lens[1] = ps.ctx_key_len
@@ -613,47 +805,68 @@ cdef int write_file(PStore* ps, const char* path, Source** src, int* nsrc, int r
     nds[2] = 1
     for i in range(N_REGIONS):
         n[i] = count_wanted(src[i], nsrc[i])
-        # load <= FILE_LOAD: a probe that misses (new n-grams probe every file) stays short
-        slots[i] = (n[i] * 100 + FILE_LOAD_PERCENT - 1) // FILE_LOAD_PERCENT + 1 if n[i] else 0
-        size += region_bytes(slots[i], key_lens[i], nds[i])
-        # the keys' filter: a lookup of a key the file does not hold (most new n-grams and
-        # contexts probe every file of the sentence) reads one cache line of it, not the table
-        blocks[i] = (n[i] * FILTER_BITS + 511) // 512 if n[i] else 0
-        size += blocks[i] * 64
+    while refill:
+        refill = 0
+        size = HEADER_BYTES
+        disk = HEADER_BYTES
+        most = HEADER_BYTES
+        for i in range(N_REGIONS):
+            # load <= FILE_LOAD: a probe that misses (new n-grams probe every file) stays short
+            slots[i] = (n[i] * 100 + FILE_LOAD_PERCENT - 1) // FILE_LOAD_PERCENT + 1 if n[i] else 0
+            size += region_bytes(slots[i], key_lens[i], nds[i])
+            disk += disk_region_bytes(slots[i], n[i], key_lens[i], ps.key_width, nds[i])
+            most += disk_region_bytes(slots[i], n[i], key_lens[i], 4, nds[i])
+            # the keys' filter: a lookup of a key the file does not hold (most new n-grams and
+            # contexts probe every file of the sentence) reads one cache line of it, not the table
+            blocks[i] = (n[i] * FILTER_BITS + 511) // 512 if n[i] else 0
+            size += blocks[i] * 64
+            disk += blocks[i] * 64
+            most += blocks[i] * 64
+        nbytes[0] = disk
+        if disk > max_size:
+            return ENOSPC
+        if grow_buffer(<void**>&ps.wbuf, &ps.wbuf_cap, size) != 0 or \
+                grow_buffer(<void**>&ps.raw, &ps.raw_cap, most) != 0:
+            return 12
+        buf = ps.wbuf
+        memset(buf, 0, size)
+        memcpy(buf, MAGIC, 8)
+        memcpy(buf + 8, &FORMAT_VERSION, 4)
+        r.width = <uint32_t>ps.ngram_key_len
+        memcpy(buf + 12, &r.width, 4)
+        memcpy(buf + 16, ps.checksum, 8)
+        memcpy(buf + 24, &ps.sentence_id, 8)
+        at = HEADER_BYTES
+        filters_at = size - (blocks[0] + blocks[1] + blocks[2]) * 64  # the filters follow the regions
+        entries[0] = 0
+        for i in range(N_REGIONS):
+            cnt[i] = 0
+            maxp = 0
+            if slots[i]:
+                fill_region(<int32_t*>(buf + at), slots[i], key_lens[i], nds[i], src[i], nsrc[i], &cnt[i],
+                            &maxp, <uint64_t*>(buf + filters_at), <uint64_t>blocks[i])
+            memcpy(buf + FILTER_AT + 8 * i, &blocks[i], 8)
+            filters_at += blocks[i] * 64
+            r.key_len = key_lens[i]
+            r.width = 0  # pack_file's to choose
+            r.nd = nds[i]
+            r.slots = slots[i]
+            r.count = cnt[i]
+            r.max_probe = maxp
+            write_region(buf, i, &r)
+            entries[0] += cnt[i]
+            at += region_bytes(slots[i], key_lens[i], nds[i])
+        for i in range(N_REGIONS):
+            # keys held twice (several sources) are written once: where that left far fewer
+            # entries than slots (readers refuse more than MAX_SLOTS_PER_ENTRY), size again
+            if slots[i] > MAX_SLOTS_PER_ENTRY * cnt[i] + 64:
+                n[i] = cnt[i]
+                refill = 1
+    size = pack_file(buf, ps.raw, max_size)
     nbytes[0] = size
-    if size > max_size:
+    if size > max_size:  # (only where ids exceed the model's ranges)
         return ENOSPC
-    if grow_buffer(<void**>&ps.wbuf, &ps.wbuf_cap, size) != 0:
-        return 12
-    buf = ps.wbuf
-    memset(buf, 0, size)
-    memcpy(buf, MAGIC, 8)
-    memcpy(buf + 8, &FORMAT_VERSION, 4)
-    u = ps.ngram_key_len
-    memcpy(buf + 12, &u, 4)
-    memcpy(buf + 16, ps.checksum, 8)
-    memcpy(buf + 24, &ps.sentence_id, 8)
-    memcpy(buf + 32, &size, 8)
-    at = HEADER_BYTES
-    filters_at = size - (blocks[0] + blocks[1] + blocks[2]) * 64  # the filters follow the regions
-    entries[0] = 0
-    for i in range(N_REGIONS):
-        cnt = 0
-        maxp = 0
-        if slots[i]:
-            fill_region(<int32_t*>(buf + at), slots[i], key_lens[i], nds[i], src[i], nsrc[i], &cnt, &maxp,
-                        <uint64_t*>(buf + filters_at), <uint64_t>blocks[i])
-        memcpy(buf + FILTER_AT + 8 * i, &blocks[i], 8)
-        filters_at += blocks[i] * 64
-        u = key_lens[i]
-        memcpy(buf + REGIONS_AT + 32 * i, &u, 4)
-        u = nds[i]
-        memcpy(buf + REGIONS_AT + 32 * i + 4, &u, 4)
-        memcpy(buf + REGIONS_AT + 32 * i + 8, &slots[i], 8)
-        memcpy(buf + REGIONS_AT + 32 * i + 16, &cnt, 8)
-        memcpy(buf + REGIONS_AT + 32 * i + 24, &maxp, 8)
-        entries[0] += cnt
-        at += region_bytes(slots[i], key_lens[i], nds[i])
+    buf = ps.raw
     h = nlm_fast_checksum(buf + HEADER_BYTES, size - HEADER_BYTES)
     memcpy(buf + DATA_CHECKSUM_AT, &h, 8)
     h = data_checksum_c(buf, HEADER_CHECKSUM_AT)
@@ -930,6 +1143,8 @@ cdef SessionC* pc_session_new(const ModelC* m, const unsigned char* checksum, co
     # the source window, then the n-1 target ids) plus the word or class
     ps.ngram_key_len = m.key_len + 1
     ps.ctx_key_len = m.key_len if m.key_len > 0 else 1
+    # key ids are words, classes or source words: 2 bytes each on disk where all are < 65536
+    ps.key_width = 2 if max(m.vocab_size, m.n_classes, m.src_vocab_size) <= 65536 else 4
     ps.sentence_id = -1
     ps.est_bytes = -1
     ps.since_ns = nlm_now_ns()
@@ -1032,6 +1247,7 @@ cdef void pc_session_free(SessionC* s) noexcept nogil:
         free(ps.dir)
         free(ps.model_path)
         free(ps.wbuf)
+        free(ps.raw)
         free(ps)
         s.store = NULL
     nlm_session_free(s)
@@ -1061,7 +1277,7 @@ cdef int load_sentence(PStore* ps, int64_t sid, int touch) noexcept nogil:
         f = ps.view.nfiles
         file_path(ps, sid, k, path)
         r = load_file(path, ps.ngram_key_len, ps.ctx_key_len, ps.checksum, sid, limit, touch,
-                     &ps.maps[f], &ps.map_cap[f], &why)
+                      &ps.maps[f], &ps.map_cap[f], <void**>&ps.raw, &ps.raw_cap, &why)
         if r == 0:
             continue
         if r < 0:
@@ -1444,6 +1660,7 @@ def check_cache_file(bytes data, int order, bytes model_checksum, int64_t senten
     cdef const unsigned char* p = <const unsigned char*><char*>data
     cdef uint64_t stored
     cdef int ctx_key = order - 1 if order > 1 else 1
+    cdef bytearray out
     if len(model_checksum) != 8:
         raise ValueError("model_checksum must be 8 raw bytes")
     why = check_header(p, len(data), order, ctx_key, <const unsigned char*><char*>model_checksum,
@@ -1453,7 +1670,23 @@ def check_cache_file(bytes data, int order, bytes model_checksum, int64_t senten
     memcpy(&stored, p + DATA_CHECKSUM_AT, 8)
     if stored != nlm_fast_checksum(p + HEADER_BYTES, len(data) - HEADER_BYTES):
         return "corrupted (checksum mismatch)"
-    return None
+    out = bytearray(unpacked_bytes(p))
+    why = unpack_file(p, <unsigned char*><char*>out)
+    return why.decode() if why != NULL else None
+
+
+def unpack_cache_file(bytes data) -> bytes:
+    """A file that :func:`check_cache_file` accepted, unpacked into memory layout: the header,
+    then each region as ``slots`` slots of int32 ``[1 (0: empty), key ids..., values as
+    float64]``, padded to 64 bytes, then the filters."""
+    cdef const unsigned char* p = <const unsigned char*><char*>data
+    cdef bytearray out
+    if len(data) < HEADER_BYTES:
+        raise ValueError("not a checked cache file")
+    out = bytearray(unpacked_bytes(p))
+    if unpack_file(p, <unsigned char*><char*>out) != NULL:
+        raise ValueError("not a checked cache file")
+    return bytes(out)
 
 
 def prune(str directory, int64_t max_bytes):

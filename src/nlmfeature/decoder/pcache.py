@@ -36,7 +36,8 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import numpy as np
 
 from nlmfeature._pcache import (DEFAULT_MAX_BYTES, DEFAULT_NGRAM_ENTRIES, HEADER_SIZE, MAX_DELTA_FILES,
-                      POLICIES, CachedScorer, check_cache_file, data_checksum)
+                      POLICIES, CachedScorer, check_cache_file, data_checksum,
+                      unpack_cache_file)
 from nlmfeature._pcache import prune as _prune
 from nlmfeature.errors import NLMFeatureError
 
@@ -46,7 +47,7 @@ __all__ = ["CachedScorer", "CacheFile", "DirectoryStats", "read_cache_file", "re
 
 MAGIC = b"NLMPCAC2"
 _HEADER = struct.Struct("<8sII8sqQ")        # magic, version, order, checksum, sentence, size
-_REGION = struct.Struct("<IIQQQ")           # key length, doubles, slots, entries, longest probe
+_REGION = struct.Struct("<HHIQQQ")          # key length, bytes per id, doubles, slots, entries, longest probe
 _REGIONS_AT = 40
 _CHECKSUM_DIR = re.compile(r"^[0-9a-f]{16}$")
 _FILE = re.compile(r"^(-?\d+)(\.\d+)?\.nlmc$")
@@ -96,10 +97,11 @@ def read_cache_file(path: str) -> CacheFile:
     why = check_cache_file(data, order, checksum, sid)
     if why is not None:
         raise NLMFeatureError(f"{path}: {why}")
+    data = unpack_cache_file(data)  # the regions as the scorer's tables
     at = HEADER_SIZE
     parts = []
     for i in range(3):
-        klen, nd, slots, _count, _maxp = _REGION.unpack_from(data, _REGIONS_AT + 32 * i)
+        klen, _width, nd, slots, _count, _maxp = _REGION.unpack_from(data, _REGIONS_AT + 32 * i)
         parts.append(_region(data, at, slots, klen, nd))
         at += (slots * (1 + klen + 2 * nd) * 4 + 63) // 64 * 64
     (k, v), (ck, cv), (kk, kv) = parts
@@ -197,7 +199,7 @@ def directory_stats(directory: str, verify: bool = False) -> DirectoryStats:
             if len(head) < HEADER_SIZE or head[:8] != MAGIC:
                 st.invalid.append(f"{path}: not an nlmfeature cache file")
                 continue
-            n = sum(_REGION.unpack_from(head, _REGIONS_AT + 32 * i)[3] for i in range(3))
+            n = sum(_REGION.unpack_from(head, _REGIONS_AT + 32 * i)[4] for i in range(3))
         st.entries += n
         m["entries"] += n
     return st
