@@ -638,3 +638,102 @@ def test_parse_size():
     with pytest.raises(NLMFeatureError):
         parse_size("lots")
     assert clear(os.devnull + "-nonexistent-dir") == 0
+
+
+def _regions(path):
+    """(key length, bytes per id, doubles, slots, entries, longest probe) of each region."""
+    import struct
+    data = open(path, "rb").read(192)
+    return [struct.unpack_from("<HHIQQQ", data, 40 + 32 * i) for i in range(3)]
+
+
+def test_files_are_packed_and_read_back_exact(model_paths, tmp_path):
+    """Format 5: a region is its slot map, then the live slots' keys (2 bytes per id where every
+    id is below 65536) and values.  A file holds its entries in under half the bytes of the
+    table layout they unpack into (version 4 wrote that layout itself), and a second pass reads
+    every n-gram back with the same bits."""
+    m = nlmfeature.load(model_paths["class"])
+    lines = [" ".join(LINES[:30]), LINES[30]]
+    first = run_pass(CachedScorer(m, tmp_path), lines)
+    p = os.path.join(str(tmp_path), m.checksum, "0.nlmc")
+    regions = _regions(p)
+    assert [r[1] for r in regions[:2]] == [2, 2]
+    table_bytes = 192 + sum((r[3] * (1 + r[0] + 2 * r[2]) * 4 + 63) // 64 * 64 for r in regions)
+    entries = sum(r[4] for r in regions)
+    assert entries > 1000
+    assert os.path.getsize(p) < 0.5 * table_bytes
+    f = read_cache_file(p)
+    assert len(f.scores) == regions[0][4] and len(f.context_norms) == regions[1][4]
+    np.testing.assert_array_equal(f.keys[:, -1] >= 0, True)
+    again = CachedScorer(m, tmp_path)
+    assert [g.tolist() for g in run_pass(again, lines)] == [g.tolist() for g in first]
+    assert again.stats()["persistent_hits"] == sum(len(g) for g in first)
+
+
+def test_ids_above_65535_are_written_four_bytes_wide(tmp_path):
+    """A vocabulary of more than 65,536 words: a sentence whose keys hold a word id above 65535
+    gets 4-byte ids in that region (never truncated ids), one whose ids all fit gets 2-byte
+    ids; both read back exact."""
+    from nlmfeature.core.architecture import ModelSpec, random_model
+    from nlmfeature.core.vocab import Vocabulary
+    from helpers import brown_vocab
+    base, _ = brown_vocab()
+    words = list(base) + [f"w{i}" for i in range(70000 - len(base))]
+    vocab = Vocabulary(words)
+    header, arrays = random_model(ModelSpec(arch="lbl", order=3, word_width=4, diagonal_contexts=True,
+                                            output="unnormalised"), vocab, seed=3)
+    path = str(tmp_path / "wide.nlm")
+    nlmfeature.save(path, header, arrays)
+    m = nlmfeature.load(path)
+    lines = ["the jury said w66000 w65000 of the", "the jury said it"]
+    first = run_pass(CachedScorer(m, tmp_path / "pc", policy="always"), lines)
+    d = os.path.join(str(tmp_path / "pc"), m.checksum)
+    assert _regions(os.path.join(d, "0.nlmc"))[0][1] == 4
+    assert _regions(os.path.join(d, "1.nlmc"))[0][1] == 2
+    assert int(read_cache_file(os.path.join(d, "0.nlmc")).keys.max()) == vocab.id("w66000") > 65535
+    again = CachedScorer(m, tmp_path / "pc", policy="always")
+    assert [g.tolist() for g in run_pass(again, lines)] == [g.tolist() for g in first]
+    assert again.stats()["persistent_hits"] == sum(len(g) for g in first)
+
+
+def test_a_slot_map_that_disagrees_with_the_header_is_refused(model_paths, tmp_path, capfd):
+    """A file whose checksums are right but whose slot map marks one slot more (or fewer) than
+    the header's entry count, or whose header claims many more slots than entries (it would
+    unpack into a table far larger than the file): ignored with the reason, rewritten, and
+    the scores stay exact."""
+    import struct
+    from nlmfeature._pcache import data_checksum
+    m = nlmfeature.load(model_paths["class"])
+    first = run_pass(CachedScorer(m, tmp_path), LINES[:2])
+    p = os.path.join(str(tmp_path), m.checksum, "1.nlmc")
+    good = open(p, "rb").read()
+    _, _, _, slots, count, _ = _regions(p)[0]
+    words = (slots + 63) // 64
+    bitmap = np.frombuffer(good, "<u8", count=words, offset=192).copy()
+    assert sum(bin(int(w)).count("1") for w in bitmap) == count
+
+    def sealed(data):
+        data = bytearray(data)
+        struct.pack_into("<Q", data, 136, data_checksum(bytes(data[192:])))
+        open(p, "wb").write(bytes(data))
+        _rewrite_header(p, {})
+
+    live = [i for i in range(slots) if int(bitmap[i // 64]) >> (i % 64) & 1]
+    empty = next(i for i in range(slots) if i not in set(live))
+    for slot, why in ((empty, "more entries than the header"), (live[0], "fewer entries than the header")):
+        data = bytearray(good)
+        struct.pack_into("<Q", data, 192 + 8 * (slot // 64), int(bitmap[slot // 64]) ^ (1 << (slot % 64)))
+        sealed(data)
+        with pytest.raises(NLMFeatureError, match=why):
+            read_cache_file(p)
+    open(p, "wb").write(good)
+    _rewrite_header(p, {48: ("<Q", 4 * count + 65)})
+    with pytest.raises(NLMFeatureError, match="inconsistent"):
+        read_cache_file(p)
+    capfd.readouterr()
+    s = CachedScorer(m, tmp_path)
+    got = run_pass(s, LINES[:2])
+    assert "1.nlmc: region sizes are inconsistent" in capfd.readouterr().err
+    assert [g.tolist() for g in got] == [g.tolist() for g in first]
+    assert s.stats()["files_ignored"] == 1
+    assert read_cache_file(p).keys.shape[0] == len(first[1])
