@@ -23,9 +23,11 @@ Input kinds and what a case checks:
   file, or a model whose scorers agree.
 * ``kbest``  a mutated k-best list (real Moses and cdec lists, plain and gzip): reading and
   rescoring must give an ``InputError`` naming the file, or finish.
-* ``pcache`` a mutated persistent-cache file, or (a quarter of them) a valid one rewritten in
-  place with the mutation after the sentence began (shorter, longer, scribbled over): the
-  cached scorer must ignore it (warning) and score exactly as the model.
+* ``pcache`` a mutated persistent-cache file (half of them changed in their structure and
+  sealed again with valid checksums, as a hostile directory could), or (a quarter of them) a
+  valid one rewritten in place with the mutation after the sentence began (shorter, longer,
+  scribbled over): the cached scorer must ignore it (warning) and score exactly as the model, or (resealed)
+  read it as written, never crash or hang.
 
 Outcomes per case: ``ok`` (accepted, scores agree), ``clear`` (the expected error class,
 naming the file), ``unclear`` (another exception: a traceback for the user), ``wrong`` (the
@@ -331,6 +333,31 @@ def mutate_bytes(rng: random.Random, raw: bytes) -> (bytes, str):
     return bytes(b), op
 
 
+def mutate_pcache(rng: random.Random, raw: bytes) -> (bytes, str):
+    """A cache file changed where its structure is (the region descriptors and filter sizes of
+    the header, the slot maps, keys and values) and sealed again with both of its checksums:
+    what a hostile directory can hold (the checksums are not secret), so that the checks
+    behind them (sizes, slot maps against entry counts) are what refuses it."""
+    from nlmfeature._pcache import data_checksum, header_checksum
+    b = bytearray(raw)
+    if len(b) < 192:
+        return mutate_bytes(rng, raw)
+    op = rng.choice(["descriptor", "descriptor", "count", "body", "body"])
+    if op == "descriptor":  # bytes 40..183: key length, width, doubles, slots, entries, probe, filters
+        for _ in range(rng.choice([1, 1, 2])):
+            b[rng.randrange(40, 184) if rng.random() < 0.5 else rng.randrange(40, 136)] = rng.randrange(256)
+    elif op == "count":
+        pos = rng.choice([48, 56, 64, 80, 88, 96, 112, 120, 128, 144, 152, 160])
+        b[pos:pos + 8] = rng.choice(INTERESTING_INTS).to_bytes(8, "little", signed=True)
+    else:  # slot maps, keys, values, filters
+        for _ in range(rng.choice([1, 2, 8])):
+            if len(b) > 192:
+                b[rng.randrange(192, len(b))] ^= 1 << rng.randrange(8)
+    b[136:144] = data_checksum(bytes(b[192:])).to_bytes(8, "little")
+    b[184:192] = header_checksum(bytes(b[:184])).to_bytes(8, "little")
+    return bytes(b), f"{op} (resealed)"
+
+
 def make_case(seeds: Dict[str, Any], case_id: int, run_seed: int, kinds, casedir: str,
               special: bool = False) -> Dict[str, Any]:
     """Write case ``case_id``'s input file; returns its description (for the worker)."""
@@ -369,7 +396,12 @@ def make_case(seeds: Dict[str, Any], case_id: int, run_seed: int, kinds, casedir
         k = rng.randrange(len(seeds["pcache"]))
         src = seeds["pcache"][k]
         with open(src, "rb") as f:
-            data, what = mutate_bytes(rng, f.read())
+            raw = f.read()
+        if rng.random() < 0.5:
+            data, what = mutate_pcache(rng, raw)
+            case["resealed"] = True
+        else:
+            data, what = mutate_bytes(rng, raw)
         case["sentence"] = k
         case["model"] = seeds["pcache_model"]
         ext = ".nlmc"
@@ -571,6 +603,10 @@ class _Checker:
         got = cs.score_sentence(line)
         cs.end()
         want = m.score_sentence(line)
+        if case.get("resealed"):
+            # valid checksums: a file whose values were changed is read as written (a cache
+            # cannot tell); what counts is that nothing crashed or hung
+            return {"outcome": "ok"}
         if not np.array_equal(got, want):
             return {"outcome": "wrong", "detail": f"cached {got[:4]} != model {want[:4]}"}
         cs.begin(case["sentence"])  # the rewritten file reads back
