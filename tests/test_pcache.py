@@ -698,9 +698,9 @@ def test_ids_above_65535_are_written_four_bytes_wide(tmp_path):
 
 def test_a_slot_map_that_disagrees_with_the_header_is_refused(model_paths, tmp_path, capfd):
     """A file whose checksums are right but whose slot map marks one slot more (or fewer) than
-    the header's entry count, or whose header claims many more slots than entries (it would
-    unpack into a table far larger than the file): ignored with the reason, rewritten, and
-    the scores stay exact."""
+    the header's entry count, or whose header claims other slots than the writer gives its
+    entries (it could unpack into a table far larger than the file): ignored with the
+    reason, rewritten, and the scores stay exact."""
     import struct
     from nlmfeature._pcache import data_checksum
     m = nlmfeature.load(model_paths["class"])
@@ -727,7 +727,7 @@ def test_a_slot_map_that_disagrees_with_the_header_is_refused(model_paths, tmp_p
         with pytest.raises(NLMFeatureError, match=why):
             read_cache_file(p)
     open(p, "wb").write(good)
-    _rewrite_header(p, {48: ("<Q", 4 * count + 65)})
+    _rewrite_header(p, {48: ("<Q", 4 * count + 65), 56: ("<Q", count)})
     with pytest.raises(NLMFeatureError, match="inconsistent"):
         read_cache_file(p)
     capfd.readouterr()
@@ -737,3 +737,31 @@ def test_a_slot_map_that_disagrees_with_the_header_is_refused(model_paths, tmp_p
     assert [g.tolist() for g in got] == [g.tolist() for g in first]
     assert s.stats()["files_ignored"] == 1
     assert read_cache_file(p).keys.shape[0] == len(first[1])
+
+
+def test_entries_written_twice_by_concurrent_sessions_merge_into_an_exact_base(model_paths, tmp_path):
+    """Six sessions decode the same sentence at once (as two decoder processes given the same
+    input would) and end one after another: the first writes the base, the next four write
+    deltas holding the same entries again, the sixth merges them all.  The merged base holds
+    each entry once, its regions sized for what it holds (the writer sizes them again after
+    dropping the duplicates; readers refuse other sizes), and reads back exact."""
+    import struct
+    m = nlmfeature.load(model_paths["class"])
+    sessions = [CachedScorer(m, tmp_path) for _ in range(MAX_DELTA_FILES + 2)]
+    want = None
+    for s in sessions:
+        s.begin(0)
+        want = s.score_sentence(LINES[3])
+    d = os.path.join(str(tmp_path), m.checksum)
+    for k, s in enumerate(sessions):
+        s.end()
+        assert len(sentence_files(d, 0)) == (k + 1 if k <= MAX_DELTA_FILES else 1)
+    p = os.path.join(d, "0.nlmc")
+    f = read_cache_file(p)
+    assert len(f.scores) == len(np.unique(f.keys, axis=0)) == len(want)
+    for klen, width, nd, slots, count, _ in _regions(p):
+        assert slots == ((count * 100 + 69) // 70 + 1 if count else 0)
+    again = CachedScorer(m, tmp_path)
+    got = run_pass(again, [LINES[3]])[0]
+    assert got.tolist() == want.tolist()
+    assert again.stats()["persistent_hits"] == len(want)

@@ -184,7 +184,6 @@ cdef enum:
     PATH_MAX_LEN = 4096
     MAX_DELTAS = 4            # delta files per sentence before they are merged into the base
     FILE_LOAD_PERCENT = 70    # most entries per 100 slots in a file's regions
-    MAX_SLOTS_PER_ENTRY = 4   # a region's slots are at most 4 per entry (+ 64): refused otherwise
     N_REGIONS = 3
 cdef const char* MAGIC = b"NLMPCAC2"
 cdef uint32_t FORMAT_VERSION = 5
@@ -334,6 +333,12 @@ cdef inline int region_stride(int key_len, int nd) noexcept nogil:
     return 1 + key_len + 2 * nd
 
 
+cdef inline int64_t region_slots(int64_t entries) noexcept nogil:
+    """Slots of a file region for ``entries`` keys (load <= FILE_LOAD: a probe that misses,
+    as new n-grams probe every file, stays short); readers refuse any other number."""
+    return (entries * 100 + FILE_LOAD_PERCENT - 1) // FILE_LOAD_PERCENT + 1 if entries else 0
+
+
 cdef inline int64_t pad64(int64_t n) noexcept nogil:
     return (n + 63) // 64 * 64
 
@@ -425,10 +430,9 @@ cdef const char* check_header(const unsigned char* h, int64_t size, int order, i
         if r.key_len != <uint32_t>want_k[i] or r.nd != <uint32_t>want_nd[i] or \
                 (r.width != 2 and r.width != 4):
             return "region layout does not match the model"
-        # (slots <= MAX_SLOTS_PER_ENTRY * entries + 64: a small file never unpacks into a
-        # huge table)
-        if r.slots > (1ULL << 40) or r.count >= r.slots + (r.slots == 0) or \
-                r.slots > MAX_SLOTS_PER_ENTRY * r.count + 64 or \
+        # (slots exactly as the writer sizes them for the entries: a file never unpacks into
+        # more than 3 times its size)
+        if r.count > (1ULL << 40) or r.slots != <uint64_t>region_slots(<int64_t>r.count) or \
                 r.max_probe > r.slots or (r.slots and not r.max_probe):
             return "region sizes are inconsistent"
         total += disk_region_bytes(<int64_t>r.slots, <int64_t>r.count, r.key_len, r.width, r.nd)
@@ -811,8 +815,7 @@ cdef int write_file(PStore* ps, const char* path, Source** src, int* nsrc, int r
         disk = HEADER_BYTES
         most = HEADER_BYTES
         for i in range(N_REGIONS):
-            # load <= FILE_LOAD: a probe that misses (new n-grams probe every file) stays short
-            slots[i] = (n[i] * 100 + FILE_LOAD_PERCENT - 1) // FILE_LOAD_PERCENT + 1 if n[i] else 0
+            slots[i] = region_slots(n[i])
             size += region_bytes(slots[i], key_lens[i], nds[i])
             disk += disk_region_bytes(slots[i], n[i], key_lens[i], ps.key_width, nds[i])
             most += disk_region_bytes(slots[i], n[i], key_lens[i], 4, nds[i])
@@ -857,9 +860,9 @@ cdef int write_file(PStore* ps, const char* path, Source** src, int* nsrc, int r
             entries[0] += cnt[i]
             at += region_bytes(slots[i], key_lens[i], nds[i])
         for i in range(N_REGIONS):
-            # keys held twice (several sources) are written once: where that left far fewer
-            # entries than slots (readers refuse more than MAX_SLOTS_PER_ENTRY), size again
-            if slots[i] > MAX_SLOTS_PER_ENTRY * cnt[i] + 64:
+            # keys held by several sources are written once: where that left fewer entries
+            # than counted, the region is sized again for them (readers check the slots)
+            if cnt[i] != n[i]:
                 n[i] = cnt[i]
                 refill = 1
     size = pack_file(buf, ps.raw, max_size)
