@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstring>
 #include <iostream>
-#include <set>
 #include <sstream>
 
 #include "moses/AlignmentInfo.h"
@@ -68,23 +67,44 @@ inline nlm_session *NLMJointFeature::Session() const
   return m_nlm.Session(GetScoreProducerDescription());
 }
 
-void NLMJointFeature::Affiliations(const TargetPhrase &phrase, size_t start, size_t srcLen,
-                                   std::vector<int> &out)
+void NLMJointFeature::Affiliations(const TargetPhrase &phrase, size_t start, size_t srcLen, int *out)
 {
+  // Called for every hypothesis expansion: no allocation (AlignmentInfo's
+  // GetAlignmentsForTarget builds a std::set per word, which was a tenth of a decode in
+  // malloc and free).  The alignment is a set of (source, target) pairs ordered by source,
+  // so the k-th pair seen with target j holds j's k-th source position in increasing order.
   const size_t n = phrase.GetSize();
-  out.assign(n, -1);
-  const AlignmentInfo &ai = phrase.GetAlignTerm();
-  std::vector<int> own(n, -1);
-  bool any = false;
-  for (size_t j = 0; j < n; ++j) {
-    std::set<size_t> links = ai.GetAlignmentsForTarget(j);
-    if (links.empty()) continue;
-    std::set<size_t>::const_iterator it = links.begin();
-    std::advance(it, links.size() / 2);  // the middle one; the right one of two middle ones
-    own[j] = static_cast<int>(start + *it);
-    any = true;
+  const size_t kStack = 64;
+  int ownStack[kStack], countStack[kStack], seenStack[kStack];
+  std::vector<int> ownHeap, countHeap, seenHeap;
+  int *own = ownStack, *count = countStack, *seen = seenStack;
+  if (n > kStack) {
+    ownHeap.resize(n);
+    countHeap.resize(n);
+    seenHeap.resize(n);
+    own = &ownHeap[0];
+    count = &countHeap[0];
+    seen = &seenHeap[0];
   }
   for (size_t j = 0; j < n; ++j) {
+    own[j] = -1;
+    count[j] = 0;
+    seen[j] = 0;
+  }
+  const AlignmentInfo &ai = phrase.GetAlignTerm();
+  for (AlignmentInfo::const_iterator it = ai.begin(); it != ai.end(); ++it)
+    if (it->second < n) ++count[it->second];
+  bool any = false;
+  for (AlignmentInfo::const_iterator it = ai.begin(); it != ai.end(); ++it) {
+    const size_t j = it->second;
+    if (j >= n) continue;
+    if (seen[j]++ == count[j] / 2) {  // the middle one; the right one of two middle ones
+      own[j] = static_cast<int>(start + it->first);
+      any = true;
+    }
+  }
+  for (size_t j = 0; j < n; ++j) {
+    out[j] = -1;
     if (!any) {  // no alignment point: proportional position in the source span
       size_t p = srcLen ? std::min(srcLen - 1, j * srcLen / n) : 0;
       out[j] = static_cast<int>(start + p);
@@ -117,8 +137,8 @@ void NLMJointFeature::EvaluateWithSourceContext(const InputType &/*input*/, cons
   const size_t n = targetPhrase.GetSize();
   if (!n) return;
   const Range &range = inputPath.GetWordsRange();
-  std::vector<int> aff;
-  Affiliations(targetPhrase, range.GetStartPos(), range.GetNumWordsCovered(), aff);
+  std::vector<int> aff(n);
+  Affiliations(targetPhrase, range.GetStartPos(), range.GetNumWordsCovered(), &aff[0]);
   nlm_session *s = Session();
   std::vector<int32_t> ids;
   ids.reserve(n);
@@ -149,16 +169,22 @@ FFState* NLMJointFeature::EvaluateWhenApplied(const Hypothesis &hypo, const FFSt
   nlm_session *s = Session();
   const TargetPhrase &phrase = hypo.GetCurrTargetPhrase();
   const Range &range = hypo.GetCurrSourceWordsRange();
-  std::vector<int> aff;
-  Affiliations(phrase, range.GetStartPos(), range.GetNumWordsCovered(), aff);
   int32_t stack[64];
+  int affStack[64];
   std::vector<int32_t> heap;
+  std::vector<int> affHeap;
   int32_t *hist = stack;
+  int *aff = affStack;
   const size_t total = in.size + len;
   if (total > 64) {
     heap.resize(total);
     hist = &heap[0];
   }
+  if (len > 64) {
+    affHeap.resize(len);
+    aff = &affHeap[0];
+  }
+  Affiliations(phrase, range.GetStartPos(), range.GetNumWordsCovered(), aff);
   std::memcpy(hist, in.ids, sizeof(int32_t) * in.size);
   for (size_t j = 0; j < len; ++j) hist[in.size + j] = Id(phrase.GetWord(j));
 

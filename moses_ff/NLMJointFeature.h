@@ -65,9 +65,9 @@ public:
   void CleanUpAfterSentenceProcessing(ttasksptr const& ttask);
 
   //! affiliated source position (in the sentence) of each word of a phrase at source span
-  //! [start, start + srcLen): Devlin et al. 2014 inside the phrase
-  static void Affiliations(const TargetPhrase &phrase, size_t start, size_t srcLen,
-                           std::vector<int> &out);
+  //! [start, start + srcLen) into ``out`` (phrase.GetSize() ints): Devlin et al. 2014
+  //! inside the phrase; allocates nothing for phrases of up to 64 words
+  static void Affiliations(const TargetPhrase &phrase, size_t start, size_t srcLen, int *out);
 
 private:
   nlm_session *Session() const;
