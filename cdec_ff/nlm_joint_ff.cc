@@ -126,16 +126,27 @@ class NLMJointFF : public FeatureFunction {
     const TRule& rule = *edge.rule_;
     const std::vector<WordID>& e = rule.e();
     const std::vector<WordID>& f = rule.f();
-    // absolute source position of each source symbol of the rule
-    std::vector<int> fpos(f.size());
+    // absolute source position of each source symbol of the rule, the affiliation of each
+    // target symbol (stack arrays: this runs for every edge and antecedent combination)
+    const size_t kSmall = 64;
+    int fposS[kSmall], affS[kSmall];
+    std::vector<int> fposH, affH;
+    int *fpos = fposS, *aff = affS;
+    if (f.size() > kSmall) {
+      fposH.resize(f.size());
+      fpos = &fposH[0];
+    }
+    if (e.size() > kSmall) {
+      affH.resize(e.size());
+      aff = &affH[0];
+    }
     int cur = edge.i_, nt = 0;
     for (size_t k = 0; k < f.size(); ++k) {
       fpos[k] = cur;
       if (f[k] > 0) ++cur;
       else cur += StateView(ant_states[nt++], c_).span();
     }
-    std::vector<int> aff;
-    Affiliations(rule, e, fpos, edge, &aff);
+    Affiliations(rule, e, fpos, f.size(), edge, aff);
     Acc a(c_);
     double v = 0;
     for (size_t i = 0; i < e.size(); ++i) {
@@ -169,41 +180,66 @@ class NLMJointFF : public FeatureFunction {
   }
 
  private:
-  // affiliation of every target terminal of the rule (by e index; -1 for nonterminals)
-  static void Affiliations(const TRule& rule, const std::vector<WordID>& e, const std::vector<int>& fpos,
-                           const HG::Edge& edge, std::vector<int>* out) {
-    const size_t n = e.size();
-    std::vector<std::vector<int> > links(n);
-    for (size_t k = 0; k < rule.a_.size(); ++k) {
+  // affiliation of every target terminal of the rule (by e index; -1 for nonterminals) into
+  // out[0 .. e.size()); called for every edge (and antecedent combination): stack arrays, no
+  // allocation for rules of up to kSmall target symbols and alignment points
+  static void Affiliations(const TRule& rule, const std::vector<WordID>& e, const int* fpos, size_t nf,
+                           const HG::Edge& edge, int* out) {
+    const size_t n = e.size(), na = rule.a_.size();
+    const size_t kSmall = 64;
+    int ownS[kSmall], termsS[kSmall], ptS[kSmall], posS[kSmall], tmpS[kSmall];
+    std::vector<int> ownH, termsH, ptH, posH, tmpH;
+    int *own = ownS, *terms = termsS, *pt = ptS, *pos = posS, *tmp = tmpS;
+    if (n > kSmall) {
+      ownH.resize(n);
+      termsH.resize(n);
+      own = &ownH[0];
+      terms = &termsH[0];
+    }
+    if (na > kSmall) {
+      ptH.resize(na);
+      posH.resize(na);
+      tmpH.resize(na);
+      pt = &ptH[0];
+      pos = &posH[0];
+      tmp = &tmpH[0];
+    }
+    size_t np = 0;  // terminal-terminal points: (target index, absolute source position)
+    for (size_t k = 0; k < na; ++k) {
       const AlignmentPoint& p = rule.a_[k];
       if (p.t_ < 0 || static_cast<size_t>(p.t_) >= n || p.s_ < 0 ||
-          static_cast<size_t>(p.s_) >= fpos.size() || e[p.t_] <= 0 || rule.f()[p.s_] <= 0)
-        continue;  // only terminal-terminal points
-      links[p.t_].push_back(fpos[p.s_]);
+          static_cast<size_t>(p.s_) >= nf || e[p.t_] <= 0 || rule.f()[p.s_] <= 0)
+        continue;
+      pt[np] = p.t_;
+      pos[np] = fpos[p.s_];
+      ++np;
     }
-    std::vector<int> own(n, -1);
-    std::vector<size_t> terms;
+    size_t nterms = 0;
     bool any = false;
     for (size_t t = 0; t < n; ++t) {
+      own[t] = -1;
       if (e[t] <= 0) continue;
-      terms.push_back(t);
-      if (links[t].empty()) continue;
-      std::sort(links[t].begin(), links[t].end());
-      own[t] = links[t][links[t].size() / 2];
+      terms[nterms++] = static_cast<int>(t);
+      size_t m = 0;  // t's source positions, sorted; the middle one (the right one of two)
+      for (size_t q = 0; q < np; ++q)
+        if (pt[q] == static_cast<int>(t)) tmp[m++] = pos[q];
+      if (!m) continue;
+      std::sort(tmp, tmp + m);
+      own[t] = tmp[m / 2];
       any = true;
     }
-    out->assign(n, -1);
+    for (size_t t = 0; t < n; ++t) out[t] = -1;
     const int span = edge.j_ - edge.i_;
-    for (size_t q = 0; q < terms.size(); ++q) {
+    for (size_t q = 0; q < nterms; ++q) {
       const size_t t = terms[q];
       if (!any) {
-        (*out)[t] = edge.i_ + (span > 0 ? std::min<int>(span - 1, static_cast<int>(q * span / terms.size())) : 0);
+        out[t] = edge.i_ + (span > 0 ? std::min<int>(span - 1, static_cast<int>(q * span / nterms)) : 0);
       } else if (own[t] >= 0) {
-        (*out)[t] = own[t];
+        out[t] = own[t];
       } else {
-        for (size_t d = 1; d < terms.size(); ++d) {
-          if (q + d < terms.size() && own[terms[q + d]] >= 0) { (*out)[t] = own[terms[q + d]]; break; }
-          if (q >= d && own[terms[q - d]] >= 0) { (*out)[t] = own[terms[q - d]]; break; }
+        for (size_t d = 1; d < nterms; ++d) {
+          if (q + d < nterms && own[terms[q + d]] >= 0) { out[t] = own[terms[q + d]]; break; }
+          if (q >= d && own[terms[q - d]] >= 0) { out[t] = own[terms[q - d]]; break; }
         }
       }
     }
