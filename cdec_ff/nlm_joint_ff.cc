@@ -187,23 +187,15 @@ class NLMJointFF : public FeatureFunction {
                            const HG::Edge& edge, int* out) {
     const size_t n = e.size(), na = rule.a_.size();
     const size_t kSmall = 64;
-    int ownS[kSmall], termsS[kSmall], ptS[kSmall], posS[kSmall], tmpS[kSmall];
-    std::vector<int> ownH, termsH, ptH, posH, tmpH;
-    int *own = ownS, *terms = termsS, *pt = ptS, *pos = posS, *tmp = tmpS;
-    if (n > kSmall) {
-      ownH.resize(n);
-      termsH.resize(n);
-      own = &ownH[0];
-      terms = &termsH[0];
+    int small[5 * kSmall];
+    std::vector<int> large;
+    int *buf = small;
+    if (n > kSmall || na > kSmall) {
+      large.resize(2 * n + 3 * na);
+      buf = &large[0];
     }
-    if (na > kSmall) {
-      ptH.resize(na);
-      posH.resize(na);
-      tmpH.resize(na);
-      pt = &ptH[0];
-      pos = &posH[0];
-      tmp = &tmpH[0];
-    }
+    // own and terms per target symbol, then (target, source position) per point and a buffer
+    int *own = buf, *terms = buf + n, *pt = buf + 2 * n, *pos = pt + na, *tmp = pos + na;
     size_t np = 0;  // terminal-terminal points: (target index, absolute source position)
     for (size_t k = 0; k < na; ++k) {
       const AlignmentPoint& p = rule.a_[k];

@@ -75,17 +75,14 @@ void NLMJointFeature::Affiliations(const TargetPhrase &phrase, size_t start, siz
   // so the k-th pair seen with target j holds j's k-th source position in increasing order.
   const size_t n = phrase.GetSize();
   const size_t kStack = 64;
-  int ownStack[kStack], countStack[kStack], seenStack[kStack];
-  std::vector<int> ownHeap, countHeap, seenHeap;
-  int *own = ownStack, *count = countStack, *seen = seenStack;
+  int stackBuf[3 * kStack];
+  std::vector<int> heapBuf;
+  int *buf = stackBuf;
   if (n > kStack) {
-    ownHeap.resize(n);
-    countHeap.resize(n);
-    seenHeap.resize(n);
-    own = &ownHeap[0];
-    count = &countHeap[0];
-    seen = &seenHeap[0];
+    heapBuf.resize(3 * n);
+    buf = &heapBuf[0];
   }
+  int *own = buf, *count = buf + n, *seen = buf + 2 * n;
   for (size_t j = 0; j < n; ++j) {
     own[j] = -1;
     count[j] = 0;
