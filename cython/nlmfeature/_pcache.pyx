@@ -1582,8 +1582,8 @@ cdef int pc_end(SessionC* s) noexcept nogil:
         if not ps.quiet and nlm_pcache_first_full():
             fprintf(stderr, "nlmfeature: persistent cache %s is at its bound (%lld MB): sentences that have "
                     "files keep them up to date, the others get none; give it more room with "
-                    "persistent-cache-max (a Multi30k sentence takes ~5 MB after one tuning iteration, "
-                    "~9 MB after four)\n", ps.root, <long long>(ps.max_bytes >> 20))
+                    "persistent-cache-max (a Multi30k sentence takes ~2 MB after one tuning iteration, "
+                    "~4 MB after four)\n", ps.root, <long long>(ps.max_bytes >> 20))
         ps.dirty = 0
         if ps.print_stats:
             print_stats(s, ps)

@@ -152,8 +152,8 @@ def _driver_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--persistent-cache-max", metavar="SIZE", type=size_option,
                    help="with --persistent-cache: its disk bound (500M, 2G, ...; default: the "
                         "feature's own, 4G).  At the bound the first dev sentences keep their files "
-                        "and the others get none: a Multi30k sentence takes ~5 MB after one "
-                        "iteration and ~9 MB after four with a class model")
+                        "and the others get none: a Multi30k sentence takes ~2 MB after one "
+                        "iteration and ~4 MB after four with a class model")
     p.add_argument("--nlm-feature", action="append", default=None, metavar="NAME",
                    help="feature whose config line gets the persistent cache option: a Moses "
                         "[feature] class or a cdec feature_function name / library file name "
