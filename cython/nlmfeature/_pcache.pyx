@@ -389,12 +389,30 @@ cdef inline void write_region(unsigned char* h, int i, const RegionDesc* r) noex
     memcpy(h + REGIONS_AT + 32 * i + 24, &r.max_probe, 8)
 
 
+cdef int64_t file_bytes(const unsigned char* h, int packed) noexcept nogil:
+    """Bytes of the file that header ``h`` describes: the header, each region packed as on disk
+    (``packed``) or in the core's table layout (in memory), then the filters."""
+    cdef int64_t n = HEADER_BYTES
+    cdef RegionDesc r
+    cdef uint64_t blocks
+    cdef int i
+    for i in range(N_REGIONS):
+        read_region(h, i, &r)
+        memcpy(&blocks, h + FILTER_AT + 8 * i, 8)
+        n += <int64_t>blocks * 64
+        if packed:
+            n += disk_region_bytes(<int64_t>r.slots, <int64_t>r.count, r.key_len, r.width, r.nd)
+        else:
+            n += region_bytes(<int64_t>r.slots, r.key_len, r.nd)
+    return n
+
+
 cdef const char* check_header(const unsigned char* h, int64_t size, int order, int ctx_key_len,
                               const unsigned char* checksum, int64_t sentence_id) noexcept nogil:
     """NULL if the 192-byte header ``h`` describes a valid file of ``size`` bytes for this
     model and sentence, else the reason.  Reads nothing beyond the header."""
     cdef uint32_t version, order_
-    cdef int64_t sid, total = HEADER_BYTES
+    cdef int64_t sid
     cdef uint64_t fsize, stored, blocks
     cdef RegionDesc r
     cdef int i
@@ -435,12 +453,10 @@ cdef const char* check_header(const unsigned char* h, int64_t size, int order, i
         if r.count > (1ULL << 40) or r.slots != <uint64_t>region_slots(<int64_t>r.count) or \
                 r.max_probe > r.slots or (r.slots and not r.max_probe):
             return "region sizes are inconsistent"
-        total += disk_region_bytes(<int64_t>r.slots, <int64_t>r.count, r.key_len, r.width, r.nd)
         memcpy(&blocks, h + FILTER_AT + 8 * i, 8)
         if blocks > (1ULL << 34) or (blocks and not r.slots):
             return "region sizes are inconsistent"
-        total += <int64_t>blocks * 64
-    if <int64_t>fsize != size or total != size:
+    if <int64_t>fsize != size or file_bytes(h, 1) != size:
         return "truncated or extended (size does not match the header)"
     return NULL
 
@@ -484,22 +500,8 @@ cdef void view_regions(const unsigned char* base, TableC* ngram, TableC* ctx, Ta
             at += <int64_t>blocks * 64
 
 
-cdef int64_t unpacked_bytes(const unsigned char* h) noexcept nogil:
-    """Bytes of a checked file (header ``h``) unpacked into memory: the header, each region in
-    the core's table layout, then the filters."""
-    cdef int64_t n = HEADER_BYTES
-    cdef RegionDesc r
-    cdef uint64_t blocks
-    cdef int i
-    for i in range(N_REGIONS):
-        read_region(h, i, &r)
-        memcpy(&blocks, h + FILTER_AT + 8 * i, 8)
-        n += region_bytes(<int64_t>r.slots, r.key_len, r.nd) + <int64_t>blocks * 64
-    return n
-
-
 cdef const char* unpack_file(const unsigned char* src, unsigned char* out) noexcept nogil:
-    """Unpack a checked file ``src`` into ``out`` (:c:func:`unpacked_bytes` bytes): each
+    """Unpack a checked file ``src`` into ``out`` (``file_bytes(src, 0)`` bytes): each
     region as the core's table (slot = [1, key ids as int32, values], or all zero where the
     slot map says empty), so that the session probes and copies it as it does its own.  NULL,
     or why the file is corrupt (a slot map that does not hold the region's entry count)."""
@@ -557,60 +559,39 @@ cdef const char* unpack_file(const unsigned char* src, unsigned char* out) noexc
     return NULL
 
 
-cdef int64_t pack_file(const unsigned char* src, unsigned char* out, int64_t max_size) noexcept nogil:
-    """Pack a file written in memory layout (``src``: header, regions as tables, filters; the
-    regions' widths unset) for disk: each region's slot map, then its live keys (2 bytes per id
-    where every id of the region is below 65536, else 4) and values, then the filters.  Writes
-    ``out`` only if the result is at most ``max_size`` bytes; returns its size."""
-    cdef int64_t at_in = HEADER_BYTES, at_out = HEADER_BYTES, size = HEADER_BYTES, slot, j, filters = 0
-    cdef RegionDesc r[3]
+cdef void pack_file(const unsigned char* src, unsigned char* out) noexcept nogil:
+    """Pack a file built in memory layout (``src``: header with each region's id width, regions
+    as tables, filters) for disk into ``out`` (``file_bytes(src, 1)`` bytes): each region's
+    slot map, then its live keys (ids of its width) and values, then the filters."""
+    cdef int64_t at_in = HEADER_BYTES, at_out = HEADER_BYTES, size = file_bytes(src, 1), slot, j, filters = 0
+    cdef RegionDesc r
     cdef int i, k, kl, nd, stride
-    cdef uint64_t bits, blocks
+    cdef uint64_t blocks
     cdef const int32_t* p
     cdef unsigned char* keys
     cdef unsigned char* vals
     cdef uint16_t u
-    cdef int32_t lo, hi
-    for i in range(N_REGIONS):  # the widths first: they decide the size
-        read_region(src, i, &r[i])
+    memcpy(out, src, HEADER_BYTES)
+    memcpy(out + 32, &size, 8)
+    for i in range(N_REGIONS):
+        read_region(src, i, &r)
         memcpy(&blocks, src + FILTER_AT + 8 * i, 8)
         filters += <int64_t>blocks * 64
-        stride = region_stride(r[i].key_len, r[i].nd)
-        lo = 0
-        hi = 0
-        for slot in range(<int64_t>r[i].slots):
-            p = <const int32_t*>(src + at_in) + slot * stride
-            if p[0] == 0:
-                continue
-            for k in range(<int>r[i].key_len):
-                lo = p[1 + k] if p[1 + k] < lo else lo
-                hi = p[1 + k] if p[1 + k] > hi else hi
-        r[i].width = 2 if lo >= 0 and hi < 65536 else 4
-        at_in += region_bytes(<int64_t>r[i].slots, r[i].key_len, r[i].nd)
-        size += disk_region_bytes(<int64_t>r[i].slots, <int64_t>r[i].count, r[i].key_len, r[i].width, r[i].nd)
-    size += filters
-    if size > max_size:
-        return size
-    memcpy(out, src, HEADER_BYTES)
-    at_in = HEADER_BYTES
-    for i in range(N_REGIONS):
-        write_region(out, i, &r[i])
-        kl = r[i].key_len
-        nd = r[i].nd
-        stride = region_stride(kl, nd)
-        if not r[i].slots:
+        if not r.slots:
             continue
-        memset(out + at_out, 0, disk_region_bytes(<int64_t>r[i].slots, <int64_t>r[i].count, kl, r[i].width, nd))
-        keys = out + at_out + pad64((<int64_t>r[i].slots + 63) // 64 * 8)
-        vals = keys + pad64(<int64_t>r[i].count * kl * r[i].width)
+        kl = r.key_len
+        nd = r.nd
+        stride = region_stride(kl, nd)
+        memset(out + at_out, 0, disk_region_bytes(<int64_t>r.slots, <int64_t>r.count, kl, r.width, nd))
+        keys = out + at_out + pad64((<int64_t>r.slots + 63) // 64 * 8)
+        vals = keys + pad64(<int64_t>r.count * kl * r.width)
         j = 0
-        for slot in range(<int64_t>r[i].slots):
+        for slot in range(<int64_t>r.slots):
             p = <const int32_t*>(src + at_in) + slot * stride
             if p[0] == 0:
                 continue
-            bits = 1ULL << (slot % 64)
-            (<uint64_t*>(out + at_out))[slot // 64] |= bits
-            if r[i].width == 4:
+            (<uint64_t*>(out + at_out))[slot // 64] |= 1ULL << (slot % 64)
+            if r.width == 4:
                 memcpy(keys + 4 * kl * j, p + 1, 4 * kl)
             else:
                 for k in range(kl):
@@ -618,11 +599,9 @@ cdef int64_t pack_file(const unsigned char* src, unsigned char* out, int64_t max
                     memcpy(keys + 2 * (kl * j + k), &u, 2)
             memcpy(vals + 8 * nd * j, p + 1 + kl, 8 * nd)
             j += 1
-        at_in += region_bytes(<int64_t>r[i].slots, kl, nd)
-        at_out += disk_region_bytes(<int64_t>r[i].slots, <int64_t>r[i].count, kl, r[i].width, nd)
+        at_in += region_bytes(<int64_t>r.slots, kl, nd)
+        at_out += disk_region_bytes(<int64_t>r.slots, <int64_t>r.count, kl, r.width, nd)
     memcpy(out + at_out, src + at_in, filters)
-    memcpy(out + 32, &size, 8)
-    return size
 
 
 cdef int load_file(const char* path, int order, int ctx_key_len, const unsigned char* checksum,
@@ -669,7 +648,7 @@ cdef int load_file(const char* path, int order, int ctx_key_len, const unsigned 
         return -1
     # read, not mapped: a file cut short on disk under a mapping would fault the decoder at its
     # next probe (SIGBUS), and one changed in place would change bytes already checked
-    if grow_buffer(raw, raw_cap, size) != 0 or grow_buffer(buf, cap, unpacked_bytes(head)) != 0:
+    if grow_buffer(raw, raw_cap, size) != 0 or grow_buffer(buf, cap, file_bytes(head, 0)) != 0:
         why[0] = strerror(ENOMEM)
         c_close(fd)
         return -1
@@ -724,11 +703,12 @@ cdef inline int wanted(const TableC* t, const int32_t* p, int mode) noexcept nog
 
 
 cdef int64_t fill_region(int32_t* slots, int64_t cap, int key_len, int nd, const Source* src,
-                         int nsrc, int64_t* count, int64_t* maxp, uint64_t* filter,
+                         int nsrc, int64_t* count, int64_t* maxp, int* width, uint64_t* filter,
                          uint64_t blocks) noexcept nogil:
     """Insert the wanted entries of ``src`` into an empty region (generation 1) and their
-    keys into its (zeroed) filter of ``blocks`` blocks."""
-    cdef int stride = region_stride(key_len, nd), k
+    keys into its (zeroed) filter of ``blocks`` blocks; ``width``: the bytes per key id on
+    disk (2 where every id written is in 0..65535, else 4)."""
+    cdef int stride = region_stride(key_len, nd), k, m
     cdef uint64_t h, kh
     cdef int64_t i, probes
     cdef const int32_t* p
@@ -736,6 +716,7 @@ cdef int64_t fill_region(int32_t* slots, int64_t cap, int key_len, int nd, const
     cdef int dup
     count[0] = 0
     maxp[0] = 0
+    width[0] = 2
     for k in range(nsrc):
         for i in range(src[k].t.capacity):
             p = table_at(src[k].t, i)
@@ -759,6 +740,9 @@ cdef int64_t fill_region(int32_t* slots, int64_t cap, int key_len, int nd, const
             q = slots + h * stride
             q[0] = 1
             memcpy(q + 1, p + 1, 4 * key_len)
+            for m in range(key_len):
+                if <uint32_t>p[1 + m] > 65535:
+                    width[0] = 4
             memcpy(q + 1 + key_len, p + 1 + src[k].t.key_len, 8 * nd)
             nlm_filter_add(filter, blocks, kh)
             count[0] += 1
@@ -792,9 +776,10 @@ cdef int write_file(PStore* ps, const char* path, Source** src, int* nsrc, int r
     cdef int64_t n[3]
     cdef int64_t slots[3]
     cdef int64_t cnt[3]
-    cdef int64_t maxp, size, disk, most, at, filters_at
+    cdef int64_t maxp, size, disk, at, filters_at
     cdef int64_t blocks[3]
-    cdef int i, fd, e, refill = 1
+    cdef int i, fd, e, width, refill = 1
+    cdef uint32_t order
     cdef int key_lens[3]
     cdef int nds[3]
     cdef unsigned char* buf
@@ -812,31 +797,27 @@ cdef int write_file(PStore* ps, const char* path, Source** src, int* nsrc, int r
     while refill:
         refill = 0
         size = HEADER_BYTES
-        disk = HEADER_BYTES
-        most = HEADER_BYTES
+        disk = HEADER_BYTES  # (ids as wide as the model's ranges need: the file's bound)
         for i in range(N_REGIONS):
             slots[i] = region_slots(n[i])
             size += region_bytes(slots[i], key_lens[i], nds[i])
             disk += disk_region_bytes(slots[i], n[i], key_lens[i], ps.key_width, nds[i])
-            most += disk_region_bytes(slots[i], n[i], key_lens[i], 4, nds[i])
             # the keys' filter: a lookup of a key the file does not hold (most new n-grams and
             # contexts probe every file of the sentence) reads one cache line of it, not the table
             blocks[i] = (n[i] * FILTER_BITS + 511) // 512 if n[i] else 0
             size += blocks[i] * 64
             disk += blocks[i] * 64
-            most += blocks[i] * 64
         nbytes[0] = disk
         if disk > max_size:
             return ENOSPC
-        if grow_buffer(<void**>&ps.wbuf, &ps.wbuf_cap, size) != 0 or \
-                grow_buffer(<void**>&ps.raw, &ps.raw_cap, most) != 0:
+        if grow_buffer(<void**>&ps.wbuf, &ps.wbuf_cap, size) != 0:
             return 12
         buf = ps.wbuf
         memset(buf, 0, size)
         memcpy(buf, MAGIC, 8)
         memcpy(buf + 8, &FORMAT_VERSION, 4)
-        r.width = <uint32_t>ps.ngram_key_len
-        memcpy(buf + 12, &r.width, 4)
+        order = <uint32_t>ps.ngram_key_len
+        memcpy(buf + 12, &order, 4)
         memcpy(buf + 16, ps.checksum, 8)
         memcpy(buf + 24, &ps.sentence_id, 8)
         at = HEADER_BYTES
@@ -845,13 +826,14 @@ cdef int write_file(PStore* ps, const char* path, Source** src, int* nsrc, int r
         for i in range(N_REGIONS):
             cnt[i] = 0
             maxp = 0
+            width = 2
             if slots[i]:
                 fill_region(<int32_t*>(buf + at), slots[i], key_lens[i], nds[i], src[i], nsrc[i], &cnt[i],
-                            &maxp, <uint64_t*>(buf + filters_at), <uint64_t>blocks[i])
+                            &maxp, &width, <uint64_t*>(buf + filters_at), <uint64_t>blocks[i])
             memcpy(buf + FILTER_AT + 8 * i, &blocks[i], 8)
             filters_at += blocks[i] * 64
             r.key_len = key_lens[i]
-            r.width = 0  # pack_file's to choose
+            r.width = width
             r.nd = nds[i]
             r.slots = slots[i]
             r.count = cnt[i]
@@ -865,10 +847,13 @@ cdef int write_file(PStore* ps, const char* path, Source** src, int* nsrc, int r
             if cnt[i] != n[i]:
                 n[i] = cnt[i]
                 refill = 1
-    size = pack_file(buf, ps.raw, max_size)
+    size = file_bytes(buf, 1)
     nbytes[0] = size
     if size > max_size:  # (only where ids exceed the model's ranges)
         return ENOSPC
+    if grow_buffer(<void**>&ps.raw, &ps.raw_cap, size) != 0:
+        return 12
+    pack_file(buf, ps.raw)
     buf = ps.raw
     h = nlm_fast_checksum(buf + HEADER_BYTES, size - HEADER_BYTES)
     memcpy(buf + DATA_CHECKSUM_AT, &h, 8)
@@ -1673,7 +1658,7 @@ def check_cache_file(bytes data, int order, bytes model_checksum, int64_t senten
     memcpy(&stored, p + DATA_CHECKSUM_AT, 8)
     if stored != nlm_fast_checksum(p + HEADER_BYTES, len(data) - HEADER_BYTES):
         return "corrupted (checksum mismatch)"
-    out = bytearray(unpacked_bytes(p))
+    out = bytearray(file_bytes(p, 0))
     why = unpack_file(p, <unsigned char*><char*>out)
     return why.decode() if why != NULL else None
 
@@ -1686,7 +1671,7 @@ def unpack_cache_file(bytes data) -> bytes:
     cdef bytearray out
     if len(data) < HEADER_BYTES:
         raise ValueError("not a checked cache file")
-    out = bytearray(unpacked_bytes(p))
+    out = bytearray(file_bytes(p, 0))
     if unpack_file(p, <unsigned char*><char*>out) != NULL:
         raise ValueError("not a checked cache file")
     return bytes(out)
