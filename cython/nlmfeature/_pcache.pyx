@@ -1642,8 +1642,11 @@ def header_checksum(const unsigned char[::1] data) -> int:
     return data_checksum_c(&data[0] if data.shape[0] else <const unsigned char*>b"", data.shape[0])
 
 
-def check_cache_file(bytes data, int order, bytes model_checksum, int64_t sentence_id):
-    """None if ``data`` (a whole file) is a valid cache file for the model/sentence, else the reason."""
+def unpack_cache_file(bytes data, int order, bytes model_checksum, int64_t sentence_id):
+    """``(None, unpacked)`` if ``data`` (a whole file) is a valid cache file for the
+    model/sentence, else ``(reason, None)``.  Unpacked: the file in memory layout -- the header,
+    then each region as ``slots`` slots of int32 ``[1 (0: empty), key ids..., values as
+    float64]``, padded to 64 bytes, then the filters."""
     cdef const char* why
     cdef const unsigned char* p = <const unsigned char*><char*>data
     cdef uint64_t stored
@@ -1654,27 +1657,15 @@ def check_cache_file(bytes data, int order, bytes model_checksum, int64_t senten
     why = check_header(p, len(data), order, ctx_key, <const unsigned char*><char*>model_checksum,
                        sentence_id)
     if why != NULL:
-        return why.decode()
+        return why.decode(), None
     memcpy(&stored, p + DATA_CHECKSUM_AT, 8)
     if stored != nlm_fast_checksum(p + HEADER_BYTES, len(data) - HEADER_BYTES):
-        return "corrupted (checksum mismatch)"
+        return "corrupted (checksum mismatch)", None
     out = bytearray(file_bytes(p, 0))
     why = unpack_file(p, <unsigned char*><char*>out)
-    return why.decode() if why != NULL else None
-
-
-def unpack_cache_file(bytes data) -> bytes:
-    """A file that :func:`check_cache_file` accepted, unpacked into memory layout: the header,
-    then each region as ``slots`` slots of int32 ``[1 (0: empty), key ids..., values as
-    float64]``, padded to 64 bytes, then the filters."""
-    cdef const unsigned char* p = <const unsigned char*><char*>data
-    cdef bytearray out
-    if len(data) < HEADER_BYTES:
-        raise ValueError("not a checked cache file")
-    out = bytearray(file_bytes(p, 0))
-    if unpack_file(p, <unsigned char*><char*>out) != NULL:
-        raise ValueError("not a checked cache file")
-    return bytes(out)
+    if why != NULL:
+        return why.decode(), None
+    return None, bytes(out)
 
 
 def prune(str directory, int64_t max_bytes):

@@ -36,8 +36,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import numpy as np
 
 from nlmfeature._pcache import (DEFAULT_MAX_BYTES, DEFAULT_NGRAM_ENTRIES, HEADER_SIZE, MAX_DELTA_FILES,
-                      POLICIES, CachedScorer, check_cache_file, data_checksum,
-                      unpack_cache_file)
+                      POLICIES, CachedScorer, data_checksum, unpack_cache_file)
 from nlmfeature._pcache import prune as _prune
 from nlmfeature.errors import NLMFeatureError
 
@@ -94,10 +93,9 @@ def read_cache_file(path: str) -> CacheFile:
     except OSError as exc:
         raise NLMFeatureError(f"{path}: cannot read: {exc.strerror}") from None
     _, _version, order, checksum, sid, _size = _HEADER.unpack_from(data, 0)
-    why = check_cache_file(data, order, checksum, sid)
+    why, data = unpack_cache_file(data, order, checksum, sid)  # the regions as the scorer's tables
     if why is not None:
         raise NLMFeatureError(f"{path}: {why}")
-    data = unpack_cache_file(data)  # the regions as the scorer's tables
     at = HEADER_SIZE
     parts = []
     for i in range(3):
