@@ -348,13 +348,24 @@ cdef inline int64_t region_bytes(int64_t slots, int key_len, int nd) noexcept no
     return pad64(slots * region_stride(key_len, nd) * 4)
 
 
+cdef inline int64_t packed_values_at(int64_t slots, int64_t count, int key_len, int width) noexcept nogil:
+    """Where a packed region's values start: after its slot map (a bit per slot, in uint64
+    words) and the keys of its live slots (``width`` bytes per id), each padded to 64 bytes;
+    the keys start at ``packed_keys_at(slots)``."""
+    return packed_keys_at(slots) + pad64(count * key_len * width)
+
+
+cdef inline int64_t packed_keys_at(int64_t slots) noexcept nogil:
+    return pad64((slots + 63) // 64 * 8)
+
+
 cdef inline int64_t disk_region_bytes(int64_t slots, int64_t count, int key_len, int width,
                                       int nd) noexcept nogil:
-    """Bytes of a region on disk: its slot map (a bit per slot), then the keys of the live
-    slots (``width`` bytes per id) and their values, in slot order, each padded to 64 bytes."""
+    """Bytes of a region on disk: its slot map, then the keys of the live slots and their
+    values, in slot order (:c:func:`packed_values_at`)."""
     if not slots:
         return 0
-    return pad64((slots + 63) // 64 * 8) + pad64(count * key_len * width) + pad64(count * nd * 8)
+    return packed_values_at(slots, count, key_len, width) + pad64(count * nd * 8)
 
 
 ctypedef struct RegionDesc:
@@ -527,8 +538,8 @@ cdef const char* unpack_file(const unsigned char* src, unsigned char* out) noexc
         count = <int64_t>r.count
         stride = region_stride(kl, nd)
         words = (<int64_t>r.slots + 63) // 64
-        keys = src + at_in + pad64(words * 8)
-        vals = keys + pad64(count * kl * width)
+        keys = src + at_in + packed_keys_at(<int64_t>r.slots)
+        vals = src + at_in + packed_values_at(<int64_t>r.slots, count, kl, width)
         t = <int32_t*>(out + at_out)
         memset(t, 0, region_bytes(<int64_t>r.slots, kl, nd))
         j = 0
@@ -583,8 +594,8 @@ cdef void pack_file(const unsigned char* src, unsigned char* out) noexcept nogil
         nd = r.nd
         stride = region_stride(kl, nd)
         memset(out + at_out, 0, disk_region_bytes(<int64_t>r.slots, <int64_t>r.count, kl, r.width, nd))
-        keys = out + at_out + pad64((<int64_t>r.slots + 63) // 64 * 8)
-        vals = keys + pad64(<int64_t>r.count * kl * r.width)
+        keys = out + at_out + packed_keys_at(<int64_t>r.slots)
+        vals = out + at_out + packed_values_at(<int64_t>r.slots, <int64_t>r.count, kl, r.width)
         j = 0
         for slot in range(<int64_t>r.slots):
             p = <const int32_t*>(src + at_in) + slot * stride
