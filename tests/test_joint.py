@@ -112,6 +112,36 @@ def test_native_tables_and_batch_scorers_agree(tmp_path, fields):
         assert not np.allclose(one, other)
 
 
+@pytest.mark.parametrize("fields, tables", [
+    (dict(arch="lbl", output="unnormalised", diagonal_contexts=True), False),
+    (dict(arch="nplm", output="class", classes=20, hidden_layers=[12]), True),
+    (dict(arch="lateral", output="unnormalised", branches=2, combine="mul"), False),
+])
+def test_source_windows_kept_by_a_session_change_no_score(tmp_path, fields, tables):
+    # a session keeps each source window's share of the first layer (bias + source positions)
+    # across lookups and sentences, in 256 slots; more windows than slots, in shuffled order,
+    # so that windows share slots and evict each other: every score has the bits of a fresh
+    # session with no cache at all
+    model = _random_joint(tmp_path, tables=tables, **fields)
+    ctxs, words = [], []
+    for s, t, a in zip(*(open(TEST[k]).read().splitlines() for k in ("de", "en", "align"))):
+        c, w = model.sentence_ngrams(s, t, a)
+        ctxs.append(c)
+        words.append(w)
+    ctx, word = np.concatenate(ctxs), np.concatenate(words)
+    pick = np.random.default_rng(5).choice(len(word), 1500, replace=False)
+    ctx, word = np.ascontiguousarray(ctx[pick], dtype=np.int32), np.ascontiguousarray(word[pick], dtype=np.int32)
+    assert len({tuple(r) for r in ctx[:, :7].tolist()}) > 2 * 256
+    kept = model.native.session()
+    kept.begin_sentence(0)
+    first = np.asarray(kept.score_padded(ctx, word))
+    kept.begin_sentence(1)
+    again = np.asarray(kept.score_padded(ctx[::-1].copy(), word[::-1].copy()))[::-1]
+    fresh = np.array([np.asarray(model.native.session(cache_entries=0, ngram_entries=0)
+                                 .score_padded(ctx[i:i + 1], word[i:i + 1]))[0] for i in range(len(word))])
+    assert np.array_equal(first, fresh) and np.array_equal(again, fresh)
+
+
 def test_target_only_models_stay_format_version_1(tmp_path):
     tv, tc, _, _ = _vocabs()
     header, arrays = random_model(ModelSpec(order=3, word_width=8), tv, tc)

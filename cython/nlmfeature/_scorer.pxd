@@ -11,6 +11,7 @@ cdef enum:
     NLM_MAX_LAYERS = 8
     NLM_MAX_WINDOW = 31      # joint models: most source-window positions (2m+1)
     NLM_MAX_KEY = NLM_MAX_ORDER + NLM_MAX_WINDOW  # ids in a full context (window + n-1)
+    NLM_SOURCE_SLOTS = 256   # a session's source windows (SessionC.src_parts; a power of 2)
     NLM_MAX_COPIES = 4 + 2 * NLM_MAX_BRANCHES  # a model's arrays copied into huge pages (NativeModel.hot)
     NLM_HUGE_PAGE = 2 << 20  # bytes of a transparent huge page: alloc_huge's unit, and the least array NativeModel.hot copies
 
@@ -236,6 +237,12 @@ ctypedef struct SessionC:
     int64_t escratch_stride   # doubles per vector in escratch
     int64_t terms_cap         # rows of term_off allocated
     int term_cols             # classes + 1 (the last: the class vector), 1 for softmax
+    # joint models: each source window's first-layer start per branch (source_part: the bias
+    # plus the w source positions, 7 of a 5-gram NNJM's 11 rows), which every target context
+    # with that window shares; direct-mapped by the window's ids, kept across sentences (a
+    # function of the model alone)
+    int32_t* src_keys         # NLM_SOURCE_SLOTS x src_window ids (an empty slot: -1)
+    float* src_parts          # NLM_SOURCE_SLOTS x n_branches x max_width
     StoreC* store             # persistent cache attached by nlmfeature._pcache, or NULL
     void* query_log           # FILE* recording every C-API lookup (NLMFEATURE_QUERY_LOG), or NULL
     int64_t lookups
@@ -248,7 +255,7 @@ cdef int64_t nlm_vocab_find(const int64_t* offsets, const unsigned char* data, c
                             int64_t table_size, const char* word, int64_t length) noexcept nogil
 cdef int nlm_pad_context(const ModelC* m, const int32_t* ids, int n, int32_t* out) noexcept nogil
 cdef void nlm_compute_hidden(const ModelC* m, const int32_t* ctx, float* out,
-                             float* b0, float* b1, float* b2) noexcept nogil
+                             float* b0, float* b1, float* b2, const float* parts=*) noexcept nogil
 cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t ngram_entries,
                                int terms) noexcept nogil
 cdef int nlm_ngram_cache_pays(const ModelC* m) noexcept nogil

@@ -44,30 +44,43 @@ cdef void source_forward(const ModelC* m, const BranchC* br, const int32_t* wind
                 v[o] += dotf(br.weights + (<int64_t>j * H + o) * E, e, E)
 
 
-cdef void branch_forward(const ModelC* m, const BranchC* br, const int32_t* ctx, float* v) noexcept nogil:
-    """First-layer branch for a full context: [source window (joint models) | n-1 target ids]."""
+cdef void source_part(const ModelC* m, const BranchC* br, const int32_t* window, float* v) noexcept nogil:
+    """The start of a joint model's first-layer sum (``br.hidden`` floats): the bias plus the
+    source-window positions.  :c:func:`branch_forward` adds the target positions to it, so it is
+    the same for every target context with this window (sessions keep it: source_parts)."""
+    if br.diagonal and not (br.tables != NULL and m.use_tables):
+        nlm_diag_forward(br.bias, br.weights, m.src_embeddings, window, m.src_window, m.embed_dim, v)
+    else:
+        init_bias(v, br.bias, br.hidden)
+        source_forward(m, br, window, v)
+
+
+cdef void branch_forward(const ModelC* m, const BranchC* br, const int32_t* ctx, float* v,
+                         const float* part) noexcept nogil:
+    """First-layer branch for a full context: [source window (joint models) | n-1 target ids].
+    A joint model's sum starts from ``part``, the window's :c:func:`source_part` (NULL:
+    computed here), and adds the target positions in order: the same bits either way."""
     cdef int j, o, H = br.hidden, E = m.embed_dim
     cdef int64_t V = m.vocab_size
     cdef const float* e
     cdef BranchC tb
     cdef int w0 = m.src_window
-    if w0:  # joint models: the target positions follow the source ones in the weights
-        tb = br[0]
+    if w0:
+        if part == NULL:
+            source_part(m, br, ctx, v)
+            part = v
+        ctx += w0
+        tb = br[0]  # the target positions follow the source ones in the weights
         tb.weights = br.weights + <int64_t>w0 * (E if br.diagonal else <int64_t>H * E)
+        br = &tb
     if br.diagonal and not (br.tables != NULL and m.use_tables):
-        nlm_diag_forward(br.bias, tb.weights if w0 else br.weights, m.embeddings, ctx + w0,
-                         m.ctx_len, E, v)
-        if w0:
-            source_forward(m, br, ctx, v)
+        nlm_diag_forward(part if w0 else br.bias, br.weights, m.embeddings, ctx, m.ctx_len, E, v)
         activate(v, H, br.activation)
         return
-    init_bias(v, br.bias, H)
-    if m.src_window:
-        source_forward(m, br, ctx, v)
-        ctx += m.src_window
-        tb = br[0]  # target positions follow the source ones in the weights
-        tb.weights = br.weights + <int64_t>m.src_window * (E if br.diagonal else <int64_t>H * E)
-        br = &tb
+    if not w0:
+        init_bias(v, br.bias, H)
+    elif part != v:
+        memcpy(v, part, H * sizeof(float))
     if br.tables != NULL and m.use_tables:
         for j in range(m.ctx_len):
             addf(v, br.tables + (j * V + ctx[j]) * H, H)
@@ -100,15 +113,17 @@ cdef void layer_forward(const LayerC* L, const float* x, float* y) noexcept nogi
 
 
 cdef void nlm_compute_hidden(const ModelC* m, const int32_t* ctx, float* out,
-                             float* b0, float* b1, float* b2) noexcept nogil:
-    """Final hidden vector (out_dim floats) for a padded context; b0..b2 are work buffers."""
+                             float* b0, float* b1, float* b2, const float* parts=NULL) noexcept nogil:
+    """Final hidden vector (out_dim floats) for a padded context; b0..b2 are work buffers.
+    ``parts``: a joint model's :c:func:`source_part` of each branch for the context's window
+    (branch k at ``k * max_width``), or NULL."""
     cdef int k, i, H = m.branches[0].hidden
     cdef float* cur = b0
     cdef float* tmp
     cdef const LayerC* L
-    branch_forward(m, &m.branches[0], ctx, cur)
+    branch_forward(m, &m.branches[0], ctx, cur, parts)
     for k in range(1, m.n_branches):
-        branch_forward(m, &m.branches[k], ctx, b1)
+        branch_forward(m, &m.branches[k], ctx, b1, parts + <int64_t>k * m.max_width if parts != NULL else NULL)
         if m.combine == COMBINE_MAX:
             for i in range(H):
                 cur[i] = cur[i] if cur[i] >= b1[i] else b1[i]

@@ -84,6 +84,13 @@ cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t n
             or (s.linear and (s.pos_q == NULL or s.pos_stamp == NULL)):
         nlm_session_free(s)
         return NULL
+    if m.src_window > 0:
+        s.src_keys = <int32_t*>nlm_alloc_lines(NLM_SOURCE_SLOTS * m.src_window * sizeof(int32_t))
+        s.src_parts = <float*>nlm_alloc_lines(NLM_SOURCE_SLOTS * m.n_branches * m.max_width * sizeof(float))
+        if s.src_keys == NULL or s.src_parts == NULL:
+            nlm_session_free(s)
+            return NULL
+        memset(s.src_keys, 0xff, NLM_SOURCE_SLOTS * m.src_window * sizeof(int32_t))
     s.cache_enabled = cache_entries > 0
     s.ctx_cache_enabled = s.cache_enabled and context_cache_pays(m)
     s.sentence_id = -1
@@ -138,6 +145,8 @@ cdef void nlm_session_free(SessionC* s) noexcept nogil:
     free(s.pos_q)
     free(s.pos_stamp)
     free(s.term_off)
+    free(s.src_keys)
+    free(s.src_parts)
     table_free(&s.vec_cache)
     table_free(&s.base_cache)
     table_free(&s.ctx_cache)
@@ -884,6 +893,28 @@ cdef double within_class_lz(SessionC* s, const float* h, int32_t c, const int32_
     return within_class_lognorm(m, h, c, states, dv, s.fscratch)
 
 
+cdef const float* source_parts(SessionC* s, const int32_t* window) noexcept nogil:
+    """A joint model's :c:func:`source_part` of each branch for the source ``window`` (ids in
+    their vocabulary), from the session's slot for it, else computed into that slot.  A Moses
+    sentence scores every target context against the few windows of its source words, so a
+    missed n-gram adds its n-1 target rows to a stored start instead of summing all w + n - 1
+    rows; the same bits as computing it (:c:func:`branch_forward`)."""
+    cdef const ModelC* m = s.model
+    cdef int w = m.src_window, j, k
+    cdef int64_t slot = key_hash(window, w) & (NLM_SOURCE_SLOTS - 1)
+    cdef int32_t* keys = s.src_keys + slot * w
+    cdef float* parts = s.src_parts + slot * m.n_branches * m.max_width
+    for j in range(w):
+        if keys[j] != window[j]:
+            break
+    else:
+        return parts
+    for k in range(m.n_branches):
+        source_part(m, &m.branches[k], window, parts + <int64_t>k * m.max_width)
+    memcpy(keys, window, w * sizeof(int32_t))
+    return parts
+
+
 cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noexcept nogil:
     """The score of one n-gram through the context and class-normaliser caches."""
     cdef const ModelC* m = s.model
@@ -927,10 +958,11 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
         if not s.linear:  # (a linear output's entry holds no hidden vector)
             h = table_fvals(&s.ctx_cache, cp)
             if not found:
-                nlm_compute_hidden(m, ctx, h, s.buf0, s.buf1, s.buf2)
+                nlm_compute_hidden(m, ctx, h, s.buf0, s.buf1, s.buf2,
+                                   source_parts(s, ctx) if m.src_window else NULL)
     if h == NULL:
         h = s.hidden
-        nlm_compute_hidden(m, ctx, h, s.buf0, s.buf1, s.buf2)
+        nlm_compute_hidden(m, ctx, h, s.buf0, s.buf1, s.buf2, source_parts(s, ctx) if m.src_window else NULL)
     if m.output_type == OUT_UNNORMALISED:
         return word_logit(m, h, w, states)
     if m.output_type == OUT_TREE:
