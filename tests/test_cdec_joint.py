@@ -21,6 +21,7 @@ import pytest
 import nlmfeature
 from nlmfeature.core.architecture import ModelSpec, precompute_tables, random_model
 from nlmfeature.core.vocab import Vocabulary, count_words
+from nlmfeature.mt import cdec as cd
 
 from test_cdec_shim import CDEC, CDEC_BUILD, CDEC_ROOT, pytestmark  # noqa: F401
 
@@ -84,7 +85,7 @@ def model(tmp_path_factory) -> str:
 def decode(tmp_path, grammar, ff_line, tag, k=20):
     ini = tmp_path / f"{tag}.ini"
     ini.write_text("\n".join(["formalism=scfg", f"grammar={grammar}", "add_pass_through_rules=true",
-                              "feature_function=WordPenalty", f"feature_function={ff_line}"]) + "\n")
+                              "feature_function=WordPenalty", ff_line]) + "\n")
     w = tmp_path / "weights"
     w.write_text("PT0 0.2\nPT1 0.2\nPT2 0.2\nPT3 0.2\nWordPenalty -0.5\nPassThrough -1\nGlue 0.1\nNNJM 0.3\n")
     p = subprocess.run([CDEC, "-c", str(ini), "-w", str(w), "-i", os.path.join(DATA, "de.txt"), "-k", str(k),
@@ -100,7 +101,8 @@ def decode(tmp_path, grammar, ff_line, tag, k=20):
 def test_word_rules_give_the_python_joint_score(shim, grammars, model, tmp_path):
     jm = nlmfeature.load(model)
     sources = [l.split() for l in open(os.path.join(DATA, "de.txt"), encoding="utf-8")]
-    entries = decode(tmp_path, grammars[0], f"External {shim} --model {model} --name NNJM", "words")
+    # the feature line of nlmfeature.mt.cdec (tools/bench_decoder.py's cdec joint configurations)
+    entries = decode(tmp_path, grammars[0], cd.nlm_feature_line(model, "NNJM", shim, joint=True), "words")
     assert len({sid for sid, _, _ in entries}) == 5
     for sid, words, feats in entries:
         n = len(words.split())
@@ -111,6 +113,6 @@ def test_word_rules_give_the_python_joint_score(shim, grammars, model, tmp_path)
 
 
 def test_phrase_rules_decode(shim, grammars, model, tmp_path):
-    entries = decode(tmp_path, grammars[1], f"External {shim} --model {model} --name NNJM", "all")
+    entries = decode(tmp_path, grammars[1], f"feature_function=External {shim} --model {model} --name NNJM", "all")
     assert len({sid for sid, _, _ in entries}) == 5
     assert all(math.isfinite(float(f["NNJM"])) and float(f["NNJM"]) < 0 for _, _, f in entries)

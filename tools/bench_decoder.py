@@ -254,9 +254,13 @@ def prepare_cdec_system(system: str, src: str, work: str) -> Dict:
 
 
 def cdec_config(path: str, lm: str, nlm: Optional[str] = None, extra: str = "",
-                ff: Optional[str] = None) -> str:
-    """A cdec.ini: KenLM on ``lm`` and, with ``nlm``, the NLM's External feature line (NLM)."""
-    return cd.write_ini(path, lm, [cd.nlm_feature_line(nlm, "NLM", ff, extra)] if nlm else [])
+                ff: Optional[str] = None, joint: Optional[str] = None) -> str:
+    """A cdec.ini: KenLM on ``lm`` and, with ``nlm``, the NLM's External feature line (NLM);
+    with ``joint``, a joint model's (NNJM, the joint shim beside ``ff``)."""
+    lines = [cd.nlm_feature_line(joint, "NNJM", ff, joint=True)] if joint else []
+    if nlm:
+        lines.append(cd.nlm_feature_line(nlm, "NLM", ff, extra))
+    return cd.write_ini(path, lm, lines)
 
 
 def run_cdec(cdec: str, ini: str, weights: str, sgm: str) -> Dict:
@@ -307,7 +311,8 @@ def median(xs: List[float]) -> float:
 
 
 def bench_cdec(args, models: Dict[str, str], extras: Dict[str, str], shared: str, work: str,
-               test_src: str, refs: List[str], lm: str) -> Dict:
+               test_src: str, refs: List[str], lm: str,
+               joints: Optional[Dict[str, Tuple[str, Optional[str]]]] = None) -> Dict:
     cdec = cd.find_cdec()
     ff = cd.find_shim(args.cdec_ff)
     info = prepare_cdec_system(args.system or os.path.join(shared, SYSTEM_REL), test_src, work)
@@ -321,6 +326,14 @@ def bench_cdec(args, models: Dict[str, str], extras: Dict[str, str], shared: str
                                  extras.get(name, ""), ff),
                      cd.write_cdec_weights(os.path.join(work, "cdec", f"{name}.w"),
                                            dict(cd.BASE_WEIGHTS, NLM=[args.nlm_weight])))
+    for name, (path, with_nlm) in (joints or {}).items():
+        w = dict(cd.BASE_WEIGHTS, NNJM=[args.nlm_weight])
+        if with_nlm:
+            w["NLM"] = [args.nlm_weight]
+        cfg[name] = (cdec_config(os.path.join(work, "cdec", f"{name}.ini"), lm,
+                                 models[with_nlm] if with_nlm else None,
+                                 extras.get(with_nlm, "") if with_nlm else "", ff, joint=path),
+                     cd.write_cdec_weights(os.path.join(work, "cdec", f"{name}.w"), w))
     n = len(refs)
     res: Dict = {"cdec": cdec, "sentences": n, "grammar": info, "configs": {}}
     runs = Runs()
@@ -375,7 +388,8 @@ def main(argv=None) -> int:
                     help="a configuration NAME with a joint model (NNJM, docs/joint.md) as NLMJointFeature "
                          "(label NNJM0) beside KenLM and, with :MODEL (a --model name), that NLM too "
                          "(repeatable); weights as for --model (--weights NAME=INI's NLM0/NNJM0, else "
-                         "--nlm-weight); counters and cdec cover --model configurations only")
+                         "--nlm-weight; in cdec the joint shim libcdec_ff_nlmjoint.so beside --cdec-ff, feature "
+                         "NNJM); counters cover --model configurations only")
     ap.add_argument("--moses", default=None, help="the moses executable (default: MOSES_ROOT/bin/moses, else "
                     "the newest moses-cmd build under MOSES_ROOT; a copy keeps a measurement safe from rebuilds)")
     ap.add_argument("--feature-args", action="append", default=[], metavar="NAME=ARGS",
@@ -661,7 +675,7 @@ def run(args: argparse.Namespace) -> int:
     if "cdec" in decoders:
         if lm is None:
             lm = cd.system_lm(mo.system_ini(system, args.ini), work, system, [args.kenlm_bin])
-        results["cdec"] = bench_cdec(args, models, extras, shared, work, src, refs, lm)
+        results["cdec"] = bench_cdec(args, models, extras, shared, work, src, refs, lm, joints)
 
     if args.json:
         with open(args.json, "w") as f:

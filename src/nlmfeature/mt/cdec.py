@@ -51,6 +51,7 @@ Weights = Dict[str, List[float]]
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 #: the cdec feature library of this repository
 SHIM = os.path.join(REPO, "cdec_ff", "libcdec_ff_nlm.so")
+JOINT_SHIM_NAME = "libcdec_ff_nlmjoint.so"
 #: the extractor's settings (its defaults; one thread)
 EXTRACTOR_ARGS = ("-t", "1")
 
@@ -218,10 +219,14 @@ def system_lm(ini: str, work: str, system: Optional[str] = None,
 
 
 def nlm_feature_line(model: str, name: str = "NLM", shim: Optional[str] = None,
-                     options: str = "") -> str:
+                     options: str = "", joint: bool = False) -> str:
     """The ``feature_function=External SHIM --model MODEL --name NAME [options]`` line of an
-    NLM (``shim``: :func:`find_shim`'s)."""
-    return (f"feature_function=External {find_shim(shim)} --model {os.path.abspath(model)} "
+    NLM (``shim``: :func:`find_shim`'s), or with ``joint`` of a joint model (the joint shim
+    library ``libcdec_ff_nlmjoint.so``: ``shim`` itself, or the one beside it)."""
+    if joint and os.path.basename(shim or SHIM) != JOINT_SHIM_NAME:
+        shim = os.path.join(os.path.dirname(os.path.abspath(shim or SHIM)), JOINT_SHIM_NAME)
+    lib = find_shim(shim)
+    return (f"feature_function=External {lib} --model {os.path.abspath(model)} "
             f"--name {name} {options}").rstrip()
 
 
