@@ -100,12 +100,13 @@ def prepare_moses_system(system: str, ini: Optional[str], inputs: List[str], wor
 
 def write_ini(path: str, base: str, weights: Weights, nlm: Optional[str] = None,
               nlm_weight: float = 0.1, extra: str = "", feature: str = "NLMFeature",
-              joint: Optional[str] = None, joint_weight: float = 0.1) -> str:
+              joint: Optional[str] = None, joint_weight: float = 0.1, joint_extra: str = "") -> str:
     """A moses.ini: the config ``base`` with ``weights``, a joint model's ``NLMJointFeature``
-    line (label NNJM0) and the NLM's feature line (label NLM0) at the end of [feature]."""
+    line (label NNJM0, keys ``joint_extra``) and the NLM's feature line (label NLM0) at the
+    end of [feature]."""
     lines = []
     if joint:
-        lines.append(f"NLMJointFeature name=NNJM0 path={os.path.abspath(joint)}")
+        lines.append(f"NLMJointFeature name=NNJM0 path={os.path.abspath(joint)} {joint_extra}".rstrip())
     if nlm and feature == "NeuralLM":
         order = 5
         with open(nlm, encoding="utf-8", errors="replace") as f:
@@ -124,12 +125,13 @@ def write_ini(path: str, base: str, weights: Weights, nlm: Optional[str] = None,
     return mo.add_features(base, path, lines, w)
 
 
-def parse_stats(stderr: str) -> Dict[str, int]:
-    """Sum of the NLM's per-sentence counters (lines 'NLMFeature ... key=value ...')."""
+def parse_stats(stderr: str, feature: str = "NLMFeature") -> Dict[str, int]:
+    """Sum of the NLM's per-sentence counters (lines 'NLMFeature ... key=value ...'; a joint
+    model's: ``feature`` 'NLMJointFeature')."""
     stats: Dict[str, int] = {}
     sentences = 0
     for line in stderr.splitlines():
-        if line.startswith("NLMFeature ") and "lookups=" in line:
+        if line.startswith(feature + " ") and "lookups=" in line:
             sentences += 1
             for kv in line.split():
                 if "=" in kv:
@@ -389,7 +391,7 @@ def main(argv=None) -> int:
                          "(label NNJM0) beside KenLM and, with :MODEL (a --model name), that NLM too "
                          "(repeatable); weights as for --model (--weights NAME=INI's NLM0/NNJM0, else "
                          "--nlm-weight; in cdec the joint shim libcdec_ff_nlmjoint.so beside --cdec-ff, feature "
-                         "NNJM); counters cover --model configurations only")
+                         "NNJM); counters cover --model configurations and, in Moses, joint ones without an NLM")
     ap.add_argument("--moses", default=None, help="the moses executable (default: MOSES_ROOT/bin/moses, else "
                     "the newest moses-cmd build under MOSES_ROOT; a copy keeps a measurement safe from rebuilds)")
     ap.add_argument("--feature-args", action="append", default=[], metavar="NAME=ARGS",
@@ -562,20 +564,28 @@ def run(args: argparse.Namespace) -> int:
             # the n-gram / context caches on with huge bounds, so that exact n-gram repeats and
             # distinct contexts are counted (scores do not change); (2) the default settings, for
             # the span memo's hit rate and the lookups that reach the scorer
-            for name, path in models.items():
+            # (and the joint models of configurations without an NLM: NLMJointFeature's counters)
+            counted = [(name, path, False) for name, path in models.items()] + \
+                      [(name, path, True) for name, (path, with_nlm) in joints.items() if not with_nlm]
+            for name, path, is_joint in counted:
                 mc = mres["configs"][name]
                 for kind, keys in (("counters", "stats=true span-memo-entries=0 ngram-cache-entries=67108864 "
                                                 "cache-entries=16777216 context-cache=true"),
                                    ("counters_default", "stats=true")):
-                    ini = write_ini(os.path.join(work, f"{name}.{kind}.ini"), base, tuned.get(name, weights), path,
-                                    args.nlm_weight, (extras.get(name, "") + " " + keys).strip())
+                    w = tuned.get(name, weights)
+                    if is_joint:
+                        ini = write_ini(os.path.join(work, f"{name}.{kind}.ini"), base, w, joint=path,
+                                        joint_weight=w.get("NNJM0", [args.nlm_weight])[0], joint_extra=keys)
+                    else:
+                        ini = write_ini(os.path.join(work, f"{name}.{kind}.ini"), base, w, path,
+                                        args.nlm_weight, (extras.get(name, "") + " " + keys).strip())
                     try:
                         r = run_moses(binaries.get(name, moses), ini, src)
                     except DecoderError as e:  # e.g. an older build without span-memo-entries
                         mc[kind] = {"error": str(e).splitlines()[-1][:300]}
                         print(f"counters {name} ({kind}): not available: {mc[kind]['error']}")
                         continue
-                    st = r["stats"]
+                    st = parse_stats(r["stderr"], "NLMJointFeature") if is_joint else r["stats"]
                     rr = rates(st)
                     if st.get("span_calls"):
                         rr["span_memo_hit_rate"] = st.get("span_hits", 0) / st["span_calls"]
