@@ -246,19 +246,26 @@ def _config(*flags):
     return shlex.split(out.stdout)
 
 
-@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
-def test_c_api_scores_equal_python(trained, tmp_path):
-    rj, _ = trained
-    jm = nlmfeature.load(rj.model_out)
+def _c_joint_program(tmp_path, sentences=40):
+    """tests/c/test_joint.c built against the C API, and its input: the first test2016 pairs
+    as "source TAB target TAB affiliations" lines; returns (program, input, rows)."""
     exe = str(tmp_path / "test_joint")
     subprocess.run(["cc", "-O1", "-Wall", "-Werror", *_config("--cflags"), os.path.join(HERE, "c", "test_joint.c"),
                     "-o", exe, *_config("--libs")], check=True)
-    rows = list(zip(open(TEST["de"]), open(TEST["en"]), open(TEST["align"])))[:40]
+    rows = list(zip(open(TEST["de"]), open(TEST["en"]), open(TEST["align"])))[:sentences]
     feed = tmp_path / "feed.txt"
     with open(feed, "w") as f:
         for s, t, a in rows:
             aff = affiliations(len(s.split()), len(t.split()), parse_alignment(a, len(s.split()), len(t.split())))
             f.write(f"{s.strip()}\t{t.strip()}\t{' '.join(map(str, aff))}\n")
+    return exe, feed, rows
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+def test_c_api_scores_equal_python(trained, tmp_path):
+    rj, _ = trained
+    jm = nlmfeature.load(rj.model_out)
+    exe, feed, rows = _c_joint_program(tmp_path)
     p = subprocess.run([exe, rj.model_out, str(feed)], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert "window=5" in p.stderr
@@ -287,6 +294,27 @@ def test_c_api_scores_equal_python(trained, tmp_path):
     ctx[:, :5] = jm.source_vocab.null
     expect = jm.score_batch(ctx, words)
     assert np.allclose([float(x) for x in p.stdout.splitlines()[0].split()], expect, atol=1e-5)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+def test_persistent_cache_policy_counts_a_joint_model_as_its_target_side(trained, tmp_path):
+    # the automatic policy (NLMFEATURE_PERSISTENT_CACHE unset): a class joint model's lookups
+    # cost more than a probe, so its cache is used; an unnormalised diagonal LBL joint model
+    # sums its source rows once per window (a session's source starts), so a lookup costs what
+    # its target side's does and, like a target-only unnormalised model, it goes without the
+    # cache, with a line saying so
+    exe, feed, _ = _c_joint_program(tmp_path, sentences=10)
+    env = {k: v for k, v in os.environ.items() if k != "NLMFEATURE_PERSISTENT_CACHE"}
+    cheap = _random_joint(tmp_path, tables=False, name="lbl.nlm", arch="lbl", output="unnormalised",
+                          diagonal_contexts=True, window=5)
+    for path, used in ((trained[0].model_out, True), (cheap.path, False)):
+        cache = tmp_path / ("pc-used" if used else "pc-off")
+        for run in range(2):
+            p = subprocess.run([exe, path, str(feed), f"cache={cache}"], capture_output=True, text=True, env=env)
+            assert p.returncode == 0, p.stderr
+            hits = int(p.stderr.split("persistent_hits=")[1].split()[0])
+            assert (hits > 0) == (used and run == 1), p.stderr
+        assert ("not used" in p.stderr) == (not used) and os.path.isdir(cache) == used, p.stderr
 
 
 # -- rescoring --------------------------------------------------------------------------------
