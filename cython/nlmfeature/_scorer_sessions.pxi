@@ -919,6 +919,13 @@ cdef const float* source_parts(SessionC* s, const int32_t* window) noexcept nogi
     return parts
 
 
+cdef inline void session_hidden(SessionC* s, const int32_t* ctx, float* h) noexcept nogil:
+    """:c:func:`nlm_compute_hidden` in the session's work buffers, a joint model's start of the
+    first layer from the session's source windows (:c:func:`source_parts`)."""
+    nlm_compute_hidden(s.model, ctx, h, s.buf0, s.buf1, s.buf2,
+                       source_parts(s, ctx) if s.model.src_window else NULL)
+
+
 cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noexcept nogil:
     """The score of one n-gram through the context and class-normaliser caches."""
     cdef const ModelC* m = s.model
@@ -962,11 +969,10 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
         if not s.linear:  # (a linear output's entry holds no hidden vector)
             h = table_fvals(&s.ctx_cache, cp)
             if not found:
-                nlm_compute_hidden(m, ctx, h, s.buf0, s.buf1, s.buf2,
-                                   source_parts(s, ctx) if m.src_window else NULL)
+                session_hidden(s, ctx, h)
     if h == NULL:
         h = s.hidden
-        nlm_compute_hidden(m, ctx, h, s.buf0, s.buf1, s.buf2, source_parts(s, ctx) if m.src_window else NULL)
+        session_hidden(s, ctx, h)
     if m.output_type == OUT_UNNORMALISED:
         return word_logit(m, h, w, states)
     if m.output_type == OUT_TREE:
