@@ -1362,8 +1362,8 @@ cdef void preload_ngrams(SessionC* s, PStore* ps) noexcept nogil:
     inserts prefetched ahead) costs less than probing the files (a filter line and a slot of
     each file, cache misses among the decoder's own) at each n-gram's first lookup.  The
     base file's n-grams are usually in the table already (unpacked into it in slot order,
-    nothing hashed: :c:func:`unpack_file`), and this copies the deltas'.  Skipped where
-    they would fill more than half the table's bound (the files are probed then)."""
+    nothing hashed: :c:func:`unpack_file`), and this copies the deltas'.  Skipped where they would fill more than half
+    the table's bound (the files are probed then)."""
     cdef TableC* t = &s.ngram_cache
     cdef const TableC* v
     cdef int64_t total = 0, i, slot, hits = t.hits, misses = t.misses
