@@ -157,6 +157,63 @@ def test_files_copied_into_the_table_at_begin_change_nothing(model_paths, tmp_pa
     assert any(" ngrams_on_disk=0 " not in l for l in la[30:])
 
 
+def test_base_file_unpacks_into_the_session_table(model_paths, tmp_path, monkeypatch):
+    """At sentence begin the base file's n-grams are unpacked into the session's n-gram table
+    itself (its region has a size the table takes: no hashing, no copy), the deltas' n-grams
+    copied in beside them; where the deltas hold more than the base's room (after a MERT
+    step), the base's are inserted into a table sized for all.  Every lookup of the
+    sentence's n-grams is then a hit with the bits first computed.  Probing the files lazily
+    leaves the table empty at begin."""
+    m = nlmfeature.load(model_paths["class"])
+    line = LINES[5]
+    first = run_pass(CachedScorer(m, tmp_path), [line])[0]
+    base = os.path.join(str(tmp_path), m.checksum, "0.nlmc")
+    _, _, _, slots, count, _ = _regions(base)[0]
+    assert 0 < count == len(read_cache_file(base).scores) <= len(first)
+    s = CachedScorer(m, tmp_path)
+    s.begin(0)
+    assert s.ngram_table() == (slots, count)
+    assert s.score_sentence(line).tolist() == first.tolist()
+    s.end()
+    assert s.stats()["persistent_hits"] == s.stats()["lookups"] == len(first)
+    # a changed sentence adds a delta: its new n-grams are copied in beside the base's
+    longer = line + " and the rest of it"
+    s = CachedScorer(m, tmp_path)
+    run_pass(s, [longer])
+    delta = os.path.join(str(tmp_path), m.checksum, "0.1.nlmc")
+    new = _regions(delta)[0][4]
+    assert new > 0 and s.stats()["files_written"] == 1
+    assert _regions(delta)[0][3] == _writer_slots(0, new, base=False) and slots == _writer_slots(0, count)
+    s = CachedScorer(m, tmp_path)
+    s.begin(0)
+    assert s.ngram_table()[1] == count + new
+    got = s.score_sentence(longer)
+    s.end()
+    assert got.tolist() == run_pass(CachedScorer(m, None), [longer])[0].tolist()
+    assert s.stats()["persistent_hits"] == s.stats()["lookups"] and s.stats()["files_written"] == 0
+    # deltas holding more n-grams than the base has room for (as after a MERT step): the
+    # base's are inserted into the table at a size that holds all of them
+    short = "the jury said"
+    big = short + " " + " ".join(LINES[10:16])
+    run_pass(CachedScorer(m, tmp_path), [short], ids=[7])
+    run_pass(CachedScorer(m, tmp_path), [big], ids=[7])
+    d = os.path.join(str(tmp_path), m.checksum)
+    b7, d7 = _regions(os.path.join(d, "7.nlmc"))[0], _regions(os.path.join(d, "7.1.nlmc"))[0]
+    assert 2 * (b7[4] + d7[4]) > b7[3]
+    s = CachedScorer(m, tmp_path)
+    s.begin(7)
+    assert s.ngram_table()[1] == b7[4] + d7[4] and s.ngram_table()[0] >= 2 * (b7[4] + d7[4])
+    assert s.score_sentence(big).tolist() == run_pass(CachedScorer(m, None), [big])[0].tolist()
+    s.end()
+    assert s.stats()["persistent_hits"] == s.stats()["lookups"] and s.stats()["files_written"] == 0
+    monkeypatch.setenv("NLMFEATURE_PERSISTENT_PRELOAD", "0")
+    s = CachedScorer(m, tmp_path)
+    s.begin(0)
+    assert s.ngram_table()[1] == 0
+    assert s.score_sentence(longer).tolist() == got.tolist()
+    s.end()
+
+
 def test_without_directory_and_with_caches_off(model_paths):
     m = nlmfeature.load(model_paths["class"])
     want = [m.score_sentence(l) for l in LINES[:20]]
@@ -647,6 +704,17 @@ def _regions(path):
     return [struct.unpack_from("<HHIQQQ", data, 40 + 32 * i) for i in range(3)]
 
 
+def _writer_slots(region, count, base=True):
+    """Slots the writer gives a region of ``count`` entries (readers refuse other sizes): a
+    base file's n-gram region the least power of two >= 4 x count (a size the session's table
+    takes), other regions and delta files' count / 0.7 + 1."""
+    if not count:
+        return 0
+    if region == 0 and base:
+        return 1 << (4 * count - 1).bit_length()
+    return (count * 100 + 69) // 70 + 1
+
+
 def test_files_are_packed_and_read_back_exact(model_paths, tmp_path):
     """Format 5: a region is its slot map, then the live slots' keys (2 bytes per id where every
     id is below 65536) and values.  A file holds its entries in under half the bytes of the
@@ -700,7 +768,8 @@ def test_a_slot_map_that_disagrees_with_the_header_is_refused(model_paths, tmp_p
     """A file whose checksums are right but whose slot map marks one slot more (or fewer) than
     the header's entry count, or whose header claims other slots than the writer gives its
     entries (it could unpack into a table far larger than the file): ignored with the
-    reason, rewritten, and the scores stay exact."""
+    reason, rewritten, and the scores stay exact; found while its n-grams are unpacked into
+    a session's table, that table is left empty."""
     import struct
     from nlmfeature._pcache import data_checksum
     m = nlmfeature.load(model_paths["class"])
@@ -726,6 +795,14 @@ def test_a_slot_map_that_disagrees_with_the_header_is_refused(model_paths, tmp_p
         sealed(data)
         with pytest.raises(NLMFeatureError, match=why):
             read_cache_file(p)
+        # found while unpacking into a session's n-gram table: the table is left empty
+        capfd.readouterr()
+        s = CachedScorer(m, tmp_path)
+        s.begin(1)
+        assert s.ngram_table()[1] == 0
+        assert s.score_sentence(LINES[1]).tolist() == first[1].tolist()
+        s.end()
+        assert why in capfd.readouterr().err and s.stats()["persistent_hits"] == 0
     open(p, "wb").write(good)
     _rewrite_header(p, {48: ("<Q", 4 * count + 65), 56: ("<Q", count)})
     with pytest.raises(NLMFeatureError, match="inconsistent"):
@@ -759,8 +836,8 @@ def test_entries_written_twice_by_concurrent_sessions_merge_into_an_exact_base(m
     p = os.path.join(d, "0.nlmc")
     f = read_cache_file(p)
     assert len(f.scores) == len(np.unique(f.keys, axis=0)) == len(want)
-    for klen, width, nd, slots, count, _ in _regions(p):
-        assert slots == ((count * 100 + 69) // 70 + 1 if count else 0)
+    for i, (klen, width, nd, slots, count, _) in enumerate(_regions(p)):
+        assert slots == _writer_slots(i, count)
     again = CachedScorer(m, tmp_path)
     got = run_pass(again, [LINES[3]])[0]
     assert got.tolist() == want.tolist()

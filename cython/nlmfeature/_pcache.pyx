@@ -24,14 +24,15 @@ another checksum, and a model file changed under a running process switches its 
 File format (little-endian; see docs/c-api.md)::
 
     0    8 bytes  magic "NLMPCAC2"
-    8    uint32   format version (5)
+    8    uint32   format version (6)
     12   uint32   model order n
     16   8 bytes  model checksum (raw)
     24   int64    sentence id
     32   uint64   file size
     40   3 x 32   regions (n-gram, context, class): uint16 key length, uint16 bytes per key id
-                  (2 or 4), uint32 doubles per slot, uint64 slots (entries / 0.7, or 0),
-                  uint64 entries, uint64 longest probe
+                  (2 or 4), uint32 doubles per slot, uint64 slots (a base file's n-gram
+                  region: the least power of two >= 4 x entries; other regions and delta
+                  files: entries / 0.7 + 1; 0 if empty), uint64 entries, uint64 longest probe
     136  uint64   checksum of the data (bytes 192 .. end)
     144  3 x uint64  B0 B1 B2: 64-byte blocks of each region's key filter (0: none)
     184  uint64   checksum of bytes 0 .. 183
@@ -42,7 +43,12 @@ File format (little-endian; see docs/c-api.md)::
          exactly as in nlmfeature._scorer's TableC: reading a file unpacks it into that layout
          (slot = [1 (0: empty), key ids as int32, values]) in one sequential pass, and the
          session probes it as its own tables.  Version 4 files stored that layout itself:
-         this one is 2.3x smaller for a 5-gram model.
+         this one is 2.3x smaller for a 5-gram model.  A base file's n-gram region has a
+         size the session's n-gram table takes (a power of two, with room for as many
+         n-grams again -- the deltas', the sentence's new ones -- before the table passes
+         load 1/2 and grows), so it unpacks straight into that table at sentence begin, in
+         slot order, nothing hashed or copied; the deltas' n-grams are copied in beside them
+         (version 5 bases, at load 0.7, were unpacked beside the table and copied in too).
     then B0, B1, B2 x 64 bytes: a blocked Bloom filter of each region's keys (``nlm_filter_add``
          of their ``key_hash``, ~10 bits per key), read before the region is probed: most
          n-grams and contexts a sentence asks after a tuning step are in none of its files, and
@@ -78,8 +84,8 @@ cdef extern from "../../src/nlmfeature/decoder/capi/nlmfeature.h":
 from nlmfeature._scorer cimport (ModelC, SessionC, StoreC, TableC, nlm_home, nlm_session_new,
                                  nlm_session_free, nlm_session_begin, nlm_score_padded,
                                  nlm_pad_context, splitmix64, key_hash, table_at, table_live,
-                                 table_insert, table_prefetch, table_grow, tv_get, tv_set, tv_mark, tv_disk, tv_seen, nlm_alloc_lines, nlm_costly_lookup, alloc_table,
-                                 nlm_filter_add, NLM_MAX_ORDER, NLM_STORE_MAX_FILES, OUT_SOFTMAX,
+                                 table_insert, table_insert_h, table_prefetch, table_grow, table_clear, table_take, tv_get, tv_set, tv_mark, tv_disk, tv_seen, nlm_alloc_lines, nlm_costly_lookup, alloc_table,
+                                 nlm_filter_add, NLM_MAX_ORDER, NLM_MAX_KEY, NLM_STORE_MAX_FILES, OUT_SOFTMAX,
                                  OUT_CLASS)
 
 import numpy as np
@@ -186,7 +192,7 @@ cdef enum:
     FILE_LOAD_PERCENT = 70    # most entries per 100 slots in a file's regions
     N_REGIONS = 3
 cdef const char* MAGIC = b"NLMPCAC2"
-cdef uint32_t FORMAT_VERSION = 5
+cdef uint32_t FORMAT_VERSION = 6
 cdef int64_t C_DEFAULT_MAX_BYTES = 4LL << 30
 cdef int64_t C_DEFAULT_NGRAM_ENTRIES = 1 << 20
 #: default bound on a persistent cache directory (bytes)
@@ -333,10 +339,24 @@ cdef inline int region_stride(int key_len, int nd) noexcept nogil:
     return 1 + key_len + 2 * nd
 
 
-cdef inline int64_t region_slots(int64_t entries) noexcept nogil:
-    """Slots of a file region for ``entries`` keys (load <= FILE_LOAD: a probe that misses,
-    as new n-grams probe every file, stays short); readers refuse any other number."""
-    return (entries * 100 + FILE_LOAD_PERCENT - 1) // FILE_LOAD_PERCENT + 1 if entries else 0
+cdef inline int64_t region_slots(int i, int64_t entries, int base) noexcept nogil:
+    """Slots of file region ``i`` for ``entries`` keys; readers refuse any other number.  The
+    n-gram region of a base file (``base``): the least power of two holding them at load
+    <= 1/4, a size the session's n-gram table takes (it grows past load 1/2), so that the
+    file unpacks straight into that table with room for as many n-grams again: the deltas'
+    and the sentence's new ones (:c:func:`unpack_file`; at load <= 1/3 a replay of four MIRA
+    iterations grew the table, a rehash, in a quarter of the sentences, and sentence
+    begins after three iterations cost more than the copy they replace).  Other regions and
+    delta files: load <= FILE_LOAD (a probe that misses, as new n-grams probe every file,
+    stays short; their views stay small)."""
+    cdef int64_t n = 1
+    if not entries:
+        return 0
+    if i == 0 and base:
+        while n < 4 * entries:
+            n *= 2
+        return n
+    return (entries * 100 + FILE_LOAD_PERCENT - 1) // FILE_LOAD_PERCENT + 1
 
 
 cdef inline int64_t pad64(int64_t n) noexcept nogil:
@@ -460,8 +480,9 @@ cdef const char* check_header(const unsigned char* h, int64_t size, int order, i
                 (r.width != 2 and r.width != 4):
             return "region layout does not match the model"
         # (slots exactly as the writer sizes them for the entries: a file never unpacks into
-        # more than 3 times its size)
-        if r.count > (1ULL << 40) or r.slots != <uint64_t>region_slots(<int64_t>r.count) or \
+        # more than ~16 times its size, a base's n-gram region into the session's table)
+        if r.count > (1ULL << 40) or (r.slots != <uint64_t>region_slots(i, <int64_t>r.count, 0) and
+                                      r.slots != <uint64_t>region_slots(i, <int64_t>r.count, 1)) or \
                 r.max_probe > r.slots or (r.slots and not r.max_probe):
             return "region sizes are inconsistent"
         memcpy(&blocks, h + FILTER_AT + 8 * i, 8)
@@ -511,21 +532,62 @@ cdef void view_regions(const unsigned char* base, TableC* ngram, TableC* ctx, Ta
             at += <int64_t>blocks * 64
 
 
-cdef const char* unpack_file(const unsigned char* src, unsigned char* out) noexcept nogil:
+cdef enum:
+    STAGE = 16                # n-grams of a packed base decoded ahead of their inserts (prefetched)
+
+
+cdef void insert_staged(TableC* t, int32_t* stage, int n, int stride) noexcept nogil:
+    """Insert ``n`` decoded slots of ``stage`` ([unused, key..., value]) into ``t`` as from
+    disk, their home slots' loads started first (keys already there keep their value)."""
+    cdef uint64_t h[STAGE]
+    cdef int m, found
+    cdef int64_t slot
+    cdef int32_t* q
+    cdef double x
+    for m in range(n):
+        h[m] = table_prefetch(t, stage + m * stride + 1)
+    for m in range(n):
+        q = stage + m * stride
+        slot = table_insert_h(t, q + 1, h[m], &found)
+        if slot < 0 or found:
+            continue
+        memcpy(&x, q + 1 + t.key_len, 8)
+        tv_set(t, table_at(t, slot), 0, x)
+        tv_mark(table_at(t, slot), 1)
+
+
+cdef const char* unpack_file(const unsigned char* src, unsigned char* out, TableC* into,
+                             int64_t more, int* into_used) noexcept nogil:
     """Unpack a checked file ``src`` into ``out`` (``file_bytes(src, 0)`` bytes): each
     region as the core's table (slot = [1, key ids as int32, values], or all zero where the
     slot map says empty), so that the session probes and copies it as it does its own.  NULL,
-    or why the file is corrupt (a slot map that does not hold the region's entry count)."""
+    or why the file is corrupt (a slot map that does not hold the region's entry count).
+
+    ``into`` (or NULL): a session's empty n-gram table, to take the n-gram region where its
+    bound allows it and ``more`` n-grams (those of the sentence's delta files, copied in
+    next).  Where the region (a base file's, sized as the table takes it:
+    :c:func:`region_slots`) holds them all at load <= 1/2, it is unpacked into the table,
+    which takes its size, in slot order: nothing hashed.  Otherwise (after MERT steps a
+    sentence's deltas hold about twice its base's n-grams) they are inserted into the table
+    at the size it has, grown once for all of them, sixteen decoded ahead: no view to clear
+    and scan.  Either way the entries are marked as from disk, ``out``'s header describes an
+    empty n-gram region and ``into_used`` is set; a corrupt region leaves ``into`` empty.
+    """
     cdef int64_t at_in = HEADER_BYTES, at_out = HEADER_BYTES, words, w, slot, j, count, filters = 0
     cdef RegionDesc r
-    cdef int i, stride, k, kl, width, nd
+    cdef RegionDesc none
+    cdef int i, stride, k, kl, width, nd, direct, n = 0
+    cdef int64_t need
+    cdef int32_t stage[STAGE * (NLM_MAX_KEY + 4)]
     cdef uint64_t bits, blocks
     cdef const unsigned char* keys
     cdef const unsigned char* vals
     cdef int32_t* t
     cdef int32_t* q
+    cdef int32_t live = 1
     cdef uint16_t u
     memcpy(out, src, HEADER_BYTES)
+    into_used[0] = 0
     for i in range(N_REGIONS):
         read_region(src, i, &r)
         memcpy(&blocks, src + FILTER_AT + 8 * i, 8)
@@ -540,20 +602,51 @@ cdef const char* unpack_file(const unsigned char* src, unsigned char* out) noexc
         words = (<int64_t>r.slots + 63) // 64
         keys = src + at_in + packed_keys_at(<int64_t>r.slots)
         vals = src + at_in + packed_values_at(<int64_t>r.slots, count, kl, width)
-        t = <int32_t*>(out + at_out)
-        memset(t, 0, region_bytes(<int64_t>r.slots, kl, nd))
+        # 0: into a view in ``out``; 1: into ``into``, in its slots; 2: inserted into ``into``
+        direct = 0
+        if i == 0 and into != NULL and into.count == 0 and into.key_len == kl and into.nd == nd and \
+                into.stride == stride and nd == 1 and 2 * (count + more) <= into.limit:
+            if 2 * (count + more) <= <int64_t>r.slots and table_take(into, <int64_t>r.slots) == 0:
+                direct = 1
+            else:
+                direct = 2
+                need = 1024  # room for all of them, made once before the inserts
+                while need < 2 * (count + more + 1):
+                    need *= 2
+                if need > into.capacity and table_take(into, need) != 0:
+                    direct = 0
+        if direct == 1:
+            # empty slots keep an older generation (table_take): only the live ones are written
+            t = into.slots
+            live = <int32_t>(into.generation | 0x80000000u)
+        elif direct == 2:
+            t = stage
+        else:
+            t = <int32_t*>(out + at_out)
+            live = 1
+            memset(t, 0, region_bytes(<int64_t>r.slots, kl, nd))
         j = 0
         for w in range(words):
             memcpy(&bits, src + at_in + 8 * w, 8)
             if w == words - 1 and r.slots % 64 and (bits >> (r.slots % 64)) != 0:
+                if direct:
+                    table_clear(into)
                 return "corrupted (slot map marks slots beyond the region)"
             if j + __builtin_popcountll(bits) > count:
+                if direct:
+                    table_clear(into)
                 return "corrupted (slot map holds more entries than the header)"
             while bits:
                 slot = w * 64 + __builtin_ctzll(bits)
                 bits &= bits - 1
+                if direct == 2:
+                    if n == STAGE:
+                        insert_staged(into, stage, n, stride)
+                        n = 0
+                    slot = n
+                    n += 1
                 q = t + slot * stride
-                q[0] = 1
+                q[0] = live
                 if width == 4:
                     memcpy(q + 1, keys + 4 * kl * j, 4 * kl)
                 else:
@@ -563,9 +656,23 @@ cdef const char* unpack_file(const unsigned char* src, unsigned char* out) noexc
                 memcpy(q + 1 + kl, vals + 8 * nd * j, 8 * nd)
                 j += 1
         if j != count:
+            if direct:
+                table_clear(into)
             return "corrupted (slot map holds fewer entries than the header)"
         at_in += disk_region_bytes(<int64_t>r.slots, count, kl, width, nd)
-        at_out += region_bytes(<int64_t>r.slots, kl, nd)
+        if direct == 2:
+            insert_staged(into, stage, n, stride)
+        if direct:
+            if direct == 1:
+                into.count = count
+            into_used[0] = 1
+            memset(&none, 0, sizeof(none))
+            none.key_len = r.key_len
+            none.width = r.width
+            none.nd = r.nd
+            write_region(out, 0, &none)
+        else:
+            at_out += region_bytes(<int64_t>r.slots, kl, nd)
     memcpy(out + at_out, src + at_in, filters)  # the filters follow the regions
     return NULL
 
@@ -617,12 +724,13 @@ cdef void pack_file(const unsigned char* src, unsigned char* out) noexcept nogil
 
 cdef int load_file(const char* path, int order, int ctx_key_len, const unsigned char* checksum,
                    int64_t sentence_id, int64_t max_size, int touch, void** buf,
-                   long long* cap, void** raw, long long* raw_cap, const char** why) noexcept nogil:
+                   long long* cap, void** raw, long long* raw_cap, TableC* into, int64_t more,
+                   int* into_used, const char** why) noexcept nogil:
     """Read a cache file into ``raw`` (of ``raw_cap`` bytes, grown if needed) after checking
     its header, then its data checksum and that the header read with the data is the one
-    checked, and unpack it into ``buf`` (:c:func:`unpack_file`): 1 read, 0 absent, -1
-    unusable (``why`` says why).  Never blocks on a FIFO nor reads more than the header of a
-    file that is not one of ours."""
+    checked, and unpack it into ``buf`` (its n-grams into ``into`` where that can take them:
+    :c:func:`unpack_file`): 1 read, 0 absent, -1 unusable (``why`` says why).  Never blocks
+    on a FIFO nor reads more than the header of a file that is not one of ours."""
     cdef int fd = c_open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC)
     cdef struct_stat st
     cdef unsigned char head[HEADER_BYTES]
@@ -675,7 +783,7 @@ cdef int load_file(const char* path, int order, int ctx_key_len, const unsigned 
         why[0] = "corrupted (checksum mismatch)"
         c_close(fd)
         return -1
-    why[0] = unpack_file(<const unsigned char*>p, <unsigned char*>buf[0])
+    why[0] = unpack_file(<const unsigned char*>p, <unsigned char*>buf[0], into, more, into_used)
     if why[0] != NULL:
         c_close(fd)
         return -1
@@ -810,7 +918,7 @@ cdef int write_file(PStore* ps, const char* path, Source** src, int* nsrc, int r
         size = HEADER_BYTES
         disk = HEADER_BYTES  # (ids as wide as the model's ranges need: the file's bound)
         for i in range(N_REGIONS):
-            slots[i] = region_slots(n[i])
+            slots[i] = region_slots(i, n[i], replace)
             size += region_bytes(slots[i], key_lens[i], nds[i])
             disk += disk_region_bytes(slots[i], n[i], key_lens[i], ps.key_width, nds[i])
             # the keys' filter: a lookup of a key the file does not hold (most new n-grams and
@@ -1265,18 +1373,23 @@ cdef void warn(PStore* ps, const char* path, const char* why) noexcept nogil:
                 path, why)
 
 
-cdef int load_sentence(PStore* ps, int64_t sid, int touch) noexcept nogil:
-    """Read the base and delta files of sentence ``sid`` into the store's views (``touch``:
-    at sentence begin: mark them used, warn about and count unusable ones)."""
+cdef int load_sentence(PStore* ps, int64_t sid, int touch, TableC* into) noexcept nogil:
+    """Read the delta and base files of sentence ``sid`` into the store's views (``touch``:
+    at sentence begin: mark them used, warn about and count unusable ones); the base's
+    n-grams into the session's n-gram table ``into`` where it takes them (or NULL).  The
+    deltas are read first: how many n-grams they add decides how the base goes in
+    (:c:func:`unpack_file`)."""
     cdef char path[PATH_MAX_LEN]
-    cdef int k, r, f
+    cdef int j, k, r, f, used = 0
     cdef const char* why = NULL
-    cdef int64_t limit = ps.max_bytes
-    for k in range(MAX_DELTAS + 1):
+    cdef int64_t limit = ps.max_bytes, more = 0
+    for j in range(MAX_DELTAS + 1):
+        k = (j + 1) % (MAX_DELTAS + 1)  # deltas 1..MAX_DELTAS, then the base (0)
         f = ps.view.nfiles
         file_path(ps, sid, k, path)
         r = load_file(path, ps.ngram_key_len, ps.ctx_key_len, ps.checksum, sid, limit, touch,
-                      &ps.maps[f], &ps.map_cap[f], <void**>&ps.raw, &ps.raw_cap, &why)
+                      &ps.maps[f], &ps.map_cap[f], <void**>&ps.raw, &ps.raw_cap,
+                      into if k == 0 else NULL, more, &used, &why)
         if r == 0:
             continue
         if r < 0:
@@ -1286,6 +1399,10 @@ cdef int load_sentence(PStore* ps, int64_t sid, int touch) noexcept nogil:
                 ps.files_ignored += 1
             continue
         view_regions(<const unsigned char*>ps.maps[f], &ps.view.ngram[f], &ps.view.ctx[f], &ps.view.cls[f])
+        more += ps.view.ngram[f].count
+        if used:  # the base's n-grams went into the session's table (marked as from disk)
+            ps.view.ngram_copied += into.count
+            ps.loaded += into.count
         if touch:
             ps.loaded += ps.view.ngram[f].count + ps.view.ctx[f].count + ps.view.cls[f].count
             ps.files_read += 1
@@ -1298,8 +1415,10 @@ cdef void preload_ngrams(SessionC* s, PStore* ps) noexcept nogil:
     first file's value where several hold one): in a tuning loop most of a sentence's
     lookups are n-grams of its files, and a copy in one pass over them (sequential reads,
     inserts prefetched ahead) costs less than probing the files (a filter line and a slot of
-    each file, cache misses among the decoder's own) at each n-gram's first lookup.  Skipped
-    where they would fill more than half the table's bound (the files are probed then)."""
+    each file, cache misses among the decoder's own) at each n-gram's first lookup.  The
+    base file's n-grams are usually in the table already (unpacked into it in slot order,
+    nothing hashed: :c:func:`unpack_file`), and this copies the deltas'.  Skipped where
+    they would fill more than half the table's bound (the files are probed then)."""
     cdef TableC* t = &s.ngram_cache
     cdef const TableC* v
     cdef int64_t total = 0, i, slot, hits = t.hits, misses = t.misses
@@ -1379,7 +1498,9 @@ cdef int pc_begin(SessionC* s, int64_t sentence_id) noexcept nogil:
     if model_file_changed(ps, 0):
         switch_off(ps)
         return 0
-    load_sentence(ps, sentence_id, 1)
+    # the base's n-grams straight into the (empty) n-gram table, the deltas' copied into it
+    load_sentence(ps, sentence_id, 1,
+                  &s.ngram_cache if ps.preload and s.ngram_cache_enabled else NULL)
     ps.files_loaded = ps.view.nfiles
     preload_ngrams(s, ps)
     return 0
@@ -1459,7 +1580,7 @@ cdef int write_sentence(SessionC* s, int64_t* entries, int64_t* nbytes, int64_t*
     if e != ENOSPC:
         # merge: what is on disk now (read again under the lock) and the new entries
         drop_files(ps)
-        load_sentence(ps, ps.sentence_id, 0)
+        load_sentence(ps, ps.sentence_id, 0, NULL)
         for f in range(ps.view.nfiles):
             srcs[0][nsrc[0]].t = &ps.view.ngram[f]
             srcs[0][nsrc[0]].mode = SRC_ALL
@@ -1663,6 +1784,7 @@ def unpack_cache_file(bytes data, int order, bytes model_checksum, int64_t sente
     cdef uint64_t stored
     cdef int ctx_key = order - 1 if order > 1 else 1
     cdef bytearray out
+    cdef int used = 0
     if len(model_checksum) != 8:
         raise ValueError("model_checksum must be 8 raw bytes")
     why = check_header(p, len(data), order, ctx_key, <const unsigned char*><char*>model_checksum,
@@ -1673,7 +1795,7 @@ def unpack_cache_file(bytes data, int order, bytes model_checksum, int64_t sente
     if stored != nlm_fast_checksum(p + HEADER_BYTES, len(data) - HEADER_BYTES):
         return "corrupted (checksum mismatch)", None
     out = bytearray(file_bytes(p, 0))
-    why = unpack_file(p, <unsigned char*><char*>out)
+    why = unpack_file(p, <unsigned char*><char*>out, NULL, 0, &used)
     if why != NULL:
         return why.decode(), None
     return None, bytes(out)
@@ -1767,6 +1889,11 @@ cdef class CachedScorer:
             r = pc_begin(self.s, sentence_id)
         if r == -2:
             self.model.native.check_file()
+
+    def ngram_table(self) -> tuple:
+        """``(slots, entries)`` of the session's n-gram table now: after :meth:`begin`, the
+        entries of the sentence's files (the base's unpacked into it, in its slots)."""
+        return int(self.s.ngram_cache.capacity), int(self.s.ngram_cache.count)
 
     def end(self) -> None:
         """End the sentence: write what it computed to the persistent cache."""

@@ -146,6 +146,7 @@ ctypedef struct TableC:
     int stride                # int32 words per slot
     int clear_when_full
     int64_t capacity          # slots (0: not allocated yet); powers of two in memory
+    int64_t allocated         # slots of memory at ``slots`` (>= capacity: table_take may use less)
     int64_t limit             # entries allowed
     int64_t count
     int64_t fresh             # entries given a value computed here (disk bit clear) since the last clear
@@ -295,6 +296,7 @@ cdef void table_free(TableC* t) noexcept nogil
 cdef void* alloc_table(size_t nbytes) noexcept nogil
 cdef void* alloc_huge(size_t nbytes, int zero) noexcept nogil
 cdef void table_clear(TableC* t) noexcept nogil
+cdef int table_take(TableC* t, int64_t slots) noexcept nogil
 cdef int64_t table_find(const TableC* t, const int32_t* key, uint64_t h) noexcept nogil
 cdef int64_t table_insert(TableC* t, const int32_t* key, int* found) noexcept nogil
 cdef int64_t table_insert_h(TableC* t, const int32_t* key, uint64_t h, int* found) noexcept nogil

@@ -48,13 +48,18 @@ cdef void* alloc_table(size_t nbytes) noexcept nogil:
 
 cdef int table_grow(TableC* t) noexcept nogil:
     """Rehash into twice the slots (1,024 at first), keeping entry numbers, flags and the
-    dense values; -1 (table untouched) when out of memory."""
+    dense values; -1 (table untouched) when out of memory.  An empty table with the memory
+    (table_take gave it fewer slots than it has) only takes more of it."""
     cdef int64_t cap = t.capacity * 2 if t.capacity else 1024
-    cdef int32_t* slots = <int32_t*>alloc_table(cap * t.stride * sizeof(int32_t))
+    cdef int32_t* slots
     cdef int64_t room, had, i
     cdef uint64_t h
     cdef int32_t* src
     cdef float* fv
+    if t.count == 0 and cap <= t.allocated and not t.fval_len:
+        t.capacity = cap  # (slots past the old capacity hold older generations only)
+        return 0
+    slots = <int32_t*>alloc_table(cap * t.stride * sizeof(int32_t))
     if slots == NULL:
         return -1
     if t.fval_len:
@@ -79,6 +84,27 @@ cdef int table_grow(TableC* t) noexcept nogil:
     free(t.slots)
     t.slots = slots
     t.capacity = cap
+    t.allocated = cap
+    return 0
+
+
+cdef int table_take(TableC* t, int64_t slots) noexcept nogil:
+    """Make ``t`` (a table without dense values) an empty table of exactly ``slots`` slots,
+    for a persistent-cache file's region of that size to be unpacked into it in slot order
+    (nlmfeature._pcache.unpack_file): the memory it has where that is enough (emptied in
+    O(1)), else new memory; -1 (``t`` untouched) when out of memory."""
+    cdef int32_t* mem
+    if t.fval_len:
+        return -1
+    if slots > t.allocated:
+        mem = <int32_t*>alloc_table(slots * t.stride * sizeof(int32_t))
+        if mem == NULL:
+            return -1
+        free(t.slots)
+        t.slots = mem
+        t.allocated = slots
+    t.capacity = slots
+    table_clear(t)
     return 0
 
 
@@ -88,6 +114,7 @@ cdef void table_free(TableC* t) noexcept nogil:
     t.slots = NULL
     t.fvals = NULL
     t.capacity = 0
+    t.allocated = 0
     t.count = 0
 
 
@@ -97,7 +124,7 @@ cdef void table_clear(TableC* t) noexcept nogil:
     t.fresh = 0
     t.generation += 1
     if t.generation > 0x3fffffffu:  # 30 bits used up after 2^30 clears: really wipe
-        memset(t.slots, 0, t.capacity * t.stride * sizeof(int32_t))
+        memset(t.slots, 0, t.allocated * t.stride * sizeof(int32_t))
         t.generation = 1
 
 
