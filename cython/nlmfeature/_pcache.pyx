@@ -48,7 +48,9 @@ File format (little-endian; see docs/c-api.md)::
          n-grams again -- the deltas', the sentence's new ones -- before the table passes
          load 1/2 and grows), so it unpacks straight into that table at sentence begin, in
          slot order, nothing hashed or copied; the deltas' n-grams are copied in beside them
-         (version 5 bases, at load 0.7, were unpacked beside the table and copied in too).
+         (where they outgrow that room, as after MERT steps, the base's are inserted into a
+         table sized for all; version 5 bases, at load 0.7, were unpacked beside the table
+         and copied in too).
     then B0, B1, B2 x 64 bytes: a blocked Bloom filter of each region's keys (``nlm_filter_add``
          of their ``key_hash``, ~10 bits per key), read before the region is probed: most
          n-grams and contexts a sentence asks after a tuning step are in none of its files, and
@@ -534,6 +536,9 @@ cdef void view_regions(const unsigned char* base, TableC* ngram, TableC* ctx, Ta
 
 cdef enum:
     STAGE = 16                # n-grams of a packed base decoded ahead of their inserts (prefetched)
+    TO_VIEW = 0               # unpack_file's destinations of a region: a view in its buffer,
+    TO_SLOTS = 1              # the session's table in the region's own slots,
+    TO_INSERTS = 2            # inserts into the session's table at the size it has
 
 
 cdef void insert_staged(TableC* t, int32_t* stage, int n, int stride) noexcept nogil:
@@ -576,7 +581,7 @@ cdef const char* unpack_file(const unsigned char* src, unsigned char* out, Table
     cdef int64_t at_in = HEADER_BYTES, at_out = HEADER_BYTES, words, w, slot, j, count, filters = 0
     cdef RegionDesc r
     cdef RegionDesc none
-    cdef int i, stride, k, kl, width, nd, direct, n = 0
+    cdef int i, stride, k, kl, width, nd, dest, n = 0
     cdef int64_t need
     cdef int32_t stage[STAGE * (NLM_MAX_KEY + 4)]
     cdef uint64_t bits, blocks
@@ -602,24 +607,23 @@ cdef const char* unpack_file(const unsigned char* src, unsigned char* out, Table
         words = (<int64_t>r.slots + 63) // 64
         keys = src + at_in + packed_keys_at(<int64_t>r.slots)
         vals = src + at_in + packed_values_at(<int64_t>r.slots, count, kl, width)
-        # 0: into a view in ``out``; 1: into ``into``, in its slots; 2: inserted into ``into``
-        direct = 0
+        dest = TO_VIEW
         if i == 0 and into != NULL and into.count == 0 and into.key_len == kl and into.nd == nd and \
                 into.stride == stride and nd == 1 and 2 * (count + more) <= into.limit:
             if 2 * (count + more) <= <int64_t>r.slots and table_take(into, <int64_t>r.slots) == 0:
-                direct = 1
+                dest = TO_SLOTS
             else:
-                direct = 2
+                dest = TO_INSERTS
                 need = 1024  # room for all of them, made once before the inserts
                 while need < 2 * (count + more + 1):
                     need *= 2
                 if need > into.capacity and table_take(into, need) != 0:
-                    direct = 0
-        if direct == 1:
+                    dest = TO_VIEW
+        if dest == TO_SLOTS:
             # empty slots keep an older generation (table_take): only the live ones are written
             t = into.slots
             live = <int32_t>(into.generation | 0x80000000u)
-        elif direct == 2:
+        elif dest == TO_INSERTS:
             t = stage
         else:
             t = <int32_t*>(out + at_out)
@@ -629,17 +633,17 @@ cdef const char* unpack_file(const unsigned char* src, unsigned char* out, Table
         for w in range(words):
             memcpy(&bits, src + at_in + 8 * w, 8)
             if w == words - 1 and r.slots % 64 and (bits >> (r.slots % 64)) != 0:
-                if direct:
+                if dest != TO_VIEW:
                     table_clear(into)
                 return "corrupted (slot map marks slots beyond the region)"
             if j + __builtin_popcountll(bits) > count:
-                if direct:
+                if dest != TO_VIEW:
                     table_clear(into)
                 return "corrupted (slot map holds more entries than the header)"
             while bits:
                 slot = w * 64 + __builtin_ctzll(bits)
                 bits &= bits - 1
-                if direct == 2:
+                if dest == TO_INSERTS:
                     if n == STAGE:
                         insert_staged(into, stage, n, stride)
                         n = 0
@@ -656,14 +660,14 @@ cdef const char* unpack_file(const unsigned char* src, unsigned char* out, Table
                 memcpy(q + 1 + kl, vals + 8 * nd * j, 8 * nd)
                 j += 1
         if j != count:
-            if direct:
+            if dest != TO_VIEW:
                 table_clear(into)
             return "corrupted (slot map holds fewer entries than the header)"
         at_in += disk_region_bytes(<int64_t>r.slots, count, kl, width, nd)
-        if direct == 2:
+        if dest == TO_INSERTS:
             insert_staged(into, stage, n, stride)
-        if direct:
-            if direct == 1:
+        if dest != TO_VIEW:
+            if dest == TO_SLOTS:
                 into.count = count
             into_used[0] = 1
             memset(&none, 0, sizeof(none))
