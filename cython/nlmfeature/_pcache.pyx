@@ -681,51 +681,6 @@ cdef const char* unpack_file(const unsigned char* src, unsigned char* out, Table
     return NULL
 
 
-cdef void pack_file(const unsigned char* src, unsigned char* out) noexcept nogil:
-    """Pack a file built in memory layout (``src``: header with each region's id width, regions
-    as tables, filters) for disk into ``out`` (``file_bytes(src, 1)`` bytes): each region's
-    slot map, then its live keys (ids of its width) and values, then the filters."""
-    cdef int64_t at_in = HEADER_BYTES, at_out = HEADER_BYTES, size = file_bytes(src, 1), slot, j, filters = 0
-    cdef RegionDesc r
-    cdef int i, k, kl, nd, stride
-    cdef uint64_t blocks
-    cdef const int32_t* p
-    cdef unsigned char* keys
-    cdef unsigned char* vals
-    cdef uint16_t u
-    memcpy(out, src, HEADER_BYTES)
-    memcpy(out + 32, &size, 8)
-    for i in range(N_REGIONS):
-        read_region(src, i, &r)
-        memcpy(&blocks, src + FILTER_AT + 8 * i, 8)
-        filters += <int64_t>blocks * 64
-        if not r.slots:
-            continue
-        kl = r.key_len
-        nd = r.nd
-        stride = region_stride(kl, nd)
-        memset(out + at_out, 0, disk_region_bytes(<int64_t>r.slots, <int64_t>r.count, kl, r.width, nd))
-        keys = out + at_out + packed_keys_at(<int64_t>r.slots)
-        vals = out + at_out + packed_values_at(<int64_t>r.slots, <int64_t>r.count, kl, r.width)
-        j = 0
-        for slot in range(<int64_t>r.slots):
-            p = <const int32_t*>(src + at_in) + slot * stride
-            if p[0] == 0:
-                continue
-            (<uint64_t*>(out + at_out))[slot // 64] |= 1ULL << (slot % 64)
-            if r.width == 4:
-                memcpy(keys + 4 * kl * j, p + 1, 4 * kl)
-            else:
-                for k in range(kl):
-                    u = <uint16_t>p[1 + k]
-                    memcpy(keys + 2 * (kl * j + k), &u, 2)
-            memcpy(vals + 8 * nd * j, p + 1 + kl, 8 * nd)
-            j += 1
-        at_in += region_bytes(<int64_t>r.slots, kl, nd)
-        at_out += disk_region_bytes(<int64_t>r.slots, <int64_t>r.count, kl, r.width, nd)
-    memcpy(out + at_out, src + at_in, filters)
-
-
 cdef int load_file(const char* path, int order, int ctx_key_len, const unsigned char* checksum,
                    int64_t sentence_id, int64_t max_size, int touch, void** buf,
                    long long* cap, void** raw, long long* raw_cap, TableC* into, int64_t more,
@@ -825,17 +780,30 @@ cdef inline int wanted(const TableC* t, const int32_t* p, int mode) noexcept nog
     return 0
 
 
-cdef int64_t fill_region(int32_t* slots, int64_t cap, int key_len, int nd, const Source* src,
-                         int nsrc, int64_t* count, int64_t* maxp, int* width, uint64_t* filter,
-                         uint64_t blocks) noexcept nogil:
-    """Insert the wanted entries of ``src`` into an empty region (generation 1) and their
-    keys into its (zeroed) filter of ``blocks`` blocks; ``width``: the bytes per key id on
-    disk (2 where every id written is in 0..65535, else 4)."""
-    cdef int stride = region_stride(key_len, nd), k, m
+cdef inline int64_t entry_bytes(int key_len, int nd) noexcept nogil:
+    """Bytes of an entry as :c:func:`fill_region` copies it: key ids (int32), then values."""
+    return 4 * key_len + 8 * nd
+
+
+cdef int64_t fill_region(uint32_t* idx, int64_t cap, int key_len, int nd, const Source* src,
+                         int nsrc, unsigned char* ents, int64_t limit, int64_t* count, int64_t* maxp,
+                         int* width, uint64_t* filter, uint64_t blocks) noexcept nogil:
+    """Place the wanted entries of ``src`` in a region of ``cap`` slots as the core's table
+    would (home slot, linear probing; keys held by several sources once, the first source's):
+    each entry is copied to ``ents`` (key ids as int32, then values: ``entry_bytes`` each, in
+    the order placed) and ``idx`` (``cap`` zeroed words) gets, per slot, 1 + the number of
+    its entry; the keys go into the (zeroed) filter of ``blocks`` blocks.  ``width``: the
+    bytes per key id on disk (2 where every id written is in 0..65535, else 4).  More than
+    ``limit`` entries (the room of ``ents``): ``count`` -1, nothing more placed.  The file's
+    packed bytes are then made from these in slot order (:c:func:`pack_region`), not from
+    the table layout itself: a base's n-gram region has 4x its entries' slots, and at 32
+    bytes a slot that layout was most of a sentence end's memory traffic."""
+    cdef int k, m
     cdef uint64_t h, kh
     cdef int64_t i, probes
+    cdef int64_t es = entry_bytes(key_len, nd)
     cdef const int32_t* p
-    cdef int32_t* q
+    cdef uint32_t j
     cdef int dup
     count[0] = 0
     maxp[0] = 0
@@ -851,61 +819,108 @@ cdef int64_t fill_region(int32_t* slots, int64_t cap, int key_len, int nd, const
             h = nlm_home(kh, cap)
             probes = 1
             dup = 0
-            while slots[h * stride] != 0:
-                q = slots + h * stride
-                if memcmp_(<const unsigned char*>(q + 1), <const unsigned char*>(p + 1), 4 * key_len) == 0:
+            j = idx[h]
+            while j != 0:
+                if memcmp_(ents + (j - 1) * es, <const unsigned char*>(p + 1), 4 * key_len) == 0:
                     dup = 1
                     break
                 h = 0 if h + 1 == <uint64_t>cap else h + 1
                 probes += 1
+                j = idx[h]
             if dup:
                 continue
-            q = slots + h * stride
-            q[0] = 1
-            memcpy(q + 1, p + 1, 4 * key_len)
+            if count[0] >= limit:
+                count[0] = -1
+                return -1
+            memcpy(ents + count[0] * es, p + 1, 4 * key_len)
+            memcpy(ents + count[0] * es + 4 * key_len, p + 1 + src[k].t.key_len, 8 * nd)
+            count[0] += 1
+            idx[h] = <uint32_t>count[0]
             for m in range(key_len):
                 if <uint32_t>p[1 + m] > 65535:
                     width[0] = 4
-            memcpy(q + 1 + key_len, p + 1 + src[k].t.key_len, 8 * nd)
             nlm_filter_add(filter, blocks, kh)
-            count[0] += 1
             if probes > maxp[0]:
                 maxp[0] = probes
     return count[0]
 
 
-cdef int64_t count_wanted(const Source* src, int nsrc) noexcept nogil:
-    """Entries of ``src`` to be written: a session table's new entries are counted as they
-    are computed (``fresh``: no scan of the table at every sentence end); a file's by a scan."""
+cdef void pack_region(unsigned char* out, const uint32_t* idx, const RegionDesc* r,
+                      const unsigned char* ents) noexcept nogil:
+    """A region as on disk (``disk_region_bytes`` at ``out``) from :c:func:`fill_region`'s
+    slot words and entries: its slot map, then the keys of the live slots (ids of
+    ``r.width`` bytes) and their values, in slot order."""
+    cdef int64_t slot, j = 0
+    cdef uint32_t e
+    cdef int k, kl = r.key_len, nd = r.nd
+    cdef int64_t es = entry_bytes(kl, nd)
+    cdef uint16_t u
+    cdef int32_t x
+    cdef uint64_t* bits = <uint64_t*>out
+    cdef unsigned char* kout = out + packed_keys_at(<int64_t>r.slots)
+    cdef unsigned char* vout = out + packed_values_at(<int64_t>r.slots, <int64_t>r.count, kl, r.width)
+    cdef const unsigned char* p
+    memset(out, 0, disk_region_bytes(<int64_t>r.slots, <int64_t>r.count, kl, r.width, nd))
+    for slot in range(<int64_t>r.slots):
+        e = idx[slot]
+        if e == 0:
+            continue
+        bits[slot // 64] |= 1ULL << (slot % 64)
+        p = ents + (e - 1) * es
+        if r.width == 4:
+            memcpy(kout + 4 * kl * j, p, 4 * kl)
+        else:
+            for k in range(kl):
+                memcpy(&x, p + 4 * k, 4)
+                u = <uint16_t>x
+                memcpy(kout + 2 * (kl * j + k), &u, 2)
+        memcpy(vout + 8 * nd * j, p + 4 * kl, 8 * nd)
+        j += 1
+
+
+cdef int64_t count_scanned(const Source* src, int nsrc) noexcept nogil:
+    """Entries of ``src`` to be written, counted by a scan of every source (keys held by
+    several sources counted for each)."""
     cdef int64_t n = 0, i
     cdef int k
     for k in range(nsrc):
-        if src[k].mode == SRC_NEW:
-            n += src[k].t.fresh
-            continue
         for i in range(src[k].t.capacity):
             if wanted(src[k].t, table_at(src[k].t, i), src[k].mode):
                 n += 1
     return n
 
 
+cdef int64_t count_wanted(const Source* src, int nsrc) noexcept nogil:
+    """Entries of ``src`` to be written: a session table's new entries are counted as they
+    are computed (``fresh``: no scan of the table at every sentence end); a file's by a scan."""
+    cdef int64_t n = 0
+    cdef int k
+    for k in range(nsrc):
+        n += src[k].t.fresh if src[k].mode == SRC_NEW else count_scanned(src + k, 1)
+    return n
+
+
 cdef int write_file(PStore* ps, const char* path, Source** src, int* nsrc, int replace,
                     int64_t max_size, int64_t* entries, int64_t* nbytes) noexcept nogil:
-    """Write the wanted entries of each region's sources as a cache file at ``path``:
-    built in memory layout (the regions as tables), packed (:c:func:`pack_file`), written to
-    a temporary file, then renamed (``replace``) or linked (EEXIST if ``path`` exists).
+    """Write the wanted entries of each region's sources as a cache file at ``path``: each
+    region placed (:c:func:`fill_region`) and packed (:c:func:`pack_region`), written to a
+    temporary file, then renamed (``replace``) or linked (EEXIST if ``path`` exists).
     0 or an errno; ENOSPC, with nothing written, when the file would be larger than
     ``max_size`` bytes (its size in ``nbytes``)."""
     cdef int64_t n[3]
     cdef int64_t slots[3]
     cdef int64_t cnt[3]
-    cdef int64_t maxp, size, disk, at, filters_at
+    cdef int64_t idx_at[3]
+    cdef int64_t ents_at[3]
+    cdef int64_t filt_at[3]
+    cdef int64_t maxp, size, disk, scratch, filters, at
     cdef int64_t blocks[3]
     cdef int i, fd, e, width, refill = 1
     cdef uint32_t order
     cdef int key_lens[3]
     cdef int nds[3]
     cdef unsigned char* buf
+    cdef unsigned char head[HEADER_BYTES]
     cdef uint64_t h
     cdef RegionDesc r
     cdef char tmp[PATH_MAX_LEN]
@@ -917,67 +932,81 @@ cdef int write_file(PStore* ps, const char* path, Source** src, int* nsrc, int r
     nds[2] = 1
     for i in range(N_REGIONS):
         n[i] = count_wanted(src[i], nsrc[i])
+    memset(head, 0, HEADER_BYTES)
+    memcpy(head, MAGIC, 8)
+    memcpy(head + 8, &FORMAT_VERSION, 4)
+    order = <uint32_t>ps.ngram_key_len
+    memcpy(head + 12, &order, 4)
+    memcpy(head + 16, ps.checksum, 8)
+    memcpy(head + 24, &ps.sentence_id, 8)
     while refill:
         refill = 0
-        size = HEADER_BYTES
         disk = HEADER_BYTES  # (ids as wide as the model's ranges need: the file's bound)
+        scratch = 0
         for i in range(N_REGIONS):
             slots[i] = region_slots(i, n[i], replace)
-            size += region_bytes(slots[i], key_lens[i], nds[i])
             disk += disk_region_bytes(slots[i], n[i], key_lens[i], ps.key_width, nds[i])
             # the keys' filter: a lookup of a key the file does not hold (most new n-grams and
             # contexts probe every file of the sentence) reads one cache line of it, not the table
             blocks[i] = (n[i] * FILTER_BITS + 511) // 512 if n[i] else 0
-            size += blocks[i] * 64
             disk += blocks[i] * 64
+            # scratch: the region's slot words, its entries, its filter
+            idx_at[i] = scratch
+            scratch += pad64(slots[i] * 4)
+            ents_at[i] = scratch
+            scratch += pad64(n[i] * entry_bytes(key_lens[i], nds[i]))
+            filt_at[i] = scratch
+            scratch += blocks[i] * 64
         nbytes[0] = disk
         if disk > max_size:
             return ENOSPC
-        if grow_buffer(<void**>&ps.wbuf, &ps.wbuf_cap, size) != 0:
+        if grow_buffer(<void**>&ps.wbuf, &ps.wbuf_cap, scratch) != 0:
             return 12
         buf = ps.wbuf
-        memset(buf, 0, size)
-        memcpy(buf, MAGIC, 8)
-        memcpy(buf + 8, &FORMAT_VERSION, 4)
-        order = <uint32_t>ps.ngram_key_len
-        memcpy(buf + 12, &order, 4)
-        memcpy(buf + 16, ps.checksum, 8)
-        memcpy(buf + 24, &ps.sentence_id, 8)
-        at = HEADER_BYTES
-        filters_at = size - (blocks[0] + blocks[1] + blocks[2]) * 64  # the filters follow the regions
         entries[0] = 0
         for i in range(N_REGIONS):
             cnt[i] = 0
             maxp = 0
             width = 2
             if slots[i]:
-                fill_region(<int32_t*>(buf + at), slots[i], key_lens[i], nds[i], src[i], nsrc[i], &cnt[i],
-                            &maxp, &width, <uint64_t*>(buf + filters_at), <uint64_t>blocks[i])
-            memcpy(buf + FILTER_AT + 8 * i, &blocks[i], 8)
-            filters_at += blocks[i] * 64
+                memset(buf + idx_at[i], 0, slots[i] * 4)
+                memset(buf + filt_at[i], 0, blocks[i] * 64)
+                fill_region(<uint32_t*>(buf + idx_at[i]), slots[i], key_lens[i], nds[i], src[i], nsrc[i],
+                            buf + ents_at[i], n[i], &cnt[i], &maxp, &width, <uint64_t*>(buf + filt_at[i]), <uint64_t>blocks[i])
+            memcpy(head + FILTER_AT + 8 * i, &blocks[i], 8)
             r.key_len = key_lens[i]
             r.width = width
             r.nd = nds[i]
             r.slots = slots[i]
             r.count = cnt[i]
             r.max_probe = maxp
-            write_region(buf, i, &r)
+            write_region(head, i, &r)
             entries[0] += cnt[i]
-            at += region_bytes(slots[i], key_lens[i], nds[i])
         for i in range(N_REGIONS):
             # keys held by several sources are written once: where that left fewer entries
             # than counted, the region is sized again for them (readers check the slots)
             if cnt[i] != n[i]:
-                n[i] = cnt[i]
+                n[i] = cnt[i] if cnt[i] >= 0 else count_scanned(src[i], nsrc[i])
                 refill = 1
-    size = file_bytes(buf, 1)
+    size = file_bytes(head, 1)
     nbytes[0] = size
     if size > max_size:  # (only where ids exceed the model's ranges)
         return ENOSPC
     if grow_buffer(<void**>&ps.raw, &ps.raw_cap, size) != 0:
         return 12
-    pack_file(buf, ps.raw)
     buf = ps.raw
+    memcpy(buf, head, HEADER_BYTES)
+    memcpy(buf + 32, &size, 8)
+    at = HEADER_BYTES
+    filters = 0
+    for i in range(N_REGIONS):
+        read_region(head, i, &r)
+        if r.slots:
+            pack_region(buf + at, <const uint32_t*>(ps.wbuf + idx_at[i]), &r, ps.wbuf + ents_at[i])
+            at += disk_region_bytes(<int64_t>r.slots, <int64_t>r.count, r.key_len, r.width, r.nd)
+    for i in range(N_REGIONS):
+        memcpy(buf + at, ps.wbuf + filt_at[i], blocks[i] * 64)
+        at += blocks[i] * 64
     h = nlm_fast_checksum(buf + HEADER_BYTES, size - HEADER_BYTES)
     memcpy(buf + DATA_CHECKSUM_AT, &h, 8)
     h = data_checksum_c(buf, HEADER_CHECKSUM_AT)
