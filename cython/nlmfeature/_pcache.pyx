@@ -913,7 +913,7 @@ cdef int write_file(PStore* ps, const char* path, Source** src, int* nsrc, int r
     cdef int64_t idx_at[3]
     cdef int64_t ents_at[3]
     cdef int64_t filt_at[3]
-    cdef int64_t maxp, size, disk, scratch, filters, at
+    cdef int64_t maxp, size, disk, scratch, at
     cdef int64_t blocks[3]
     cdef int i, fd, e, width, refill = 1
     cdef uint32_t order
@@ -998,7 +998,6 @@ cdef int write_file(PStore* ps, const char* path, Source** src, int* nsrc, int r
     memcpy(buf, head, HEADER_BYTES)
     memcpy(buf + 32, &size, 8)
     at = HEADER_BYTES
-    filters = 0
     for i in range(N_REGIONS):
         read_region(head, i, &r)
         if r.slots:
