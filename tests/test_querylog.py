@@ -135,3 +135,18 @@ def test_replay_tool_runs_a_tuning_loop_through_the_persistent_cache(recorded, t
     assert rows[1]["disk_bytes"] == rows[0]["disk_bytes"] == rows[2]["disk_bytes"]
     with pytest.raises(SystemExit):
         tool.main([model.path, "--stream", first, "--stream", second])
+
+
+def test_bench_query_times_warm_passes_after_an_untimed_first(tmp_path):
+    """``bench query``'s rate is the median of the passes after a session's first (which grows
+    its tables), at least three of them; the first pass is reported on its own."""
+    from nlmfeature.bench.query import _timed
+    model = nlmfeature.load(make_model(tmp_path, "q.nlm", order=5, output="class", classes=20, min_count=3))
+    ctx, words, starts = querylog.load_stream(None, model, 1)
+    ctx, words = ctx[:20000], words[:20000]
+    sess = model.session(1 << 16, position_terms=True)
+    warm, first = _timed(sess, ctx, words, starts[starts < 20000], 0.0)
+    assert warm > 0 and first > 0
+    st = sess.stats()
+    assert st["lookups"] == 4 * len(words)  # the first pass and three timed ones
+    assert st["ngram_hits"] > 0  # a decoder stream repeats itself within a sentence
