@@ -172,6 +172,55 @@ void NLMClient::End(const std::string &who, long id) const
 
 // ---- NLMFeature ----------------------------------------------------------------------------
 
+namespace
+{
+// Freed states of this thread, kept for the next (at most kStatePoolMax: a pruned search
+// holds far fewer at once; beyond it, or for a size other than the state's, plain new/delete).
+// A state freed by another thread than the one that made it joins that thread's list.
+struct StatePool {
+  enum { kStatePoolMax = 1 << 16 };
+  struct Block { Block *next; };
+  Block *head;
+  size_t count;
+  StatePool() : head(NULL), count(0) {}
+  ~StatePool() {
+    while (head) {
+      Block *next = head->next;
+      ::operator delete(head);
+      head = next;
+    }
+    count = kStatePoolMax;  // (a state deleted after this thread's pool: plain delete)
+  }
+};
+thread_local StatePool t_statePool;
+}  // namespace
+
+void *NLMFeatureState::operator new(size_t bytes)
+{
+  StatePool &pool = t_statePool;
+  if (bytes == sizeof(NLMFeatureState) && pool.head) {
+    StatePool::Block *b = pool.head;
+    pool.head = b->next;
+    --pool.count;
+    return b;
+  }
+  return ::operator new(bytes < sizeof(StatePool::Block) ? sizeof(StatePool::Block) : bytes);
+}
+
+void NLMFeatureState::operator delete(void *p, size_t bytes)
+{
+  if (!p) return;
+  StatePool &pool = t_statePool;
+  if (bytes == sizeof(NLMFeatureState) && pool.count < StatePool::kStatePoolMax) {
+    StatePool::Block *b = static_cast<StatePool::Block *>(p);
+    b->next = pool.head;
+    pool.head = b;
+    ++pool.count;
+    return;
+  }
+  ::operator delete(p);
+}
+
 size_t NLMFeatureState::hash() const
 {
   size_t seed = static_cast<size_t>(size);

@@ -96,6 +96,11 @@ public:
   NLMFeatureState() : size(0) {}
   virtual size_t hash() const;
   virtual bool operator==(const FFState& other) const;
+
+  //! Moses makes one state per hypothesis expansion and drops most of them soon after (a
+  //! Multi30k sentence: ~200k); a free list per thread serves them without malloc/free
+  static void *operator new(size_t bytes);
+  static void operator delete(void *p, size_t bytes);
 };
 
 class NLMFeature : public LanguageModel
