@@ -16,7 +16,7 @@ from nlmfeature.mt import moses
 from nlmfeature.mt.tuning.driver import first_hypotheses
 from nlmfeature.mt.weights import read_weights
 
-from helpers import make_model
+from helpers import build_moses_with_shim, make_model
 
 TUNING = os.path.join(os.path.dirname(__file__), "data", "tuning")
 KBEST = os.path.join(TUNING, "multi30k.dev.iter1.200x30.kbest.gz")
@@ -79,7 +79,10 @@ MOSES = os.path.join(os.environ.get("MOSES_ROOT", "/nonexistent"), "bin", "moses
 @pytest.mark.skipif(not os.access(MOSES, os.X_OK) or not os.path.isdir(DATA),
                     reason="needs MOSES_ROOT with bin/moses (built with NLMFeature) and the shared data")
 def test_bench_mt_end_to_end_with_moses(tmp_path, capsys):
-    """A tiny run (10 dev and 10 test sentences, one tuning iteration, 20-best rescoring)."""
+    """A tiny run (10 dev and 10 test sentences, one tuning iteration, 20-best rescoring).
+    Moses is this checkout's shims with the joint feature (a tree built by
+    ../shared/tools/build-decoders.sh has a bin/moses without it)."""
+    moses_bin = build_moses_with_shim(os.environ["MOSES_ROOT"], joint=True)
     model = make_model(tmp_path, order=5)
     second = make_model(tmp_path, name="second.nlm", order=3, seed=1)
     joint = _joint_model(tmp_path)
@@ -87,7 +90,7 @@ def test_bench_mt_end_to_end_with_moses(tmp_path, capsys):
     argv = ["bench", "mt", "--quick", "--quick-sentences", "10", "--test-sentences", "10",
             "--tunings", "2", "--max-iterations", "1", "--kbest", "20", "--model", model,
             "--joint", joint, "--rescore-model", second, "--second-pass", "--workdir",
-            str(work), "--threads", "1", "--bootstrap", "100"]
+            str(work), "--threads", "1", "--bootstrap", "100", "--moses", moses_bin]
     assert cli_main(argv) == 0
     out = capsys.readouterr().out
     assert "QUICK" in out and "== Moses decoding" in out and "rescoring" in out
