@@ -204,7 +204,7 @@ void *NLMFeatureState::operator new(size_t bytes)
     --pool.count;
     return b;
   }
-  return ::operator new(bytes < sizeof(StatePool::Block) ? sizeof(StatePool::Block) : bytes);
+  return ::operator new(bytes);
 }
 
 void NLMFeatureState::operator delete(void *p, size_t bytes)

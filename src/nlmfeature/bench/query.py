@@ -246,8 +246,9 @@ def _print_table(rows: List[Dict[str, Any]]) -> None:
     cols = ["model", "output", "lookups_per_s_1thread", "lookups_per_s_1thread_nocache",
             "lookups_per_s_2threads", "cache_hit_rate",
             "rss_after_load_mb", "file_mb", "decoder_stream_cached_per_s",
-            "decoder_stream_first_pass_per_s", "decoder_stream_uncached_per_s", "decoder_stream_ngram_hit_rate", "decoder_stream_hit_rate",
-            "decoder_stream_class_hit_rate", "cache_speedup"]
+            "decoder_stream_first_pass_per_s", "decoder_stream_uncached_per_s",
+            "decoder_stream_ngram_hit_rate", "decoder_stream_hit_rate", "decoder_stream_class_hit_rate",
+            "cache_speedup"]
     head = ["model", "output", "lookups/s 1T", "1T no cache", "lookups/s 2T", "hit rate", "RSS MB", "file MB",
             "dec. cached/s", "1st pass/s", "dec. uncached/s", "n-gram hits", "ctx hits", "class hits", "cache x"]
     table = [head] + [[_fmt(r.get(c)) if "error" not in r else (r["error"] if c == "lookups_per_s_1thread"
@@ -273,7 +274,8 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
                    "(default round(sqrt(V)))")
     p.add_argument("--models", default="", help=f"comma-separated subset of {','.join(MODELS)}")
     p.add_argument("--outputs", default="", help=f"comma-separated subset of {','.join(OUTPUTS)}")
-    p.add_argument("--seconds", type=float, default=2.0, help="minimum timing per measurement, after one untimed warm-up pass (default 2)")
+    p.add_argument("--seconds", type=float, default=2.0,
+                   help="minimum timing per measurement, after one untimed warm-up pass (default 2)")
     p.add_argument("--cache-entries", type=int, default=DEFAULT_CACHE_ENTRIES,
                    help="per-sentence cache bound per session; 0 disables caching (default "
                         f"{DEFAULT_CACHE_ENTRIES}, the library's NLM_DEFAULT_CACHE_ENTRIES)")
