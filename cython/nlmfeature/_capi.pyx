@@ -7,7 +7,7 @@ Everything a decoder does per sentence and per n-gram goes through :data:`VTABLE
 PyCapsule holding a C struct of pointers to ``nogil`` functions (see
 ``nlmfeature/decoder/capi/nlm_vtable.h``), so decoder threads never take the GIL.
 """
-from libc.stdint cimport int32_t, int64_t, uintptr_t
+from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy, strncpy
 from cpython.pycapsule cimport PyCapsule_New, PyCapsule_GetPointer
@@ -18,7 +18,8 @@ import numpy as np
 from nlmfeature._scorer cimport (ModelC, SessionC, nlm_vocab_find, nlm_pad_context,
                                  nlm_source_window, nlm_prefetch_padded, NLM_MAX_KEY,
                                  NLM_MAX_WINDOW)
-from nlmfeature._pcache cimport pc_session_new, pc_session_free, pc_begin, pc_end, pc_stats, pc_lookup
+from nlmfeature._pcache cimport (pc_session_new, pc_session_free, pc_begin, pc_end, pc_stats,
+                                 pc_lookup, pc_lookup_clean)
 
 cnp.import_array()
 
@@ -143,11 +144,13 @@ cdef double vt_score_span(void* s, const int32_t* hist, int nhist, int first, in
     with the source window around its affiliation ``aff[i]`` in ``src``, past the sentence
     its ``</s>``; ``aff`` NULL: the ``<null>`` window).  Every word's key is built and its n-gram cache slot prefetched before
     the first is scored, so the words' cache misses overlap instead of queueing (arguments
-    checked by the library)."""
+    checked by the library); each key is cleaned and hashed once."""
     cdef SessionC* c = <SessionC*>s
     cdef const ModelC* m = c.model
     cdef int32_t keys[SPAN_BATCH][NLM_MAX_KEY]
     cdef int32_t words[SPAN_BATCH]
+    cdef int32_t clean[SPAN_BATCH][NLM_MAX_KEY + 1]
+    cdef uint64_t hashes[SPAN_BATCH]
     cdef int32_t dummy = 0
     cdef int k = count + (1 if final else 0), j, end
     cdef double total = 0
@@ -164,9 +167,9 @@ cdef double vt_score_span(void* s, const int32_t* hist, int nhist, int first, in
         end = first + j if j < count else nhist
         words[j] = lookup_key(m, src, nsrc, aff[j] if aff != NULL else -1, hist, end,
                               hist[end] if j < count else m.eos, keys[j])
-        nlm_prefetch_padded(c, keys[j], words[j])
+        hashes[j] = nlm_prefetch_padded(c, keys[j], words[j], clean[j])
     for j in range(k):
-        total += pc_lookup(c, keys[j], words[j])
+        total += pc_lookup_clean(c, keys[j], words[j], clean[j], hashes[j])
     return total
 
 

@@ -2,7 +2,7 @@
 # StoreC attached (read-only views of the sentence's cache files, probed where its
 # in-memory tables miss); these functions create such sessions, map the files at sentence
 # begin and write what is new at sentence end.
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport int32_t, int64_t, uint64_t
 from nlmfeature._scorer cimport ModelC, SessionC
 
 cdef extern from "../../src/nlmfeature/decoder/capi/nlm_vtable.h":
@@ -42,3 +42,5 @@ cdef int pc_begin(SessionC* s, int64_t sentence_id) noexcept nogil
 cdef int pc_end(SessionC* s) noexcept nogil
 cdef void pc_stats(SessionC* s, int64_t* out, int n) noexcept nogil
 cdef double pc_lookup(SessionC* s, const int32_t* ctx, int32_t w) noexcept nogil
+cdef double pc_lookup_clean(SessionC* s, const int32_t* ctx, int32_t w, int32_t* key,
+                            uint64_t h) noexcept nogil

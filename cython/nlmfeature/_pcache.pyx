@@ -84,7 +84,7 @@ cdef extern from "../../src/nlmfeature/decoder/capi/nlmfeature.h":
         NLM_DEFAULT_CACHE_ENTRIES
 
 from nlmfeature._scorer cimport (ModelC, SessionC, StoreC, TableC, nlm_home, nlm_session_new,
-                                 nlm_session_free, nlm_session_begin, nlm_score_padded,
+                                 nlm_session_free, nlm_session_begin, nlm_score_padded, nlm_score_clean,
                                  nlm_pad_context, splitmix64, key_hash, table_at, table_live,
                                  table_insert, table_insert_h, table_prefetch, table_grow, table_clear, table_take, tv_get, tv_set, tv_mark, tv_disk, tv_seen, nlm_alloc_lines, nlm_costly_lookup, alloc_table,
                                  nlm_filter_add, NLM_MAX_ORDER, NLM_MAX_KEY, NLM_STORE_MAX_FILES, OUT_SOFTMAX,
@@ -1354,13 +1354,25 @@ cdef void open_query_log(SessionC* s, const unsigned char* checksum) noexcept no
     fwrite(checksum, 1, 8, <FILE*>s.query_log)
 
 
-cdef double pc_lookup(SessionC* s, const int32_t* ctx, int32_t w) noexcept nogil:
-    """The core score of one n-gram (``ctx`` padded, ids valid), recorded first when the
-    session has a query log: the C API's and :class:`CachedScorer`'s one entry."""
+cdef inline void log_query(SessionC* s, const int32_t* ctx, int32_t w) noexcept nogil:
+    """Record one lookup when the session has a query log."""
     if s.query_log != NULL:
         fwrite(ctx, 4, s.model.ctx_len, <FILE*>s.query_log)
         fwrite(&w, 4, 1, <FILE*>s.query_log)
+
+
+cdef double pc_lookup(SessionC* s, const int32_t* ctx, int32_t w) noexcept nogil:
+    """The core score of one n-gram (``ctx`` padded, ids valid), recorded first when the
+    session has a query log: the C API's and :class:`CachedScorer`'s one entry."""
+    log_query(s, ctx, w)
     return nlm_score_padded(s, ctx, w)
+
+
+cdef double pc_lookup_clean(SessionC* s, const int32_t* ctx, int32_t w, int32_t* key,
+                            uint64_t h) noexcept nogil:
+    """:c:func:`pc_lookup` of (``ctx``, ``w``) whose key and hash ``nlm_prefetch_padded`` made."""
+    log_query(s, ctx, w)
+    return nlm_score_clean(s, key, h)
 
 
 cdef void drop_files(PStore* ps) noexcept nogil:

@@ -266,7 +266,8 @@ cdef void nlm_session_free(SessionC* s) noexcept nogil
 cdef int nlm_model_file_changed(const ModelC* m) noexcept nogil
 cdef int nlm_session_begin(SessionC* s, int64_t sentence_id) noexcept nogil
 cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t word) noexcept nogil
-cdef void nlm_prefetch_padded(SessionC* s, const int32_t* ctx, int32_t w) noexcept nogil
+cdef uint64_t nlm_prefetch_padded(SessionC* s, const int32_t* ctx, int32_t w, int32_t* key) noexcept nogil
+cdef double nlm_score_clean(SessionC* s, int32_t* key, uint64_t h) noexcept nogil
 cdef double nlm_score(SessionC* s, const int32_t* ctx, int n, int32_t word) noexcept nogil
 # joint models
 cdef void nlm_source_window(const ModelC* m, const int32_t* src, int n, int affiliation,
@@ -330,8 +331,18 @@ cdef extern from *:
         for (k = 0; k < 4; k++) { unsigned bit = (unsigned)(g >> (9 * k)) & 511u; if (!((b[bit >> 6] >> (bit & 63)) & 1)) return 0; }
         return 1;
     }
+    /* Start loading the cache line at p, in a way no optimiser drops: gcc counts a bare
+       __builtin_prefetch as no side effect, so it may infer a function whose only effect is
+       a prefetch pure and delete its calls where the result is unused (vt_score_span's
+       prefetch of the span's n-gram slots compiled to a bare `ret` that way from b3b7d08
+       until session 21).  The empty volatile asm taking p is an effect of its own. */
+    static inline void nlm_prefetch_kept(const void* p) {
+        __builtin_prefetch(p);
+        __asm__ __volatile__("" : : "r"(p));
+    }
     """
     uint64_t nlm_home(uint64_t h, uint64_t n) nogil
+    void nlm_prefetch_kept(const void* p) nogil
     void nlm_filter_add(uint64_t* f, uint64_t nblocks, uint64_t h) nogil
     int nlm_filter_has(const uint64_t* f, uint64_t nblocks, uint64_t h) nogil
 

@@ -221,17 +221,20 @@ cdef inline int store_probe(const TableC* files, int n, const int32_t* key, int 
     return 0
 
 
-cdef void nlm_prefetch_padded(SessionC* s, const int32_t* ctx, int32_t w) noexcept nogil:
-    """Start loading the n-gram cache slot that :c:func:`nlm_score_padded` will probe first for
-    (``ctx``, ``w``): a decoder scoring several words at once (a phrase applied to a
-    hypothesis) overlaps their cache misses (the per-sentence table is megabytes; a probe
-    that misses the CPU caches was most of its cost in Moses).  Changes nothing else."""
-    cdef int32_t key[NLM_MAX_KEY + 1]
-    cdef const TableC* t = &s.ngram_cache
-    if not s.ngram_cache_enabled or t.capacity == 0:
-        return
+cdef uint64_t nlm_prefetch_padded(SessionC* s, const int32_t* ctx, int32_t w,
+                                 int32_t* key) noexcept nogil:
+    """The key of (``ctx``, ``w``) as :c:func:`nlm_score_padded` makes it (``nlm_clean_ngram``,
+    into ``key``: ``NLM_MAX_KEY + 1`` ids), the load of the n-gram cache slot it will probe
+    first started, and its hash in that table returned: :c:func:`nlm_score_clean` of ``key``
+    and that hash is ``nlm_score_padded(s, ctx, w)``.  A decoder scoring several words at once
+    (a phrase applied to a hypothesis) so overlaps their cache misses (the per-sentence table
+    is megabytes; a probe that misses the CPU caches was most of its cost in Moses), and each
+    key is cleaned and hashed once.  Changes nothing else."""
+    cdef TableC* t = &s.ngram_cache
     nlm_clean_ngram(s.model, ctx, w, key)
-    table_prefetch(t, key)
+    if not s.ngram_cache_enabled:
+        return 0
+    return table_prefetch(t, key)
 
 
 cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t w) noexcept nogil:
@@ -242,17 +245,25 @@ cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t w) noexcep
     Through the session's n-gram cache, then the persistent cache's files (if attached),
     then the context and normaliser caches (each also backed by the files)."""
     cdef int32_t key[NLM_MAX_KEY + 1]
+    nlm_clean_ngram(s.model, ctx, w, key)
+    return nlm_score_clean(s, key, key_hash(key, s.ngram_cache.key_len) if s.ngram_cache_enabled else 0)
+
+
+cdef double nlm_score_clean(SessionC* s, int32_t* key, uint64_t h) noexcept nogil:
+    """:c:func:`nlm_score_padded` of the key ``nlm_clean_ngram`` made (the full context, then
+    the word), whose :c:func:`key_hash` in the n-gram cache is ``h`` (any value when that
+    cache is off): :c:func:`nlm_prefetch_padded` gives both."""
     cdef int found = 0
     cdef int64_t slot
     cdef int32_t* p
     cdef double v
-    nlm_clean_ngram(s.model, ctx, w, key)
+    cdef int32_t w
     if s.model_changed:
         return NAN
     w = key[s.model.key_len]
     if not s.ngram_cache_enabled:
         return score_uncached_ngram(s, key, w)
-    slot = table_insert(&s.ngram_cache, key, &found)
+    slot = table_insert_h(&s.ngram_cache, key, h, &found)
     if found:
         s.lookups += 1
         p = table_at(&s.ngram_cache, slot)

@@ -160,10 +160,11 @@ cdef int64_t table_find(const TableC* t, const int32_t* key, uint64_t h) noexcep
 
 cdef uint64_t table_prefetch(const TableC* t, const int32_t* key) noexcept nogil:
     """:c:func:`key_hash` of ``key``, the load of its home slot started (for
-    :c:func:`table_insert_h` a little later: the probes of several tables overlap)."""
+    :c:func:`table_insert_h` a little later: the probes of several tables overlap); the
+    prefetch is kept even where a caller drops the hash (``nlm_prefetch_kept``)."""
     cdef uint64_t h = key_hash(key, t.key_len)
     if t.capacity:
-        __builtin_prefetch(table_at(t, nlm_home(h, t.capacity)))
+        nlm_prefetch_kept(table_at(t, nlm_home(h, t.capacity)))
     return h
 
 
