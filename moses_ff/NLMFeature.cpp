@@ -239,6 +239,9 @@ NLMFeature::NLMFeature(const std::string &line)
   , m_order(0)
   , m_context(0)
   , m_bosFactor(FactorCollection::Instance().AddFactor(BOS_))
+  , m_prefetch(true)
+  , m_stateIndex(0)
+  , m_prefetcher(NULL)
 {
   ReadParameters();
   UTIL_THROW_IF2(m_nlm.Path().empty(), "NLMFeature: the feature line needs path=/abs/model.nlm");
@@ -257,6 +260,8 @@ void NLMFeature::SetParameter(const std::string& key, const std::string& value)
 {
   if (key == "order") {
     m_order = Scan<size_t>(value);
+  } else if (key == "prefetch") {
+    m_prefetch = Scan<bool>(value);
   } else if (!m_nlm.SetParameter(key, value)) {
     LanguageModel::SetParameter(key, value);
   }
@@ -272,6 +277,14 @@ void NLMFeature::Load(AllOptions::ptr const& opts)
                  "NLMFeature: order=" << m_order << " on the feature line but " << m_nlm.Path() << " is an order-"
                  << nlm_model_order(model) << " model");
   UTIL_THROW_IF2(m_context > NLMFeatureState::MAX_CONTEXT, "NLMFeature: model order above 16");
+  if (m_prefetch && !m_prefetcher) {
+    const std::vector<const StatefulFeatureFunction*> &ffs = StatefulFeatureFunction::GetStatefulFeatureFunctions();
+    for (size_t i = 0; i < ffs.size(); ++i)
+      if (ffs[i] == this) {
+        m_stateIndex = i;
+        m_prefetcher = new NLMFeaturePrefetch(*this);  // joins Moses' stateless features
+      }
+  }
 }
 
 bool NLMFeature::IsUseable(const FactorMask &mask) const
@@ -321,20 +334,14 @@ void NLMFeature::CalcScore(const Phrase &phrase, float &fullScore, float &ngramS
   ngramScore = static_cast<float>(ngram);
 }
 
-FFState* NLMFeature::EvaluateWhenApplied(const Hypothesis &hypo, const FFState *ps,
-                                         ScoreComponentCollection *out) const
+const int32_t *NLMFeature::History(const NLMFeatureState &in, const Hypothesis &hypo, int32_t *stack,
+                                   std::vector<int32_t> &heap, int *nhist, int *count, int *final) const
 {
-  const NLMFeatureState &in = static_cast<const NLMFeatureState&>(*ps);
-  NLMFeatureState *ret = new NLMFeatureState(in);
   const size_t len = hypo.GetCurrTargetLength();
   const bool complete = hypo.IsSourceCompleted();
-  if (!len && !complete) return ret;
-
-  nlm_session *s = Session();
+  if (!len && !complete) return NULL;
   const TargetPhrase &phrase = hypo.GetCurrTargetPhrase();
   // history = the state's ids, then the phrase's words
-  int32_t stack[64];
-  std::vector<int32_t> heap;
   int32_t *hist = stack;
   const size_t total = in.size + len;
   if (total > 64) {
@@ -343,17 +350,54 @@ FFState* NLMFeature::EvaluateWhenApplied(const Hypothesis &hypo, const FFState *
   }
   std::memcpy(hist, in.ids, sizeof(int32_t) * in.size);
   for (size_t j = 0; j < len; ++j) hist[in.size + j] = Id(phrase.GetWord(j));
-
   // words whose in-phrase context was incomplete: EvaluateInIsolation gave them only an
-  // estimate; score them with the real context now (the others are already in the score),
-  // and </s> after the whole history when the sentence is complete.  One call per
-  // expansion: the library memoises it per sentence (the same phrase is applied to the
-  // same state many times), with exactly the sum of the per-word scores.
-  const size_t rescored = std::min(len, static_cast<size_t>(m_context));
-  const double score = nlm_score_span(s, hist, static_cast<int>(total), in.size, static_cast<int>(rescored),
-                                      complete ? 1 : 0);
+  // estimate; they are scored with the real context now (the others are already in the
+  // score), and </s> after the whole history when the sentence is complete: one
+  // nlm_score_span call per expansion, exactly the sum of the per-word scores
+  *nhist = static_cast<int>(total);
+  *count = static_cast<int>(std::min(len, static_cast<size_t>(m_context)));
+  *final = complete ? 1 : 0;
+  return hist;
+}
 
-  const size_t keep = std::min(total, static_cast<size_t>(m_context));
+void NLMFeature::Prefetch(const Hypothesis &hypo) const
+{
+  const Hypothesis *prev = hypo.GetPrevHypo();
+  if (!prev) return;
+  const FFState *ps = prev->GetFFState(static_cast<int>(m_stateIndex));
+  if (!ps) return;
+  const NLMFeatureState &in = static_cast<const NLMFeatureState&>(*ps);
+  int32_t stack[64];
+  std::vector<int32_t> heap;
+  int total, rescored, final;
+  const int32_t *hist = History(in, hypo, stack, heap, &total, &rescored, &final);
+  if (hist) nlm_prefetch_span(Session(), hist, total, in.size, rescored, final);
+}
+
+NLMFeaturePrefetch::NLMFeaturePrefetch(const NLMFeature &owner)
+  : StatelessFeatureFunction(0, "NLMFeaturePrefetch name=" + owner.GetScoreProducerDescription() + "-prefetch")
+  , m_owner(owner)
+{
+}
+
+void NLMFeaturePrefetch::EvaluateWhenApplied(const Hypothesis &hypo, ScoreComponentCollection *) const
+{
+  m_owner.Prefetch(hypo);
+}
+
+FFState* NLMFeature::EvaluateWhenApplied(const Hypothesis &hypo, const FFState *ps,
+                                         ScoreComponentCollection *out) const
+{
+  const NLMFeatureState &in = static_cast<const NLMFeatureState&>(*ps);
+  NLMFeatureState *ret = new NLMFeatureState(in);
+  int32_t stack[64];
+  std::vector<int32_t> heap;
+  int total, rescored, final;
+  const int32_t *hist = History(in, hypo, stack, heap, &total, &rescored, &final);
+  if (!hist) return ret;
+  const double score = nlm_score_span(Session(), hist, total, in.size, rescored, final);
+
+  const size_t keep = std::min(static_cast<size_t>(total), static_cast<size_t>(m_context));
   std::memcpy(ret->ids, hist + (total - keep), sizeof(int32_t) * keep);
   ret->size = static_cast<int32_t>(keep);
 

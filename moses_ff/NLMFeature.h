@@ -21,6 +21,7 @@
 #include <boost/thread/tss.hpp>
 
 #include "moses/LM/Base.h"
+#include "moses/FF/StatelessFeatureFunction.h"
 #include "moses/FF/FFState.h"
 #include "moses/TypeDef.h"
 #include "moses/Word.h"
@@ -103,8 +104,38 @@ public:
   static void operator delete(void *p, size_t bytes);
 };
 
+class NLMFeature;
+
+//! What NLMFeature registers beside itself (no scores, not tuneable, not on any line): Moses
+//! evaluates the stateless features of a hypothesis before the stateful ones, so this starts
+//! the NLM's work for the expansion (its n-gram keys built, their cache slots' loads begun:
+//! nlm_prefetch_span) while lexicalised reordering, distortion and KenLM do theirs; the
+//! NLMFeature call that follows scores from those keys.  prefetch=false on the feature line
+//! leaves it out.
+class NLMFeaturePrefetch : public StatelessFeatureFunction
+{
+public:
+  explicit NLMFeaturePrefetch(const NLMFeature &owner);
+  bool IsUseable(const FactorMask &) const { return true; }
+  bool IsTuneable() const { return false; }
+  void EvaluateInIsolation(const Phrase &, const TargetPhrase &, ScoreComponentCollection &,
+                           ScoreComponentCollection &) const {}
+  void EvaluateWithSourceContext(const InputType &, const InputPath &, const TargetPhrase &,
+                                 const StackVec *, ScoreComponentCollection &,
+                                 ScoreComponentCollection *) const {}
+  void EvaluateTranslationOptionListWithSourceContext(const InputType &,
+                                                      const TranslationOptionList &) const {}
+  void EvaluateWhenApplied(const Hypothesis &hypo, ScoreComponentCollection *) const;
+  void EvaluateWhenApplied(const ChartHypothesis &, ScoreComponentCollection *) const {}
+
+private:
+  const NLMFeature &m_owner;
+};
+
 class NLMFeature : public LanguageModel
 {
+  friend class NLMFeaturePrefetch;
+
 public:
   NLMFeature(const std::string &line);
   ~NLMFeature();
@@ -126,11 +157,20 @@ public:
 private:
   nlm_session *Session() const;
   int32_t Id(const Word &word) const { return m_nlm.Id(word); }
+  //! the ids an expansion of `hypo` (from state `in`) scores: the state's, then the phrase's,
+  //! in `stack` (64 ids) or `heap`; nhist, first (= in.size), count and final of its span
+  const int32_t *History(const NLMFeatureState &in, const Hypothesis &hypo, int32_t *stack,
+                         std::vector<int32_t> &heap, int *nhist, int *count, int *final) const;
+  //! what NLMFeaturePrefetch does for `hypo`
+  void Prefetch(const Hypothesis &hypo) const;
 
   NLMClient m_nlm;
   size_t m_order;            // 0: take the model's
   int m_context;             // n-1
   const Factor *m_bosFactor;
+  bool m_prefetch;           // prefetch= on the feature line (default true)
+  size_t m_stateIndex;       // this feature's place among Moses' stateful features
+  NLMFeaturePrefetch *m_prefetcher;  // owned by Moses' feature list once made (never freed, as features)
 };
 
 }  // namespace Moses

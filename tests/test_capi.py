@@ -156,13 +156,15 @@ def test_partial_contexts_use_null_and_bos_padding(binary, models):
 @pytest.mark.parametrize("kind", ["unnormalised", "class"])
 def test_span_scores_equal_per_word_scores(binary, models, kind):
     """nlm_score_span (one call per hypothesis expansion, memoised per sentence) returns exactly
-    the summed per-word scores, on a memo miss, on a hit and with the memo off."""
+    the summed per-word scores, on a memo miss, on a hit, with the memo off and after
+    nlm_prefetch_span of that span or of another one."""
     words = "<s> the jury said it did find that the election".split()
     out = subprocess.run([binary, "span", models[kind], *words], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr + out.stdout
     got = dict(kv.split("=") for line in out.stdout.splitlines() for kv in line.split())
     assert int(got["bad"]) == 0
     assert int(got["checked"]) > 100
+    assert int(got["prefetched"]) == int(got["checked"])
     # the second pass over the same spans is answered by the memo (a direct-mapped cache of 16384
     # slots: a few of the ~350 spans may share a slot; spans longer than the memo key are computed
     # directly and not counted)

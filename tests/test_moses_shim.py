@@ -142,6 +142,29 @@ def test_decodes_with_and_without_the_feature_and_threads(moses, models, tmp_pat
     assert one != base_out  # a heavy weight on a random model changes the search
 
 
+@pytest.mark.parametrize("kind", ["unnormalised", "class"])
+def test_prefetch_companion_changes_no_score(moses, models, tmp_path, kind):
+    """NLMFeature registers a stateless companion (NLM0-prefetch) that starts each expansion's
+    lookups before Moses' stateful features run (nlm_prefetch_span); with it (the default) and
+    without it (prefetch=false), on 1 and 2 threads, the n-best lists and their scores are the
+    same, and it adds no score of its own (not in the n-best features; untuneable)."""
+    on = write_ini(tmp_path / "on.ini", f"NLMFeature name=NLM0 path={models[kind]} factor=0", weight=1.0)
+    off = write_ini(tmp_path / "off.ini", f"NLMFeature name=NLM0 path={models[kind]} factor=0 prefetch=false",
+                    weight=1.0)
+    out_on, e_on, _ = decode(moses, on, tmp_path, tag="on")
+    out_off, e_off, _ = decode(moses, off, tmp_path, tag="off")
+    out_two, e_two, _ = decode(moses, on, tmp_path, "-threads", "2", tag="two")
+    assert out_on == out_off == out_two
+    assert e_on == e_off and sorted(e_on) == sorted(e_two)
+    assert all("prefetch" not in f for _, _, f in e_on)
+    check_nbest(e_on, models[kind])
+    shown = subprocess.run([moses, "-f", on, "-show-weights"], capture_output=True, text=True, timeout=600)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert "NLM0-prefetch UNTUNEABLE" in shown.stdout
+    shown = subprocess.run([moses, "-f", off, "-show-weights"], capture_output=True, text=True, timeout=600)
+    assert "prefetch" not in shown.stdout
+
+
 def test_persistent_cache_second_run(moses, models, tmp_path):
     d = tmp_path / "pc"
     ini = write_ini(tmp_path / "nlm.ini", f"NLMFeature name=NLM0 path={models['class']} factor=0 "

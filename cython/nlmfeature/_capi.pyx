@@ -9,7 +9,7 @@ PyCapsule holding a C struct of pointers to ``nogil`` functions (see
 """
 from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free
-from libc.string cimport memcpy, strncpy
+from libc.string cimport memcmp, memcpy, strncpy
 from cpython.pycapsule cimport PyCapsule_New, PyCapsule_GetPointer
 
 cimport numpy as cnp
@@ -17,7 +17,7 @@ import numpy as np
 
 from nlmfeature._scorer cimport (ModelC, SessionC, nlm_vocab_find, nlm_pad_context,
                                  nlm_source_window, nlm_prefetch_padded, NLM_MAX_KEY,
-                                 NLM_MAX_WINDOW)
+                                 NLM_MAX_WINDOW, NLM_SPAN_BATCH, NLM_PEND_HIST)
 from nlmfeature._pcache cimport (pc_session_new, pc_session_free, pc_begin, pc_end, pc_stats,
                                  pc_lookup, pc_lookup_clean)
 
@@ -69,6 +69,7 @@ cdef extern from "../../src/nlmfeature/decoder/capi/nlm_vtable.h":
         int32_t (*source_find)(const nlm_vt_model*, const char*, size_t) noexcept nogil
         double (*joint_score)(void*, const int32_t*, int, int, const int32_t*, int, int32_t) noexcept nogil
         double (*score_span)(void*, const int32_t*, int, int, int, int, const int32_t*, int, const int32_t*) noexcept nogil
+        void (*prefetch_span)(void*, const int32_t*, int, int, int, int) noexcept nogil
 
 OUTPUT_CODES = {"unnormalised": 0, "softmax": 1, "class": 2, "tree": 3}
 
@@ -133,7 +134,29 @@ cdef double vt_joint_score(void* s, const int32_t* src, int nsrc, int affiliatio
     return joint_lookup(<SessionC*>s, src, nsrc, affiliation, ids, n, w)
 
 
-DEF SPAN_BATCH = 17  # words of one nlm_score_span call scored as a batch (n-1 <= 15, and </s>)
+cdef void span_keys(SessionC* c, const int32_t* hist, int nhist, int first, int count, int final,
+                    const int32_t* src, int nsrc, const int32_t* aff, int32_t* ctxs, int32_t* keys,
+                    int32_t* words, uint64_t* hashes) noexcept nogil:
+    """The lookups of a span (at most NLM_SPAN_BATCH words: ``count`` + ``final``), as
+    :c:func:`joint_lookup` makes them: padded contexts (rows of NLM_MAX_KEY in ``ctxs``),
+    words, cleaned keys (rows of NLM_MAX_KEY + 1 in ``keys``) and their hashes, every word's
+    n-gram cache slot prefetched."""
+    cdef const ModelC* m = c.model
+    cdef int j, end
+    for j in range(count + (1 if final else 0)):
+        end = first + j if j < count else nhist
+        words[j] = lookup_key(m, src, nsrc, aff[j] if aff != NULL else -1, hist, end,
+                              hist[end] if j < count else m.eos, ctxs + j * NLM_MAX_KEY)
+        hashes[j] = nlm_prefetch_padded(c, ctxs + j * NLM_MAX_KEY, words[j],
+                                        keys + j * (NLM_MAX_KEY + 1))
+
+
+cdef inline int span_pending(const SessionC* c, const int32_t* hist, int nhist, int first, int count,
+                             int final) noexcept nogil:
+    """Whether the session's prefetched span (nlm_prefetch_span) is this one."""
+    return (c.pend_k != 0 and c.pend_nhist == nhist and c.pend_first == first and
+            c.pend_count == count and c.pend_final == final and
+            memcmp(c.pend_hist, hist, nhist * sizeof(int32_t)) == 0)
 
 
 cdef double vt_score_span(void* s, const int32_t* hist, int nhist, int first, int count,
@@ -142,35 +165,66 @@ cdef double vt_score_span(void* s, const int32_t* hist, int nhist, int first, in
     and, with ``final``, of ``</s>`` after all of ``hist`` (nlm_score_span without its memo),
     added in that order: each word exactly as :c:func:`joint_lookup` scores it (a joint model:
     with the source window around its affiliation ``aff[i]`` in ``src``, past the sentence
-    its ``</s>``; ``aff`` NULL: the ``<null>`` window).  Every word's key is built and its n-gram cache slot prefetched before
-    the first is scored, so the words' cache misses overlap instead of queueing (arguments
-    checked by the library); each key is cleaned and hashed once."""
+    its ``</s>``; ``aff`` NULL: the ``<null>`` window).  Every word's key is built and its
+    n-gram cache slot prefetched before the first is scored, so the words' cache misses
+    overlap instead of queueing; a span that :c:func:`vt_prefetch_span` prepared (same
+    arguments, target-only) is scored from its keys (arguments checked by the library)."""
     cdef SessionC* c = <SessionC*>s
     cdef const ModelC* m = c.model
-    cdef int32_t keys[SPAN_BATCH][NLM_MAX_KEY]
-    cdef int32_t words[SPAN_BATCH]
-    cdef int32_t clean[SPAN_BATCH][NLM_MAX_KEY + 1]
-    cdef uint64_t hashes[SPAN_BATCH]
+    cdef int32_t lctx[NLM_SPAN_BATCH][NLM_MAX_KEY]
+    cdef int32_t lkey[NLM_SPAN_BATCH][NLM_MAX_KEY + 1]
+    cdef int32_t lword[NLM_SPAN_BATCH]
+    cdef uint64_t lhash[NLM_SPAN_BATCH]
+    cdef int32_t* ctxs = &lctx[0][0]
+    cdef int32_t* keys = &lkey[0][0]
+    cdef int32_t* words = lword
+    cdef uint64_t* hashes = lhash
     cdef int32_t dummy = 0
     cdef int k = count + (1 if final else 0), j, end
     cdef double total = 0
     if src == NULL or nsrc < 0:
         src = &dummy
         nsrc = 0
-    if k > SPAN_BATCH:  # longer than any decoder's span: word by word
+    if k > NLM_SPAN_BATCH:  # longer than any decoder's span: word by word
+        c.pend_k = 0
         for j in range(k):
             end = first + j if j < count else nhist
             total += joint_lookup(c, src, nsrc, aff[j] if aff != NULL else -1, hist, end,
                                   hist[end] if j < count else m.eos)
         return total
+    if aff == NULL and nsrc == 0 and span_pending(c, hist, nhist, first, count, final):
+        ctxs = &c.pend_ctx[0][0]
+        keys = &c.pend_key[0][0]
+        words = c.pend_word
+        hashes = c.pend_hash
+    else:
+        span_keys(c, hist, nhist, first, count, final, src, nsrc, aff, ctxs, keys, words, hashes)
+    c.pend_k = 0
     for j in range(k):
-        end = first + j if j < count else nhist
-        words[j] = lookup_key(m, src, nsrc, aff[j] if aff != NULL else -1, hist, end,
-                              hist[end] if j < count else m.eos, keys[j])
-        hashes[j] = nlm_prefetch_padded(c, keys[j], words[j], clean[j])
-    for j in range(k):
-        total += pc_lookup_clean(c, keys[j], words[j], clean[j], hashes[j])
+        total += pc_lookup_clean(c, ctxs + j * NLM_MAX_KEY, words[j], keys + j * (NLM_MAX_KEY + 1),
+                                 hashes[j])
     return total
+
+
+cdef void vt_prefetch_span(void* s, const int32_t* hist, int nhist, int first, int count,
+                           int final) noexcept nogil:
+    """Build the keys of a target-only span and start loading their n-gram cache slots; the
+    next :c:func:`vt_score_span` with the same arguments scores from them (nlm_prefetch_span;
+    arguments checked by the library)."""
+    cdef SessionC* c = <SessionC*>s
+    cdef int32_t dummy = 0
+    cdef int k = count + (1 if final else 0)
+    c.pend_k = 0
+    if k == 0 or k > NLM_SPAN_BATCH or nhist > NLM_PEND_HIST:
+        return
+    span_keys(c, hist, nhist, first, count, final, &dummy, 0, NULL, &c.pend_ctx[0][0],
+              &c.pend_key[0][0], c.pend_word, c.pend_hash)
+    memcpy(c.pend_hist, hist, nhist * sizeof(int32_t))
+    c.pend_nhist = nhist
+    c.pend_first = first
+    c.pend_count = count
+    c.pend_final = final
+    c.pend_k = k
 
 
 cdef int32_t vt_source_find(const nlm_vt_model* m, const char* word, size_t n) noexcept nogil:
@@ -212,6 +266,7 @@ _vtable.vocab_find = vt_vocab_find
 _vtable.source_find = vt_source_find
 _vtable.joint_score = vt_joint_score
 _vtable.score_span = vt_score_span
+_vtable.prefetch_span = vt_prefetch_span
 
 #: PyCapsule "nlmfeature._capi.vtable" holding the ``nlm_vtable*``
 VTABLE = PyCapsule_New(<void*>&_vtable, b"nlmfeature._capi.vtable", NULL)

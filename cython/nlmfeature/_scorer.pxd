@@ -11,6 +11,8 @@ cdef enum:
     NLM_MAX_LAYERS = 8
     NLM_MAX_WINDOW = 31      # joint models: most source-window positions (2m+1)
     NLM_MAX_KEY = NLM_MAX_ORDER + NLM_MAX_WINDOW  # ids in a full context (window + n-1)
+    NLM_SPAN_BATCH = 17       # words of one span call scored as a batch (n-1 <= 15, and </s>)
+    NLM_PEND_HIST = 64        # longest history a prefetched span keeps (nlm_prefetch_span)
     NLM_SOURCE_SLOTS = 256   # a session's source windows (SessionC.src_parts; a power of 2)
     NLM_MAX_COPIES = 4 + 2 * NLM_MAX_BRANCHES  # a model's arrays copied into huge pages (NativeModel.hot)
     NLM_HUGE_PAGE = 2 << 20  # bytes of a transparent huge page: alloc_huge's unit, and the least array NativeModel.hot copies
@@ -250,6 +252,16 @@ ctypedef struct SessionC:
     int64_t sentences         # nlm_session_begin calls
     int64_t sentence_id
     int model_changed         # the model file changed in place under us: every score is NaN
+    # a span whose keys nlm_prefetch_span built and whose n-gram cache slots it started to load
+    # (a Moses feature evaluated before the decoder's stateful features calls it, so the loads
+    # overlap their work); the next score_span call with the same arguments takes its keys
+    int pend_k                # words pending (0: none)
+    int pend_nhist, pend_first, pend_count, pend_final
+    int32_t pend_hist[NLM_PEND_HIST]
+    int32_t pend_ctx[NLM_SPAN_BATCH][NLM_MAX_KEY]      # the padded contexts (the query log's)
+    int32_t pend_key[NLM_SPAN_BATCH][NLM_MAX_KEY + 1]  # the cleaned keys (context, word)
+    int32_t pend_word[NLM_SPAN_BATCH]
+    uint64_t pend_hash[NLM_SPAN_BATCH]
 
 cdef uint64_t splitmix64(uint64_t x) noexcept nogil
 cdef int64_t nlm_vocab_find(const int64_t* offsets, const unsigned char* data, const int32_t* table,

@@ -178,6 +178,7 @@ cdef int nlm_session_begin(SessionC* s, int64_t sentence_id) noexcept nogil:
     scores NaN from then on, without touching the (possibly truncated) mapping."""
     s.sentence_id = sentence_id
     s.sentences += 1
+    s.pend_k = 0
     if s.cache_enabled:
         table_clear(&s.ctx_cache)
         table_clear(&s.class_cache)

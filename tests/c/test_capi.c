@@ -348,15 +348,18 @@ static int cmd_replace(const char* path) {
 }
 
 /* nlm_score_span against the per-word calls it replaces: every (first, count, final) over
- * the given words, each asked twice (a memo miss, then a hit) and with the memo off; all
- * must equal the summed nlm_score values bit for bit. */
+ * the given words, each asked twice (a memo miss, then a hit), with the memo off, and on a
+ * third session after nlm_prefetch_span of the same span (first pass) or of another one (second
+ * pass: the prefetched keys must not be used); all must equal the summed nlm_score values bit
+ * for bit. */
 static int cmd_span(const char* path, int argc, char** argv) {
     nlm_model* m;
-    nlm_session *s, *off;
+    nlm_session *s, *off, *pf;
     nlm_session_options o;
     nlm_stats st;
     int32_t ids[16];
-    int rc = nlm_model_load(path, &m), i, n = argc, first, count, final, rep, checked = 0, bad = 0;
+    int rc = nlm_model_load(path, &m), i, n = argc, first, count, final, rep, checked = 0, bad = 0,
+        prefetched = 0;
     double want, got;
     if (rc != NLM_OK) die("load", rc);
     nlm_session_options_init(&o);
@@ -366,11 +369,14 @@ static int cmd_span(const char* path, int argc, char** argv) {
     o.span_memo_entries = 0;
     rc = nlm_session_new(m, &o, &off);
     if (rc != NLM_OK) die("session", rc);
+    rc = nlm_session_new(m, &o, &pf);
+    if (rc != NLM_OK) die("session", rc);
     if (n > 16) n = 16;
     for (i = 0; i < n; i++) ids[i] = nlm_word_id(m, argv[i], strlen(argv[i]));
     ids[0] = NLM_BOS;
     nlm_session_begin(s, 0);
     nlm_session_begin(off, 0);
+    nlm_session_begin(pf, 0);
     for (rep = 0; rep < 2; rep++)
         for (first = 0; first <= n; first++)
             for (count = 0; first + count <= n; count++)
@@ -384,14 +390,21 @@ static int cmd_span(const char* path, int argc, char** argv) {
                         got = nlm_score_span(s, ids, nh, first, count, final);
                         if (got != want) { if (bad++ < 5) fprintf(stderr, "span %d %d %d %d: %.17g != %.17g\n", nh, first, count, final, got, want); }
                         if (nlm_score_span(off, ids, nh, first, count, final) != want) bad++;
+                        if (rep == 0)
+                            nlm_prefetch_span(pf, ids, nh, first, count, final);
+                        else  /* another span: its keys must not be taken for this one */
+                            nlm_prefetch_span(pf, ids, nh, first, count, !final);
+                        prefetched++;
+                        got = nlm_score_span(pf, ids, nh, first, count, final);
+                        if (got != want) { if (bad++ < 5) fprintf(stderr, "prefetched span %d %d %d %d (pass %d): %.17g != %.17g\n", nh, first, count, final, rep, got, want); }
                         checked++;
                     }
                 }
     memset(&st, 0, sizeof st);
     st.struct_size = sizeof st;
     nlm_session_stats(s, &st);
-    printf("checked=%d bad=%d span_calls=%lld span_hits=%lld\n", checked, bad, (long long)st.span_calls,
-           (long long)st.span_hits);
+    printf("checked=%d bad=%d prefetched=%d span_calls=%lld span_hits=%lld\n", checked, bad, prefetched,
+           (long long)st.span_calls, (long long)st.span_hits);
     /* a new sentence empties the memo: the first pass misses again */
     nlm_session_begin(s, 1);
     nlm_session_stats(s, &st);
@@ -401,8 +414,10 @@ static int cmd_span(const char* path, int argc, char** argv) {
     printf("hits_after_begin=%lld\n", (long long)(st.span_hits - (int64_t)want));
     nlm_session_end(s);
     nlm_session_end(off);
+    nlm_session_end(pf);
     nlm_session_free(s);
     nlm_session_free(off);
+    nlm_session_free(pf);
     nlm_model_free(m);
     return bad ? 1 : 0;
 }

@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define NLM_VTABLE_VERSION 4
+#define NLM_VTABLE_VERSION 5
 #define NLM_VT_ERRLEN 1024
 #define NLM_VT_MAX_ORDER 16 /* NLM_MAX_ORDER of the scorer */
 
@@ -99,6 +99,9 @@ typedef struct nlm_vtable {
        </s>, as joint_score; NULL: unknown, the <null> window, as score) */
     double (*score_span)(void* s, const int32_t* hist, int nhist, int first, int count, int final,
                          const int32_t* src, int nsrc, const int32_t* aff);
+    /* a target-only span's keys built and their cache slots' loads started, kept by the
+       session: the next score_span with the same arguments (aff NULL) scores from them */
+    void (*prefetch_span)(void* s, const int32_t* hist, int nhist, int first, int count, int final);
 } nlm_vtable;
 
 #endif

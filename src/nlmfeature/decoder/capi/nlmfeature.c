@@ -717,6 +717,17 @@ NLM_API double nlm_score_span(nlm_session* session, const int32_t* hist, int nhi
     return v;
 }
 
+static int prefetch_compute(nlm_session* session, const int32_t* hist, int nhist, int first, int count,
+                            int final) {
+    NLM_TIMED(session, int, (g_vt->prefetch_span(session->cs, hist, nhist, first, count, final), 0));
+}
+
+NLM_API void nlm_prefetch_span(nlm_session* session, const int32_t* hist, int nhist, int first,
+                               int count, int final) {
+    if (!session || !clamp_span(&hist, &nhist, &first, &count, &final)) return;
+    (void)prefetch_compute(session, hist, nhist, first, count, final);
+}
+
 /* ---- joint models --------------------------------------------------------------------- */
 
 NLM_API int nlm_model_source_window(const nlm_model* model) { return model ? model->vm->src_window : 0; }

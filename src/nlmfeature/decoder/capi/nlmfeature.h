@@ -282,6 +282,16 @@ double nlm_score_sequence(nlm_session* session, const int32_t* context, int nctx
 double nlm_score_span(nlm_session* session, const int32_t* hist, int nhist, int first, int count,
                       int final);
 
+/** Start the work of the nlm_score_span call with these arguments that comes next on this
+ *  session (same thread): its lookups' keys are built and the loads of their n-gram cache
+ *  slots started, so that they overlap what the decoder does in between (Moses: the
+ *  stateful features evaluated before this one); that call then scores from those keys.
+ *  Changes no score; any other call in between just makes it useless.  Target-only spans
+ *  (not nlm_joint_score_span); does nothing for spans of more than 17 lookups (count plus
+ *  final) or histories of more than 64 ids. */
+void nlm_prefetch_span(nlm_session* session, const int32_t* hist, int nhist, int first, int count,
+                       int final);
+
 /** Copy the session's counters into *stats (set stats->struct_size first). */
 int nlm_session_stats(nlm_session* session, nlm_stats* stats);
 
