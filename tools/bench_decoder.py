@@ -396,7 +396,8 @@ def main(argv=None) -> int:
                     "the newest moses-cmd build under MOSES_ROOT; a copy keeps a measurement safe from rebuilds)")
     ap.add_argument("--feature-args", action="append", default=[], metavar="NAME=ARGS",
                     help="extra keys for model NAME's feature line (Moses: 'key=value ...'; cdec: "
-                         "'--option value ...'), e.g. to compare settings of one model under two names")
+                         "'--option value ...'; a --joint NAME: its NLMJointFeature line in Moses), e.g. to "
+                         "compare settings of one model under two names")
     ap.add_argument("--binary", action="append", default=[], metavar="NAME=MOSES",
                     help="run configuration NAME (kenlm or a --model name) with this moses executable instead "
                          "of MOSES_ROOT's (e.g. a build of another nlmfeature version, to compare in one run)")
@@ -506,7 +507,7 @@ def run(args: argparse.Namespace) -> int:
             configs[name] = write_ini(os.path.join(work, f"{name}.ini"), base, w,
                                       models[with_nlm] if with_nlm else None, nw,
                                       extras.get(with_nlm, "") if with_nlm else "",
-                                      joint=path, joint_weight=jw)
+                                      joint=path, joint_weight=jw, joint_extra=extras.get(name, ""))
         if args.kenlm_twice:
             # the cost of a second n-gram LM feature to Moses, measured on KenLM itself: the
             # system's binary LM once more (label LM9), weight 0 so that the search is KenLM
