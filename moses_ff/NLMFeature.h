@@ -1,7 +1,7 @@
 // NLMFeature: an nlmfeature neural language model as a stateful Moses feature.
 //
 //   [feature]
-//   NLMFeature name=NLM0 path=/abs/model.nlm order=5 factor=0 [persistent-cache=DIR] [oov-feature=true]
+//   NLMFeature name=NLM0 path=/abs/model.nlm order=5 factor=0 [persistent-cache=DIR] [oov-feature=true] [prefetch=false]
 //   [weight]
 //   NLM0= 0.1
 //
