@@ -21,8 +21,10 @@ Printed per iteration: the decoders' CPU seconds (user + system of the Moses pro
 decoder thread: steadier on a shared machine than wall time; with ``--repeats R`` the least of
 R interleaved decodes of each configuration, every cached one from the same cache state), the NLM's cost (CPU time
 beyond the KenLM-only decode) without and with the cache and their ratio, the time inside the
-scorer (``NLMFEATURE_TIMING=1``: the decoder thread's CPU time in scoring calls, sampled 1 in
-16, and in every sentence begin and end, the clock's cost subtracted) without and with the cache and their ratio -- the NLM cost minus this is the
+scorer (``NLMFEATURE_TIMING=1``: the decoder thread's time in scoring calls, sampled one in 16
+on average by the monotonic clock and scaled by the sentence's CPU over wall time, and its CPU
+time in every sentence begin and end, the clocks' cost subtracted; this costs the decode
+well under 1%) without and with the cache and their ratio -- the NLM cost minus this is the
 feature's effect on the search (other hypotheses, less recombination), which no cache can
 remove --, the share of each level found on disk (n-gram scores: share of
 lookups; context normalisers: share of distinct contexts; within-class normalisers: share

@@ -66,8 +66,13 @@ struct nlm_session {
     memo_table memo;
     int timing;        /* NLMFEATURE_TIMING=1: time the scorer's calls (nlm_stats.nlm_ns) */
     int64_t nlm_ns;    /* nanoseconds inside the scorer: scoring, sentence begin and end */
-    int64_t clock_cost;/* nanoseconds one clock reading pair costs (subtracted per call) */
-    int64_t timing_calls; /* scoring calls seen in timing mode (every NLM_TIMING_EVERY-th timed) */
+    int64_t cpu_cost;  /* nanoseconds a pair of CPU clock readings costs (subtracted per call) */
+    int64_t wall_cost; /* the same for the monotonic clock */
+    int64_t call_wall_ns; /* this sentence's sampled wall time in scoring calls (timing_pending) */
+    int64_t sent_cpu0, sent_wall0; /* the thread's CPU and the monotonic clock at sentence begin */
+    int64_t timing_left;  /* scoring calls until the next timed one (NLM_TIMED) */
+    int64_t timing_every; /* the calls the next timed one stands for */
+    uint64_t timing_rng;  /* state of timing_stride */
     int32_t* src;      /* joint models: the source sentence of nlm_session_begin_source */
     int nsrc;
     int src_cap;
@@ -83,33 +88,87 @@ static PyObject* g_capi = NULL;     /* the nlmfeature._capi module */
 
 /* ---- NLMFEATURE_TIMING: the scorer's own time, beside the decoder's --------------------
    Every call into the scorer (scoring, sentence begin and end) goes through these; with
-   timing on they add the call's CPU time (the thread's, so that waiting for a core on a busy
-   machine does not count; the clock's own cost subtracted) to nlm_ns, so a benchmark sees
-   what the neural feature costs apart from its effect on the search.  Reading the thread's
-   CPU clock costs a system call (~0.3 us), so scoring calls are sampled: every
-   NLM_TIMING_EVERY-th call is timed and counts that many times; sentence begin and end (the
-   persistent cache's reads and writes) are always timed. */
-#define NLM_TIMING_EVERY 16
+   timing on they add the call's time (the clock's own cost subtracted) to nlm_ns, so a
+   benchmark sees what the neural feature costs apart from its effect on the search.
+   Scoring calls are sampled: after each timed call the next is drawn 1..2*NLM_TIMING_MEAN-1
+   calls ahead (a pseudo-random stride: no period of the decoder's calls aliases with it) and
+   counts for the calls since the previous one.  They are timed with the monotonic clock
+   (vDSO, ~25 ns a reading); the thread's CPU clock is a system call (~0.7 us on the 2-core
+   VM), and reading it around every 16th call added ~3 s of system time to a 100-sentence
+   Moses decode -- a fifth of the NLM's cost, in the very runs that measured it (session 22).
+   So that time the thread waited for a core does not count, a sentence's sampled wall time
+   is scaled by the thread's CPU time over the wall time from sentence begin to end (two CPU
+   clock readings per sentence).  Sentence begin and end (the persistent cache's reads and
+   writes) are always timed, with the thread's CPU clock. */
+#define NLM_TIMING_MEAN 16
 
-static inline int64_t clock_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
+/* the next sampling stride of a timing session: xorshift64, 1 .. 2 * NLM_TIMING_MEAN - 1 */
+static inline int64_t timing_stride(uint64_t* rng) {
+    uint64_t x = *rng;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *rng = x;
+    return 1 + (int64_t)(x % (2 * NLM_TIMING_MEAN - 1));
 }
 
-#define NLM_TIMED_EVERY(session, type, call, every)                               \
+static inline int64_t clock_read(clockid_t c) {
+    struct timespec t;
+    clock_gettime(c, &t);
+    return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+static inline int64_t cpu_ns(void) { return clock_read(CLOCK_THREAD_CPUTIME_ID); }
+static inline int64_t wall_ns(void) { return clock_read(CLOCK_MONOTONIC); }
+
+/* the median cost of a pair of back-to-back readings of clock c (255 pairs) */
+static int64_t clock_pair_cost(clockid_t c) {
+    int64_t d[255], t;
+    int k, j;
+    for (k = 0; k < 255; k++) {
+        int64_t a = clock_read(c);
+        d[k] = clock_read(c) - a;
+        for (j = k; j > 0 && d[j - 1] > d[j]; j--) t = d[j], d[j] = d[j - 1], d[j - 1] = t;
+    }
+    return d[127];
+}
+
+#define NLM_TIMED(session, type, call)                                             \
     do {                                                                           \
-        if ((session)->timing && ++(session)->timing_calls % (every) == 0) {       \
-            int64_t t0_ = clock_ns();                                              \
-            type r_ = (call);                                                      \
-            int64_t d_ = clock_ns() - t0_ - (session)->clock_cost;                 \
-            (session)->nlm_ns += (d_ > 0 ? d_ : 0) * (every);                      \
+        if ((session)->timing && --(session)->timing_left <= 0) {                  \
+            int64_t every_ = (session)->timing_every, t0_, d_;                     \
+            type r_;                                                               \
+            (session)->timing_every = (session)->timing_left =                     \
+                timing_stride(&(session)->timing_rng);                             \
+            t0_ = wall_ns();                                                       \
+            r_ = (call);                                                           \
+            d_ = wall_ns() - t0_ - (session)->wall_cost;                           \
+            (session)->call_wall_ns += (d_ > 0 ? d_ : 0) * every_;                 \
             return r_;                                                             \
         }                                                                          \
         return (call);                                                             \
     } while (0)
-#define NLM_TIMED(session, type, call) NLM_TIMED_EVERY(session, type, call, NLM_TIMING_EVERY)
-#define NLM_TIMED_ALWAYS(session, type, call) NLM_TIMED_EVERY(session, type, call, 1)
+#define NLM_TIMED_ALWAYS(session, type, call)                                      \
+    do {                                                                           \
+        if ((session)->timing) {                                                   \
+            int64_t t0_ = cpu_ns(), d_;                                            \
+            type r_ = (call);                                                      \
+            d_ = cpu_ns() - t0_ - (session)->cpu_cost;                             \
+            (session)->nlm_ns += d_ > 0 ? d_ : 0;                                  \
+            return r_;                                                             \
+        }                                                                          \
+        return (call);                                                             \
+    } while (0)
+
+/* the sentence's sampled wall time in scoring calls so far, scaled by the thread's CPU time
+   over the wall time since sentence begin (at most 1) */
+static int64_t timing_pending(const nlm_session* s) {
+    double cpu, wall, r = 1.0;
+    if (!s->timing || s->call_wall_ns <= 0) return 0;
+    cpu = (double)(cpu_ns() - s->sent_cpu0);
+    wall = (double)(wall_ns() - s->sent_wall0);
+    if (wall > 0 && cpu >= 0 && cpu < wall) r = cpu / wall;
+    return (int64_t)((double)s->call_wall_ns * r);
+}
 
 static inline double vt_score(nlm_session* s, const int32_t* ctx, int n, int32_t w) {
     NLM_TIMED(s, double, g_vt->score(s->cs, ctx, n, w));
@@ -510,16 +569,12 @@ NLM_API int nlm_session_new(const nlm_model* model, const nlm_session_options* o
     }
     s->model = model;
     if (getenv("NLMFEATURE_TIMING") && strcmp(getenv("NLMFEATURE_TIMING"), "1") == 0) {
-        /* the median of 255 back-to-back clock readings: what one timed call adds */
-        int64_t d[255], t;
-        int k, j;
+        /* what one timed call adds: the median of 255 back-to-back reading pairs */
         s->timing = 1;
-        for (k = 0; k < 255; k++) {
-            int64_t a = clock_ns();
-            d[k] = clock_ns() - a;
-            for (j = k; j > 0 && d[j - 1] > d[j]; j--) t = d[j], d[j] = d[j - 1], d[j - 1] = t;
-        }
-        s->clock_cost = d[127];
+        s->cpu_cost = clock_pair_cost(CLOCK_THREAD_CPUTIME_ID);
+        s->wall_cost = clock_pair_cost(CLOCK_MONOTONIC);
+        s->timing_rng = 0x9E3779B97F4A7C15ULL;
+        s->timing_every = s->timing_left = timing_stride(&s->timing_rng);
     }
     s->memo.max_key = 1 + (model->vm->order - 1) + NLM_SPAN_MAX_WORDS;
     s->memo.stride = (2 + s->memo.max_key + 2 + 15) & ~15;
@@ -577,6 +632,11 @@ NLM_API int nlm_session_begin(nlm_session* session, int64_t sentence_id) {
     }
     memo_clear(&session->memo);
     session->nsrc = 0;  /* joint models: nlm_session_begin_source gives the source */
+    if (session->timing) {
+        session->call_wall_ns = 0;
+        session->sent_cpu0 = cpu_ns();
+        session->sent_wall0 = wall_ns();
+    }
     session->active = 1;
     return NLM_OK;
 }
@@ -585,6 +645,8 @@ NLM_API int nlm_session_end(nlm_session* session) {
     if (!session) return fail(NLM_ERR_ARGUMENT, "nlm_session_end: NULL session");
     if (!session->active) return fail(NLM_ERR_STATE, "nlm_session_end: no sentence was begun");
     session->active = 0;
+    session->nlm_ns += timing_pending(session);
+    session->call_wall_ns = 0;
     if (vt_end(session) != 0)
         return fail(NLM_ERR_IO, "could not write the persistent cache file of this sentence "
                                 "(see the warning on stderr)");
@@ -804,6 +866,6 @@ NLM_API int nlm_session_stats(nlm_session* session, nlm_stats* stats) {
     /* the library's own counters follow the scorer's */
     if (avail > NLM_VT_STAT_COUNT) stats->span_calls = session->memo.calls;
     if (avail > NLM_VT_STAT_COUNT + 1) stats->span_hits = session->memo.hits;
-    if (avail > NLM_VT_STAT_COUNT + 2) stats->nlm_ns = session->nlm_ns;
+    if (avail > NLM_VT_STAT_COUNT + 2) stats->nlm_ns = session->nlm_ns + timing_pending(session);
     return NLM_OK;
 }

@@ -160,10 +160,12 @@ typedef struct nlm_stats {
     int64_t span_calls;          /**< nlm_score_span calls that could use the memo */
     int64_t span_hits;           /**< of those, answered by the per-sentence span memo */
     int64_t nlm_ns;              /**< with NLMFEATURE_TIMING=1 in the environment (at session
-                                      creation): the thread's CPU nanoseconds inside the
-                                      scorer's calls (scoring calls sampled 1 in 16 and scaled;
-                                      sentence begin and end, the persistent cache's reads and
-                                      writes, all), the clock's own cost subtracted; 0
+                                      creation): the thread's nanoseconds inside the
+                                      scorer's calls (scoring calls sampled, one in 16 on
+                                      average, by the monotonic clock, scaled by the
+                                      sentence's CPU over wall time; sentence begin and end,
+                                      the persistent cache's reads and writes, all, by its
+                                      CPU clock), the clocks' own cost subtracted; 0
                                       otherwise.  What the feature costs apart from its effect
                                       on the decoder's search */
 } nlm_stats;
