@@ -189,3 +189,17 @@ def test_tools_report_bad_input_without_a_traceback(tmp_path):
                        capture_output=True, text=True, env=env)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert f"bench_pcache.py: error: {tmp_path / 'nomoses'}: not an executable Moses" in p.stderr
+
+
+def test_pcache_decode_bound_keeps_the_cost_outside_the_scorer():
+    """bench_pcache's decode bound: the NLM cost outside the scorer stays, the scorer's own time
+    shrinks to the share of n-grams not on disk (session 22's MIRA iteration 2: 0.54x)."""
+    sys.path.insert(0, os.path.join(REPO, "tools"))
+    try:
+        from bench_pcache import decode_bound
+    finally:
+        sys.path.remove(os.path.join(REPO, "tools"))
+    assert decode_bound(13.17, 9.25, 0.339) == pytest.approx((13.17 - 9.25 + 0.339 * 9.25) / 13.17)
+    assert decode_bound(10.0, 10.0, 0.0) == 0.0          # all on disk, no cost outside the scorer
+    assert decode_bound(10.0, 12.0, 0.5) == 0.5          # a scorer time above the cost (noise) is capped
+    assert decode_bound(0.0, 1.0, 0.5) != decode_bound(0.0, 1.0, 0.5)  # no cost: NaN, not a ratio

@@ -30,7 +30,8 @@ remove --, the share of each level found on disk (n-gram scores: share of
 lookups; context normalisers: share of distinct contexts; within-class normalisers: share
 of distinct (context, class) pairs; from ``NLMFEATURE_CACHE_STATS=1``), the share of the
 iteration's distinct n-grams already on disk (the n-gram-level bound: if only n-gram
-scores were reused, at best ``1 - share`` of the work would remain), the cache directory's
+scores were reused, at best ``1 - share`` of the work would remain; the decode bound adds the
+NLM cost outside the scorer, which no cache removes: ``decode_bound``), the cache directory's
 size, whether both NLM decodes gave identical 100-best lists, dev BLEU; wall times in the JSON.
 
 Needs a Moses binary with NLMFeature compiled in (``--moses``, else ``bin/moses`` or the newest
@@ -144,6 +145,16 @@ def level_rates(st: Dict[str, int]) -> Dict[str, float]:
             "distinct_ngrams_on_disk": r("ngrams_on_disk", "ngrams"),
             "contexts_on_disk": r("contexts_on_disk", "contexts"),
             "class_pairs_on_disk": r("class_pairs_on_disk", "class_pairs")}
+
+
+def decode_bound(cost: float, scorer: float, ngram_bound: float) -> float:
+    """The least NLM cost ratio an iteration's reuse allows: of the NLM's ``cost`` without the
+    cache (CPU seconds beyond the KenLM-only decode), the part outside the scorer (its effect on
+    the search: other hypotheses, less recombination; the shim) stays, and of the ``scorer``'s
+    own seconds the share of distinct n-grams not on disk (``ngram_bound``); hits taken as free."""
+    if cost <= 0:
+        return float("nan")
+    return (max(cost - scorer, 0.0) + ngram_bound * min(scorer, cost)) / cost
 
 
 def nbest_body(path: str) -> List[str]:
@@ -296,6 +307,10 @@ def run(args: argparse.Namespace) -> int:
                        "cpu_seconds_each_repeat": {c: [r["cpu"] for r in v] for c, v in runs.items()},
                        "scorer_seconds_each_repeat": {c: [r["scorer"] for r in v] for c, v in runs.items()},
                        "levels": lv, "ngram_level_bound": 1 - lv["distinct_ngrams_on_disk"],
+                       # the NLM cost left if every n-gram on disk cost nothing: the search's
+                       # share (cost beyond the scorer's time) plus the scorer's time at the
+                       # n-gram-level bound, over the cost without the cache
+                       "decode_bound": decode_bound(cost_n, rn["scorer"], 1 - lv["distinct_ngrams_on_disk"]),
                        "disk_bytes": disk, "identical_nbest": same, "bleu": b, "stats": rc["stats"],
                        "notes": rc["notes"], "weights": format_weights(weights).splitlines()}
                 rows.append(row)
@@ -322,10 +337,12 @@ def run(args: argparse.Namespace) -> int:
                 tot_n = sum(r["nlm_cost_seconds"] for r in later)
                 tot_c = sum(r["nlm_cost_cache_seconds"] for r in later)
                 bound = sum(r["ngram_level_bound"] * r["nlm_cost_seconds"] for r in later) / tot_n
+                dbound = sum(r["decode_bound"] * r["nlm_cost_seconds"] for r in later) / tot_n
                 sc_n = sum(r["scorer_seconds"] for r in later)
                 sc_c = sum(r["scorer_cache_seconds"] for r in later)
                 results["runs"][key + "/summary"] = {
                     "iterations_2_to_n_ratio": tot_c / tot_n, "ngram_level_bound": bound,
+                    "decode_bound": dbound, "unchanged_weights_decode_bound": rows[-1]["decode_bound"],
                     "scorer_iterations_2_to_n_ratio": sc_c / sc_n if sc_n else float("nan"),
                     "unchanged_weights_ratio": rows[-1]["cost_ratio"],
                     "unchanged_weights_scorer_ratio": rows[-1]["scorer_ratio"],
@@ -333,8 +350,9 @@ def run(args: argparse.Namespace) -> int:
                     # less recombination), the NLM cost beyond the time inside the scorer
                     "search_share_of_nlm_cost": (tot_n - sc_n) / tot_n}
                 print(f"   iterations 2-{args.iterations}: NLM cost {tot_n:.2f} s -> {tot_c:.2f} s with the cache "
-                      f"({tot_c / tot_n:.2f}x); n-gram-level bound {bound:.2f}x; unchanged weights "
-                      f"{rows[-1]['cost_ratio']:.2f}x")
+                      f"({tot_c / tot_n:.2f}x); n-gram-level bound {bound:.2f}x, decode bound {dbound:.2f}x; "
+                      f"unchanged weights {rows[-1]['cost_ratio']:.2f}x (decode bound "
+                      f"{rows[-1]['decode_bound']:.2f}x)")
                 print(f"   time inside the scorer, iterations 2-{args.iterations}: {sc_n:.2f} s -> {sc_c:.2f} s "
                       f"({sc_c / sc_n if sc_n else float('nan'):.2f}x); unchanged weights {rows[-1]['scorer_ratio']:.2f}x; "
                       f"the rest of the NLM cost ({(tot_n - sc_n) / tot_n:.0%}) is its effect on the search, "
