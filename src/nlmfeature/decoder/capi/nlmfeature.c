@@ -69,7 +69,7 @@ struct nlm_session {
     int64_t cpu_cost;  /* nanoseconds a pair of CPU clock readings costs (subtracted per call) */
     int64_t wall_cost; /* the same for the monotonic clock */
     int64_t call_wall_ns; /* this sentence's sampled wall time in scoring calls (timing_pending) */
-    int64_t sent_cpu0, sent_wall0; /* the thread's CPU and the monotonic clock at sentence begin */
+    int64_t sent_cpu0, sent_wall0; /* the thread's CPU and the monotonic clock at sentence begin (or creation) */
     int64_t timing_left;  /* scoring calls until the next timed one (NLM_TIMED) */
     int64_t timing_every; /* the calls the next timed one stands for */
     uint64_t timing_rng;  /* state of timing_stride */
@@ -573,6 +573,8 @@ NLM_API int nlm_session_new(const nlm_model* model, const nlm_session_options* o
         s->timing = 1;
         s->cpu_cost = clock_pair_cost(CLOCK_THREAD_CPUTIME_ID);
         s->wall_cost = clock_pair_cost(CLOCK_MONOTONIC);
+        s->sent_cpu0 = cpu_ns();   /* (scoring before any nlm_session_begin: since creation) */
+        s->sent_wall0 = wall_ns();
         s->timing_rng = 0x9E3779B97F4A7C15ULL;
         s->timing_every = s->timing_left = timing_stride(&s->timing_rng);
     }
