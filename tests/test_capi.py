@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import resource
 import shlex
 import shutil
 import subprocess
@@ -103,11 +104,17 @@ def test_four_threads_match_python(binary, models, text, kind):
 def test_timing_counts_the_time_inside_the_scorer(binary, models, text):
     # NLMFEATURE_TIMING=1: nanoseconds inside the scorer's calls; the scores are unchanged
     env = dict(os.environ, NLMFEATURE_TIMING="1")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     c_scores, stats, _ = run_score(binary, models["class"], text, "--threads", "1", env=env)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     assert_same(c_scores, python_scores(models["class"], text))
     n_tokens = sum(len(s) for s in c_scores)
     # a class-factored lookup without caches costs well over a nanosecond and under 10 ms
     assert n_tokens < stats[0]["nlm_ns"] < 10_000_000 * n_tokens
+    # and the time inside the scorer is part of the process's CPU time (a sampled clock that
+    # over-counted -- a cold system call's cost times the sampling stride -- broke this)
+    cpu_ns = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) * 1e9
+    assert stats[0]["nlm_ns"] < cpu_ns
 
 
 def test_plain_c_program_needs_no_setup(binary, models, text):
