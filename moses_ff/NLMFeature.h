@@ -49,8 +49,10 @@ public:
   bool SetParameter(const std::string &key, const std::string &value);
   //! load the model (ABI and file checked), map every model word to its Moses factor once
   //! (words Moses creates later are <unk>) and open this thread's session now, so that bad
-  //! session options (an unwritable persistent cache) fail at load
-  void Load(const std::string &who);
+  //! session options (an unwritable persistent cache) fail at load.  `joint`: the joint
+  //! feature's defaults (an unnormalised joint model goes without the n-gram cache unless
+  //! ngram-cache-entries or persistent-cache is on the line)
+  void Load(const std::string &who, bool joint = false);
   nlm_model *Model() const { return m_model; }
   const std::string &Path() const { return m_path; }
   FactorType Factor() const { return m_factorType; }

@@ -50,7 +50,7 @@ void NLMJointFeature::SetParameter(const std::string& key, const std::string& va
 void NLMJointFeature::Load(AllOptions::ptr const& opts)
 {
   m_options = opts;
-  m_nlm.Load("NLMJointFeature " + GetScoreProducerDescription());
+  m_nlm.Load("NLMJointFeature " + GetScoreProducerDescription(), true);
   UTIL_THROW_IF2(nlm_model_source_window(m_nlm.Model()) <= 0, "NLMJointFeature: " << m_nlm.Path()
                  << " is a target-only model: use NLMFeature for it");
   m_context = nlm_model_state_size(m_nlm.Model());

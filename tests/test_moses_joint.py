@@ -161,3 +161,31 @@ def test_persistent_cache_second_run_is_identical(moses, model, tmp_path):
     _, plain, _ = decode(moses, write_ini(tmp_path / "plain.ini", f"NLMJointFeature name=NNJM0 path={model}"),
                          tmp_path, tag="plain")
     assert len(runs[1][1].splitlines()) == len(plain)
+
+
+def test_unnormalised_joint_model_goes_without_the_ngram_cache_by_default(moses, tmp_path):
+    # beside NLMFeature an unnormalised joint model's n-gram table crowds the other's out of the
+    # CPU caches (Moses, KenLM + NLM + joint 4-6% faster without it): NLMJointFeature leaves
+    # it off unless ngram-cache-entries is on the line; the same n-best lists either way
+    with gzip.open(os.path.join(DATA, "phrase-table.gz"), "rt", encoding="utf-8") as f:
+        entries = [line.split(" ||| ") for line in f]
+    vocabs = {}
+    for side in (0, 1):
+        counts = count_words(e[side] for e in entries)
+        vocab = Vocabulary.from_counts(counts, min_count=2)
+        vocabs[side] = (vocab, np.array([counts.get(w, 1) for w in vocab], dtype=np.float64))
+    spec = ModelSpec(arch="lbl", order=4, word_width=64, diagonal_contexts=True, output="unnormalised",
+                     source_window=5)
+    header, arrays = random_model(spec, vocabs[1][0], vocabs[1][1], seed=5, scale=0.5,
+                                  source_vocab=vocabs[0][0], source_counts=vocabs[0][1])
+    path = str(tmp_path / "lbl-joint.nlm")
+    nlmfeature.save(path, header, arrays)
+    runs = {}
+    for tag, extra in (("default", ""), ("asked", " ngram-cache-entries=65536")):
+        ini = write_ini(tmp_path / f"{tag}.ini", f"NLMJointFeature name=NNJM0 path={path} stats=true{extra}")
+        out, nbest, err = decode(moses, ini, tmp_path, tag=tag)
+        hits = sum(int(h) for h in re.findall(r"NNJM0 sentence \d+ .*?ngram_hits=(\d+)", err))
+        runs[tag] = (out, nbest, hits)
+    assert runs["default"][:2] == runs["asked"][:2]
+    assert runs["default"][2] == 0 and runs["asked"][2] > 0, (runs["default"][2], runs["asked"][2])
+    check_nbest(runs["default"][1], path)
