@@ -36,9 +36,8 @@ def moses() -> str:
     return build_moses_with_shim(MOSES_ROOT, joint=True)
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory) -> str:
-    """A random-weight joint model over the two sides of the phrase-table slice."""
+def slice_vocabs():
+    """{0: source, 1: target} (vocabulary, counts) of the phrase-table slice's two sides."""
     with gzip.open(os.path.join(DATA, "phrase-table.gz"), "rt", encoding="utf-8") as f:
         entries = [line.split(" ||| ") for line in f]
     out = {}
@@ -46,6 +45,13 @@ def model(tmp_path_factory) -> str:
         counts = count_words(e[side] for e in entries)
         vocab = Vocabulary.from_counts(counts, min_count=2)
         out[side] = (vocab, np.array([counts.get(w, 1) for w in vocab], dtype=np.float64))
+    return out
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> str:
+    """A random-weight joint model over the two sides of the phrase-table slice."""
+    out = slice_vocabs()
     spec = ModelSpec(arch="nplm", order=4, word_width=24, hidden=32, output="class", classes=20,
                      source_window=5)
     header, arrays = random_model(spec, out[1][0], out[1][1], seed=5, scale=0.5,
@@ -167,13 +173,7 @@ def test_unnormalised_joint_model_goes_without_the_ngram_cache_by_default(moses,
     # beside NLMFeature an unnormalised joint model's n-gram table crowds the other's out of the
     # CPU caches (Moses, KenLM + NLM + joint 4-6% faster without it): NLMJointFeature leaves
     # it off unless ngram-cache-entries is on the line; the same n-best lists either way
-    with gzip.open(os.path.join(DATA, "phrase-table.gz"), "rt", encoding="utf-8") as f:
-        entries = [line.split(" ||| ") for line in f]
-    vocabs = {}
-    for side in (0, 1):
-        counts = count_words(e[side] for e in entries)
-        vocab = Vocabulary.from_counts(counts, min_count=2)
-        vocabs[side] = (vocab, np.array([counts.get(w, 1) for w in vocab], dtype=np.float64))
+    vocabs = slice_vocabs()
     spec = ModelSpec(arch="lbl", order=4, word_width=64, diagonal_contexts=True, output="unnormalised",
                      source_window=5)
     header, arrays = random_model(spec, vocabs[1][0], vocabs[1][1], seed=5, scale=0.5,
