@@ -635,6 +635,7 @@ NLM_API int nlm_session_begin(nlm_session* session, int64_t sentence_id) {
     memo_clear(&session->memo);
     session->nsrc = 0;  /* joint models: nlm_session_begin_source gives the source */
     if (session->timing) {
+        session->nlm_ns += timing_pending(session);  /* (calls scored outside a sentence) */
         session->call_wall_ns = 0;
         session->sent_cpu0 = cpu_ns();
         session->sent_wall0 = wall_ns();
