@@ -291,6 +291,7 @@ void NLMFeature::Load(AllOptions::ptr const& opts)
       if (ffs[i] == this) {
         m_stateIndex = i;
         m_prefetcher = new NLMFeaturePrefetch(*this);  // joins Moses' stateless features
+        break;
       }
   }
 }
