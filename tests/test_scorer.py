@@ -404,6 +404,64 @@ def test_linear_outputs_sum_position_terms(tmp_path, case, monkeypatch):
         pytest.approx(1.0, abs=1e-6)
 
 
+@pytest.mark.parametrize("case", ["unnormalised-direct", "joint", "class", "width-37"])
+def test_float16_rows_are_read_as_stored(tmp_path, case, monkeypatch):
+    """A model stored with ``storage: float16`` has its embeddings (source ones too) and output
+    rows read by the scorer as stored, half the bytes of their float32 widening: the same
+    scores, bit for bit, as with ``NLMFEATURE_HALF_ROWS=0`` (the widened rows), in decoder
+    and one-off sessions with their caches on and off, and within float16's rounding of the
+    float32 model's.  A model whose header says float16 but whose values are not all halves (built
+    in memory) reads its float32 rows."""
+    from helpers import brown_vocab
+    from nlmfeature.core.architecture import ModelSpec, random_model
+
+    vocab, counts = brown_vocab(6)
+    fields = dict(arch="lbl", order=4, word_width=16, diagonal_contexts=True, output="unnormalised")
+    extra = {}
+    if "direct" in case:
+        fields.update(direct_order=3, hash_space=4099)
+    if case == "class":
+        fields.update(output="class", classes=13)
+    if case == "width-37":  # (every kernel's tail)
+        fields.update(word_width=37)
+    if case == "joint":
+        fields.update(source_window=3)
+        svocab, scounts = brown_vocab(8)
+        extra = dict(source_vocab=svocab, source_counts=scounts)
+    header, arrays = random_model(ModelSpec(**fields), vocab, counts, seed=5, **extra)
+    full, half = str(tmp_path / "f32.nlm"), str(tmp_path / "f16.nlm")
+    nlmfeature.save(full, header, arrays)
+    nlmfeature.save(half, header, arrays, half=True)
+    lines = [l.split() for l in read_lines(BROWN_VALID, 30)]
+
+    def scores(path, env):
+        monkeypatch.setenv("NLMFEATURE_HALF_ROWS", env)
+        model = nlmfeature.load(path)
+        if case == "joint":
+            grams = [model.sentence_ngrams(l[::-1], l, " ".join(f"{i}-{i}" for i in range(len(l)))) for l in lines]
+        else:
+            grams = [model.sentence_ngrams(l) for l in lines]
+        ctx = np.ascontiguousarray(np.concatenate([g[0] for g in grams]))
+        w = np.ascontiguousarray(np.concatenate([g[1] for g in grams]))
+        out = [model.session(e, n, position_terms=t).score_padded(ctx, w)
+               for t in (True, False) for e, n in ((1 << 16, -1), (0, 0), (1 << 16, 0))]
+        return model, out
+
+    from nlmfeature._scorer import HALF_ROWS
+
+    model, got = scores(half, "1")
+    assert model.native.half_rows == HALF_ROWS  # (a build without F16C: float rows)
+    widened, want = scores(half, "0")
+    assert not widened.native.half_rows
+    for a, b in zip(got, want):
+        assert np.array_equal(a, b)
+    _, f32 = scores(full, "1")
+    assert np.allclose(got[0], f32[0], atol=0.05) and not np.array_equal(got[0], f32[0])
+    # float16 in the header, float32 values that are not halves: the float32 rows
+    monkeypatch.setenv("NLMFEATURE_HALF_ROWS", "1")
+    assert not nlmfeature.Model(half, dict(header, storage="float16"), arrays, "0" * 16).native.half_rows
+
+
 @pytest.mark.parametrize("entries", [1 << 16, 3])
 def test_position_terms_outlive_the_sentence(tmp_path, entries):
     """A decoder's session keeps its term and base vectors (functions of the model alone)

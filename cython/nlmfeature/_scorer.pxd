@@ -2,7 +2,7 @@
 #
 # Everything here is plain C data: the decoder-facing C ABI (``libnlmfeature``) and the
 # Python API both drive the same ``nogil`` functions declared at the bottom.
-from libc.stdint cimport int8_t, int32_t, int64_t, uint32_t, uint64_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
 cdef enum:
@@ -123,6 +123,14 @@ ctypedef struct ModelC:
     # (session vec_cache) instead of multiplying the output rows by each context's hidden vector,
     # in sessions that ask for it (SessionC.linear)
     int linear_out
+    # float16 rows (a model stored with `storage: float16`): its word logits take the dot
+    # product in one fixed order (nlm_dot_rh / nlm_dot_rf), reading the half rows where the
+    # build has F16C (and NLMFEATURE_HALF_ROWS is not 0), as the diagonal context layer reads
+    # half embeddings: the same bits as on the float32 widening, half the bytes from memory
+    int half
+    const uint16_t* embeddings_h       # (V, E) or NULL: read the float32 embeddings
+    const uint16_t* src_embeddings_h   # (Vs, E) or NULL
+    const uint16_t* out_weight_h       # (V, D) or NULL
     const int32_t* class_pos      # (V,) each word's place among its class's members (class outputs)
 
 cdef enum:

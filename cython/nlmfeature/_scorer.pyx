@@ -7,7 +7,7 @@ All scoring functions are ``nogil`` and touch no Python object.  Scores are natu
 """
 cimport cython
 from libc.math cimport exp, expf, log, log1p, tanhf, INFINITY, NAN, isnan
-from libc.stdint cimport int8_t, int32_t, int64_t, uint32_t, uint64_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memset
 from posix.unistd cimport close
@@ -30,6 +30,8 @@ cdef extern from "../../src/nlmfeature/decoder/capi/nlmfeature.h":
 #: default bound of the per-sentence context / normaliser caches (NLM_DEFAULT_CACHE_ENTRIES
 #: of nlmfeature.h, the one place it is spelled)
 DEFAULT_CACHE_ENTRIES = NLM_DEFAULT_CACHE_ENTRIES
+#: whether this build reads float16-stored rows as stored (F16C; ModelC.half)
+HALF_ROWS = bool(NLM_HAVE_HALF)
 
 import os
 

@@ -49,7 +49,10 @@ cdef void source_part(const ModelC* m, const BranchC* br, const int32_t* window,
     source-window positions.  :c:func:`branch_forward` adds the target positions to it, so it is
     the same for every target context with this window (sessions keep it: source_parts)."""
     if br.diagonal and not (br.tables != NULL and m.use_tables):
-        nlm_diag_forward(br.bias, br.weights, m.src_embeddings, window, m.src_window, m.embed_dim, v)
+        if m.src_embeddings_h != NULL:
+            nlm_diag_forward_h(br.bias, br.weights, m.src_embeddings_h, window, m.src_window, m.embed_dim, v)
+        else:
+            nlm_diag_forward(br.bias, br.weights, m.src_embeddings, window, m.src_window, m.embed_dim, v)
     else:
         init_bias(v, br.bias, br.hidden)
         source_forward(m, br, window, v)
@@ -74,7 +77,10 @@ cdef void branch_forward(const ModelC* m, const BranchC* br, const int32_t* ctx,
         tb.weights = br.weights + <int64_t>w0 * (E if br.diagonal else <int64_t>H * E)
         br = &tb
     if br.diagonal and not (br.tables != NULL and m.use_tables):
-        nlm_diag_forward(part if w0 else br.bias, br.weights, m.embeddings, ctx, m.ctx_len, E, v)
+        if m.embeddings_h != NULL:
+            nlm_diag_forward_h(part if w0 else br.bias, br.weights, m.embeddings_h, ctx, m.ctx_len, E, v)
+        else:
+            nlm_diag_forward(part if w0 else br.bias, br.weights, m.embeddings, ctx, m.ctx_len, E, v)
         activate(v, H, br.activation)
         return
     if not w0:

@@ -62,7 +62,7 @@ cdef extern from *:
     """
     #include <math.h>
     #include <string.h>
-    #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+    #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__)) || defined(__F16C__)
     #include <immintrin.h>
     #endif
     static inline void nlm_gemv_rows(const float* W, int n, int D, const float* h, float* out) {
@@ -275,6 +275,96 @@ cdef extern from *:
             v[i] = a;
         }
     }
+    /* Float16 rows (models stored with `storage: float16`, ModelC.half): the same
+       arithmetic as on their float32 widening -- a half converts to float exactly -- with half
+       the bytes loaded from memory, where a decoder's lookups find the rows evicted.  Each
+       kernel is written once over a row-loading macro, for half rows and for float rows (the
+       twin a build without F16C, or NLMFEATURE_HALF_ROWS=0, runs): both give the same bits. */
+    #if defined(__F16C__)
+    #define NLM_HAVE_HALF 1
+    #define NLM_H1(p) _cvtsh_ss(*(p))
+    #define NLM_H8(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p)))
+    #define NLM_H16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p)))
+    #else
+    #define NLM_HAVE_HALF 0
+    #define NLM_H1(p) 0.f
+    #define NLM_H8(p) _mm256_setzero_ps()
+    #define NLM_H16(p) _mm512_setzero_ps()
+    #endif
+    #define NLM_F1(p) (*(p))
+    #define NLM_F8(p) _mm256_loadu_ps(p)
+    #define NLM_F16(p) _mm512_loadu_ps(p)
+    /* the diagonal context layer of nlm_diag_forward (its order exactly), rows of type T */
+    #if defined(__AVX512F__)
+    #define NLM_DIAG_512(T, L16) \
+        for (; i + 16 <= E; i += 16) { \
+            __m512 a = bias ? _mm512_loadu_ps(bias + i) : _mm512_setzero_ps(); \
+            for (j = 0; j < c; j++) \
+                a = _mm512_fmadd_ps(_mm512_loadu_ps(W + (size_t)j * E + i), L16(emb + (size_t)ctx[j] * E + i), a); \
+            _mm512_storeu_ps(v + i, a); \
+        }
+    #else
+    #define NLM_DIAG_512(T, L16)
+    #endif
+    #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+    #define NLM_DIAG_256(T, L8) \
+        for (; i + 8 <= E; i += 8) { \
+            __m256 a = bias ? _mm256_loadu_ps(bias + i) : _mm256_setzero_ps(); \
+            for (j = 0; j < c; j++) \
+                a = _mm256_fmadd_ps(_mm256_loadu_ps(W + (size_t)j * E + i), L8(emb + (size_t)ctx[j] * E + i), a); \
+            _mm256_storeu_ps(v + i, a); \
+        }
+    #else
+    #define NLM_DIAG_256(T, L8)
+    #endif
+    #define NLM_DIAG(NAME, T, L1, L8, L16) \
+    static inline void NAME(const float* bias, const float* W, const T* emb, const int32_t* ctx, int c, int E, \
+                            float* v) { \
+        int i = 0, j; \
+        NLM_DIAG_512(T, L16) \
+        NLM_DIAG_256(T, L8) \
+        for (; i < E; i++) { \
+            float a = bias ? bias[i] : 0.f; \
+            for (j = 0; j < c; j++) a = NLM_FMAF(W[(size_t)j * E + i], L1(emb + (size_t)ctx[j] * E + i), a); \
+            v[i] = a; \
+        } \
+    }
+    NLM_DIAG(nlm_diag_forward_h, uint16_t, NLM_H1, NLM_H8, NLM_H16)
+    /* a row . h in one fixed order: 16-lane (8-lane without AVX-512) partial sums, reduced,
+       then the tail; rows of type T */
+    #if defined(__AVX512F__)
+    #define NLM_DOT_VEC(L8, L16) \
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(); \
+        for (; i + 32 <= D; i += 32) { \
+            a0 = _mm512_fmadd_ps(L16(r + i), _mm512_loadu_ps(h + i), a0); \
+            a1 = _mm512_fmadd_ps(L16(r + i + 16), _mm512_loadu_ps(h + i + 16), a1); \
+        } \
+        for (; i + 16 <= D; i += 16) a0 = _mm512_fmadd_ps(L16(r + i), _mm512_loadu_ps(h + i), a0); \
+        s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    #elif defined(__AVX2__) && defined(__FMA__)
+    #define NLM_DOT_VEC(L8, L16) \
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(); \
+        float l[8]; int k; \
+        for (; i + 16 <= D; i += 16) { \
+            a0 = _mm256_fmadd_ps(L8(r + i), _mm256_loadu_ps(h + i), a0); \
+            a1 = _mm256_fmadd_ps(L8(r + i + 8), _mm256_loadu_ps(h + i + 8), a1); \
+        } \
+        for (; i + 8 <= D; i += 8) a0 = _mm256_fmadd_ps(L8(r + i), _mm256_loadu_ps(h + i), a0); \
+        _mm256_storeu_ps(l, _mm256_add_ps(a0, a1)); \
+        for (k = 0; k < 8; k++) s += l[k];
+    #else
+    #define NLM_DOT_VEC(L8, L16)
+    #endif
+    #define NLM_DOT(NAME, T, L1, L8, L16) \
+    static inline float NAME(const T* r, const float* h, int D) { \
+        int i = 0; \
+        float s = 0.f; \
+        NLM_DOT_VEC(L8, L16) \
+        for (; i < D; i++) s = NLM_FMAF(L1(r + i), h[i], s); \
+        return s; \
+    }
+    NLM_DOT(nlm_dot_rh, uint16_t, NLM_H1, NLM_H8, NLM_H16)
+    NLM_DOT(nlm_dot_rf, float, NLM_F1, NLM_F8, NLM_F16)
     static inline float nlm_expf_neg(float x) {   /* e^x for x <= 0 */
         float t, fl, f, p;
         union { int i; float f; } u;
@@ -347,6 +437,11 @@ cdef extern from *:
     void nlm_diag_forward(const float* bias, const float* W, const float* emb, const int32_t* ctx, int c, int E,
                           float* v) nogil
     double nlm_logsumexp_f(const float* x, int n) nogil
+    int NLM_HAVE_HALF
+    void nlm_diag_forward_h(const float* bias, const float* W, const uint16_t* emb, const int32_t* ctx, int c,
+                            int E, float* v) nogil
+    float nlm_dot_rh(const uint16_t* r, const float* h, int D) nogil
+    float nlm_dot_rf(const float* r, const float* h, int D) nogil
     double nlm_prod_sum_f(const float* b, const float** p, int count, int n) nogil
 
 

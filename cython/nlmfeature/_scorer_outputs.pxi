@@ -5,7 +5,13 @@
 # ---------------------------------------------------------------------------------------
 
 cdef inline double word_logit(const ModelC* m, const float* h, int32_t w, const uint64_t* states) noexcept nogil:
-    cdef double s = dotf(m.out_weight + <int64_t>w * m.out_dim, h, m.out_dim) + m.out_bias[w]
+    cdef double s
+    if not m.half:
+        s = dotf(m.out_weight + <int64_t>w * m.out_dim, h, m.out_dim) + m.out_bias[w]
+    elif m.out_weight_h != NULL:
+        s = nlm_dot_rh(m.out_weight_h + <int64_t>w * m.out_dim, h, m.out_dim) + m.out_bias[w]
+    else:
+        s = nlm_dot_rf(m.out_weight + <int64_t>w * m.out_dim, h, m.out_dim) + m.out_bias[w]
     if m.direct_order:
         s += direct_value_kind(m, 0, states, w)
     return s

@@ -68,12 +68,14 @@ cdef class NativeModel:
         all its threads.  ``NLMFEATURE_HUGE_PAGES=0`` in the environment reads the mapping
         itself (processes then share the page cache's one copy)."""
         cdef const float* p = fptr(arrays, name, required)
-        cdef size_t n
-        cdef void* q
-        if p == NULL or not self._huge or self._ncopies == NLM_MAX_COPIES:
+        if p == NULL:
             return p
-        n = arrays[name].nbytes
-        if n < NLM_HUGE_PAGE:
+        return <const float*>self._hot_copy(p, arrays[name].nbytes)
+
+    cdef const void* _hot_copy(self, const void* p, size_t n) noexcept:
+        """``p`` (``n`` bytes), or this model's huge-page copy of it (:meth:`hot`)."""
+        cdef void* q
+        if not self._huge or self._ncopies == NLM_MAX_COPIES or n < NLM_HUGE_PAGE:
             return p
         q = alloc_huge(n, 0)
         if q == NULL:
@@ -82,7 +84,7 @@ cdef class NativeModel:
         self._copies[self._ncopies] = q
         self._ncopies += 1
         self.copied_bytes += n
-        return <const float*>q
+        return q
 
     def __init__(self, dict header, dict arrays, bint use_tables=True):
         cdef int k
@@ -212,6 +214,26 @@ cdef class NativeModel:
                 if (m.branches[k].tables == NULL) != (m.branches[k].src_tables == NULL):
                     raise ValueError("a joint model has tables for all positions or none")
             m.key_len = m.ctx_len + m.src_window
+        # float16 rows: read as stored (ModelC.half)
+        m.half = header.get("storage") == "float16"
+        if m.half and NLM_HAVE_HALF and os.environ.get("NLMFEATURE_HALF_ROWS", "1") != "0":
+            m.embeddings_h = self.hot_half(arrays, "embeddings")
+            m.out_weight_h = self.hot_half(arrays, "output.weight")
+            if source:
+                m.src_embeddings_h = self.hot_half(arrays, "source.embeddings")
+
+    cdef const uint16_t* hot_half(self, arrays, name) except? NULL:
+        """The float16 rows of a float32 array widened from them at load, kept by this model
+        (:meth:`hot`'s huge-page copy from 2 MB up); NULL (read the float32 array) where the
+        values are not all exactly halves (a model built in memory)."""
+        a = arrays.get(name)
+        if a is None or a.dtype != np.float32:
+            return NULL
+        h = np.ascontiguousarray(a, dtype=np.float16)
+        if not np.array_equal(h.astype(np.float32), a):
+            return NULL
+        self._extra.append(h)
+        return <const uint16_t*>self._hot_copy(cnp.PyArray_DATA(h), h.nbytes)
 
     def watch_file(self, str path, int fd, tuple identity) -> None:
         """Take ownership of ``fd``, an open descriptor of the mapped model file, whose
@@ -239,6 +261,12 @@ cdef class NativeModel:
     @property
     def vocab_size(self) -> int:
         return self.m.vocab_size
+
+    @property
+    def half_rows(self) -> bool:
+        """Whether the scorer reads this float16-stored model's embeddings and output rows as
+        stored (half the bytes; the same scores as their float32 widening)."""
+        return self.m.embeddings_h != NULL or self.m.out_weight_h != NULL
 
     @property
     def source_window(self) -> int:

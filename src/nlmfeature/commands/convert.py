@@ -24,7 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="do not store precomputed first-layer tables (smaller file, slower scoring)")
     p.add_argument("--float16", action="store_true",
                    help="store embeddings, output weights and tables as float16 (half the file size; "
-                        "widened to float32 in memory at load, so the copy is no longer shared)")
+                        "widened to float32 in memory at load, so the copy is no longer shared; the "
+                        "scorer reads the embeddings and output rows as halves where the CPU has "
+                        "F16C: half the bytes per lookup, the same scores)")
     p.add_argument("--normalise", action="store_true",
                    help="NPLM import: use an exact softmax output instead of NPLM's unnormalised scores")
     p.set_defaults(func=run)

@@ -401,7 +401,8 @@ def write_model(path: str, header: Header, arrays: Mapping[str, np.ndarray],
     """Write a model file atomically (temporary file + rename).  Returns the checksum (hex).
 
     ``half=True`` stores the big float tables (embeddings, output weights, precomputed
-    tables) as float16; they are widened to float32 when the file is loaded.
+    tables) as float16; they are widened to float32 when the file is loaded (and the scorer
+    reads the embeddings and output rows as halves where the build has F16C: the same scores).
     """
     header = json.loads(json.dumps(header))  # deep copy, JSON-clean
     header.pop("arrays", None)
