@@ -509,7 +509,7 @@ def test_huge_page_copies_score_the_same_bits(tmp_path, monkeypatch, output):
                     reason="needs objdump on x86-64")
 def test_span_prefetch_is_compiled_in():
     """The C API's span scoring starts the loads of every word's n-gram cache slot before it
-    scores the first (nlm_prefetch_padded).  A prefetch has no effect a test can observe, and
+    scores the first (nlm_prefetch_clean).  A prefetch has no effect a test can observe, and
     gcc once compiled that function to a bare ``ret`` (it inferred the helper pure and dropped
     the call whose result was unused: Moses decodes 4-5% slower, same scores).  So look at the
     machine code of the built extension: the function, or one it calls (an unoptimised build,
@@ -518,8 +518,8 @@ def test_span_prefetch_is_compiled_in():
     out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", scorer.__file__],
                          capture_output=True, text=True, check=True).stdout
     bodies = dict(re.findall(r"<([^>\n]+)>:\n(.*?)(?:\n\n|\Z)", out, re.S))
-    start = "__pyx_f_10nlmfeature_7_scorer_nlm_prefetch_padded"
-    assert start in bodies, "nlm_prefetch_padded not found in the extension's symbols"
+    start = "__pyx_f_10nlmfeature_7_scorer_nlm_prefetch_clean"
+    assert start in bodies, "nlm_prefetch_clean not found in the extension's symbols"
     seen, todo = set(), [(start, 0)]
     while todo:
         name, depth = todo.pop()

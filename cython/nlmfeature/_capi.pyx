@@ -16,7 +16,7 @@ cimport numpy as cnp
 import numpy as np
 
 from nlmfeature._scorer cimport (ModelC, SessionC, nlm_vocab_find, nlm_pad_context,
-                                 nlm_source_window, nlm_prefetch_padded, NLM_MAX_KEY,
+                                 nlm_source_window, nlm_prefetch_clean, NLM_MAX_KEY,
                                  NLM_MAX_WINDOW, NLM_SPAN_BATCH, NLM_PEND_HIST)
 from nlmfeature._pcache cimport (pc_session_new, pc_session_free, pc_begin, pc_end, pc_stats,
                                  pc_lookup, pc_lookup_clean)
@@ -135,20 +135,21 @@ cdef double vt_joint_score(void* s, const int32_t* src, int nsrc, int affiliatio
 
 
 cdef void span_keys(SessionC* c, const int32_t* hist, int nhist, int first, int count, int final,
-                    const int32_t* src, int nsrc, const int32_t* aff, int32_t* ctxs, int32_t* keys,
-                    int32_t* words, uint64_t* hashes) noexcept nogil:
+                    const int32_t* src, int nsrc, const int32_t* aff, int32_t* keys,
+                    uint64_t* hashes) noexcept nogil:
     """The lookups of a span (at most NLM_SPAN_BATCH words: ``count`` + ``final``), as
-    :c:func:`joint_lookup` makes them: padded contexts (rows of NLM_MAX_KEY in ``ctxs``),
-    words, cleaned keys (rows of NLM_MAX_KEY + 1 in ``keys``) and their hashes, every word's
-    n-gram cache slot prefetched."""
+    :c:func:`joint_lookup` makes them, as keys (rows of NLM_MAX_KEY + 1 in ``keys``: the padded
+    context, then the word; :c:func:`lookup_key` gives ids in range, so they are already
+    cleaned) and their hashes, every word's n-gram cache slot prefetched."""
     cdef const ModelC* m = c.model
     cdef int j, end
+    cdef int32_t* kp
     for j in range(count + (1 if final else 0)):
         end = first + j if j < count else nhist
-        words[j] = lookup_key(m, src, nsrc, aff[j] if aff != NULL else -1, hist, end,
-                              hist[end] if j < count else m.eos, ctxs + j * NLM_MAX_KEY)
-        hashes[j] = nlm_prefetch_padded(c, ctxs + j * NLM_MAX_KEY, words[j],
-                                        keys + j * (NLM_MAX_KEY + 1))
+        kp = keys + j * (NLM_MAX_KEY + 1)
+        kp[m.key_len] = lookup_key(m, src, nsrc, aff[j] if aff != NULL else -1, hist, end,
+                                   hist[end] if j < count else m.eos, kp)
+        hashes[j] = nlm_prefetch_clean(c, kp)
 
 
 cdef inline int span_pending(const SessionC* c, const int32_t* hist, int nhist, int first, int count,
@@ -171,13 +172,9 @@ cdef double vt_score_span(void* s, const int32_t* hist, int nhist, int first, in
     arguments, target-only) is scored from its keys (arguments checked by the library)."""
     cdef SessionC* c = <SessionC*>s
     cdef const ModelC* m = c.model
-    cdef int32_t lctx[NLM_SPAN_BATCH][NLM_MAX_KEY]
     cdef int32_t lkey[NLM_SPAN_BATCH][NLM_MAX_KEY + 1]
-    cdef int32_t lword[NLM_SPAN_BATCH]
     cdef uint64_t lhash[NLM_SPAN_BATCH]
-    cdef int32_t* ctxs = &lctx[0][0]
     cdef int32_t* keys = &lkey[0][0]
-    cdef int32_t* words = lword
     cdef uint64_t* hashes = lhash
     cdef int32_t dummy = 0
     cdef int k = count + (1 if final else 0), j, end
@@ -193,16 +190,13 @@ cdef double vt_score_span(void* s, const int32_t* hist, int nhist, int first, in
                                   hist[end] if j < count else m.eos)
         return total
     if aff == NULL and nsrc == 0 and span_pending(c, hist, nhist, first, count, final):
-        ctxs = &c.pend_ctx[0][0]
         keys = &c.pend_key[0][0]
-        words = c.pend_word
         hashes = c.pend_hash
     else:
-        span_keys(c, hist, nhist, first, count, final, src, nsrc, aff, ctxs, keys, words, hashes)
+        span_keys(c, hist, nhist, first, count, final, src, nsrc, aff, keys, hashes)
     c.pend_k = 0
     for j in range(k):
-        total += pc_lookup_clean(c, ctxs + j * NLM_MAX_KEY, words[j], keys + j * (NLM_MAX_KEY + 1),
-                                 hashes[j])
+        total += pc_lookup_clean(c, keys + j * (NLM_MAX_KEY + 1), hashes[j])
     return total
 
 
@@ -217,8 +211,8 @@ cdef void vt_prefetch_span(void* s, const int32_t* hist, int nhist, int first, i
     c.pend_k = 0
     if k == 0 or k > NLM_SPAN_BATCH or nhist > NLM_PEND_HIST:
         return
-    span_keys(c, hist, nhist, first, count, final, &dummy, 0, NULL, &c.pend_ctx[0][0],
-              &c.pend_key[0][0], c.pend_word, c.pend_hash)
+    span_keys(c, hist, nhist, first, count, final, &dummy, 0, NULL,
+              &c.pend_key[0][0], c.pend_hash)
     memcpy(c.pend_hist, hist, nhist * sizeof(int32_t))
     c.pend_nhist = nhist
     c.pend_first = first

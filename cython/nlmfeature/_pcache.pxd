@@ -42,5 +42,4 @@ cdef int pc_begin(SessionC* s, int64_t sentence_id) noexcept nogil
 cdef int pc_end(SessionC* s) noexcept nogil
 cdef void pc_stats(SessionC* s, int64_t* out, int n) noexcept nogil
 cdef double pc_lookup(SessionC* s, const int32_t* ctx, int32_t w) noexcept nogil
-cdef double pc_lookup_clean(SessionC* s, const int32_t* ctx, int32_t w, int32_t* key,
-                            uint64_t h) noexcept nogil
+cdef double pc_lookup_clean(SessionC* s, int32_t* key, uint64_t h) noexcept nogil

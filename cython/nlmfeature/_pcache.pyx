@@ -1368,10 +1368,10 @@ cdef double pc_lookup(SessionC* s, const int32_t* ctx, int32_t w) noexcept nogil
     return nlm_score_padded(s, ctx, w)
 
 
-cdef double pc_lookup_clean(SessionC* s, const int32_t* ctx, int32_t w, int32_t* key,
-                            uint64_t h) noexcept nogil:
-    """:c:func:`pc_lookup` of (``ctx``, ``w``) whose key and hash ``nlm_prefetch_padded`` made."""
-    log_query(s, ctx, w)
+cdef double pc_lookup_clean(SessionC* s, int32_t* key, uint64_t h) noexcept nogil:
+    """:c:func:`pc_lookup` of a cleaned ``key`` (the full context, then the word) whose
+    n-gram cache hash ``nlm_prefetch_clean`` gave."""
+    log_query(s, key, key[s.model.key_len])
     return nlm_score_clean(s, key, h)
 
 

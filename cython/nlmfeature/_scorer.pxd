@@ -266,9 +266,7 @@ ctypedef struct SessionC:
     int pend_k                # words pending (0: none)
     int pend_nhist, pend_first, pend_count, pend_final
     int32_t pend_hist[NLM_PEND_HIST]
-    int32_t pend_ctx[NLM_SPAN_BATCH][NLM_MAX_KEY]      # the padded contexts (the query log's)
     int32_t pend_key[NLM_SPAN_BATCH][NLM_MAX_KEY + 1]  # the cleaned keys (context, word)
-    int32_t pend_word[NLM_SPAN_BATCH]
     uint64_t pend_hash[NLM_SPAN_BATCH]
 
 cdef uint64_t splitmix64(uint64_t x) noexcept nogil
@@ -286,7 +284,7 @@ cdef void nlm_session_free(SessionC* s) noexcept nogil
 cdef int nlm_model_file_changed(const ModelC* m) noexcept nogil
 cdef int nlm_session_begin(SessionC* s, int64_t sentence_id) noexcept nogil
 cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t word) noexcept nogil
-cdef uint64_t nlm_prefetch_padded(SessionC* s, const int32_t* ctx, int32_t w, int32_t* key) noexcept nogil
+cdef uint64_t nlm_prefetch_clean(SessionC* s, const int32_t* key) noexcept nogil
 cdef double nlm_score_clean(SessionC* s, int32_t* key, uint64_t h) noexcept nogil
 cdef double nlm_score(SessionC* s, const int32_t* ctx, int n, int32_t word) noexcept nogil
 # joint models

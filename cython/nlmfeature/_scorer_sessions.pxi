@@ -222,20 +222,16 @@ cdef inline int store_probe(const TableC* files, int n, const int32_t* key, int 
     return 0
 
 
-cdef uint64_t nlm_prefetch_padded(SessionC* s, const int32_t* ctx, int32_t w,
-                                 int32_t* key) noexcept nogil:
-    """The key of (``ctx``, ``w``) as :c:func:`nlm_score_padded` makes it (``nlm_clean_ngram``,
-    into ``key``: ``NLM_MAX_KEY + 1`` ids), the load of the n-gram cache slot it will probe
-    first started, and its hash in that table returned: :c:func:`nlm_score_clean` of ``key``
-    and that hash is ``nlm_score_padded(s, ctx, w)``.  A decoder scoring several words at once
-    (a phrase applied to a hypothesis) so overlaps their cache misses (the per-sentence table
-    is megabytes; a probe that misses the CPU caches was most of its cost in Moses), and each
-    key is cleaned and hashed once.  Changes nothing else."""
-    cdef TableC* t = &s.ngram_cache
-    nlm_clean_ngram(s.model, ctx, w, key)
+cdef uint64_t nlm_prefetch_clean(SessionC* s, const int32_t* key) noexcept nogil:
+    """The load of the n-gram cache slot that :c:func:`nlm_score_clean` of ``key`` (a cleaned
+    key: the full context, then the word, every id in range) will probe first, started; its
+    hash in that table returned (0 when the cache is off), for that call.  A decoder scoring
+    several words at once (a phrase applied to a hypothesis) so overlaps their cache misses
+    (the per-sentence table is megabytes; a probe that misses the CPU caches was most of its
+    cost in Moses), and each key is hashed once.  Changes nothing else."""
     if not s.ngram_cache_enabled:
         return 0
-    return table_prefetch(t, key)
+    return table_prefetch(&s.ngram_cache, key)
 
 
 cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t w) noexcept nogil:
@@ -253,7 +249,7 @@ cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t w) noexcep
 cdef double nlm_score_clean(SessionC* s, int32_t* key, uint64_t h) noexcept nogil:
     """:c:func:`nlm_score_padded` of the key ``nlm_clean_ngram`` made (the full context, then
     the word), whose :c:func:`key_hash` in the n-gram cache is ``h`` (any value when that
-    cache is off): :c:func:`nlm_prefetch_padded` gives both."""
+    cache is off): :c:func:`nlm_prefetch_clean` gives it."""
     cdef int found = 0
     cdef int64_t slot
     cdef int32_t* p
@@ -909,6 +905,17 @@ cdef double within_class_lz(SessionC* s, const float* h, int32_t c, const int32_
     return within_class_lognorm(m, h, c, states, dv, s.fscratch)
 
 
+cdef inline int64_t source_slot(const int32_t* window, int w) noexcept nogil:
+    """The slot of a source window among the session's NLM_SOURCE_SLOTS (256): a sum of its
+    ids times odd constants, mixed by one multiply (independent products: a few cycles per
+    lookup, where :c:func:`key_hash`'s chain of w steps showed in a Moses profile)."""
+    cdef uint64_t h = 0
+    cdef int j
+    for j in range(w):
+        h += <uint64_t><uint32_t>window[j] * (0x9E3779B97F4A7C15ULL + 2 * <uint64_t>j)
+    return <int64_t>(((h * 0xBF58476D1CE4E5B9ULL) >> 32) & (NLM_SOURCE_SLOTS - 1))
+
+
 cdef const float* source_parts(SessionC* s, const int32_t* window) noexcept nogil:
     """A joint model's :c:func:`source_part` of each branch for the source ``window`` (ids in
     their vocabulary), from the session's slot for it, else computed into that slot.  A Moses
@@ -917,7 +924,7 @@ cdef const float* source_parts(SessionC* s, const int32_t* window) noexcept nogi
     rows; the same bits as computing it (:c:func:`branch_forward`)."""
     cdef const ModelC* m = s.model
     cdef int w = m.src_window, j, k
-    cdef int64_t slot = key_hash(window, w) & (NLM_SOURCE_SLOTS - 1)
+    cdef int64_t slot = source_slot(window, w)
     cdef int32_t* keys = s.src_keys + slot * w
     cdef float* parts = s.src_parts + slot * m.n_branches * m.max_width
     for j in range(w):
