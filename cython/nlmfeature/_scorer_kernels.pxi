@@ -330,8 +330,9 @@ cdef extern from *:
         } \
     }
     NLM_DIAG(nlm_diag_forward_h, uint16_t, NLM_H1, NLM_H8, NLM_H16)
-    /* a row . h in one fixed order: 16-lane (8-lane without AVX-512) partial sums, reduced,
-       then the tail; rows of type T */
+    /* a row . h in one fixed order: 16-lane (8-lane without AVX-512) partial sums (with
+       AVX-512, an 8-lane one for a remainder of 8: D = 200), reduced, then the tail; rows of
+       type T */
     #if defined(__AVX512F__)
     #define NLM_DOT_VEC(L8, L16) \
         __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(); \
@@ -340,7 +341,9 @@ cdef extern from *:
             a1 = _mm512_fmadd_ps(L16(r + i + 16), _mm512_loadu_ps(h + i + 16), a1); \
         } \
         for (; i + 16 <= D; i += 16) a0 = _mm512_fmadd_ps(L16(r + i), _mm512_loadu_ps(h + i), a0); \
-        s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+        __m256 a2 = _mm256_setzero_ps(); \
+        for (; i + 8 <= D; i += 8) a2 = _mm256_fmadd_ps(L8(r + i), _mm256_loadu_ps(h + i), a2); \
+        s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_zextps256_ps512(a2)));
     #elif defined(__AVX2__) && defined(__FMA__)
     #define NLM_DOT_VEC(L8, L16) \
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(); \
