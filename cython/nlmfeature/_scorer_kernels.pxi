@@ -239,42 +239,11 @@ cdef extern from *:
         }
         if (bias) for (c = 0; c < n; c++) out[c] += bias[c];
     }
-    /* diagonal log-bilinear context layer in one pass: v[i] = bias[i] + sum_j W[j, i] * emb[ctx[j], i].
-       Each element gets the same fused multiply-adds in the same order as one pass per context
-       position (which gcc contracts to FMA where the target has it), so the result is
-       bit-identical to them; v is written once instead of read and written per position. */
     #ifdef __FMA__
     #define NLM_FMAF(x, y, a) fmaf((x), (y), (a))
     #else
     #define NLM_FMAF(x, y, a) ((a) + (x) * (y))
     #endif
-    static inline void nlm_diag_forward(const float* bias, const float* W, const float* emb,
-                                        const int32_t* ctx, int c, int E, float* v) {
-        int i = 0, j;
-    #if defined(__AVX512F__)
-        for (; i + 16 <= E; i += 16) {
-            __m512 a = bias ? _mm512_loadu_ps(bias + i) : _mm512_setzero_ps();
-            for (j = 0; j < c; j++)
-                a = _mm512_fmadd_ps(_mm512_loadu_ps(W + (size_t)j * E + i),
-                                    _mm512_loadu_ps(emb + (size_t)ctx[j] * E + i), a);
-            _mm512_storeu_ps(v + i, a);
-        }
-    #endif
-    #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-        for (; i + 8 <= E; i += 8) {
-            __m256 a = bias ? _mm256_loadu_ps(bias + i) : _mm256_setzero_ps();
-            for (j = 0; j < c; j++)
-                a = _mm256_fmadd_ps(_mm256_loadu_ps(W + (size_t)j * E + i),
-                                    _mm256_loadu_ps(emb + (size_t)ctx[j] * E + i), a);
-            _mm256_storeu_ps(v + i, a);
-        }
-    #endif
-        for (; i < E; i++) {
-            float a = bias ? bias[i] : 0.f;
-            for (j = 0; j < c; j++) a = NLM_FMAF(W[(size_t)j * E + i], emb[(size_t)ctx[j] * E + i], a);
-            v[i] = a;
-        }
-    }
     /* Float16 rows (models stored with `storage: float16`, ModelC.half): the same
        arithmetic as on their float32 widening -- a half converts to float exactly -- with half
        the bytes loaded from memory, where a decoder's lookups find the rows evicted.  Each
@@ -294,7 +263,11 @@ cdef extern from *:
     #define NLM_F1(p) (*(p))
     #define NLM_F8(p) _mm256_loadu_ps(p)
     #define NLM_F16(p) _mm512_loadu_ps(p)
-    /* the diagonal context layer of nlm_diag_forward (its order exactly), rows of type T */
+    /* diagonal log-bilinear context layer in one pass: v[i] = bias[i] + sum_j W[j, i] * emb[ctx[j], i],
+       embedding rows of type T.  Each element gets the same fused multiply-adds in the same
+       order as one pass per context position (which gcc contracts to FMA where the target has
+       it), so the result is bit-identical to them; v is written once instead of read and
+       written per position. */
     #if defined(__AVX512F__)
     #define NLM_DIAG_512(T, L16) \
         for (; i + 16 <= E; i += 16) { \
@@ -329,6 +302,7 @@ cdef extern from *:
             v[i] = a; \
         } \
     }
+    NLM_DIAG(nlm_diag_forward, float, NLM_F1, NLM_F8, NLM_F16)
     NLM_DIAG(nlm_diag_forward_h, uint16_t, NLM_H1, NLM_H8, NLM_H16)
     /* a row . h in one fixed order: 16-lane (8-lane without AVX-512) partial sums (with
        AVX-512, an 8-lane one for a remainder of 8: D = 200), reduced, then the tail; rows of
