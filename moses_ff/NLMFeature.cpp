@@ -201,6 +201,20 @@ struct StatePool {
   }
 };
 thread_local StatePool t_statePool;
+
+// The history NLMFeaturePrefetch built for the expansion it saw last (this thread), for the
+// NLMFeature call that follows it on the same hypothesis (Moses evaluates a hypothesis's
+// stateless features, then its stateful ones, in one go): the phrase's words are mapped to
+// model ids once per expansion instead of twice.  Used once, then dropped.
+struct HistoryStash {
+  enum { kMax = 64 };
+  const void *owner;          // the NLMFeature
+  const Hypothesis *hypo;     // NULL: nothing stashed
+  int total, rescored, final;
+  int32_t ids[kMax];
+  HistoryStash() : owner(NULL), hypo(NULL), total(0), rescored(0), final(0) {}
+};
+thread_local HistoryStash t_history;
 }  // namespace
 
 void *NLMFeatureState::operator new(size_t bytes)
@@ -371,16 +385,25 @@ const int32_t *NLMFeature::History(const NLMFeatureState &in, const Hypothesis &
 
 void NLMFeature::Prefetch(const Hypothesis &hypo) const
 {
+  HistoryStash &stash = t_history;
+  stash.hypo = NULL;
   const Hypothesis *prev = hypo.GetPrevHypo();
   if (!prev) return;
   const FFState *ps = prev->GetFFState(static_cast<int>(m_stateIndex));
   if (!ps) return;
   const NLMFeatureState &in = static_cast<const NLMFeatureState&>(*ps);
-  int32_t stack[64];
   std::vector<int32_t> heap;
   int total, rescored, final;
-  const int32_t *hist = History(in, hypo, stack, heap, &total, &rescored, &final);
-  if (hist) nlm_prefetch_span(Session(), hist, total, in.size, rescored, final);
+  const int32_t *hist = History(in, hypo, stash.ids, heap, &total, &rescored, &final);
+  if (!hist) return;
+  nlm_prefetch_span(Session(), hist, total, in.size, rescored, final);
+  if (hist == stash.ids) {  // (a history longer than kMax went to the heap: not kept)
+    stash.owner = this;
+    stash.hypo = &hypo;
+    stash.total = total;
+    stash.rescored = rescored;
+    stash.final = final;
+  }
 }
 
 NLMFeaturePrefetch::NLMFeaturePrefetch(const NLMFeature &owner)
@@ -402,8 +425,18 @@ FFState* NLMFeature::EvaluateWhenApplied(const Hypothesis &hypo, const FFState *
   int32_t stack[64];
   std::vector<int32_t> heap;
   int total, rescored, final;
-  const int32_t *hist = History(in, hypo, stack, heap, &total, &rescored, &final);
-  if (!hist) return ret;
+  const int32_t *hist;
+  HistoryStash &stash = t_history;
+  if (stash.hypo == &hypo && stash.owner == this) {  // the companion's, for this expansion
+    hist = stash.ids;
+    total = stash.total;
+    rescored = stash.rescored;
+    final = stash.final;
+    stash.hypo = NULL;
+  } else {
+    hist = History(in, hypo, stack, heap, &total, &rescored, &final);
+    if (!hist) return ret;
+  }
   const double score = nlm_score_span(Session(), hist, total, in.size, rescored, final);
 
   const size_t keep = std::min(static_cast<size_t>(total), static_cast<size_t>(m_context));

@@ -25,6 +25,35 @@
 namespace Moses
 {
 
+namespace
+{
+// Affiliations of the phrases this thread's search applies, relative to the phrase's source
+// start, by (alignment, phrase length, source length): Moses applies a few thousand distinct
+// phrase alignments ~200k times per sentence, and each walk of an alignment's std::set
+// touched its nodes again (2% of a KenLM + NLM + joint decode).  Filled only during the
+// search (EvaluateWhenApplied), when every phrase and alignment of the sentence's
+// translation options is alive and none is made, and emptied at each sentence's start (a
+// generation), so an entry's alignment address cannot have been reused for another.
+struct AffiliationMemo {
+  enum { kSlots = 1024, kWords = 14 };
+  struct Slot {
+    const AlignmentInfo *alignment;
+    uint32_t generation;
+    uint8_t n, srcLen;
+    uint8_t rel[kWords];
+  };
+  Slot slots[kSlots];
+  uint32_t generation;
+  AffiliationMemo() : generation(1) { std::memset(slots, 0, sizeof slots); }
+  Slot &At(const AlignmentInfo *a, size_t n, size_t srcLen) {
+    uint64_t h = (reinterpret_cast<uintptr_t>(a) >> 3) + (n << 20) + (srcLen << 28);
+    h *= 0x9E3779B97F4A7C15ULL;
+    return slots[(h >> 40) & (kSlots - 1)];
+  }
+};
+thread_local AffiliationMemo t_affiliations;
+}  // namespace
+
 NLMJointFeature::NLMJointFeature(const std::string &line)
   : StatefulFeatureFunction(1, line)
   , m_sourceFactorType(0)
@@ -116,6 +145,34 @@ void NLMJointFeature::Affiliations(const TargetPhrase &phrase, size_t start, siz
   }
 }
 
+void NLMJointFeature::MemoAffiliations(const TargetPhrase &phrase, size_t start, size_t srcLen, int *out)
+{
+  const size_t n = phrase.GetSize();
+  const AlignmentInfo *a = &phrase.GetAlignTerm();
+  if (n > AffiliationMemo::kWords || srcLen > 255) {
+    Affiliations(phrase, start, srcLen, out);
+    return;
+  }
+  AffiliationMemo &memo = t_affiliations;
+  AffiliationMemo::Slot &slot = memo.At(a, n, srcLen);
+  if (slot.generation == memo.generation && slot.alignment == a && slot.n == n && slot.srcLen == srcLen) {
+    for (size_t j = 0; j < n; ++j) out[j] = static_cast<int>(start + slot.rel[j]);
+    return;
+  }
+  Affiliations(phrase, start, srcLen, out);
+  uint8_t rel[AffiliationMemo::kWords];
+  for (size_t j = 0; j < n; ++j) {
+    const int r = out[j] - static_cast<int>(start);
+    if (r < 0 || r > 255) return;  // (not kept: never for a well-formed alignment)
+    rel[j] = static_cast<uint8_t>(r);
+  }
+  std::memcpy(slot.rel, rel, n);
+  slot.alignment = a;
+  slot.n = static_cast<uint8_t>(n);
+  slot.srcLen = static_cast<uint8_t>(srcLen);
+  slot.generation = memo.generation;
+}
+
 const FFState* NLMJointFeature::EmptyHypothesisState(const InputType &/*input*/) const
 {
   NLMJointState *s = new NLMJointState();
@@ -181,7 +238,7 @@ FFState* NLMJointFeature::EvaluateWhenApplied(const Hypothesis &hypo, const FFSt
     affHeap.resize(len);
     aff = &affHeap[0];
   }
-  Affiliations(phrase, range.GetStartPos(), range.GetNumWordsCovered(), aff);
+  MemoAffiliations(phrase, range.GetStartPos(), range.GetNumWordsCovered(), aff);
   std::memcpy(hist, in.ids, sizeof(int32_t) * in.size);
   for (size_t j = 0; j < len; ++j) hist[in.size + j] = Id(phrase.GetWord(j));
 
@@ -219,6 +276,7 @@ void NLMJointFeature::InitializeForInput(ttasksptr const& ttask)
     src[i] = nlm_source_word_id(m_nlm.Model(), w.data(), w.size());
   }
   m_nlm.Begin("NLMJointFeature " + GetScoreProducerDescription(), input.GetTranslationId(), &src);
+  ++t_affiliations.generation;  // (this thread decodes the sentence: its memo starts empty)
 }
 
 void NLMJointFeature::CleanUpAfterSentenceProcessing(ttasksptr const& ttask)

@@ -68,6 +68,9 @@ public:
   //! [start, start + srcLen) into ``out`` (phrase.GetSize() ints): Devlin et al. 2014
   //! inside the phrase; allocates nothing for phrases of up to 64 words
   static void Affiliations(const TargetPhrase &phrase, size_t start, size_t srcLen, int *out);
+  //! the same, from this thread's memo of the sentence's phrase alignments (search only:
+  //! every phrase of the sentence's translation options alive, none made)
+  static void MemoAffiliations(const TargetPhrase &phrase, size_t start, size_t srcLen, int *out);
 
 private:
   nlm_session *Session() const;
