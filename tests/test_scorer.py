@@ -484,11 +484,12 @@ def test_position_terms_outlive_the_sentence(tmp_path, entries):
 
 @pytest.mark.parametrize("output", ["unnormalised", "class"])
 def test_huge_page_copies_score_the_same_bits(tmp_path, monkeypatch, output):
-    """The arrays a decoder reads at scattered rows (here the 4 MB of direct-feature weights)
-    are copied into huge pages at load, unless ``NLMFEATURE_HUGE_PAGES=0``: the same scores,
-    bit for bit, in decoder sessions with their caches on and off."""
+    """The arrays a decoder reads at scattered rows (here the embeddings and output rows,
+    2.2 MB each) are copied into huge pages at load, unless ``NLMFEATURE_HUGE_PAGES=0``: the
+    same scores, bit for bit, in decoder sessions with their caches on and off.  (The 4 MB of
+    direct-feature weights are not: the scorer reads their packed non-zero copy.)"""
     path = make_model(tmp_path, output=output, **(dict(classes=13) if output == "class" else {}),
-                      direct_order=3, hash_space=1 << 20)
+                      word_width=160, direct_order=3, hash_space=1 << 20)
     lines = [l.split() for l in read_lines(BROWN_VALID, 6)]
     scores = {}
     for huge in ("0", "1"):
@@ -531,3 +532,37 @@ def test_span_prefetch_is_compiled_in():
         if depth < 3:
             todo += [(callee, depth + 1) for callee in re.findall(r"\tcall\s+\S+ <([^>+]+)>", bodies[name])]
     pytest.fail(f"no prefetch instruction in {start} or the functions it calls: {sorted(seen)}")
+
+
+@pytest.mark.parametrize("output", ["unnormalised", "class"])
+def test_sparse_direct_weights_read_packed(tmp_path, output):
+    """The scorer reads a direct feature's weight from the packed non-zero weights, at its
+    rank in the non-zero bitmap (a block count plus popcounts): with most weights zero, in
+    blocks and at block edges, of a hash space that is no multiple of the 512-bit block, every
+    score equals the reference over the whole table, in every session kind."""
+    from nlmfeature.core.modelfile import read_model
+    extra = dict(classes=13) if output == "class" else {}
+    path = make_model(tmp_path, name="dense.nlm", output=output, order=4, direct_order=3,
+                      hash_space=5003, **extra)
+    header, arrays, _ = read_model(path)
+    arrays = dict(arrays)
+    rng = np.random.default_rng(7)
+    w = 4.0 * rng.standard_normal(5003).astype(np.float32)  # large: a wrong weight shows
+    keep = rng.random(5003) < 0.07
+    keep[1024:1536] = False                                      # an empty block
+    keep[[0, 63, 64, 511, 512, 513, 2047, 2048, 4607, 4608, 5002]] = True
+    arrays["direct.weights"] = np.where(keep, w, 0).astype(np.float32)
+    sparse = str(tmp_path / "sparse.nlm")
+    nlmfeature.save(sparse, header, arrays)
+    model = _check_against_reference(sparse)
+    assert model.native is not None
+    lines = [l.split() for l in read_lines(BROWN_VALID, 8)]
+    h, a = model.header, model.arrays
+    for entries, terms in ((1 << 16, True), (0, True), (1 << 16, False), (0, False)):
+        sess = model.session(entries, position_terms=terms)
+        for k, line in enumerate(lines):
+            sess.begin_sentence(k)
+            ctx, words = model.sentence_ngrams(line)
+            got = sess.score_padded(ctx, words)
+            want = [logprob(h, a, [int(i) for i in c], int(x)) for c, x in zip(ctx, words)]
+            assert np.allclose(got, want, atol=1e-5, rtol=1e-5), (entries, terms, k)

@@ -96,6 +96,10 @@ ctypedef struct ModelC:
     const uint64_t* direct_nonzero  # (hash_space / 64 rounded up,) bit i: direct_weights[i] != 0
                                     # (per process, 1/32 of the weights' size: a lookup whose
                                     # feature was never trained skips the cache miss); or NULL
+    const float* direct_packed    # the non-zero direct weights in index order (per process:
+                                  # a 4M-entry table of Multi30k holds 6% non-zero, 1 MB of 16 MB)
+    const uint32_t* direct_rank   # (hash_space / 512 rounded up,): non-zero weights before each
+                                  # 512-bit block (one cache line) of direct_nonzero
     const double* direct_first[2]   # the order-0 term of every target's direct value, words (kind 0,
                                     # V) and classes (kind 1, C; class outputs only), per process:
                                     # the same double direct_value's sum starts from, read from a

@@ -90,8 +90,29 @@ cdef inline uint64_t direct_index(const ModelC* m, uint64_t h) noexcept nogil:
     return h % hs
 
 
+cdef extern from *:
+    int __builtin_popcountll(unsigned long long x) nogil
+
+
 cdef inline int direct_nonzero(const ModelC* m, uint64_t i) noexcept nogil:
     return m.direct_nonzero == NULL or <int>((m.direct_nonzero[i >> 6] >> (i & 63)) & 1)
+
+
+cdef inline const float* direct_weight_at(const ModelC* m, uint64_t i) noexcept nogil:
+    """Where the direct weight at index ``i`` is, for an ``i`` whose bit in
+    ``direct_nonzero`` is set: in the packed non-zero weights (its rank among them: the
+    count before its 512-bit block plus the bits before it in that block, whose cache line
+    the bit test has just read), so that the scorer's reads stay in a megabyte instead of
+    the whole table (most of it zeros); the table itself where there is no packed copy."""
+    cdef const uint64_t* line = m.direct_nonzero + ((i >> 6) & ~(<uint64_t>7))
+    cdef uint64_t r, kw = (i >> 6) & 7, below = (<uint64_t>1 << (i & 63)) - 1
+    cdef uint64_t k
+    if m.direct_packed == NULL:
+        return &m.direct_weights[i]
+    r = m.direct_rank[i >> 9]
+    for k in range(8):  # (branch-free: the whole line, each word masked by where i is)
+        r += <uint64_t>__builtin_popcountll(line[k] & (<uint64_t>0 - (k < kw) | (below & (<uint64_t>0 - (k == kw)))))
+    return &m.direct_packed[r]
 
 
 cdef inline double direct_value(const ModelC* m, const uint64_t* states, int32_t target) noexcept nogil:
@@ -105,7 +126,7 @@ cdef inline double direct_value(const ModelC* m, const uint64_t* states, int32_t
     for k in range(m.direct_order):
         i = direct_index(m, splitmix64(states[k] ^ t))
         if direct_nonzero(m, i):
-            s += m.direct_weights[i]
+            s += direct_weight_at(m, i)[0]
     return s
 
 
@@ -124,7 +145,7 @@ cdef inline double direct_value_kind(const ModelC* m, int kind, const uint64_t* 
     for k in range(1, m.direct_order):
         i = direct_index(m, splitmix64(states[k] ^ t))
         if direct_nonzero(m, i):
-            s += m.direct_weights[i]
+            s += direct_weight_at(m, i)[0]
     return s
 
 
@@ -135,7 +156,7 @@ cdef void direct_first_fill(const ModelC* m, int kind, int32_t n, double* out) n
     cdef int32_t t
     for t in range(n):
         i = direct_index(m, splitmix64(s0 ^ ((<uint64_t>t) << 32)))
-        out[t] = m.direct_weights[i] if direct_nonzero(m, i) else 0.0
+        out[t] = direct_weight_at(m, i)[0] if direct_nonzero(m, i) else 0.0
 
 
 cdef inline void direct_prefetch(const ModelC* m, const uint64_t* states, int32_t target) noexcept nogil:
@@ -148,7 +169,7 @@ cdef inline void direct_prefetch(const ModelC* m, const uint64_t* states, int32_
     for k in range(1 if m.direct_first[0] != NULL else 0, m.direct_order):
         i = direct_index(m, splitmix64(states[k] ^ t))
         if direct_nonzero(m, i):
-            __builtin_prefetch(&m.direct_weights[i])
+            __builtin_prefetch(direct_weight_at(m, i))
 
 
 def direct_feature_indices(const int32_t[:, ::1] contexts, const int32_t[::1] targets, int kind,

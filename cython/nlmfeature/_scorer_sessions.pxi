@@ -383,7 +383,7 @@ cdef int64_t direct_level(SessionC* s, int kind, const uint64_t* states, const i
                 __builtin_prefetch(&m.direct_nonzero[j >> 6])
         for i in range(n):
             if direct_nonzero(m, s.hscratch[i]):
-                __builtin_prefetch(&m.direct_weights[s.hscratch[i]])
+                __builtin_prefetch(direct_weight_at(m, s.hscratch[i]))
     for i in range(n):
         t = targets[i] if targets != NULL else i
         tt = (<uint64_t>t) << 32
@@ -394,11 +394,11 @@ cdef int64_t direct_level(SessionC* s, int kind, const uint64_t* states, const i
             for k in range(0 if first == NULL else 1, level):
                 j = direct_index(m, splitmix64(states[k] ^ tt))
                 if direct_nonzero(m, j):
-                    x += m.direct_weights[j]
+                    x += direct_weight_at(m, j)[0]
         if own:
             j = s.hscratch[i]
             if direct_nonzero(m, j):
-                x += m.direct_weights[j]
+                x += direct_weight_at(m, j)[0]
         s.vec_arena[off + i] = <float>x if last else x
     return off
 

@@ -27,6 +27,14 @@ cdef const void* rawptr(arrays, name, dtype) except? NULL:
     return <const void*>cnp.PyArray_DATA(a)
 
 
+def line_aligned_zeros(n, dtype):
+    """A zeroed array of ``n`` items whose data starts on a 64-byte cache line."""
+    itemsize = np.dtype(dtype).itemsize
+    raw = np.zeros(n * itemsize + 64, dtype=np.uint8)
+    start = (-raw.ctypes.data) % 64
+    return raw[start:start + n * itemsize].view(dtype)
+
+
 cdef class NativeModel:
     """The C view of a model's arrays.  Keeps the arrays (and so the mmap) alive.
 
@@ -181,15 +189,30 @@ cdef class NativeModel:
         if direct:
             m.direct_order = direct["order"]
             m.hash_space = direct["hash_space"]
-            m.direct_weights = self.hot(arrays, "direct.weights")
+            # (the scorer reads the packed non-zero weights below; the table itself only here)
+            m.direct_weights = fptr(arrays, "direct.weights")
             if not 1 <= m.direct_order <= m.order:
                 raise ValueError("direct feature order must be between 1 and the model order")
-            # which hashed weights are non-zero (most are: only trained n-grams get a weight)
-            bits = np.packbits(np.asarray(arrays["direct.weights"]) != 0, bitorder="little")
-            nz = np.zeros((m.hash_space + 63) // 64, dtype=np.uint64)
+            # which hashed weights are non-zero (few are: only trained n-grams get a weight),
+            # each 512-bit block of the bitmap on one cache line
+            weights = np.asarray(arrays["direct.weights"])
+            nonzero = weights != 0
+            bits = np.packbits(nonzero, bitorder="little")
+            nblocks = (m.hash_space + 511) // 512
+            nz = line_aligned_zeros(nblocks * 8, np.uint64)
             nz.view(np.uint8)[:bits.shape[0]] = bits
             self._extra.append(nz)
             m.direct_nonzero = <const uint64_t*>cnp.PyArray_DATA(nz)
+            # the non-zero weights packed in index order, and the count of them before each
+            # block (direct_weight_at): a lookup's weights come from a megabyte, not 16
+            packed = np.ascontiguousarray(weights[nonzero], dtype=np.float32)
+            per_block = np.zeros(nblocks * 512, dtype=np.uint8)
+            per_block[:m.hash_space] = nonzero
+            rank = np.zeros(nblocks, dtype=np.uint32)
+            np.cumsum(per_block.reshape(nblocks, 512).sum(axis=1, dtype=np.int64)[:-1], out=rank[1:], dtype=np.uint32)
+            self._extra.extend((packed, rank))
+            m.direct_packed = <const float*>cnp.PyArray_DATA(packed)
+            m.direct_rank = <const uint32_t*>cnp.PyArray_DATA(rank)
             # the order-0 term of every word's (and class's) direct value, read from a small
             # array instead of a random place in the weights (direct_value_kind)
             for kind, n in ((0, m.vocab_size), (1, m.n_classes if m.output_type == OUT_CLASS else 0)):
