@@ -276,7 +276,6 @@ ctypedef struct SessionC:
 cdef uint64_t splitmix64(uint64_t x) noexcept nogil
 cdef int64_t nlm_vocab_find(const int64_t* offsets, const unsigned char* data, const int32_t* table,
                             int64_t table_size, const char* word, int64_t length) noexcept nogil
-cdef int nlm_pad_context(const ModelC* m, const int32_t* ids, int n, int32_t* out) noexcept nogil
 cdef void nlm_compute_hidden(const ModelC* m, const int32_t* ctx, float* out,
                              float* b0, float* b1, float* b2, const float* parts=*) noexcept nogil
 cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t ngram_entries,
@@ -291,9 +290,52 @@ cdef double nlm_score_padded(SessionC* s, const int32_t* ctx, int32_t word) noex
 cdef uint64_t nlm_prefetch_clean(SessionC* s, const int32_t* key) noexcept nogil
 cdef double nlm_score_clean(SessionC* s, int32_t* key, uint64_t h) noexcept nogil
 cdef double nlm_score(SessionC* s, const int32_t* ctx, int n, int32_t word) noexcept nogil
+# (inline here: the C API builds every key of a decoder's spans with them)
+cdef inline int nlm_pad_context(const ModelC* m, const int32_t* ids, int n, int32_t* out) noexcept nogil:
+    """Write the n-1 context ids for a history of ``n`` ids (oldest first).
+
+    Longer histories keep their last n-1 ids.  Shorter ones are padded on the left with
+    ``<s>`` when they start with ``<s>`` and with ``<null>`` otherwise (also when empty).
+    Ids outside the vocabulary become ``<unk>``.  Returns the number of padding ids.
+    """
+    cdef int c = m.ctx_len, i, pad
+    cdef int32_t fill, w
+    if n >= c:
+        ids += n - c
+        n = c
+    pad = c - n
+    fill = m.bos if (n > 0 and ids[0] == m.bos) else m.null
+    for i in range(pad):
+        out[i] = fill
+    for i in range(n):
+        w = ids[i]
+        out[pad + i] = w if (0 <= w < m.vocab_size) else m.unk
+    return pad
+
+
 # joint models
-cdef void nlm_source_window(const ModelC* m, const int32_t* src, int n, int affiliation,
-                            int32_t* out) noexcept nogil
+cdef inline void nlm_source_window(const ModelC* m, const int32_t* src, int n, int affiliation,
+                                   int32_t* out) noexcept nogil:
+    """The w = 2m+1 source ids around ``affiliation`` in a source sentence of ``n`` ids.
+
+    Position ``n`` is the sentence end (``</s>``, the affiliation of the target ``</s>``);
+    positions before 0 are ``<s>``, after ``n`` ``</s>``.  A negative affiliation (unknown:
+    future-cost estimates) gives a window of ``<null>``.  Ids outside the source vocabulary
+    become ``<unk>``.
+    """
+    cdef int j, p, half = m.src_window // 2
+    cdef int32_t x
+    for j in range(m.src_window):
+        p = affiliation - half + j
+        if affiliation < 0:
+            out[j] = m.src_null
+        elif p < 0:
+            out[j] = m.src_bos
+        elif p >= n:
+            out[j] = m.src_eos
+        else:
+            x = src[p]
+            out[j] = x if 0 <= x < m.src_vocab_size else m.src_unk
 
 
 cdef inline void nlm_clean_ngram(const ModelC* m, const int32_t* ctx, int32_t w, int32_t* key) noexcept nogil:

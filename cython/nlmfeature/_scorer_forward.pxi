@@ -4,28 +4,6 @@
 # the network
 # ---------------------------------------------------------------------------------------
 
-cdef int nlm_pad_context(const ModelC* m, const int32_t* ids, int n, int32_t* out) noexcept nogil:
-    """Write the n-1 context ids for a history of ``n`` ids (oldest first).
-
-    Longer histories keep their last n-1 ids.  Shorter ones are padded on the left with
-    ``<s>`` when they start with ``<s>`` and with ``<null>`` otherwise (also when empty).
-    Ids outside the vocabulary become ``<unk>``.  Returns the number of padding ids.
-    """
-    cdef int c = m.ctx_len, i, pad
-    cdef int32_t fill, w
-    if n >= c:
-        ids += n - c
-        n = c
-    pad = c - n
-    fill = m.bos if (n > 0 and ids[0] == m.bos) else m.null
-    for i in range(pad):
-        out[i] = fill
-    for i in range(n):
-        w = ids[i]
-        out[pad + i] = w if (0 <= w < m.vocab_size) else m.unk
-    return pad
-
-
 cdef void source_forward(const ModelC* m, const BranchC* br, const int32_t* window, float* v) noexcept nogil:
     """Add the source-window positions' contributions (joint models) to ``v``."""
     cdef int j, o, H = br.hidden, E = m.embed_dim

@@ -1038,27 +1038,3 @@ cdef double nlm_score(SessionC* s, const int32_t* ids, int n, int32_t w) noexcep
         w = s.model.unk
     return nlm_score_padded(s, ctx, w)
 
-
-cdef void nlm_source_window(const ModelC* m, const int32_t* src, int n, int affiliation,
-                            int32_t* out) noexcept nogil:
-    """The w = 2m+1 source ids around ``affiliation`` in a source sentence of ``n`` ids.
-
-    Position ``n`` is the sentence end (``</s>``, the affiliation of the target ``</s>``);
-    positions before 0 are ``<s>``, after ``n`` ``</s>``.  A negative affiliation (unknown:
-    future-cost estimates) gives a window of ``<null>``.  Ids outside the source vocabulary
-    become ``<unk>``.
-    """
-    cdef int j, p, half = m.src_window // 2
-    cdef int32_t x
-    for j in range(m.src_window):
-        p = affiliation - half + j
-        if affiliation < 0:
-            out[j] = m.src_null
-        elif p < 0:
-            out[j] = m.src_bos
-        elif p >= n:
-            out[j] = m.src_eos
-        else:
-            x = src[p]
-            out[j] = x if 0 <= x < m.src_vocab_size else m.src_unk
-
