@@ -98,8 +98,9 @@ ctypedef struct ModelC:
                                     # feature was never trained skips the cache miss); or NULL
     const float* direct_packed    # the non-zero direct weights in index order (per process:
                                   # a 4M-entry table of Multi30k holds 6% non-zero, 1 MB of 16 MB)
-    const uint32_t* direct_rank   # (hash_space / 512 rounded up,): non-zero weights before each
-                                  # 512-bit block (one cache line) of direct_nonzero
+    const uint64_t* direct_rank   # (hash_space / 512 rounded up, 2): per 512-bit block of
+                                  # direct_nonzero, the non-zero weights before it and, in 9-bit
+                                  # fields, before each of its words 1..7 (rank9)
     const double* direct_first[2]   # the order-0 term of every target's direct value, words (kind 0,
                                     # V) and classes (kind 1, C; class outputs only), per process:
                                     # the same double direct_value's sum starts from, read from a

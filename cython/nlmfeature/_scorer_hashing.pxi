@@ -100,18 +100,18 @@ cdef inline int direct_nonzero(const ModelC* m, uint64_t i) noexcept nogil:
 
 cdef inline const float* direct_weight_at(const ModelC* m, uint64_t i) noexcept nogil:
     """Where the direct weight at index ``i`` is, for an ``i`` whose bit in
-    ``direct_nonzero`` is set: in the packed non-zero weights (its rank among them: the
-    count before its 512-bit block plus the bits before it in that block, whose cache line
-    the bit test has just read), so that the scorer's reads stay in a megabyte instead of
-    the whole table (most of it zeros); the table itself where there is no packed copy."""
-    cdef const uint64_t* line = m.direct_nonzero + ((i >> 6) & ~(<uint64_t>7))
-    cdef uint64_t r, kw = (i >> 6) & 7, below = (<uint64_t>1 << (i & 63)) - 1
-    cdef uint64_t k
+    ``direct_nonzero`` is set: in the packed non-zero weights, at its rank among them (the
+    count before its 512-bit block, the count before its word within the block -- 9-bit fields
+    of one word, as Vigna's rank9 -- and the bits before it in its word: one popcount), so
+    that the scorer's reads stay in a megabyte instead of the whole table (most of it zeros);
+    the table itself where there is no packed copy."""
+    cdef uint64_t b = i >> 9, kw = (i >> 6) & 7
+    cdef uint64_t sub, r
     if m.direct_packed == NULL:
         return &m.direct_weights[i]
-    r = m.direct_rank[i >> 9]
-    for k in range(8):  # (branch-free: the whole line, each word masked by where i is)
-        r += <uint64_t>__builtin_popcountll(line[k] & (<uint64_t>0 - (k < kw) | (below & (<uint64_t>0 - (k == kw)))))
+    sub = m.direct_rank[2 * b + 1]
+    r = m.direct_rank[2 * b] + (((sub >> ((9 * kw - 9) & 63)) & 0x1FF) & (<uint64_t>0 - (kw != 0)))
+    r += <uint64_t>__builtin_popcountll(m.direct_nonzero[i >> 6] & ((<uint64_t>1 << (i & 63)) - 1))
     return &m.direct_packed[r]
 
 

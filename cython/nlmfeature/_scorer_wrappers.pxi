@@ -203,16 +203,20 @@ cdef class NativeModel:
             nz.view(np.uint8)[:bits.shape[0]] = bits
             self._extra.append(nz)
             m.direct_nonzero = <const uint64_t*>cnp.PyArray_DATA(nz)
-            # the non-zero weights packed in index order, and the count of them before each
-            # block (direct_weight_at): a lookup's weights come from a megabyte, not 16
+            # the non-zero weights packed in index order, and their counts before each block
+            # and each word (direct_weight_at): a lookup's weights come from a megabyte, not 16
             packed = np.ascontiguousarray(weights[nonzero], dtype=np.float32)
-            per_block = np.zeros(nblocks * 512, dtype=np.uint8)
-            per_block[:m.hash_space] = nonzero
-            rank = np.zeros(nblocks, dtype=np.uint32)
-            np.cumsum(per_block.reshape(nblocks, 512).sum(axis=1, dtype=np.int64)[:-1], out=rank[1:], dtype=np.uint32)
+            per_word = np.zeros(nblocks * 512, dtype=np.uint8)
+            per_word[:m.hash_space] = nonzero
+            per_word = per_word.reshape(nblocks, 8, 64).sum(axis=2, dtype=np.uint64)
+            within = np.cumsum(per_word, axis=1, dtype=np.uint64)  # through word k of the block
+            rank = line_aligned_zeros(2 * nblocks, np.uint64).reshape(nblocks, 2)
+            rank[1:, 0] = np.cumsum(within[:-1, 7], dtype=np.uint64)
+            for k in range(1, 8):  # words before word k, at bits 9 (k - 1)
+                rank[:, 1] |= within[:, k - 1] << np.uint64(9 * (k - 1))
             self._extra.extend((packed, rank))
             m.direct_packed = <const float*>cnp.PyArray_DATA(packed)
-            m.direct_rank = <const uint32_t*>cnp.PyArray_DATA(rank)
+            m.direct_rank = <const uint64_t*>cnp.PyArray_DATA(rank)
             # the order-0 term of every word's (and class's) direct value, read from a small
             # array instead of a random place in the weights (direct_value_kind)
             for kind, n in ((0, m.vocab_size), (1, m.n_classes if m.output_type == OUT_CLASS else 0)):
