@@ -69,7 +69,8 @@ cdef class NativeModel:
 
     cdef const float* hot(self, arrays, name, required=True) except? NULL:
         """``fptr`` of an array the scorer reads at scattered rows (embeddings, output
-        weights, first-layer tables, direct-feature weights): from 2 MB up, a copy of it in
+        weights, first-layer tables; direct-feature weights are read from their packed
+        non-zero copy instead): from 2 MB up, a copy of it in
         transparent huge pages (:c:func:`alloc_huge`), owned by this model.  The mapped
         file's 4 KB pages cost a Moses search a TLB miss on nearly every such read (its own
         data fills the TLB); one process's copy costs the array's size in memory, once for
