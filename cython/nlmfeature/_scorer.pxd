@@ -92,10 +92,10 @@ ctypedef struct ModelC:
     const int8_t* path_sign       # (P,) +1 / -1
     int direct_order              # number of direct n-gram orders (0 = none)
     int64_t hash_space
-    const float* direct_weights   # (hash_space,)
-    const uint64_t* direct_nonzero  # (hash_space / 64 rounded up,) bit i: direct_weights[i] != 0
+    const uint64_t* direct_nonzero  # (hash_space / 512 rounded up x 8,) bit i: weight i != 0
                                     # (per process, 1/32 of the weights' size: a lookup whose
-                                    # feature was never trained skips the cache miss); or NULL
+                                    # feature was never trained skips the cache miss); NULL
+                                    # without direct features
     const float* direct_packed    # the non-zero direct weights in index order (per process:
                                   # a 4M-entry table of Multi30k holds 6% non-zero, 1 MB of 16 MB)
     const uint64_t* direct_rank   # (hash_space / 512 rounded up, 2): per 512-bit block of
@@ -225,7 +225,8 @@ ctypedef struct SessionC:
     int64_t vec_limit         # most doubles (the caches stop taking vectors beyond)
     double* vscratch          # a vector the caches had no room for (max(V, padded classes))
     double* dacc              # a normaliser's logits summed in double (max(V, padded classes))
-    uint64_t* hscratch        # a direct-feature vector's indices (max(V, padded classes))
+    uint64_t* hscratch        # a direct-feature vector's indices, then their packed weights'
+                              # places (max(V, padded classes))
     double* pbuf              # one context position's contribution to the hidden vector (max_width)
     double* clbuf             # a context's class logits when the context cache has no entry for it
     # the position terms are functions of the model alone, so they outlive the sentence: their

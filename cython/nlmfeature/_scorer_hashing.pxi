@@ -98,21 +98,21 @@ cdef inline int direct_nonzero(const ModelC* m, uint64_t i) noexcept nogil:
     return m.direct_nonzero == NULL or <int>((m.direct_nonzero[i >> 6] >> (i & 63)) & 1)
 
 
-cdef inline const float* direct_weight_at(const ModelC* m, uint64_t i) noexcept nogil:
-    """Where the direct weight at index ``i`` is, for an ``i`` whose bit in
-    ``direct_nonzero`` is set: in the packed non-zero weights, at its rank among them (the
-    count before its 512-bit block, the count before its word within the block -- 9-bit fields
-    of one word, as Vigna's rank9 -- and the bits before it in its word: one popcount), so
-    that the scorer's reads stay in a megabyte instead of the whole table (most of it zeros);
-    the table itself where there is no packed copy."""
+cdef inline uint64_t direct_rank_of(const ModelC* m, uint64_t i) noexcept nogil:
+    """The place in ``direct_packed`` of the direct weight at index ``i``, for an ``i`` whose
+    bit in ``direct_nonzero`` is set: its rank among the non-zero weights (the count before
+    its 512-bit block, the count before its word within the block -- 9-bit fields of one
+    word, as Vigna's rank9 -- and the bits before it in its word: one popcount), so that the
+    scorer's reads stay in a megabyte instead of the whole table (most of it zeros)."""
     cdef uint64_t b = i >> 9, kw = (i >> 6) & 7
-    cdef uint64_t sub, r
-    if m.direct_packed == NULL:
-        return &m.direct_weights[i]
-    sub = m.direct_rank[2 * b + 1]
-    r = m.direct_rank[2 * b] + (((sub >> ((9 * kw - 9) & 63)) & 0x1FF) & (<uint64_t>0 - (kw != 0)))
-    r += <uint64_t>__builtin_popcountll(m.direct_nonzero[i >> 6] & ((<uint64_t>1 << (i & 63)) - 1))
-    return &m.direct_packed[r]
+    cdef uint64_t sub = m.direct_rank[2 * b + 1]
+    cdef uint64_t r = m.direct_rank[2 * b] + (((sub >> ((9 * kw - 9) & 63)) & 0x1FF) & (<uint64_t>0 - (kw != 0)))
+    return r + <uint64_t>__builtin_popcountll(m.direct_nonzero[i >> 6] & ((<uint64_t>1 << (i & 63)) - 1))
+
+
+cdef inline const float* direct_weight_at(const ModelC* m, uint64_t i) noexcept nogil:
+    """Where the (non-zero) direct weight at index ``i`` is: :c:func:`direct_rank_of`."""
+    return m.direct_packed + direct_rank_of(m, i)
 
 
 cdef inline double direct_value(const ModelC* m, const uint64_t* states, int32_t target) noexcept nogil:

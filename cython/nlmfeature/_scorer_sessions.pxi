@@ -344,6 +344,9 @@ cdef int64_t vec_slot(SessionC* s, const int32_t* key, uint64_t h, int32_t n, in
     return off
 
 
+DEF NO_WEIGHT = 0xFFFFFFFFFFFFFFFF  # (direct_level: a target whose feature has no weight)
+
+
 cdef int64_t direct_level(SessionC* s, int kind, const uint64_t* states, const int32_t* ctx, int32_t tag,
                           const int32_t* targets, int32_t n, int level) noexcept nogil:
     """Offset in ``vec_arena`` of the direct values of ``n`` targets of ``kind``
@@ -381,9 +384,13 @@ cdef int64_t direct_level(SessionC* s, int kind, const uint64_t* states, const i
             s.hscratch[i] = j
             if m.direct_nonzero != NULL:
                 __builtin_prefetch(&m.direct_nonzero[j >> 6])
-        for i in range(n):
-            if direct_nonzero(m, s.hscratch[i]):
-                __builtin_prefetch(direct_weight_at(m, s.hscratch[i]))
+        for i in range(n):  # each index becomes its packed weight's place (or none)
+            j = s.hscratch[i]
+            if direct_nonzero(m, j):
+                s.hscratch[i] = direct_rank_of(m, j)
+                __builtin_prefetch(m.direct_packed + s.hscratch[i])
+            else:
+                s.hscratch[i] = <uint64_t>NO_WEIGHT
     for i in range(n):
         t = targets[i] if targets != NULL else i
         tt = (<uint64_t>t) << 32
@@ -395,10 +402,8 @@ cdef int64_t direct_level(SessionC* s, int kind, const uint64_t* states, const i
                 j = direct_index(m, splitmix64(states[k] ^ tt))
                 if direct_nonzero(m, j):
                     x += direct_weight_at(m, j)[0]
-        if own:
-            j = s.hscratch[i]
-            if direct_nonzero(m, j):
-                x += direct_weight_at(m, j)[0]
+        if own and s.hscratch[i] != <uint64_t>NO_WEIGHT:
+            x += m.direct_packed[s.hscratch[i]]
         s.vec_arena[off + i] = <float>x if last else x
     return off
 

@@ -190,8 +190,7 @@ cdef class NativeModel:
         if direct:
             m.direct_order = direct["order"]
             m.hash_space = direct["hash_space"]
-            # (the scorer reads the packed non-zero weights below; the table itself only here)
-            m.direct_weights = fptr(arrays, "direct.weights")
+            fptr(arrays, "direct.weights")  # (checked; the scorer reads its packed non-zero copy)
             if not 1 <= m.direct_order <= m.order:
                 raise ValueError("direct feature order must be between 1 and the model order")
             # which hashed weights are non-zero (few are: only trained n-grams get a weight),
