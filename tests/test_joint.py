@@ -360,3 +360,96 @@ def test_rescoring_adds_the_joint_feature(trained, tmp_path):
     p = subprocess.run([sys.executable, "-m", "nlmfeature.mt.rescore", "-m", rj.model_out, "--source", str(src),
                         "-i", str(kb), "-q"], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 2 and "list.nbest:1" in p.stderr and "print-alignment-info-in-n-best" in p.stderr
+
+
+# -- the inverse (target-to-source) model, for k-best rescoring -----------------------------------
+@pytest.fixture(scope="module")
+def inverse(tmp_path_factory):
+    """A target-to-source joint model trained on the same files as ``trained``'s joint model."""
+    d = tmp_path_factory.mktemp("joint_t2s")
+    cfg = TrainConfig(train=TRAIN["en"], source=TRAIN["de"], alignment=TRAIN["align"],
+                      test_set=TEST["en"], test_source=TEST["de"], test_alignment=TEST["align"],
+                      model_out=str(d / "t2s.nlm"), source_window=5, target_to_source=True, **SMALL)
+    return train(cfg, log=lambda m: None)
+
+
+def _flip(alignment: str) -> str:
+    return " ".join("-".join(p.split("-")[::-1]) for p in alignment.split())
+
+
+def test_inverse_model_predicts_the_source_given_the_target(inverse, trained, tmp_path):
+    tm = nlmfeature.load(inverse.model_out)
+    assert isinstance(tm, JointModel) and tm.target_to_source and tm.window == 5
+    assert tm.describe()["source"]["target_to_source"] is True
+    assert not nlmfeature.load(trained[0].model_out).target_to_source
+    # its predicted side is German, its window English (the roles of --source / --train swap)
+    assert "ein" in tm.vocab and "ein" not in tm.source_vocab and "the" in tm.source_vocab
+    rows = [(s.strip(), t.strip(), a.strip()) for s, t, a in zip(open(TEST["de"]), open(TEST["en"]), open(TEST["align"]))]
+    ppl = tm.perplexity((t, s, _flip(a)) for s, t, a in rows)
+    assert ppl.tokens == sum(len(s.split()) + 1 for s, _, _ in rows)
+    assert ppl.perplexity == pytest.approx(inverse.best_perplexity, rel=1e-4)
+    # the perplexity and score commands take the direct model's files and swap for it
+    out = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "perplexity", "--model", inverse.model_out,
+                          "--test", TEST["en"], "--source", TEST["de"], "--alignment", TEST["align"], "--json"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["rows"][0]["perplexity"] == pytest.approx(inverse.best_perplexity, rel=1e-4)
+    out = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "score", "--model", inverse.model_out, "--input",
+                          TEST["en"], "--source", TEST["de"], "--alignment", TEST["align"]],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    totals = [float(x) for x in out.stdout.split()]
+    assert len(totals) == 200
+    for (s, t, a), v in list(zip(rows, totals))[:20]:
+        assert v == pytest.approx(tm.sentence_logprob(t, s, _flip(a)), abs=1e-4)
+    # a source word's window is around its affiliated target word: the model knows the
+    # translation, so dropping a target word changes the source's score
+    s, t, a = rows[0]
+    short = " ".join(t.split()[:-2])
+    al = " ".join(p for p in a.split() if int(p.split("-")[1]) < len(t.split()) - 2)
+    assert tm.sentence_logprob(t, s, _flip(a)) != pytest.approx(tm.sentence_logprob(short, s, _flip(al)), abs=1e-3)
+
+
+def test_rescoring_adds_the_inverse_feature(inverse, trained, tmp_path):
+    tm = nlmfeature.load(inverse.model_out)
+    rows = [(s.strip(), t.strip(), a.strip()) for s, t, a in list(zip(open(TEST["de"]), open(TEST["en"]), open(TEST["align"])))[:10]]
+    src = tmp_path / "src.de"
+    src.write_text("".join(s + "\n" for s, _, _ in rows))
+    lines, expect = [], []
+    for sid, (s, t, a) in enumerate(rows):
+        words = t.split()
+        for hyp, al in ((t, a), (" ".join(words[:-1]), " ".join(p for p in a.split()
+                                                                  if int(p.split("-")[1]) < len(words) - 1))):
+            lines.append(f"{sid} ||| {hyp} ||| LM0= -1.5 ||| -1.5 ||| {al}")
+            expect.append(tm.sentence_logprob(hyp, s, _flip(al)))    # log p(source | hypothesis)
+    kb = tmp_path / "list.nbest"
+    kb.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out.nbest"
+    p = subprocess.run([sys.executable, "-m", "nlmfeature.mt.rescore", "-m", trained[0].model_out, "-m",
+                        inverse.model_out, "--name", "S2T", "--name", "T2S", "--source", str(src),
+                        "-i", str(kb), "-o", str(out), "-q"], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    got = []
+    for line in out.read_text().splitlines():
+        feats = line.split("|||")[2].split()
+        got.append(float(feats[feats.index("T2S=") + 1]))
+    assert np.allclose(got, expect, atol=1e-4)
+    assert len(set(np.round(got, 3))) == len(got)    # every hypothesis its own value
+
+
+def test_decoders_refuse_the_inverse_model(inverse, tmp_path):
+    with pytest.raises(Exception, match="target-to-source"):
+        from nlmfeature import _capi
+        _capi.load_model(inverse.model_out)
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler")
+    exe, feed, _ = _c_joint_program(tmp_path, sentences=2)
+    p = subprocess.run([exe, inverse.model_out, str(feed)], capture_output=True, text=True)
+    assert p.returncode != 0 and "load failed" in p.stderr and "target-to-source" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_target_to_source_needs_a_parallel_text(tmp_path):
+    cfg = TrainConfig(train=TRAIN["en"], model_out=str(tmp_path / "x.nlm"), target_to_source=True, **SMALL)
+    with pytest.raises(nlmfeature.NLMFeatureError, match="--target-to-source belong to a joint model"):
+        train(cfg, log=lambda m: None)

@@ -285,6 +285,11 @@ def load_model(str path, bint verify=True, bint use_tables=True) -> int:
     """
     from nlmfeature.core.model import load
     model = load(path, verify=verify, use_tables=use_tables)
+    if model.header.get("source") and model.target_to_source:
+        from nlmfeature.errors import NLMFeatureError
+        raise NLMFeatureError(f"{path}: an inverse joint model (train --target-to-source) "
+                              "predicts the source sentence from the whole translation: it is "
+                              "for k-best rescoring (nlmfeature-rescore), not for decoders")
     cap = model.native.capsule()
     offsets = np.ascontiguousarray(model.arrays["vocab.offsets"], dtype=np.int64)
     data = np.ascontiguousarray(model.arrays["vocab.bytes"], dtype=np.uint8)

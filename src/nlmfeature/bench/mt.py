@@ -940,6 +940,11 @@ def run(args: argparse.Namespace) -> int:
         if load(m).header.get("source"):
             raise InputError(m, 0, "a joint model: give it with --joint (its features need the "
                              "source sentence and the word alignment)")
+    for m in joints:
+        if load(m).header.get("source") and load(m).target_to_source:
+            raise InputError(m, 0, "an inverse joint model (train --target-to-source) scores the "
+                             "source given the whole translation: decoders refuse it; add it to "
+                             "k-best lists with nlmfeature-rescore")
     sides = []
     if with_moses:
         nlm_ini_path = os.path.join(work, f"nlm{mkey}.{key}.moses.ini")

@@ -249,7 +249,9 @@ def _run_joint(args: argparse.Namespace, model) -> int:
     if args.valid or args.weight is not None or args.kenlm_train:
         raise NLMFeatureError("interpolation (--valid, --weight) and --kenlm-train are not "
                               "supported for joint models; compare with --kenlm and --compare")
-    srcs, tgts, affs = read_parallel(args.source, args.test, args.alignment, keep_empty=True)
+    # an inverse model (train --target-to-source) predicts --source given --test
+    srcs, tgts, affs = read_parallel(args.source, args.test, args.alignment, keep_empty=True,
+                                     target_to_source=model.target_to_source)
     ex = args.exclude_oov
     notes: List[str] = []
     js = joint_token_scores(exactly_normalised(model) if args.exact else model, srcs, tgts, affs)

@@ -40,7 +40,9 @@ def run(args: argparse.Namespace) -> int:
                               f"{args.model} is a target-only model: --source and --alignment apply to joint models")
     if joint:
         from nlmfeature.core.joint import read_parallel
-        srcs, tgts, affs = read_parallel(args.source, args.input, args.alignment, keep_empty=True)
+        # an inverse model (train --target-to-source) scores the --source sentences
+        srcs, tgts, affs = read_parallel(args.source, args.input, args.alignment, keep_empty=True,
+                                         target_to_source=model.target_to_source)
         pairs = iter(zip(srcs, affs))
     for line in (tgts if joint else (line for _, line in iter_lines(args.input, stream=True))):
         toks = line if joint else line.split()

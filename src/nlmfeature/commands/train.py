@@ -49,6 +49,10 @@ joint model (NNJM), German-English parallel text with its word alignment:
   nlmfeature train --source train.de.gz --train train.en.gz --alignment train.align.gz \\
       --test-source dev.de --test-set dev.en --test-alignment dev.align --model-out joint.nlm \\
       --output class --classes 100 --noise-samples 10 --source-window 7
+  its inverse for k-best rescoring beside it (the same files, plus --target-to-source):
+  nlmfeature train --source train.de.gz --train train.en.gz --alignment train.align.gz \
+      --test-source dev.de --test-set dev.en --test-alignment dev.align --model-out t2s.nlm \
+      --target-to-source --order 5 --noise-samples 10
 
 """
 
@@ -98,6 +102,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     j.add_argument("--source-window", type=int, default=7, metavar="W",
                    help="source words the model sees, 2m+1 centred on the affiliated word "
                         "(default 7, Devlin et al. 2014's window)")
+    j.add_argument("--target-to-source", action="store_true",
+                   help="train the inverse joint model (Devlin et al. 2014's T2S direction): it "
+                        "predicts the --source words, each from its source history and a window "
+                        "of --train words around its affiliated target word (same files and "
+                        "alignment as the direct model; --test-* likewise). For k-best rescoring "
+                        "beside the direct joint model (nlmfeature-rescore scores log p(source | "
+                        "hypothesis)); decoders refuse it")
     a = p.add_argument_group("architecture")
     a.add_argument("--arch", choices=["lbl", "nplm", "lateral"], default=D.arch,
                    help=f"log-bilinear (OxLM), NPLM (Vaswani et al.) or lateral branches (default {D.arch})")

@@ -150,10 +150,14 @@ def joint_ngrams(sources: Sequence[Sequence[str]], targets: Sequence[Sequence[st
 
 
 def read_parallel(source: str, target: str, alignment: str, keep_empty: bool = False,
+                  target_to_source: bool = False,
                   ) -> Tuple[List[List[str]], List[List[str]], List[np.ndarray]]:
     """(source sentences, target sentences, affiliations) of a tokenised parallel text and
     its ``i-j`` alignment, line by line (plain or .gz).  Pairs with an empty side are
-    skipped unless ``keep_empty`` (test sets: every line is a sentence).  Raises :class:`InputError` naming the file and line when the files have
+    skipped unless ``keep_empty`` (test sets: every line is a sentence).  With
+    ``target_to_source`` the roles swap (a target-to-source model's data): the first list
+    holds the target sentences, the second the source sentences, and each source word gets
+    its affiliated target position (the alignment read as ``j-i``).  Raises :class:`InputError` naming the file and line when the files have
     different numbers of lines or an alignment point is malformed or out of range."""
     srcs, tgts, affs = [], [], []
     it_s, it_t, it_a = textio.iter_lines(source), textio.iter_lines(target), textio.iter_lines(alignment)
@@ -175,13 +179,16 @@ def read_parallel(source: str, target: str, alignment: str, keep_empty: bool = F
                     raise InputError(path, lineno, f"contains the reserved token {tok!r}; sentence "
                                      "boundaries are added by nlmfeature, remove them from the text")
         pairs = parse_alignment(c[1], len(s), len(t), alignment, lineno)
+        if target_to_source:
+            s, t, pairs = t, s, [(j, i) for i, j in pairs]
         if (not s or not t) and not keep_empty:
             continue
         srcs.append(s)
         tgts.append(t)
         affs.append(affiliations(len(s), len(t), pairs))
     if not tgts:
-        raise InputError(target, 0, "the parallel text has no sentence pair with words on both sides")
+        raise InputError(source if target_to_source else target, 0,
+                         "the parallel text has no sentence pair with words on both sides")
     return srcs, tgts, affs
 
 
@@ -196,9 +203,19 @@ class JointModel(Model):
         self.source_vocab = Vocabulary.from_arrays(a["source.vocab.offsets"], a["source.vocab.bytes"])
         self.window = int(self.header["source"]["window"])
 
+    @property
+    def target_to_source(self) -> bool:
+        """Whether this is an inverse joint model (``nlmfeature train --target-to-source``):
+        its "target" is the translation's source side and its "source" the translation, so
+        :meth:`score_sentence` takes (translation, source sentence, ``j-i`` alignment) and
+        gives log p(source | translation); ``nlmfeature-rescore``, ``perplexity`` and
+        ``score`` swap the roles for it.  For k-best rescoring only: decoders refuse it."""
+        return bool(self.header.get("metadata", {}).get("target_to_source", False))
+
     def describe(self):
         d = super().describe()
-        d["source"] = {"window": self.window, "vocab_size": len(self.source_vocab)}
+        d["source"] = {"window": self.window, "vocab_size": len(self.source_vocab),
+                       "target_to_source": self.target_to_source}
         return d
 
     def source_ids(self, words: Iterable[str]) -> np.ndarray:

@@ -80,6 +80,7 @@ class TrainConfig:
     test_source: Optional[str] = None
     test_alignment: Optional[str] = None
     source_window: int = 7
+    target_to_source: bool = False  # predict the source words given a window of the target's
     # vocabulary
     min_count: int = 2
     reverse: bool = False
@@ -322,9 +323,9 @@ class Trainer:
                 raise NLMFeatureError("--reverse applies to target-only models, not to joint models (--source)")
             self._read_parallel(spec)
         else:
-            if cfg.alignment or cfg.test_source or cfg.test_alignment:
-                raise NLMFeatureError("--alignment, --test-source and --test-alignment belong to a "
-                                      "joint model: give --source too")
+            if cfg.alignment or cfg.test_source or cfg.test_alignment or cfg.target_to_source:
+                raise NLMFeatureError("--alignment, --test-source, --test-alignment and "
+                                      "--target-to-source belong to a joint model: give --source too")
             sents = read_corpus(cfg.train)
             if cfg.reverse:
                 sents = [s[::-1] for s in sents]
@@ -411,14 +412,16 @@ class Trainer:
             print(f"nlmfeature train: note: joint models have no direct n-gram features; "
                   f"--direct-order {cfg.direct_order} does not apply", file=sys.stderr)
         w = spec.source_window
-        srcs, tgts, affs = read_parallel(cfg.source, cfg.train, cfg.alignment)
+        t2s = cfg.target_to_source  # then srcs are the target sentences, tgts the source's
+        srcs, tgts, affs = read_parallel(cfg.source, cfg.train, cfg.alignment, target_to_source=t2s)
         self.vocab, self.counts = build_vocabulary(tgts, cfg.min_count, cfg.max_vocab)
         self.source_vocab, self.source_counts = build_vocabulary(srcs, cfg.min_count, cfg.max_vocab)
         self.data = joint_ngrams(srcs, tgts, affs, self.vocab, self.source_vocab, cfg.order, w)
         self.data.contexts[:, :w] += len(self.vocab)  # combined input table: source rows after target
         del srcs, tgts, affs
         if cfg.test_set:
-            s2, t2, a2 = read_parallel(cfg.test_source, cfg.test_set, cfg.test_alignment)
+            s2, t2, a2 = read_parallel(cfg.test_source, cfg.test_set, cfg.test_alignment,
+                                       target_to_source=t2s)
             self.heldout = joint_ngrams(s2, t2, a2, self.vocab, self.source_vocab, cfg.order, w)
             self.heldout_oov = sum(1 for t in t2 for x in t if x not in self.vocab)
 
@@ -446,7 +449,8 @@ class Trainer:
         if self.cfg.source:
             h["metadata"].update({"source": os.path.basename(self.cfg.source),
                                   "alignment": os.path.basename(self.cfg.alignment or ""),
-                                  "affiliation": "devlin2014"})
+                                  "affiliation": "devlin2014",
+                                  "target_to_source": bool(self.cfg.target_to_source)})
         return modelfile.write_model(self.cfg.model_out, h, a)
 
     # -- checkpoints --------------------------------------------------------------------
