@@ -9,6 +9,11 @@ Alignments: with ``--moses-alignments`` the lists already carry Moses'
 fast_align models trained by the recipe of the training alignment (``fast_align -d -o -v -p``
 both directions, then ``atools -c grow-diag-final-and``), as ``force_align.py`` does.
 
+``--t2s MODEL`` adds the inverse joint model (``train --target-to-source``: log p(source |
+hypothesis)) as the feature ``T2S`` and the sets +NLM+T2S and +NLM+NNJM+T2S; ``--seeds 1,2,3``
+tunes every set once per MERT seed and reports the mean, spread and a paired bootstrap of the
+means (:func:`nlmfeature.bench.mt.mean_pair_bootstrap`).
+
 Example (the figures in docs/joint.md)::
 
     python3 tools/joint_rescore.py --workdir W --joint joint.nlm --lm lm.nlm \\
@@ -103,29 +108,6 @@ def rerank(nbest, weights, out):
             f.write(best.get(sid, (0.0, ""))[1] + "\n")
 
 
-def bleu(hyp, ref):
-    out = run([sys.executable, "-m", "nlmfeature.mt.tuning.cli", "bleu", hyp, "--ref", ref])
-    return float(out.split()[2]), out.splitlines()[0]
-
-
-def paired_bootstrap(ref, base_hyp, hyp, samples=1000, seed=0):
-    """(BLEU gain, p-value): Koehn 2004's paired bootstrap, the fraction of resampled test
-    sets on which ``hyp`` is not better than ``base_hyp``."""
-    import numpy as np
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
-    from nlmfeature.mt.bleu import References, corpus_bleu
-
-    refs = References.from_files([ref])
-    a = np.array([refs.stats(i, h) for i, h in enumerate(lines(base_hyp))])
-    b = np.array([refs.stats(i, h) for i, h in enumerate(lines(hyp))])
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(a), size=(samples, len(a)))
-    sa = corpus_bleu(a[idx].sum(axis=1))
-    sb = corpus_bleu(b[idx].sum(axis=1))
-    gain = float(corpus_bleu(b.sum(axis=0)[None])[0] - corpus_bleu(a.sum(axis=0)[None])[0])
-    return gain, float(np.mean(sb <= sa))
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", required=True)
@@ -142,11 +124,15 @@ def main(argv=None) -> int:
                     help="the lists already carry Moses' word-alignment field")
     ap.add_argument("--fast-align", help="directory with fast_align and atools")
     ap.add_argument("--fwd"), ap.add_argument("--fwd-err"), ap.add_argument("--rev"), ap.add_argument("--rev-err")
+    ap.add_argument("--t2s", help="inverse joint model (train --target-to-source), feature T2S")
+    ap.add_argument("--seeds", default="0", help="MERT seeds, comma-separated (default 0: one tuning)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
     os.makedirs(args.workdir, exist_ok=True)
     W = args.workdir
+    seeds = [int(x) for x in args.seeds.split(",")]
+    feats = ["NLM", "NNJM"] + (["T2S"] if args.t2s else [])
     sets = {"dev": (args.dev_nbest, args.dev_src, args.dev_ref), "test": (args.test_nbest, args.test_src, args.test_ref)}
     for name, (nb, src, _) in sets.items():
         aligned = f"{W}/{name}.aligned.100best.gz"
@@ -157,36 +143,62 @@ def main(argv=None) -> int:
                 force_align(args, nb, src, aligned)
         resc = f"{W}/{name}.resc.100best.gz"
         if not os.path.exists(resc):
-            run([sys.executable, "-m", "nlmfeature.mt.rescore", "-q", "-m", args.lm, "-m", args.joint,
-                 "--name", "NLM", "--name", "NNJM", "--source", src, "-i", aligned, "-o", resc,
+            models = ["-m", args.lm, "-m", args.joint] + (["-m", args.t2s] if args.t2s else [])
+            run([sys.executable, "-m", "nlmfeature.mt.rescore", "-q", *models,
+                 *[x for f in feats for x in ("--name", f)], "--source", src, "-i", aligned, "-o", resc,
                  "--jobs", str(args.jobs)])
     init = [l for l in lines(args.init)]
     weights = init[init.index("[weight]") + 1:] if "[weight]" in init else init
     weights = [l for l in weights if "=" in l and not l.startswith("#")]
-    results = {}
-    for cfg, keep in (("kenlm", []), ("nlm", ["NLM"]), ("nnjm", ["NNJM"]), ("nlm+nnjm", ["NLM", "NNJM"])):
-        drop = [x for x in ("NLM", "NNJM") if x not in keep]
+    from nlmfeature.bench.mt import Scorer, mean_pair_bootstrap, summarise
+
+    scorers = {name: Scorer(ref, ref, "en") for name, (_, _, ref) in sets.items()}
+    configs = [("kenlm", []), ("nlm", ["NLM"]), ("nnjm", ["NNJM"]), ("nlm+nnjm", ["NLM", "NNJM"])]
+    if args.t2s:
+        configs += [("nlm+t2s", ["NLM", "T2S"]), ("nlm+nnjm+t2s", ["NLM", "NNJM", "T2S"])]
+    results, runs = {}, {}
+    for cfg, keep in configs:
+        drop = [x for x in feats if x not in keep]
         for name in sets:
             strip_features(f"{W}/{name}.resc.100best.gz", f"{W}/{name}.{cfg}.100best.gz", drop)
         with open(f"{W}/init.{cfg}", "w") as f:
             f.write("\n".join(weights + [f"{x}= 0.1" for x in keep]) + "\n")
-        run([sys.executable, "-m", "nlmfeature.mt.tuning.cli", "optimise", "--quiet", "--nbest",
-             f"{W}/dev.{cfg}.100best.gz", "--init", f"{W}/init.{cfg}", "--ref", sets["dev"][2],
-             "--out", f"{W}/tuned.{cfg}", "--jobs", str(args.jobs)])
+        runs[cfg] = {name: [] for name in sets}
+        for seed in seeds:
+            tag = cfg if seed == 0 else f"{cfg}.seed{seed}"
+            run([sys.executable, "-m", "nlmfeature.mt.tuning.cli", "optimise", "--quiet", "--nbest",
+                 f"{W}/dev.{cfg}.100best.gz", "--init", f"{W}/init.{cfg}", "--ref", sets["dev"][2],
+                 "--out", f"{W}/tuned.{tag}", "--jobs", str(args.jobs), "--seed", str(seed)])
+            for name in sets:
+                rerank(f"{W}/{name}.{cfg}.100best.gz", f"{W}/tuned.{tag}", f"{W}/{name}.{tag}.1best")
+                runs[cfg][name].append(scorers[name].stats(f"{W}/{name}.{tag}.1best")["bleu"])
+        results[cfg] = {name: summarise([score_bleu(scorers[name], r) for r in runs[cfg][name]])
+                        for name in sets}
+        d, t = results[cfg]["dev"], results[cfg]["test"]
+        print(f"{cfg:13s} dev {d['mean']:6.2f} (sd {d['sd']:.2f})  test2016 {t['mean']:6.2f} (sd {t['sd']:.2f}, "
+              f"{t['min']:.2f}-{t['max']:.2f}; {len(seeds)} tuning(s))", flush=True)
+    pairs = [("nlm", "kenlm"), ("nnjm", "kenlm"), ("nlm+nnjm", "kenlm"), ("nlm+nnjm", "nlm")]
+    if args.t2s:
+        pairs += [("nlm+t2s", "nlm"), ("nlm+nnjm+t2s", "nlm"), ("nlm+nnjm+t2s", "nlm+nnjm"), ("nlm+nnjm+t2s", "kenlm")]
+    for cfg, base in pairs:
+        r = {}
         for name in sets:
-            rerank(f"{W}/{name}.{cfg}.100best.gz", f"{W}/tuned.{cfg}", f"{W}/{name}.{cfg}.1best")
-        results[cfg] = {name: bleu(f"{W}/{name}.{cfg}.1best", sets[name][2]) for name in sets}
-        print(f"{cfg:10s} dev {results[cfg]['dev'][0]:6.2f}  test2016 {results[cfg]['test'][0]:6.2f}   "
-              f"({results[cfg]['test'][1]})", flush=True)
-    for cfg, base in (("nlm", "kenlm"), ("nnjm", "kenlm"), ("nlm+nnjm", "kenlm"), ("nlm+nnjm", "nlm")):
-        gain, p = paired_bootstrap(sets["test"][2], f"{W}/test.{base}.1best", f"{W}/test.{cfg}.1best")
-        results[f"{cfg} vs {base}"] = {"test_gain": gain, "p": p}
-        print(f"test2016 {cfg} vs {base}: {gain:+.2f} BLEU, paired bootstrap p = {p:.3f}", flush=True)
+            gain = results[cfg][name]["mean"] - results[base][name]["mean"]
+            p = mean_pair_bootstrap(scorers[name], "bleu", runs[base][name], runs[cfg][name], 1000)
+            r[name] = {"gain": gain, "p": p}
+        results[f"{cfg} vs {base}"] = r
+        print(f"{cfg} vs {base}: dev {r['dev']['gain']:+.2f} (p = {r['dev']['p']:.3f}), "
+              f"test2016 {r['test']['gain']:+.2f} BLEU (paired bootstrap of the means, p = {r['test']['p']:.3f})",
+              flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
     return 0
 
+
+def score_bleu(scorer, stats) -> float:
+    from nlmfeature.bench.mt import score
+    return score(scorer, "bleu", stats)
 
 if __name__ == "__main__":
     sys.exit(main())
