@@ -393,7 +393,9 @@ def test_inverse_model_predicts_the_source_given_the_target(inverse, trained, tm
                           "--test", TEST["en"], "--source", TEST["de"], "--alignment", TEST["align"], "--json"],
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["rows"][0]["perplexity"] == pytest.approx(inverse.best_perplexity, rel=1e-4)
+    res = json.loads(out.stdout)
+    assert res["rows"][0]["perplexity"] == pytest.approx(inverse.best_perplexity, rel=1e-4)
+    assert any("inverse joint model" in n and TEST["de"] in n for n in res["notes"])
     out = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "score", "--model", inverse.model_out, "--input",
                           TEST["en"], "--source", TEST["de"], "--alignment", TEST["align"]],
                          capture_output=True, text=True, cwd=ROOT)

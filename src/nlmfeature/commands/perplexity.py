@@ -265,6 +265,10 @@ def _run_joint(args: argparse.Namespace, model) -> int:
         notes.append(f"joint model renormalised exactly (--exact): raw-score perplexity "
                      f"{extra['raw_perplexity']:.3f}, log Z mean {extra['log_z_mean']:.3f}, "
                      f"sd {extra['log_z_sd']:.3f}")
+    if model.target_to_source:
+        notes.append(f"inverse joint model (train --target-to-source): the perplexity is of the "
+                     f"--source text {args.source} given --test; --compare and --kenlm models "
+                     "score the --source text too")
     rows: List[Dict] = [_row("joint", js.logprob, js.oov, ex, **extra)]
     result: Dict[str, Any] = {"model": args.model, "test": args.test, "source": args.source,
                               "alignment": args.alignment, "exclude_oov": ex}
