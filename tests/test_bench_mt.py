@@ -149,30 +149,32 @@ def test_bench_mt_joint_rescoring_with_moses(tmp_path, capsys):
     model = make_model(tmp_path, order=5)
     second = make_model(tmp_path, name="second.nlm", order=3, seed=1)
     joint = _joint_model(tmp_path)
+    inverse = _inverse_model(tmp_path)
     work = tmp_path / "bench"
     argv = ["bench", "mt", "--no-decoding", "--quick", "--quick-sentences", "10",
             "--test-sentences", "10", "--tunings", "2", "--kbest", "20", "--model", model,
-            "--rescore-model", second, "--joint", joint, "--workdir", str(work), "--threads",
-            "1", "--bootstrap", "100", "--rescore-restarts", "2"]
+            "--rescore-model", second, "--joint", joint, "--joint", inverse, "--workdir", str(work),
+            "--threads", "1", "--bootstrap", "100", "--rescore-restarts", "2"]
     assert cli_main(argv) == 0
     out = capsys.readouterr().out
     doc = json.load(open(work / "bench-mt.json", encoding="utf-8"))
     assert "decoding" not in doc
     resc = doc["rescoring"]
-    # the joint side adds NNJM0 to the NLM side's features (--model, then --rescore-model)
+    # the joint side adds NNJM0 (and the inverse model's NNJM1) to the NLM side's features
+    # (--model, then --rescore-model)
     assert resc["features"] == {"base": [], "nlm": ["NLM0", "NLM1"],
-                                "joint": ["NLM0", "NLM1", "NNJM0"]}
-    assert resc["models"] == [model, second] and resc["joint"] == [joint]
+                                "joint": ["NLM0", "NLM1", "NNJM0", "NNJM1"]}
+    assert resc["models"] == [model, second] and resc["joint"] == [joint, inverse]
     for name in ("dev", "test"):
         e = resc["scores"][name]["bleu"]
         for side in ("base", "nlm", "joint"):
             assert len(e[side]["runs"]) == 2 and 0 < e[side]["mean"] <= 100
         assert 0 < e["joint_p_value"] <= 1 and 0 < e["joint_vs_nlm_p_value"] <= 1
-    assert "KenLM + NLM + joint NLM0 NLM1 NNJM0" in out
-    _check_joint_list(work, joint, model)
+    assert "KenLM + NLM + joint NLM0 NLM1 NNJM0 NNJM1" in out
+    _check_joint_list(work, joint, model, inverse)
     # the joint side's tuned weights name the new features
     [w] = list(work.glob("rescoring.*/joint*.mert1.r2.weights"))
-    assert {"NLM0", "NLM1", "NNJM0", "LM0"} <= set(read_weights(str(w)))
+    assert {"NLM0", "NLM1", "NNJM0", "NNJM1", "LM0"} <= set(read_weights(str(w)))
     # the markdown table of the docs: one row per set and metric, three sides each
     assert cli_main(argv + ["--markdown"]) == 0
     rows = capsys.readouterr().out.splitlines()
@@ -183,10 +185,11 @@ def test_bench_mt_joint_rescoring_with_moses(tmp_path, capsys):
     assert f"{e['joint_vs_nlm_difference']:+.2f} ({e['joint_vs_nlm_p_value']:.3f})" in row
 
 
-def _check_joint_list(work, joint: str, model: str) -> None:
+def _check_joint_list(work, joint: str, model: str, inverse: str) -> None:
     """Every hypothesis of the rescored joint test list: NNJM0 is the joint model's
     log-probability given the test source and the hypothesis' own Moses word alignment,
-    NLM0 the target-only model's (the KenLM-only features unchanged)."""
+    NNJM1 the inverse model's log-probability of the source given the hypothesis, NLM0 the
+    target-only model's (the KenLM-only features unchanged)."""
     import nlmfeature
     from nlmfeature.mt.kbest import read_kbest
 
@@ -194,18 +197,21 @@ def _check_joint_list(work, joint: str, model: str) -> None:
     [plain] = list(rdir.glob("test.20best.wa"))
     [scored] = list(rdir.glob("test.20best.wa.joint*.gz"))
     src = [l.split() for l in open(next(work.glob("test.10.src.de")), encoding="utf-8")]
-    jm, lm = nlmfeature.load(joint), nlmfeature.load(model)
+    jm, lm, tm = nlmfeature.load(joint), nlmfeature.load(model), nlmfeature.load(inverse)
     hyps, base = list(read_kbest(str(scored))), list(read_kbest(str(plain)))
     assert len(hyps) == len(base) > 10 * 10 and {h.sid for h in hyps} == set(range(10))
     aligned = 0
     for h, b in zip(hyps, base):
         feats = dict(h.features)
-        assert [l for l, _ in h.features] == [l for l, _ in b.features] + ["NLM0", "NLM1", "NNJM0"]
+        assert [l for l, _ in h.features] == [l for l, _ in b.features] + ["NLM0", "NLM1", "NNJM0", "NNJM1"]
         alignment = h.extra[-1]
         assert alignment == b.extra[-1] and "-" in alignment
         aligned += len(alignment.split())
         assert feats["NNJM0"][0] == pytest.approx(
             jm.sentence_logprob(src[h.sid], h.text.split(), alignment), abs=1e-3)
+        flipped = [(j, i) for i, j in (map(int, p.split("-")) for p in alignment.split())]
+        assert feats["NNJM1"][0] == pytest.approx(
+            tm.sentence_logprob(h.text.split(), src[h.sid], flipped), abs=1e-3)
         assert feats["NLM0"][0] == pytest.approx(lm.sentence_logprob(h.text.split()), abs=1e-3)
     assert aligned > len(hyps) * 3
 
@@ -430,6 +436,40 @@ def test_bench_mt_cdec_names_what_is_missing(tmp_path, capsys, monkeypatch):
     assert cli_main(argv + ["--cdec-root", str(fake), "--cdec-ff", str(tmp_path / "no.so")]) != 0
     err = capsys.readouterr().err
     assert "make -C cdec_ff" in err and str(tmp_path / "no.so") in err
+
+
+def _inverse_model(tmp_path) -> str:
+    """A small random inverse joint model (train --target-to-source): German words predicted
+    from a window of English ones."""
+    import nlmfeature
+    from nlmfeature.core.architecture import ModelSpec, precompute_tables, random_model
+    from nlmfeature.core.joint import read_parallel
+    from nlmfeature.training.corpus import build_vocabulary
+
+    en, de, _ = read_parallel(*(os.path.join(M30K, f"train.3k.{k}.gz") for k in ("de", "en", "align")),
+                              target_to_source=True)
+    tv, tc = build_vocabulary(de, 2)
+    sv, sc = build_vocabulary(en, 2)
+    header, arrays = random_model(ModelSpec(source_window=5, arch="lbl", order=4, word_width=16,
+                                            diagonal_contexts=True, output="unnormalised"),
+                                  tv, tc, seed=4, scale=0.3, source_vocab=sv, source_counts=sc)
+    precompute_tables(header, arrays, diagonal=True)
+    header["metadata"] = {"target_to_source": True}
+    path = str(tmp_path / "t2s.nlm")
+    nlmfeature.save(path, header, arrays)
+    assert nlmfeature.load(path).target_to_source
+    return path
+
+
+def test_an_inverse_joint_model_is_for_the_rescoring_part_only(tmp_path, capsys):
+    """An inverse joint model (train --target-to-source) cannot go into a decoder: with the
+    decoding part it stops before any work, naming the file and --no-decoding."""
+    inverse = _inverse_model(tmp_path)
+    argv = ["bench", "mt", "--joint", inverse, "--workdir", str(tmp_path / "w"), "--system", str(tmp_path)]
+    assert cli_main(argv) != 0
+    err = capsys.readouterr().err
+    assert "t2s.nlm" in err and "--target-to-source" in err and "--no-decoding" in err
+    assert "Traceback" not in err and not (tmp_path / "w").exists()
 
 
 def test_second_pass_needs_the_decoding_part_and_rescoring_models(tmp_path, capsys):

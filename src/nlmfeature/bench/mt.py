@@ -26,7 +26,9 @@ From raw text, as a user would start:
    ``--no-decoding``) writes 1000-best lists of dev and test, each hypothesis with its word
    alignment (Moses ``-print-alignment-info-in-n-best``); the features of the ``--model`` and
    ``--rescore-model`` NLMs are appended (``nlmfeature-rescore``: NLM0, NLM1, ...), then those
-   of the ``--joint`` models (NNJM0, ..., given the source sentence and the alignment); weights
+   of the ``--joint`` models (NNJM0, ..., given the source sentence and the alignment; an
+   inverse model, ``train --target-to-source``, gives log p(source | hypothesis) and is
+   allowed with ``--no-decoding`` only); weights
    are tuned on dev ``--tunings`` times per side (KenLM only; KenLM + NLMs; with ``--joint``
    KenLM + NLMs + joint; ``nlmfeature-tune optimise``, MERT seeds 1..N) and every set is
    reranked.  With ``--no-decoding`` this part alone took 28 minutes on one core for
@@ -891,6 +893,15 @@ def run(args: argparse.Namespace) -> int:
         raise NLMFeatureError("--second-pass rescores the Moses decoding part's k-best lists "
                               "with the --rescore-model NLMs: it needs --decoder moses or both, "
                               "the decoding part (no --no-decoding) and --rescore-model")
+    if not args.no_decoding:
+        from nlmfeature import load
+
+        for m in args.joint:
+            jm = load(m)
+            if jm.header.get("source") and jm.target_to_source:
+                raise InputError(m, 0, "an inverse joint model (train --target-to-source) scores "
+                                 "the source given the whole translation: decoders refuse it; "
+                                 "give --no-decoding to use it in the rescoring part only")
     if with_moses:
         args.moses = find_moses(args.moses)
         args.moses_root = os.environ.get("MOSES_ROOT") or os.path.dirname(os.path.dirname(args.moses))
@@ -940,11 +951,6 @@ def run(args: argparse.Namespace) -> int:
         if load(m).header.get("source"):
             raise InputError(m, 0, "a joint model: give it with --joint (its features need the "
                              "source sentence and the word alignment)")
-    for m in joints:
-        if load(m).header.get("source") and load(m).target_to_source:
-            raise InputError(m, 0, "an inverse joint model (train --target-to-source) scores the "
-                             "source given the whole translation: decoders refuse it; add it to "
-                             "k-best lists with nlmfeature-rescore")
     sides = []
     if with_moses:
         nlm_ini_path = os.path.join(work, f"nlm{mkey}.{key}.moses.ini")
@@ -1093,7 +1099,8 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
                         "half the LM's).  Rescoring: the 1000-best lists carry Moses' word "
                         "alignments (-print-alignment-info-in-n-best), each joint model adds "
                         "one feature NNJMi (given the dev / test source) to the NLM side's "
-                        "features. Default: none")
+                        "features; an inverse model (train --target-to-source) only here, with "
+                        "--no-decoding. Default: none")
     p.add_argument("--rescore-model", action="append", default=[], metavar="MODEL",
                    help="a target-only NLM used only in the rescoring part, beside the --model "
                         "ones (features NLM<n>, NLM<n+1>, ... after theirs): e.g. a "
