@@ -150,7 +150,7 @@ def main(argv=None) -> int:
     init = [l for l in lines(args.init)]
     weights = init[init.index("[weight]") + 1:] if "[weight]" in init else init
     weights = [l for l in weights if "=" in l and not l.startswith("#")]
-    from nlmfeature.bench.mt import Scorer, mean_pair_bootstrap, summarise
+    from nlmfeature.bench.mt import Scorer, mean_pair_bootstrap, score, summarise
 
     scorers = {name: Scorer(ref, ref, "en") for name, (_, _, ref) in sets.items()}
     configs = [("kenlm", []), ("nlm", ["NLM"]), ("nnjm", ["NNJM"]), ("nlm+nnjm", ["NLM", "NNJM"])]
@@ -172,7 +172,7 @@ def main(argv=None) -> int:
             for name in sets:
                 rerank(f"{W}/{name}.{cfg}.100best.gz", f"{W}/tuned.{tag}", f"{W}/{name}.{tag}.1best")
                 runs[cfg][name].append(scorers[name].stats(f"{W}/{name}.{tag}.1best")["bleu"])
-        results[cfg] = {name: summarise([score_bleu(scorers[name], r) for r in runs[cfg][name]])
+        results[cfg] = {name: summarise([score(scorers[name], "bleu", r) for r in runs[cfg][name]])
                         for name in sets}
         d, t = results[cfg]["dev"], results[cfg]["test"]
         print(f"{cfg:13s} dev {d['mean']:6.2f} (sd {d['sd']:.2f})  test2016 {t['mean']:6.2f} (sd {t['sd']:.2f}, "
@@ -195,10 +195,6 @@ def main(argv=None) -> int:
             json.dump(results, f, indent=2)
     return 0
 
-
-def score_bleu(scorer, stats) -> float:
-    from nlmfeature.bench.mt import score
-    return score(scorer, "bleu", stats)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -285,7 +285,7 @@ def load_model(str path, bint verify=True, bint use_tables=True) -> int:
     """
     from nlmfeature.core.model import load
     model = load(path, verify=verify, use_tables=use_tables)
-    if model.header.get("source") and model.target_to_source:
+    if model.target_to_source:
         from nlmfeature.errors import NLMFeatureError
         raise NLMFeatureError(f"{path}: an inverse joint model (train --target-to-source) "
                               "predicts the source sentence from the whole translation: it is "

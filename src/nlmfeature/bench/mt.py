@@ -897,8 +897,7 @@ def run(args: argparse.Namespace) -> int:
         from nlmfeature import load
 
         for m in args.joint:
-            jm = load(m)
-            if jm.header.get("source") and jm.target_to_source:
+            if load(m).target_to_source:
                 raise InputError(m, 0, "an inverse joint model (train --target-to-source) scores "
                                  "the source given the whole translation: decoders refuse it; "
                                  "give --no-decoding to use it in the rescoring part only")

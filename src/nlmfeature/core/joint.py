@@ -203,15 +203,6 @@ class JointModel(Model):
         self.source_vocab = Vocabulary.from_arrays(a["source.vocab.offsets"], a["source.vocab.bytes"])
         self.window = int(self.header["source"]["window"])
 
-    @property
-    def target_to_source(self) -> bool:
-        """Whether this is an inverse joint model (``nlmfeature train --target-to-source``):
-        its "target" is the translation's source side and its "source" the translation, so
-        :meth:`score_sentence` takes (translation, source sentence, ``j-i`` alignment) and
-        gives log p(source | translation); ``nlmfeature-rescore``, ``perplexity`` and
-        ``score`` swap the roles for it.  For k-best rescoring only: decoders refuse it."""
-        return bool(self.header.get("metadata", {}).get("target_to_source", False))
-
     def describe(self):
         d = super().describe()
         d["source"] = {"window": self.window, "vocab_size": len(self.source_vocab),

@@ -152,6 +152,17 @@ class Model:
         for it.  For k-best rescoring only: decoders extend hypotheses left to right."""
         return bool(self.header.get("metadata", {}).get("reverse", False))
 
+    @property
+    def target_to_source(self) -> bool:
+        """Whether this is an inverse joint model (``nlmfeature train --target-to-source``;
+        always false for a target-only model): its "target" is the translation's source side
+        and its "source" the translation, so :meth:`JointModel.score_sentence` takes
+        (translation, source sentence, ``j-i`` alignment) and gives log p(source |
+        translation); ``nlmfeature-rescore``, ``perplexity`` and ``score`` swap the roles for
+        it.  For k-best rescoring only: decoders refuse it."""
+        return bool(self.header.get("source")) and bool(
+            self.header.get("metadata", {}).get("target_to_source", False))
+
     def describe(self) -> Dict[str, Any]:
         """Architecture summary (what ``nlmfeature info`` prints)."""
         h = self.header

@@ -210,17 +210,14 @@ class Rescorer:
         res.tokens = sum(len(t) for t in tokens)
         for model, name in zip(self.models, cfg.names):
             counts = [0]
-            if model.header.get("source") and model.target_to_source:
-                # log p(source | hypothesis): the hypothesis is the model's source side
+            if model.header.get("source"):
                 from nlmfeature.core.joint import joint_sentence_logprobs
-                inv = [[(j, i) for i, j in al] for al in aligns]
-                columns.append((name, joint_sentence_logprobs(model, tokens, srcs, inv, cfg.batch_size)))
-                counts[0] = sum(1 for toks in tokens for t in toks
-                                if t not in model.source_vocab or t == "<unk>")
-            elif model.header.get("source"):
-                from nlmfeature.core.joint import joint_sentence_logprobs
-                columns.append((name, joint_sentence_logprobs(model, srcs, tokens, aligns, cfg.batch_size)))
-                counts[0] = sum(1 for toks in tokens for t in toks if t not in model.vocab or t == "<unk>")
+                given, scored, al, vocab = srcs, tokens, aligns, model.vocab
+                if model.target_to_source:   # log p(source | hypothesis): the roles swap
+                    given, scored, vocab = tokens, srcs, model.source_vocab
+                    al = [[(j, i) for i, j in a] for a in aligns]
+                columns.append((name, joint_sentence_logprobs(model, given, scored, al, cfg.batch_size)))
+                counts[0] = sum(1 for toks in tokens for t in toks if t not in vocab or t == "<unk>")
             else:
                 columns.append((name, sentence_logprobs(model, tokens, cfg.batch_size, counts)))
             res.oovs.append(counts[0])
