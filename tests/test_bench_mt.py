@@ -149,7 +149,7 @@ def test_bench_mt_joint_rescoring_with_moses(tmp_path, capsys):
     model = make_model(tmp_path, order=5)
     second = make_model(tmp_path, name="second.nlm", order=3, seed=1)
     joint = _joint_model(tmp_path)
-    inverse = _inverse_model(tmp_path)
+    inverse = _joint_model(tmp_path, inverse=True)
     work = tmp_path / "bench"
     argv = ["bench", "mt", "--no-decoding", "--quick", "--quick-sentences", "10",
             "--test-sentences", "10", "--tunings", "2", "--kbest", "20", "--model", model,
@@ -220,24 +220,30 @@ def _check_joint_list(work, joint: str, model: str, inverse: str) -> None:
 M30K = os.path.join(os.path.dirname(__file__), "data", "multi30k")
 
 
-def _joint_model(tmp_path, output="unnormalised") -> str:
-    """A small random joint model (window 5) with the vocabularies of the real 3k-pair slice."""
+def _joint_model(tmp_path, output="unnormalised", inverse=False) -> str:
+    """A small random joint model (window 5) with the vocabularies of the real 3k-pair slice;
+    with ``inverse`` an inverse one (train --target-to-source: German words predicted from a
+    window of English ones)."""
     import nlmfeature
     from nlmfeature.core.architecture import ModelSpec, precompute_tables, random_model
     from nlmfeature.core.joint import read_parallel
     from nlmfeature.training.corpus import build_vocabulary
 
-    srcs, tgts, _ = read_parallel(*(os.path.join(M30K, f"train.3k.{k}.gz") for k in ("de", "en", "align")))
+    srcs, tgts, _ = read_parallel(*(os.path.join(M30K, f"train.3k.{k}.gz") for k in ("de", "en", "align")),
+                                  target_to_source=inverse)
     tv, tc = build_vocabulary(tgts, 2)
     sv, sc = build_vocabulary(srcs, 2)
     spec = dict(arch="lbl", order=4, word_width=16, diagonal_contexts=True, output=output)
     if output == "class":
         spec["classes"] = 20
-    header, arrays = random_model(ModelSpec(source_window=5, **spec), tv, tc, seed=3, scale=0.3,
-                                  source_vocab=sv, source_counts=sc)
+    header, arrays = random_model(ModelSpec(source_window=5, **spec), tv, tc, seed=4 if inverse else 3,
+                                  scale=0.3, source_vocab=sv, source_counts=sc)
     precompute_tables(header, arrays, diagonal=True)
-    path = str(tmp_path / f"joint-{output}.nlm")
+    if inverse:
+        header["metadata"] = {"target_to_source": True}
+    path = str(tmp_path / ("t2s.nlm" if inverse else f"joint-{output}.nlm"))
     nlmfeature.save(path, header, arrays)
+    assert nlmfeature.load(path).target_to_source == inverse
     return path
 
 
@@ -438,33 +444,10 @@ def test_bench_mt_cdec_names_what_is_missing(tmp_path, capsys, monkeypatch):
     assert "make -C cdec_ff" in err and str(tmp_path / "no.so") in err
 
 
-def _inverse_model(tmp_path) -> str:
-    """A small random inverse joint model (train --target-to-source): German words predicted
-    from a window of English ones."""
-    import nlmfeature
-    from nlmfeature.core.architecture import ModelSpec, precompute_tables, random_model
-    from nlmfeature.core.joint import read_parallel
-    from nlmfeature.training.corpus import build_vocabulary
-
-    en, de, _ = read_parallel(*(os.path.join(M30K, f"train.3k.{k}.gz") for k in ("de", "en", "align")),
-                              target_to_source=True)
-    tv, tc = build_vocabulary(de, 2)
-    sv, sc = build_vocabulary(en, 2)
-    header, arrays = random_model(ModelSpec(source_window=5, arch="lbl", order=4, word_width=16,
-                                            diagonal_contexts=True, output="unnormalised"),
-                                  tv, tc, seed=4, scale=0.3, source_vocab=sv, source_counts=sc)
-    precompute_tables(header, arrays, diagonal=True)
-    header["metadata"] = {"target_to_source": True}
-    path = str(tmp_path / "t2s.nlm")
-    nlmfeature.save(path, header, arrays)
-    assert nlmfeature.load(path).target_to_source
-    return path
-
-
 def test_an_inverse_joint_model_is_for_the_rescoring_part_only(tmp_path, capsys):
     """An inverse joint model (train --target-to-source) cannot go into a decoder: with the
     decoding part it stops before any work, naming the file and --no-decoding."""
-    inverse = _inverse_model(tmp_path)
+    inverse = _joint_model(tmp_path, inverse=True)
     argv = ["bench", "mt", "--joint", inverse, "--workdir", str(tmp_path / "w"), "--system", str(tmp_path)]
     assert cli_main(argv) != 0
     err = capsys.readouterr().err
