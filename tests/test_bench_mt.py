@@ -82,14 +82,18 @@ def test_bench_mt_end_to_end_with_moses(tmp_path, capsys):
     """A tiny run (10 dev and 10 test sentences, one tuning iteration, 20-best rescoring).
     Moses is this checkout's shims with the joint feature (a tree built by
     ../shared/tools/build-decoders.sh has a bin/moses without it)."""
+    import nlmfeature
+    from nlmfeature.mt.kbest import read_kbest
+
     moses_bin = build_moses_with_shim(os.environ["MOSES_ROOT"], joint=True)
     model = make_model(tmp_path, order=5)
     second = make_model(tmp_path, name="second.nlm", order=3, seed=1)
     joint = _joint_model(tmp_path)
+    inverse = _joint_model(tmp_path, inverse=True)
     work = tmp_path / "bench"
     argv = ["bench", "mt", "--quick", "--quick-sentences", "10", "--test-sentences", "10",
             "--tunings", "2", "--max-iterations", "1", "--kbest", "20", "--model", model,
-            "--joint", joint, "--rescore-model", second, "--second-pass", "--workdir",
+            "--joint", joint, "--joint", inverse, "--rescore-model", second, "--second-pass", "--workdir",
             str(work), "--threads", "1", "--bootstrap", "100", "--moses", moses_bin]
     assert cli_main(argv) == 0
     out = capsys.readouterr().out
@@ -102,32 +106,51 @@ def test_bench_mt_end_to_end_with_moses(tmp_path, capsys):
             assert 0 < e["base"]["mean"] <= 100 and 0 < e["p_value"] <= 1
     assert doc["decoding"]["scores"]["test"]["seconds_per_sentence"]["ratio"] > 0
     # the joint side: decoded with NLMJointFeature, compared with both others
-    assert doc["joint"] == joint and "KenLM + NLM + joint" in out
+    assert doc["joint"] == [joint, inverse] and "KenLM + NLM + joint" in out
     for name in ("dev", "test"):
         e = doc["decoding"]["scores"][name]["bleu"]
         assert len(e["joint"]["runs"]) == 2 and 0 < e["joint_p_value"] <= 1
         assert 0 < e["joint_vs_nlm_p_value"] <= 1
     assert doc["decoding"]["scores"]["test"]["seconds_per_sentence"]["joint_ratio"] > 0
+    # the inverse model is not in the decoder: only the direct one is
     tuned = list(work.glob("tuning.*/joint*/run1.moses.ini"))
-    assert tuned and all(f"NLMJointFeature name=NNJM0 path={joint}" in t.read_text() for t in tuned)
+    assert len(tuned) == 2 and all(f"NLMJointFeature name=NNJM0 path={joint}" in t.read_text()
+                                   and "t2s.nlm" not in t.read_text() for t in tuned)
     assert all("NNJM0=" in t.read_text() for t in tuned)
     # the rescoring part has the joint side too (test_bench_mt_joint_rescoring_with_moses)
-    assert doc["rescoring"]["features"]["joint"] == ["NLM0", "NLM1", "NNJM0"]
+    assert doc["rescoring"]["features"]["joint"] == ["NLM0", "NLM1", "NNJM0", "NNJM1"]
     assert len(doc["rescoring"]["scores"]["test"]["bleu"]["joint"]["runs"]) == 2
     # the second pass: each KenLM + NLM tuning's 20-best lists (Moses' NLM0 in them) get the
-    # --rescore-model as NLM1, retuned from the tuning's weights; against KenLM-only decoding
+    # --rescore-model as NLM1; each KenLM + NLM + joint tuning's (NLM0, NNJM0 in them) NLM1 and
+    # the inverse model's NNJM1; both retuned from the tuning's weights; against KenLM-only
+    # decoding and against each other
     sp = doc["second_pass"]
-    assert sp["features"] == ["NLM1"] and sp["models"] == [second] and "decoding + rescoring" in out
+    assert sp["features"] == {"nlm": ["NLM1"], "joint": ["NLM1", "NNJM1"]}
+    assert sp["models"] == [second] and sp["joint"] == [inverse] and "decoding + rescoring" in out
     for name in ("dev", "test"):
         e, d = sp["scores"][name]["bleu"], doc["decoding"]["scores"][name]["bleu"]
         assert e["base"] == d["base"] and len(e["nlm"]["runs"]) == 2 and 0 < e["p_value"] <= 1
+        assert len(e["joint"]["runs"]) == 2 and 0 < e["joint_vs_nlm_p_value"] <= 1
+    src = [l.split() for l in open(next(work.glob("test.10.src.de")), encoding="utf-8")]
+    tm = nlmfeature.load(inverse)
     for seed in (1, 2):
-        [sdir] = list(work.glob(f"tuning.*/nlm*.mert{seed}/second-pass.*"))
-        with gzip.open(sdir / "test.20best.gz", "rt", encoding="utf-8") as f:
-            first = f.readline()
-        assert "NLM0=" in first and "NLM1=" in first
-        assert {"NLM0", "NLM1", "LM0"} <= set(read_weights(str(sdir / f"rescored.mert{seed}.weights")))
-        assert len(open(sdir / f"test.rescored.mert{seed}.1best").read().splitlines()) == 10
+        for side, feats in (("nlm", ["NLM1"]), ("joint", ["NLM1", "NNJM1"])):
+            [sdir] = list(work.glob(f"tuning.*/{side}*.mert{seed}/second-pass"))
+            [scored] = list(sdir.glob("test.20best.wa.*.gz"))
+            hyps = list(read_kbest(str(scored)))
+            assert {h.sid for h in hyps} == set(range(10))
+            decoder = ["NLM0"] + (["NNJM0"] if side == "joint" else [])
+            assert all([l for l, _ in h.features][-len(feats):] == feats
+                       and set(decoder) <= {l for l, _ in h.features} for h in hyps)
+            if side == "joint":     # the inverse model's value from the hypothesis' alignment
+                for h in hyps:
+                    flipped = [(j, i) for i, j in (map(int, p.split("-")) for p in h.extra[-1].split())]
+                    assert dict(h.features)["NNJM1"][0] == pytest.approx(
+                        tm.sentence_logprob(h.text.split(), src[h.sid], flipped), abs=1e-3)
+            [w] = list(sdir.glob(f"rescored*.mert{seed}.weights"))
+            assert {"NLM0", "LM0", *feats} <= set(read_weights(str(w)))
+            [one] = list(sdir.glob(f"test.rescored*.mert{seed}.1best"))
+            assert len(open(one).read().splitlines()) == 10
     rows = doc["decoding"]["final_weights_rule"]
     assert len(rows) == 6 and all(r["iterations"] == 1 for r in rows)
     assert os.path.getsize(work / "bench-mt.png") > 1000
@@ -444,14 +467,16 @@ def test_bench_mt_cdec_names_what_is_missing(tmp_path, capsys, monkeypatch):
     assert "make -C cdec_ff" in err and str(tmp_path / "no.so") in err
 
 
-def test_an_inverse_joint_model_is_for_the_rescoring_part_only(tmp_path, capsys):
+def test_an_inverse_joint_model_is_for_the_rescoring_parts_only(tmp_path, capsys):
     """An inverse joint model (train --target-to-source) cannot go into a decoder: with the
-    decoding part it stops before any work, naming the file and --no-decoding."""
+    decoding part and no --second-pass it stops before any work, naming the file,
+    --second-pass and --no-decoding."""
     inverse = _joint_model(tmp_path, inverse=True)
     argv = ["bench", "mt", "--joint", inverse, "--workdir", str(tmp_path / "w"), "--system", str(tmp_path)]
     assert cli_main(argv) != 0
     err = capsys.readouterr().err
     assert "t2s.nlm" in err and "--target-to-source" in err and "--no-decoding" in err
+    assert "--second-pass" in err
     assert "Traceback" not in err and not (tmp_path / "w").exists()
 
 

@@ -27,8 +27,8 @@ From raw text, as a user would start:
    alignment (Moses ``-print-alignment-info-in-n-best``); the features of the ``--model`` and
    ``--rescore-model`` NLMs are appended (``nlmfeature-rescore``: NLM0, NLM1, ...), then those
    of the ``--joint`` models (NNJM0, ..., given the source sentence and the alignment; an
-   inverse model, ``train --target-to-source``, gives log p(source | hypothesis) and is
-   allowed with ``--no-decoding`` only); weights
+   inverse model, ``train --target-to-source``, gives log p(source | hypothesis): it is a
+   rescoring feature only, never put in the decoder); weights
    are tuned on dev ``--tunings`` times per side (KenLM only; KenLM + NLMs; with ``--joint``
    KenLM + NLMs + joint; ``nlmfeature-tune optimise``, MERT seeds 1..N) and every set is
    reranked.  With ``--no-decoding`` this part alone took 28 minutes on one core for
@@ -36,10 +36,13 @@ From raw text, as a user would start:
    test sentences: 6.5 minutes; scoring: 7; MERT over the 1000-best dev lists: 1-2 minutes
    per tuning);
 8. with ``--second-pass``, decoding then rescoring (:func:`second_pass`): every KenLM + NLM
-   tuning's final system writes ``--kbest`` lists of dev and test, the ``--rescore-model``
-   NLMs are appended (e.g. right-to-left models, which the left-to-right search cannot use),
-   the weights are retuned on the dev list and every set reranked; compared with KenLM-only
-   decoding (part "decoding + rescoring").
+   tuning's final system writes ``--kbest`` lists of dev and test (with word alignments),
+   the ``--rescore-model`` NLMs are appended (e.g. right-to-left models, which the
+   left-to-right search cannot use), the weights are retuned on the dev list and every set
+   reranked; with ``--joint`` the KenLM + NLM + joint tunings do the same with the
+   ``--rescore-model`` NLMs and the inverse joint models (without a direct joint model, the
+   KenLM + NLM tunings' lists get them); compared with KenLM-only decoding and with each
+   other (part "decoding + rescoring").
 
 Everything goes to ``--workdir``; rerunning the same command reuses every finished step
 (tuning runs resume).  ``--quick`` tunes on the first ``--quick-sentences`` dev sentences with
@@ -687,39 +690,59 @@ def rerank(args: argparse.Namespace, rdir: str, tag: str, lists: Dict[str, str],
     return per_set
 
 
-def second_pass(args: argparse.Namespace, root: str, sets: Dict[str, dict], nlm_tag: str,
-                n_models: int, extra: Sequence[str], rkey: str, base_runs: List[Dict[str, str]]
-                ) -> dict:
-    """Decoding, then rescoring (``--second-pass``): every KenLM + NLM tuning of the decoding
-    part (``root/NLM_TAG.ALGORITHM.SEED``, final config ``final.RULE.moses.ini``) writes
-    ``--kbest`` lists of every set, the ``--rescore-model`` NLMs ``extra`` are appended
-    (features NLM<n_models>, ...), and the weights are tuned on the dev list (MERT seed = the
-    tuning's seed; the new features start at half the LM's) and every set reranked, in
-    ``root/NLM_TAG.ALGORITHM.SEED/second-pass.RKEY``.  Returns {"features", "systems":
-    {"base": ``base_runs`` (KenLM-only decoding), "nlm": the reranked 1-bests}}."""
+def second_pass(args: argparse.Namespace, root: str, sets: Dict[str, dict], tags: Dict[str, str],
+                n_models: int, n_direct: int, extra: Sequence[str], inverse: Sequence[str],
+                base_runs: List[Dict[str, str]]) -> dict:
+    """Decoding, then rescoring (``--second-pass``).  Every tuning of the decoding part that a
+    side starts from (``root/TAG.ALGORITHM.SEED``, final config ``final.RULE.moses.ini``)
+    writes ``--kbest`` lists of every set with Moses' word alignments, once, into its
+    ``second-pass`` folder; each side appends its rescoring features and retunes the weights
+    on the dev list (MERT seed = the tuning's seed; the new features start at half the LM's)
+    and reranks every set:
+
+    - 'nlm': the KenLM + NLM tunings (``tags['nlm']``), the target-only ``extra`` NLMs
+      appended (features NLM<n_models>, ...);
+    - 'joint' (when the decoding part has a joint side, ``tags['joint']``, or ``inverse`` joint
+      models are given): the KenLM + NLM + joint tunings, else the KenLM + NLM ones, with
+      ``extra`` and then the ``inverse`` models (train --target-to-source: log p(source |
+      hypothesis) from the hypothesis' alignment; NNJM<n_direct>, ...).
+
+    Returns {"features": {side: names}, "systems": {"base": ``base_runs`` (KenLM-only
+    decoding), side: [{set: reranked 1-best}]}}."""
     from nlmfeature.mt.weights import read_weights, write_weights
 
-    names = [f"NLM{n_models + i}" for i in range(len(extra))]
-    runs = []
-    for seed in range(1, args.tunings + 1):
-        tdir = os.path.join(root, f"{nlm_tag}.{args.algorithm}{seed}")
-        ini = os.path.join(tdir, f"final.{args.final_weights}.moses.ini")
-        rdir = os.path.join(tdir, f"second-pass.{rkey}")
-        os.makedirs(rdir, exist_ok=True)
-        lists = {}
-        for name, s in sets.items():
-            kb = os.path.join(rdir, f"{name}.{args.kbest}best" + (".distinct" if args.distinct
-                                                                   else ""))
-            decode(args.moses, ini, s["src"], os.path.join(rdir, f"{name}.decoder.1best"),
-                   args.threads, args.kbest, kb, args.distinct)
-            lists[name] = append_features(kb, kb + ".gz", extra, names, args.jobs)
-        weights = read_weights(ini)
-        half = weights.get("LM0", [0.1])[0] / 2
-        init = os.path.join(rdir, "init.weights")
-        write_weights(init, dict(weights, **{n: [half] for n in names}))
-        runs.append(rerank(args, rdir, "rescored", lists, init, sets[args.dev]["ref"], seed, {},
-                           f"second pass (tuning {seed})"))
-    return dict(features=names, systems={"base": base_runs, "nlm": runs})
+    nlm_names = [f"NLM{n_models + i}" for i in range(len(extra))]
+    inv_names = [f"NNJM{n_direct + i}" for i in range(len(inverse))]
+    plan = {"nlm": (tags["nlm"], list(extra), nlm_names)}
+    if "joint" in tags or inverse:
+        plan["joint"] = (tags.get("joint", tags["nlm"]), list(extra) + list(inverse),
+                         nlm_names + inv_names)
+    systems: Dict[str, list] = {"base": base_runs}
+    for side, (tag, appended, names) in plan.items():
+        fkey = _key(appended)
+        systems[side] = []
+        for seed in range(1, args.tunings + 1):
+            tdir = os.path.join(root, f"{tag}.{args.algorithm}{seed}")
+            ini = os.path.join(tdir, f"final.{args.final_weights}.moses.ini")
+            rdir = os.path.join(tdir, "second-pass")
+            os.makedirs(rdir, exist_ok=True)
+            lists = {}
+            for name, s in sets.items():
+                kb = os.path.join(rdir, f"{name}.{args.kbest}best"
+                                  + (".distinct" if args.distinct else "") + ".wa")
+                decode(args.moses, ini, s["src"], os.path.join(rdir, f"{name}.decoder.1best"),
+                       args.threads, args.kbest, kb, args.distinct, alignment=True)
+                lists[name] = (append_features(kb, kb + f".{fkey}.gz", appended, names, args.jobs,
+                                               s["src"] if inverse and side == "joint" else None)
+                               if appended else kb)
+            weights = read_weights(ini)
+            half = weights.get("LM0", [0.1])[0] / 2
+            init = os.path.join(rdir, f"init.{fkey}.weights")
+            write_weights(init, dict(weights, **{n: [half] for n in names}))
+            systems[side].append(rerank(args, rdir, f"rescored{fkey}", lists, init,
+                                        sets[args.dev]["ref"], seed, {},
+                                        f"second pass {side} (tuning {seed})"))
+    return dict(features={side: plan[side][2] for side in plan}, systems=systems)
 
 
 # -- report -------------------------------------------------------------------------------------
@@ -889,18 +912,22 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(args.system, 0, "no such Moses system folder (--system)")
     with_moses = args.decoder in ("moses", "both")
     with_cdec = args.decoder in ("cdec", "both")
-    if args.second_pass and (not with_moses or args.no_decoding or not args.rescore_model):
-        raise NLMFeatureError("--second-pass rescores the Moses decoding part's k-best lists "
-                              "with the --rescore-model NLMs: it needs --decoder moses or both, "
-                              "the decoding part (no --no-decoding) and --rescore-model")
-    if not args.no_decoding:
-        from nlmfeature import load
+    from nlmfeature import load
 
-        for m in args.joint:
-            if load(m).target_to_source:
-                raise InputError(m, 0, "an inverse joint model (train --target-to-source) scores "
-                                 "the source given the whole translation: decoders refuse it; "
-                                 "give --no-decoding to use it in the rescoring part only")
+    # inverse joint models (train --target-to-source) score the source given the whole
+    # translation: rescoring features only (the rescoring part, the second pass)
+    inverse = [os.path.abspath(m) for m in args.joint if load(m).target_to_source]
+    if args.second_pass and (not with_moses or args.no_decoding
+                             or not (args.rescore_model or inverse)):
+        raise NLMFeatureError("--second-pass rescores the Moses decoding part's k-best lists "
+                              "with the --rescore-model NLMs (and inverse --joint models): it "
+                              "needs --decoder moses or both, the decoding part (no "
+                              "--no-decoding) and --rescore-model or an inverse --joint model")
+    if inverse and not args.no_decoding and not args.second_pass:
+        raise InputError(inverse[0], 0, "an inverse joint model (train --target-to-source) "
+                         "scores the source given the whole translation: decoders refuse it; "
+                         "give --second-pass (it rescores the decoder's k-best lists) or "
+                         "--no-decoding (the rescoring part only)")
     if with_moses:
         args.moses = find_moses(args.moses)
         args.moses_root = os.environ.get("MOSES_ROOT") or os.path.dirname(os.path.dirname(args.moses))
@@ -939,9 +966,8 @@ def run(args: argparse.Namespace) -> int:
     mkey = _key(models)                                  # the NLMs' key
     joints = [os.path.abspath(j) for j in args.joint]
     joint = joints[0] if len(joints) == 1 else (joints or None)
+    direct = [j for j in joints if j not in inverse]      # the decoders' joint models
     rescore_models = models + [os.path.abspath(m) for m in args.rescore_model]
-    from nlmfeature import load
-
     for m in models:
         if load(m).reverse and not args.no_decoding:
             raise InputError(m, 0, "a right-to-left model (train --reverse): the decoders decode "
@@ -956,10 +982,10 @@ def run(args: argparse.Namespace) -> int:
         nlm_weights = nlm_ini(base_ini, nlm_ini_path, models, base_weights)
         sides = [("base", base_ini, "base", ()),
                  ("nlm", nlm_ini_path, "nlm" + mkey, ("NLMFeature",))]
-        if joints:
-            jkey = _key(models + joints)
+        if direct:
+            jkey = _key(models + direct)
             joint_ini_path = os.path.join(work, f"joint{jkey}.{key}.moses.ini")
-            joint_ini(nlm_ini_path, joint_ini_path, joints, nlm_weights)
+            joint_ini(nlm_ini_path, joint_ini_path, direct, nlm_weights)
             sides.append(("joint", joint_ini_path, "joint" + jkey,
                           ("NLMFeature", "NLMJointFeature")))
     scorers = {name: Scorer(s["ref"], s["raw_ref"], args.tgt_lang) for name, s in sets.items()}
@@ -974,9 +1000,11 @@ def run(args: argparse.Namespace) -> int:
     if args.second_pass:
         extra = [os.path.abspath(m) for m in args.rescore_model]
         base_runs = [t["outputs"][args.final_weights] for t in doc["decoding"]["tunings"]["base"]]
-        sp = second_pass(args, os.path.join(work, f"tuning.{key}"), sets, "nlm" + mkey,
-                         len(models), extra, _key(extra), base_runs)
-        doc["second_pass"] = dict(kbest=args.kbest, models=extra, features=sp["features"],
+        sp = second_pass(args, os.path.join(work, f"tuning.{key}"), sets,
+                         {side: tag for side, _, tag, _ in sides if side != "base"},
+                         len(models), len(direct), extra, inverse, base_runs)
+        doc["second_pass"] = dict(kbest=args.kbest, models=extra, joint=inverse,
+                                  features=sp["features"],
                                   restarts=args.rescore_restarts,
                                   scores=collect(scorers, sp["systems"], args.bootstrap))
     if with_moses and not args.no_rescoring:
@@ -1024,11 +1052,15 @@ def run(args: argparse.Namespace) -> int:
         print()
         print_decoding("== Moses decoding", doc["decoding"], sets, args.dev)
     if "second_pass" in doc:
+        feats = doc["second_pass"]["features"]
+        said = lambda side: " ".join(feats[side]) or "nothing"  # noqa: E731
+        joint_lists = "its own decoding" if direct else "the KenLM + NLM decoding"
         print()
-        print(format_table(f"== decoding + rescoring: the KenLM + NLM systems' {args.kbest}-best "
-                           f"lists with {' '.join(doc['second_pass']['features'])} appended, "
-                           "retuned (column 'KenLM + NLM'), against KenLM-only decoding",
-                           doc["second_pass"]["scores"]))
+        print(format_table(f"== decoding + rescoring: each decoding tuning's {args.kbest}-best "
+                           f"lists, features appended, retuned; KenLM + NLM: {said('nlm')}"
+                           + (f"; KenLM + NLM + joint ({joint_lists}): {said('joint')}"
+                              if "joint" in feats else "")
+                           + "; against KenLM-only decoding", doc["second_pass"]["scores"]))
     if "rescoring" in doc:
         print()
         feats = doc["rescoring"]["features"]
@@ -1098,8 +1130,11 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
                         "half the LM's).  Rescoring: the 1000-best lists carry Moses' word "
                         "alignments (-print-alignment-info-in-n-best), each joint model adds "
                         "one feature NNJMi (given the dev / test source) to the NLM side's "
-                        "features; an inverse model (train --target-to-source) only here, with "
-                        "--no-decoding. Default: none")
+                        "features.  An inverse model (train --target-to-source, log p(source | "
+                        "hypothesis)) is a rescoring feature only: in the rescoring part, and "
+                        "with --second-pass on the decoder's k-best lists, never in the "
+                        "decoder (refused with the decoding part and no --second-pass). "
+                        "Default: none")
     p.add_argument("--rescore-model", action="append", default=[], metavar="MODEL",
                    help="a target-only NLM used only in the rescoring part, beside the --model "
                         "ones (features NLM<n>, NLM<n+1>, ... after theirs): e.g. a "
@@ -1107,11 +1142,16 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
                         "cannot use; repeatable. Default: none")
     p.add_argument("--second-pass", action="store_true",
                    help="decode, then rescore: every KenLM + NLM tuning of the Moses decoding "
-                        "part writes --kbest lists of dev and test, the --rescore-model NLMs "
-                        "are appended and the weights tuned on dev (MERT, the tuning's seed); "
-                        "reported against KenLM-only decoding as the part 'decoding + "
-                        "rescoring' (the best translations the package gives: a left-to-right "
-                        "NLM in the search, right-to-left ones on its k-best)")
+                        "part writes --kbest lists of dev and test with word alignments, the "
+                        "--rescore-model NLMs are appended and the weights tuned on dev (MERT, "
+                        "the tuning's seed); with --joint, every KenLM + NLM + joint tuning "
+                        "(or, with only inverse joint models, every KenLM + NLM tuning) the "
+                        "same with the --rescore-model NLMs and the inverse joint models "
+                        "appended; reported against KenLM-only decoding and each other as the "
+                        "part 'decoding + rescoring' (the best translations the package gives: "
+                        "left-to-right NLM and joint model in the search, right-to-left and "
+                        "inverse models on its k-best).  Needs --rescore-model or an inverse "
+                        "--joint model")
     p.add_argument("--rescore-restarts", type=int, default=20,
                    help="MERT random restarts of each rescoring tuning (default 20, as "
                         "mert-moses.pl)")
