@@ -480,6 +480,21 @@ def test_an_inverse_joint_model_is_for_the_rescoring_parts_only(tmp_path, capsys
     assert "Traceback" not in err and not (tmp_path / "w").exists()
 
 
+def test_a_moses_without_the_joint_feature_is_refused_before_any_work(tmp_path, capsys):
+    """With a direct --joint model the decoding part needs NLMJointFeature in Moses: a Moses
+    with NLMFeature only stops the run before any tuning, naming the binary and the patch."""
+    exe = tmp_path / "moses"
+    exe.write_bytes(b"\x7fELF" + b"\0" * 64 + b"Feature name \0 is not registered.\0NLMFeature\0")
+    exe.chmod(0o755)
+    joint = _joint_model(tmp_path)
+    argv = ["bench", "mt", "--moses", str(exe), "--joint", joint, "--workdir",
+            str(tmp_path / "w"), "--system", str(tmp_path)]
+    assert cli_main(argv) != 0
+    err = capsys.readouterr().err
+    assert str(exe) in err and "NLMJointFeature" in err and "moses-joint.patch" in err
+    assert "Traceback" not in err and not (tmp_path / "w").exists()
+
+
 def test_second_pass_needs_the_decoding_part_and_rescoring_models(tmp_path, capsys):
     """--second-pass rescores the decoding part's k-best lists with --rescore-model NLMs: without
     either it stops before any work, saying what is missing."""

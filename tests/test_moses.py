@@ -159,6 +159,51 @@ def test_find_moses_search_order(tmp_path, monkeypatch):
     assert moses.find_program("mert") == str(mert) and moses.find_program("kbmira") is None
 
 
+def _fake_moses(path, *features: str):
+    """An executable whose bytes look like a Moses build registering ``features``."""
+    body = b"\x7fELF" + b"\0" * 64 + b"Feature name \0 is not registered.\0" + b"\0".join(
+        f.encode() for f in ("KENLM", "Distortion") + features) + b"\0"
+    path.write_bytes(body)
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_find_moses_checks_the_features_compiled_in(tmp_path, monkeypatch):
+    """A Moses without the features a run needs is refused before the run, naming the binary
+    and the patch that adds them; a binary it cannot read as Moses (a wrapper script) passes."""
+    monkeypatch.delenv("MOSES_ROOT", raising=False)
+    plain = _fake_moses(tmp_path / "plain")
+    shim = _fake_moses(tmp_path / "shim", "NLMFeature")
+    both = _fake_moses(tmp_path / "both", "NLMFeature", "NLMJointFeature")
+    assert moses.missing_features(plain, ["NLMFeature"]) == ["NLMFeature"]
+    assert moses.missing_features(shim, ["NLMFeature", "NLMJointFeature"]) == ["NLMJointFeature"]
+    assert moses.find_moses(shim) == shim
+    assert moses.find_moses(both, features=("NLMFeature", "NLMJointFeature")) == both
+    with pytest.raises(InputError, match="no NLMFeature compiled in") as e:
+        moses.find_moses(plain)
+    assert plain in str(e.value) and "moses.patch" in str(e.value)
+    with pytest.raises(InputError, match="no NLMJointFeature compiled in") as e:
+        moses.find_moses(shim, features=("NLMFeature", "NLMJointFeature"))
+    assert shim in str(e.value) and "moses-joint.patch" in str(e.value)
+    root = tmp_path / "tree"
+    (root / "bin").mkdir(parents=True)
+    _fake_moses(root / "bin" / "moses")
+    with pytest.raises(InputError, match="no NLMFeature"):
+        moses.find_moses(root=str(root))
+    script = tmp_path / "wrapper"
+    script.write_text("#!/bin/sh\nexec /opt/moses \"$@\"\n")
+    script.chmod(0o755)
+    assert moses.find_moses(str(script), features=("NLMJointFeature",)) == str(script)
+
+
+@needs_moses
+def test_the_built_moses_registers_nlmfeature():
+    """The real build (MOSES_ROOT) is seen to register NLMFeature, and a feature name it does
+    not have is seen missing."""
+    exe = moses.find_moses(root=ROOT)
+    assert moses.missing_features(exe, ["NLMFeature", "NoSuchFeature"]) == ["NoSuchFeature"]
+
+
 @needs_system
 @needs_moses
 def test_decode_and_run_with_per_sentence_times(tmp_path):

@@ -929,7 +929,12 @@ def run(args: argparse.Namespace) -> int:
                          "give --second-pass (it rescores the decoder's k-best lists) or "
                          "--no-decoding (the rescoring part only)")
     if with_moses:
-        args.moses = find_moses(args.moses)
+        # the decoding part's joint side needs NLMJointFeature in Moses: fail now, not after
+        # the other sides' tunings
+        decoding_joint = bool(args.joint) and not args.no_decoding and any(
+            not load(m).target_to_source for m in args.joint)
+        args.moses = find_moses(args.moses, features=("NLMFeature",)
+                                + (("NLMJointFeature",) if decoding_joint else ()))
         args.moses_root = os.environ.get("MOSES_ROOT") or os.path.dirname(os.path.dirname(args.moses))
     else:
         args.moses_root = os.environ.get("MOSES_ROOT") or ""

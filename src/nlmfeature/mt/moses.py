@@ -35,7 +35,6 @@ import hashlib
 import os
 import re
 import resource
-import shutil
 import subprocess
 import tempfile
 import time
@@ -70,15 +69,26 @@ def moses_root(root: Optional[str] = None) -> Optional[str]:
     return root or os.environ.get("MOSES_ROOT") or None
 
 
-def _has_nlmfeature(exe: str) -> Optional[bool]:
-    """Whether ``exe``'s symbols name NLMFeature (None: cannot tell, no ``nm`` or no symbols)."""
-    nm = shutil.which("nm")
-    if not nm:
-        return None
-    p = subprocess.run([nm, "-C", exe], capture_output=True, text=True)
-    if p.returncode != 0 or not p.stdout:
-        return None
-    return "NLMFeature" in p.stdout
+#: how to build a Moses with each of the package's features (moses_ff/README.md)
+_FEATURE_BUILD = {
+    "NLMFeature": "build it with moses_ff/moses.patch and bjam --with-nlmfeature",
+    "NLMJointFeature": "rebuild it with moses_ff/moses-joint.patch applied after moses.patch",
+}
+
+
+def missing_features(exe: str, names: Sequence[str]) -> List[str]:
+    """The feature names of ``names`` that the Moses executable ``exe`` does not register
+    (its feature factory keeps every registered name as a string, stripped binaries too).
+    Empty when it cannot tell: not an ELF executable with Moses' feature factory (e.g. a
+    wrapper script)."""
+    try:
+        with open(exe, "rb") as f:
+            data = f.read()
+    except OSError:
+        return []
+    if not data.startswith(b"\x7fELF") or b"is not registered" not in data:
+        return []
+    return [n for n in names if n.encode("ascii") not in data]
 
 
 def find_program(name: str, root: Optional[str] = None) -> Optional[str]:
@@ -97,17 +107,19 @@ def find_program(name: str, root: Optional[str] = None) -> Optional[str]:
     return os.path.abspath(max(cands, key=os.path.getmtime)) if cands else None
 
 
-def find_moses(moses: Optional[str] = None, root: Optional[str] = None) -> str:
+def find_moses(moses: Optional[str] = None, root: Optional[str] = None,
+               features: Sequence[str] = ("NLMFeature",)) -> str:
     """The Moses executable: ``moses`` if given (it must be executable), else ``ROOT/bin/moses``,
     else the newest ``moses`` build under ``ROOT`` (:func:`find_program`; ``ROOT``: ``root`` or
-    ``$MOSES_ROOT``).  A binary found under ``ROOT`` must have NLMFeature compiled in (checked
-    with ``nm`` when it has symbols).  Raises :class:`InputError` / :class:`NLMFeatureError`
-    saying what to do."""
+    ``$MOSES_ROOT``).  It must register the ``features`` (:func:`missing_features`: e.g.
+    ``NLMJointFeature`` for a joint model), so that a run fails before its work, not at the
+    decoder's first start.  Raises :class:`InputError` / :class:`NLMFeatureError` saying what to
+    do."""
     if moses:
         path = os.path.abspath(moses)
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
             raise InputError(path, 0, "not an executable Moses (--moses / MOSES_ROOT)")
-        return path
+        return _with_features(path, features)
     root = moses_root(root)
     if not root:
         raise NLMFeatureError("give the Moses executable with --moses or set MOSES_ROOT (a "
@@ -116,9 +128,15 @@ def find_moses(moses: Optional[str] = None, root: Optional[str] = None) -> str:
     if not exe:
         raise InputError(root, 0, "no bin/moses and no moses-cmd build in this Moses tree "
                          "(MOSES_ROOT): build Moses with the shim first (moses_ff/README.md)")
-    if _has_nlmfeature(exe) is False:
-        raise InputError(exe, 0, "this Moses has no NLMFeature: build it with --with-nlmfeature "
-                         "(moses_ff/README.md)")
+    return _with_features(exe, features)
+
+
+def _with_features(exe: str, features: Sequence[str]) -> str:
+    missing = missing_features(exe, features)
+    if missing:
+        raise InputError(exe, 0, "this Moses has no " + " and no ".join(missing) + " compiled in: "
+                         + "; ".join(_FEATURE_BUILD.get(m, "") for m in missing)
+                         + " (moses_ff/README.md)")
     return exe
 
 
