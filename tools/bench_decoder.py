@@ -485,7 +485,7 @@ def run(args: argparse.Namespace) -> int:
 
     lm = None
     if "moses" in decoders:
-        moses = mo.find_moses(args.moses)
+        moses = mo.find_moses(args.moses, features=("NLMFeature",) + (("NLMJointFeature",) if joints else ()))
         inputs = [src] + ([write_lines(os.path.join(work, "dev.src"), read_lines(args.tune_src, args.tune_sentences))]
                           if args.tune_sentences else [])
         base, weights, sysinfo = prepare_moses_system(system, args.ini, inputs, work, args.kenlm_bin,
