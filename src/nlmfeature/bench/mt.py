@@ -931,8 +931,7 @@ def run(args: argparse.Namespace) -> int:
     if with_moses:
         # the decoding part's joint side needs NLMJointFeature in Moses: fail now, not after
         # the other sides' tunings
-        decoding_joint = bool(args.joint) and not args.no_decoding and any(
-            not load(m).target_to_source for m in args.joint)
+        decoding_joint = not args.no_decoding and len(inverse) < len(args.joint)
         args.moses = find_moses(args.moses, features=("NLMFeature",)
                                 + (("NLMJointFeature",) if decoding_joint else ()))
         args.moses_root = os.environ.get("MOSES_ROOT") or os.path.dirname(os.path.dirname(args.moses))
