@@ -183,7 +183,18 @@ def build_moses_with_shim(root: str, joint: bool = False) -> str:
                        cwd=root, capture_output=True, text=True)
     assert p.returncode == 0, "bjam failed:\n" + p.stdout[-5000:] + p.stderr[-2000:]
     exe = max(moses_binaries(root), key=os.path.getmtime)
-    symbols = subprocess.run(["nm", "-C", exe], capture_output=True, text=True).stdout
-    for feature in ["NLMFeature"] + (["NLMJointFeature"] if joint else []):
-        assert feature in symbols, f"{exe} was built without {feature}"
+    from nlmfeature.mt.moses import missing_features
+
+    missing = missing_features(exe, ["NLMFeature"] + (["NLMJointFeature"] if joint else []))
+    assert not missing, f"{exe} was built without {' and '.join(missing)}"
     return exe
+
+
+def fake_moses(path, *features: str) -> str:
+    """An executable whose bytes look like a Moses build registering ``features`` (for
+    :func:`nlmfeature.mt.moses.missing_features`); returns its path."""
+    body = b"\x7fELF" + b"\0" * 64 + b"Feature name \0 is not registered.\0" + b"\0".join(
+        f.encode() for f in ("KENLM", "Distortion") + features) + b"\0"
+    path.write_bytes(body)
+    path.chmod(0o755)
+    return str(path)

@@ -16,7 +16,7 @@ from nlmfeature.mt import moses
 from nlmfeature.mt.tuning.driver import first_hypotheses
 from nlmfeature.mt.weights import read_weights
 
-from helpers import build_moses_with_shim, make_model
+from helpers import build_moses_with_shim, fake_moses, make_model
 
 TUNING = os.path.join(os.path.dirname(__file__), "data", "tuning")
 KBEST = os.path.join(TUNING, "multi30k.dev.iter1.200x30.kbest.gz")
@@ -483,9 +483,7 @@ def test_an_inverse_joint_model_is_for_the_rescoring_parts_only(tmp_path, capsys
 def test_a_moses_without_the_joint_feature_is_refused_before_any_work(tmp_path, capsys):
     """With a direct --joint model the decoding part needs NLMJointFeature in Moses: a Moses
     with NLMFeature only stops the run before any tuning, naming the binary and the patch."""
-    exe = tmp_path / "moses"
-    exe.write_bytes(b"\x7fELF" + b"\0" * 64 + b"Feature name \0 is not registered.\0NLMFeature\0")
-    exe.chmod(0o755)
+    exe = fake_moses(tmp_path / "moses", "NLMFeature")
     joint = _joint_model(tmp_path)
     argv = ["bench", "mt", "--moses", str(exe), "--joint", joint, "--workdir",
             str(tmp_path / "w"), "--system", str(tmp_path)]

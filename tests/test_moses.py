@@ -16,6 +16,8 @@ from nlmfeature.io.textio import read_lines
 from nlmfeature.mt import moses
 from nlmfeature.mt.weights import read_weights
 
+from helpers import fake_moses
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYSTEM = os.path.normpath(os.path.join(REPO, "..", "shared", "data", "moses", "multi30k-de-en"))
 NBEST = os.path.normpath(os.path.join(REPO, "..", "shared", "data", "nbest", "moses-multi30k-de-en"))
@@ -159,22 +161,13 @@ def test_find_moses_search_order(tmp_path, monkeypatch):
     assert moses.find_program("mert") == str(mert) and moses.find_program("kbmira") is None
 
 
-def _fake_moses(path, *features: str):
-    """An executable whose bytes look like a Moses build registering ``features``."""
-    body = b"\x7fELF" + b"\0" * 64 + b"Feature name \0 is not registered.\0" + b"\0".join(
-        f.encode() for f in ("KENLM", "Distortion") + features) + b"\0"
-    path.write_bytes(body)
-    path.chmod(0o755)
-    return str(path)
-
-
 def test_find_moses_checks_the_features_compiled_in(tmp_path, monkeypatch):
     """A Moses without the features a run needs is refused before the run, naming the binary
     and the patch that adds them; a binary it cannot read as Moses (a wrapper script) passes."""
     monkeypatch.delenv("MOSES_ROOT", raising=False)
-    plain = _fake_moses(tmp_path / "plain")
-    shim = _fake_moses(tmp_path / "shim", "NLMFeature")
-    both = _fake_moses(tmp_path / "both", "NLMFeature", "NLMJointFeature")
+    plain = fake_moses(tmp_path / "plain")
+    shim = fake_moses(tmp_path / "shim", "NLMFeature")
+    both = fake_moses(tmp_path / "both", "NLMFeature", "NLMJointFeature")
     assert moses.missing_features(plain, ["NLMFeature"]) == ["NLMFeature"]
     assert moses.missing_features(shim, ["NLMFeature", "NLMJointFeature"]) == ["NLMJointFeature"]
     assert moses.find_moses(shim) == shim
@@ -187,7 +180,7 @@ def test_find_moses_checks_the_features_compiled_in(tmp_path, monkeypatch):
     assert shim in str(e.value) and "moses-joint.patch" in str(e.value)
     root = tmp_path / "tree"
     (root / "bin").mkdir(parents=True)
-    _fake_moses(root / "bin" / "moses")
+    fake_moses(root / "bin" / "moses")
     with pytest.raises(InputError, match="no NLMFeature"):
         moses.find_moses(root=str(root))
     script = tmp_path / "wrapper"

@@ -916,7 +916,9 @@ def run(args: argparse.Namespace) -> int:
 
     # inverse joint models (train --target-to-source) score the source given the whole
     # translation: rescoring features only (the rescoring part, the second pass)
-    inverse = [os.path.abspath(m) for m in args.joint if load(m).target_to_source]
+    joints = [os.path.abspath(j) for j in args.joint]
+    inverse = [j for j in joints if load(j).target_to_source]
+    direct = [j for j in joints if j not in inverse]      # the decoders' joint models
     if args.second_pass and (not with_moses or args.no_decoding
                              or not (args.rescore_model or inverse)):
         raise NLMFeatureError("--second-pass rescores the Moses decoding part's k-best lists "
@@ -931,9 +933,8 @@ def run(args: argparse.Namespace) -> int:
     if with_moses:
         # the decoding part's joint side needs NLMJointFeature in Moses: fail now, not after
         # the other sides' tunings
-        decoding_joint = not args.no_decoding and len(inverse) < len(args.joint)
-        args.moses = find_moses(args.moses, features=("NLMFeature",)
-                                + (("NLMJointFeature",) if decoding_joint else ()))
+        args.moses = find_moses(args.moses, features=("NLMFeature",) + (
+            ("NLMJointFeature",) if direct and not args.no_decoding else ()))
         args.moses_root = os.environ.get("MOSES_ROOT") or os.path.dirname(os.path.dirname(args.moses))
     else:
         args.moses_root = os.environ.get("MOSES_ROOT") or ""
@@ -968,9 +969,7 @@ def run(args: argparse.Namespace) -> int:
         key = inputs_key([s["src"] for s in sets.values()])  # the same key as build_system's
     models = [os.path.abspath(m) for m in args.model] or [train_model(args, work, sets[args.dev]["ref"])]
     mkey = _key(models)                                  # the NLMs' key
-    joints = [os.path.abspath(j) for j in args.joint]
     joint = joints[0] if len(joints) == 1 else (joints or None)
-    direct = [j for j in joints if j not in inverse]      # the decoders' joint models
     rescore_models = models + [os.path.abspath(m) for m in args.rescore_model]
     for m in models:
         if load(m).reverse and not args.no_decoding:
