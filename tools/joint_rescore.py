@@ -93,19 +93,12 @@ def strip_features(src, dst, drop):
 
 
 def rerank(nbest, weights, out):
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
-    from nlmfeature.mt.kbest import read_kbest
+    """The 1-best of ``nbest`` under the weights file ``weights``, one line per sentence."""
+    from nlmfeature.bench.mt import KbestMatrix
     from nlmfeature.mt.weights import read_weights
 
-    w = read_weights(weights)
-    best = {}
-    for h in read_kbest(nbest):
-        s = sum(a * b for lbl, vals in h.features for a, b in zip(w.get(lbl) or [0.0] * len(vals), vals))
-        if h.sid not in best or s > best[h.sid][0]:
-            best[h.sid] = (s, h.text)
     with open(out, "w", encoding="utf-8") as f:
-        for sid in range(max(best) + 1):
-            f.write(best.get(sid, (0.0, ""))[1] + "\n")
+        f.writelines(t + "\n" for t in KbestMatrix(nbest).one_best(read_weights(weights)))
 
 
 def main(argv=None) -> int:
