@@ -92,13 +92,13 @@ def strip_features(src, dst, drop):
             g.write(" ||| ".join(p[:4]) + "\n")
 
 
-def rerank(nbest, weights, out):
-    """The 1-best of ``nbest`` under the weights file ``weights``, one line per sentence."""
-    from nlmfeature.bench.mt import KbestMatrix
+def rerank(matrix, weights, out):
+    """The 1-best of a k-best list (a ``bench.mt.KbestMatrix``) under the weights file
+    ``weights``, written to ``out``, one line per sentence."""
+    from nlmfeature.io.atomicfile import atomic_write_text
     from nlmfeature.mt.weights import read_weights
 
-    with open(out, "w", encoding="utf-8") as f:
-        f.writelines(t + "\n" for t in KbestMatrix(nbest).one_best(read_weights(weights)))
+    atomic_write_text(out, "".join(t + "\n" for t in matrix.one_best(read_weights(weights))))
 
 
 def main(argv=None) -> int:
@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     init = [l for l in lines(args.init)]
     weights = init[init.index("[weight]") + 1:] if "[weight]" in init else init
     weights = [l for l in weights if "=" in l and not l.startswith("#")]
-    from nlmfeature.bench.mt import Scorer, mean_pair_bootstrap, score, summarise
+    from nlmfeature.bench.mt import KbestMatrix, Scorer, mean_pair_bootstrap, score, summarise
 
     scorers = {name: Scorer(ref, ref, "en") for name, (_, _, ref) in sets.items()}
     configs = [("kenlm", []), ("nlm", ["NLM"]), ("nnjm", ["NNJM"]), ("nlm+nnjm", ["NLM", "NNJM"])]
@@ -157,13 +157,14 @@ def main(argv=None) -> int:
         with open(f"{W}/init.{cfg}", "w") as f:
             f.write("\n".join(weights + [f"{x}= 0.1" for x in keep]) + "\n")
         runs[cfg] = {name: [] for name in sets}
+        matrices = {name: KbestMatrix(f"{W}/{name}.{cfg}.100best.gz") for name in sets}
         for seed in seeds:
             tag = cfg if seed == 0 else f"{cfg}.seed{seed}"
             run([sys.executable, "-m", "nlmfeature.mt.tuning.cli", "optimise", "--quiet", "--nbest",
                  f"{W}/dev.{cfg}.100best.gz", "--init", f"{W}/init.{cfg}", "--ref", sets["dev"][2],
                  "--out", f"{W}/tuned.{tag}", "--jobs", str(args.jobs), "--seed", str(seed)])
             for name in sets:
-                rerank(f"{W}/{name}.{cfg}.100best.gz", f"{W}/tuned.{tag}", f"{W}/{name}.{tag}.1best")
+                rerank(matrices[name], f"{W}/tuned.{tag}", f"{W}/{name}.{tag}.1best")
                 runs[cfg][name].append(scorers[name].stats(f"{W}/{name}.{tag}.1best")["bleu"])
         results[cfg] = {name: summarise([score(scorers[name], "bleu", r) for r in runs[cfg][name]])
                         for name in sets}
