@@ -416,3 +416,114 @@ def adagrad_dense(real[::1] p, real[::1] acc, real[::1] g, double lr, double l2,
         if z > n:
             z = n
         adagrad_row(&p[a], &acc[a], &g[a], <int>(z - a), <real>lr, <real>l2, <real>eps)
+
+
+# ---------------------------------------------------------------------------------------
+# compiled corpora: n-grams built on the fly from the id stream
+# ---------------------------------------------------------------------------------------
+
+def stream_stats(const uint32_t[::1] ids):
+    """(largest id, number of sentence ends (zeros)) of a compiled corpus's id stream."""
+    cdef int64_t i, n = ids.shape[0], ends = 0
+    cdef uint32_t mx = 0, v
+    with nogil:
+        for i in range(n):
+            v = ids[i]
+            if v > mx:
+                mx = v
+            if v == 0:
+                ends += 1
+    return int(mx), int(ends)
+
+
+def stream_ngrams(const uint32_t[::1] ids, const int64_t[::1] starts, const int64_t[::1] ends,
+                  const int32_t[::1] remap, int32_t bos, bint reverse,
+                  int32_t[:, ::1] ctx, int32_t[::1] words):
+    """The n-grams of the sentence-aligned spans ``ids[starts[b]:ends[b]]``, written one after
+    another into ``ctx`` (N, n-1) and ``words`` (N,): every word and every sentence end (id 0)
+    of the span, each after the n-1 previous ids of its sentence, left-padded with ``bos``; ids
+    go through ``remap``.  With ``reverse`` each sentence's words are read backwards (its end
+    stays last).  Returns the number of n-grams written."""
+    cdef int64_t B = starts.shape[0], b, p, s, e, L, k, q, out = 0, pos
+    cdef int c = ctx.shape[1], j
+    cdef int64_t nmax = words.shape[0]
+    cdef uint32_t nids = <uint32_t>remap.shape[0]
+    for b in range(B):
+        if starts[b] < 0 or ends[b] > ids.shape[0] or starts[b] > ends[b]:
+            raise ValueError("span outside the id stream")
+    with nogil:
+        for b in range(B):
+            s = starts[b]
+            e = ends[b]
+            while s < e:
+                p = s
+                while p < e and ids[p] != 0:
+                    p += 1
+                L = p - s          # words of the sentence; ids[p] is its end (or the span ended)
+                for k in range(L + 1 if p < e else L):
+                    if out >= nmax:
+                        with gil:
+                            raise ValueError("output arrays too small")
+                    if k < L:
+                        pos = s + (L - 1 - k if reverse else k)
+                        words[out] = remap[ids[pos]] if ids[pos] < nids else remap[0]
+                    else:
+                        words[out] = remap[0]
+                    for j in range(c):
+                        q = k - c + j
+                        if q < 0:
+                            ctx[out, j] = bos
+                        else:
+                            pos = s + (L - 1 - q if reverse else q)
+                            ctx[out, j] = remap[ids[pos]]
+                    out += 1
+                s = p + 1
+    return out
+
+
+def direct_count(const int32_t[:, ::1] ctx, const int32_t[::1] targets, int kind, int order,
+                 uint8_t[::1] sketch, int min_freq, uint8_t[::1] allowed, uint64_t modulus):
+    """Count the direct-feature n-grams (the keys of :func:`direct_keys`, every order) of a
+    chunk of text in ``sketch``, a two-row count-min sketch of saturating 8-bit counters
+    (conservative update; its length a power of two), so that memory stays fixed however long
+    the text.  An n-gram whose estimated count reaches ``min_freq`` for the first time marks
+    bucket ``key % modulus`` of ``allowed`` (when ``allowed`` is not empty) and is counted.
+    Returns the number of n-grams that became frequent in this chunk: over a whole text, the
+    number of distinct n-grams seen at least ``min_freq`` times (over-estimated a little by
+    sketch collisions)."""
+    cdef int64_t N = ctx.shape[0], n, fresh = 0
+    cdef int k
+    cdef uint64_t states[16]
+    cdef uint64_t t, key, half = <uint64_t>(sketch.shape[0] // 2), i1, i2
+    cdef uint8_t a1, a2, m
+    cdef bint mark = allowed.shape[0] > 0
+    if order > 16:
+        raise ValueError("direct order above 16")
+    if half == 0 or (half & (half - 1)) != 0:
+        raise ValueError("the sketch length must be a power of two >= 2")
+    if min_freq < 1 or min_freq > 255:
+        raise ValueError("min_freq must be in 1..255")
+    if mark and <uint64_t>allowed.shape[0] < modulus:
+        raise ValueError("allowed is shorter than the modulus")
+    with nogil:
+        for n in range(N):
+            context_states(ctx, n, kind, order, states)
+            t = (<uint64_t>targets[n]) << 32
+            for k in range(order):
+                key = splitmix64(states[k] ^ t)
+                i1 = splitmix64(key ^ 0x9E3779B97F4A7C15ULL) & (half - 1)
+                i2 = half + (splitmix64(key ^ 0xC2B2AE3D27D4EB4FULL) & (half - 1))
+                a1 = sketch[i1]
+                a2 = sketch[i2]
+                m = a1 if a1 < a2 else a2
+                if m == 255:
+                    continue
+                if a1 == m:
+                    sketch[i1] = m + 1
+                if a2 == m:
+                    sketch[i2] = m + 1
+                if m + 1 == min_freq:
+                    fresh += 1
+                    if mark:
+                        allowed[key % modulus] = 1
+    return fresh
