@@ -421,6 +421,7 @@ class Trainer:
         self.objective = Objective(train_header, live, ospec, threads=kt)
         self.grads = Gradients(self.params, names, threads=kt)
         self.opt = AdaGrad(self.params, names, cfg.step_size, threads=kt)
+        self._fused = self.fused()
         # position
         self.epoch = 0
         self.batch = 0
@@ -608,6 +609,45 @@ class Trainer:
                  f"  [{time.time() - t0:.1f}s]")
         return ppl
 
+    def fused(self) -> bool:
+        """Whether minibatches take the fused native step (:func:`nlmfeature._train.nce_lbl_step`):
+        the default recipe's architecture, a diagonal log-bilinear model trained by NCE, without
+        dropout.  Other models take the general numpy path (:class:`Objective` + :class:`AdaGrad`)."""
+        h = self.header
+        br = h["branches"]
+        return (self.estimator == "nce" and len(br) == 1 and br[0]["diagonal"] and br[0]["activation"] == "identity"
+                and not h["layers"] and not self.cfg.dropout and h["order"] > 1
+                and all(p.dtype == np.float32 for p in self.params.values()))
+
+    def update(self, ctx: np.ndarray, targets: np.ndarray, l2: float) -> float:
+        """One minibatch: loss and gradients, then the AdaGrad step; returns the summed loss."""
+        cfg = self.cfg
+        noise = self.noise.draw(targets, cfg.seed, self.step, self.kernel_threads) if self.noise else None
+        if self._fused:
+            from nlmfeature import _train
+
+            p, a, g, m = self.params, self.opt.state, self.grads.g, self.grads.mark
+            e32, e8 = np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.uint8)
+            has_d = "direct.weights" in p
+            has_b = "branch0.bias" in p
+            spec = self.objective.out.s
+            return _train.nce_lbl_step(
+                p["embeddings"], p["branch0.weights"], p["branch0.bias"] if has_b else e32,
+                p["output.weight"], p["output.bias"], p["direct.weights"] if has_d else e32,
+                a["embeddings"], a["branch0.weights"], a["branch0.bias"] if has_b else e32,
+                a["output.weight"], a["output.bias"], a["direct.weights"] if has_d else e32,
+                g["embeddings"], g["output.weight"], g["output.bias"], g["direct.weights"] if has_d else e32,
+                m["embeddings"], m["output.weight"], m["direct.weights"] if has_d else e8,
+                np.ascontiguousarray(ctx, dtype=np.int32), np.ascontiguousarray(targets, dtype=np.int32),
+                noise.words, spec.logq, spec.direct_order if has_d else 0, max(1, spec.hash_space),
+                spec.allowed if spec.allowed is not None else e8,
+                self.opt.lr, l2, self.opt.eps, self.kernel_threads)
+        mask = dropout_mask((len(targets), self.header["output"]["dim"]), cfg.dropout, cfg.seed,
+                            self.step) if cfg.dropout else None
+        loss = self.objective.loss_and_grads(ctx, targets, noise, self.grads, mask)
+        self.opt.step(self.grads, l2=l2)
+        return loss
+
     def _keep_best(self) -> None:
         """Remember the parameters and AdaGrad sums of the best evaluation (--lr-decay)."""
         for n, p in self.params.items():
@@ -670,14 +710,10 @@ class Trainer:
                     t0 = time.time()
                     ctx, tg = next(feed)
                     idx = tg
-                    noise = self.noise.draw(tg, cfg.seed, self.step, self.kernel_threads) if self.noise else None
-                    mask = dropout_mask((len(idx), self.header["output"]["dim"]), cfg.dropout, cfg.seed,
-                                        self.step) if cfg.dropout else None
-                    loss = self.objective.loss_and_grads(ctx, tg, noise, self.grads, mask)
+                    loss = self.update(ctx, tg, l2)
                     if not math.isfinite(loss):
                         raise NLMFeatureError(f"training diverged (loss {loss}) at epoch {self.epoch + 1}, "
                                               f"minibatch {self.batch}: lower --step-size")
-                    self.opt.step(self.grads, l2=l2)
                     self.train_seconds += time.time() - t0
                     self.trained_words += len(idx)
                     w_epoch += len(idx)
