@@ -146,28 +146,60 @@ def compile_corpus(text: str, out: str, reuse: bool = True, progress=None) -> "C
             raise InputError(text, 0, "the corpus is empty (no tokens): nothing to compile")
         if since_block:
             blocks.append(blocks[-1] + since_block)
-        stream_len = tokens + sentences
-        counts = counts[:len(words)]
-        sections: Dict[str, Dict[str, Any]] = {"ids": {"offset": DATA_OFFSET, "bytes": stream_len * 4,
-                                                       "sha256": h.hexdigest()}}
-        pos = DATA_OFFSET + stream_len * 4
-        payloads = {"counts": counts.astype("<u8").tobytes(),
-                    "vocab": "\n".join(words).encode("utf-8"),
-                    "blocks": np.asarray(blocks, dtype="<i8").tobytes()}
-        for name, data in payloads.items():
-            start = _align(pos)
-            f.write(b"\0" * (start - pos))
-            f.write(data)
-            sections[name] = {"offset": start, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-            pos = start + len(data)
-        header = {"format": "nlmfeature compiled corpus", "version": VERSION, "tokens": tokens,
-                  "sentences": sentences, "types": len(words) - 1, "stream": stream_len,
-                  "blocks": len(blocks) - 1, "file_bytes": pos, "sections": sections, "source": ident}
-        raw = json.dumps(header, sort_keys=True).encode("utf-8")
-        if 16 + len(raw) > DATA_OFFSET:
-            raise NLMFeatureError(f"{out}: header too long ({len(raw)} bytes)")
-        f.seek(0)
-        f.write(MAGIC + struct.pack("<II", VERSION, len(raw)) + raw)
+        _finish(f, out, h.hexdigest(), tokens, sentences, counts[:len(words)], words, blocks, ident)
+    return CompiledCorpus(out)
+
+
+def _finish(f, out: str, ids_sha256: str, tokens: int, sentences: int, counts: np.ndarray, words: List[str],
+            blocks: List[int], source: Dict[str, Any]) -> None:
+    """Write the sections after the id stream (already written from :data:`DATA_OFFSET`) and
+    the header at the start of ``f``."""
+    stream_len = tokens + sentences
+    sections: Dict[str, Dict[str, Any]] = {"ids": {"offset": DATA_OFFSET, "bytes": stream_len * 4,
+                                                   "sha256": ids_sha256}}
+    pos = DATA_OFFSET + stream_len * 4
+    payloads = {"counts": np.asarray(counts).astype("<u8").tobytes(),
+                "vocab": "\n".join(words).encode("utf-8"),
+                "blocks": np.asarray(blocks, dtype="<i8").tobytes()}
+    for name, data in payloads.items():
+        start = _align(pos)
+        f.write(b"\0" * (start - pos))
+        f.write(data)
+        sections[name] = {"offset": start, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        pos = start + len(data)
+    header = {"format": "nlmfeature compiled corpus", "version": VERSION, "tokens": tokens,
+              "sentences": sentences, "types": len(words) - 1, "stream": stream_len,
+              "blocks": len(blocks) - 1, "file_bytes": pos, "sections": sections, "source": source}
+    raw = json.dumps(header, sort_keys=True).encode("utf-8")
+    if 16 + len(raw) > DATA_OFFSET:
+        raise NLMFeatureError(f"{out}: header too long ({len(raw)} bytes)")
+    f.seek(0)
+    f.write(MAGIC + struct.pack("<II", VERSION, len(raw)) + raw)
+
+
+def write_repeated(corpus: "CompiledCorpus", times: int, out: str) -> "CompiledCorpus":
+    """A compiled corpus holding ``corpus``'s text ``times`` times over (same vocabulary, counts
+    and blocks repeated): large corpora for memory measurements without compiling large texts."""
+    from nlmfeature.io.atomicfile import atomic_open, check_output
+
+    if times < 1:
+        raise NLMFeatureError("the repeat count must be >= 1")
+    check_output(out, "compiled corpus")
+    h = hashlib.sha256()
+    ids = corpus.ids
+    step = 1 << 24
+    with atomic_open(out, suffix=".tmp") as f:
+        f.write(b"\0" * DATA_OFFSET)
+        for _ in range(times):
+            for a in range(0, len(ids), step):
+                b = ids[a:a + step].tobytes()
+                f.write(b)
+                h.update(b)
+        n = len(ids)
+        blocks = np.concatenate([np.asarray(corpus.blocks[:-1]) + k * n for k in range(times)] + [[times * n]])
+        _finish(f, out, h.hexdigest(), corpus.tokens * times, corpus.sentences * times,
+                np.asarray(corpus.counts, dtype=np.uint64) * np.uint64(times), corpus.words, blocks.tolist(),
+                {"repeated": os.path.realpath(corpus.path), "times": int(times)})
     return CompiledCorpus(out)
 
 
@@ -226,6 +258,7 @@ class CompiledCorpus:
             step = 1 << 24
             for o in range(a, a + n, step):
                 h.update(mm[o:min(a + n, o + step)])
+                self.release(o, min(a + n, o + step))
             if h.hexdigest() != s["sha256"]:
                 raise InputError(path, 0, f"corrupt: the checksum of section {name} does not match")
         hd = self.header
@@ -235,11 +268,34 @@ class CompiledCorpus:
             raise InputError(path, 0, "corrupt: inconsistent sizes")
         from nlmfeature import _train
 
-        mx, ends = _train.stream_stats(self.ids)
+        mx, ends = 0, 0
+        step = 1 << 24
+        for o in range(0, len(self.ids), step):
+            m, e = _train.stream_stats(self.ids[o:o + step])
+            mx, ends = max(mx, m), ends + e
+            self.release_ids(o, o + step)
         if mx > hd["types"] or ends != hd["sentences"] or (len(self.ids) and self.ids[-1] != 0):
             raise InputError(path, 0, "corrupt: the id stream does not match the vocabulary")
         if int(self.counts[0]) != hd["sentences"]:
             raise InputError(path, 0, "corrupt: the counts do not match the id stream")
+
+    def release(self, start: int, end: int) -> None:
+        """Drop the pages of bytes [start, end) from this process's memory (they stay in the page
+        cache): streaming passes call it behind them so that the resident memory of a pass over
+        the whole corpus does not grow with the corpus."""
+        page = mmap.PAGESIZE
+        a = start // page * page
+        b = min(len(self._mm), (end + page - 1) // page * page)
+        if b > a:
+            try:
+                self._mm.madvise(mmap.MADV_DONTNEED, a, b - a)
+            except (AttributeError, OSError, ValueError):   # no madvise here: only the RSS figure differs
+                pass
+
+    def release_ids(self, first: int, last: int) -> None:
+        """:meth:`release` of the id stream's entries [first, last)."""
+        off = self.header["sections"]["ids"]["offset"]
+        self.release(off + 4 * max(0, first), off + 4 * min(len(self.ids), last))
 
     @property
     def tokens(self) -> int:
@@ -321,6 +377,8 @@ class NgramStream:
         ctx = np.empty((n, self.order - 1), dtype=np.int32)
         words = np.empty(n, dtype=np.int32)
         _train.stream_ngrams(self.corpus.ids, starts, ends, self.remap, self.bos, self.reverse, ctx, words)
+        for a, b in zip(starts.tolist(), ends.tolist()):
+            self.corpus.release_ids(a, b)
         return ctx, words
 
     def chunks(self, size: int = 1 << 22) -> Iterator[Tuple[np.ndarray, np.ndarray]]:

@@ -161,15 +161,18 @@ def heldout_split(paths: Iterable[str], books: int) -> Dict[str, str]:
 def build(source: str, out_dir: str, heldout_books: int = 5, jobs: int = 2, limit: int = 0,
           log=None) -> Dict[str, int]:
     """Write ``train.txt``, ``valid.txt``, ``test.txt`` and ``books.tsv`` under ``out_dir``
-    (atomically, each); returns the token count of each part."""
+    (atomically, each); returns the token count of each part.  ``limit`` > 0 keeps that many
+    training books (the first in SHA-1 order of their paths: a sample across authors)."""
     from nlmfeature.io.atomicfile import open_output
 
     books = list_books(source)
-    if limit:
-        books = books[:limit]
     if not books:
         raise NLMFeatureError(f"{source}: no .txt books found")
     part = heldout_split([p for p, _ in books], heldout_books)
+    if limit:   # the held-out books and the first training books in the same hash order
+        ranked = sorted((p for p, _ in books), key=lambda p: hashlib.sha1(p.encode("utf-8")).hexdigest())
+        keep = set(ranked[:2 * heldout_books + limit])
+        books = [b for b in books if b[0] in keep]
     os.makedirs(out_dir, exist_ok=True)
     tokens = {"train": 0, "valid": 0, "test": 0}
     names = {k: os.path.join(out_dir, k + ".txt") for k in tokens}
