@@ -71,6 +71,10 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--markdown", action="store_true", help="print markdown tables")
     p.add_argument("--png", metavar="FILE", help="plot memory and perplexity against corpus size")
+    p.add_argument("--results", metavar="MD",
+                   help="write the tables, with this command, the date, commit and machine, into this "
+                        "markdown file between its bench-scale markers (appended when it has none), "
+                        "e.g. docs/results.md")
     p.set_defaults(func=run)
 
 
@@ -260,6 +264,8 @@ def run(args: argparse.Namespace) -> int:
     os.replace(out_json + ".tmp", out_json)
     if args.png:
         plot(result, args.png)
+    if args.results:
+        write_results(args.results, result)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -346,6 +352,31 @@ def format_markdown(r: Dict[str, Any]) -> str:
         for s in r["sizes"]:
             out.append(f"| {s['model']} | {s['mib']} |")
     return "\n".join(out)
+
+
+BEGIN = "<!-- bench-scale:begin: written by `nlmfeature bench scale --results`; do not edit by hand -->"
+END = "<!-- bench-scale:end -->"
+
+
+def _commit() -> str:
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        return subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def write_results(path: str, r: Dict[str, Any]) -> None:
+    """The tables of ``r`` with the command line, date, commit and machine, into ``path``."""
+    import shlex
+
+    from nlmfeature.io.atomicfile import replace_block
+
+    argv = ["nlmfeature"] + [a for a in sys.argv[1:]]
+    body = (f"    {' '.join(shlex.quote(a) for a in argv)}\n\n"
+            f"{r['date']}, commit {_commit()}, {r['machine']}.\n\n" + format_markdown(r).split("\n", 2)[2])
+    replace_block(path, BEGIN, END, body, heading="## Training at scale (`nlmfeature bench scale`)")
 
 
 def plot(r: Dict[str, Any], path: str) -> None:

@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="folder of books (Author/Title.txt), or a git repository of them (read from "
                         "HEAD without a work tree)")
     g.add_argument("-o", "--output", required=True, metavar="DIR",
-                   help="folder for train.txt, valid.txt, test.txt and books.tsv")
+                   help="output folder: train.txt, valid.txt, test.txt and books.tsv are written there")
     g.add_argument("--heldout-books", type=int, default=5, metavar="N",
                    help="books for valid.txt and as many for test.txt (default 5)")
     g.add_argument("--books", type=int, default=0, metavar="N",
