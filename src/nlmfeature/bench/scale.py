@@ -187,7 +187,11 @@ def run(args: argparse.Namespace) -> int:
     os.makedirs(args.workdir, exist_ok=True)
     w = args.workdir
     log = (lambda m: None) if args.quiet else (lambda m: print(f"bench scale: {m}", file=sys.stderr, flush=True))
-    result: Dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "corpora": [],
+    import shlex
+
+    result: Dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "commit": _commit(),
+                              "command": " ".join(shlex.quote(a) for a in ["nlmfeature"] + sys.argv[1:]),
+                              "corpora": [],
                               "memory": [], "speed": [], "quality": None, "sizes": []}
     # 1. corpora
     compiled: List[Tuple[int, str]] = []
@@ -216,7 +220,36 @@ def run(args: argparse.Namespace) -> int:
         out = os.path.join(w, f"train.all.x{r}.nlmcorpus")
         repeat_corpus(biggest, r, out)
         mem_inputs.append((biggest_tokens * r, out, f"x{r}"))
-    # 2. memory
+    # 2. speed (the whole text)
+    from nlmfeature.bench.train import speed_probe
+
+    all_tokens = biggest_tokens
+    fields = {"train": biggest, "max_vocab": args.max_vocab}
+    if args.order:
+        fields["order"] = args.order
+    for t in threads:
+        log(f"speed, native trainer, {t} thread(s)")
+        wps = speed_probe(fields, t, args.speed_updates)
+        result["speed"].append({"engine": "native", "workers": t, "words_per_s": round(wps),
+                                "epoch_minutes": round(all_tokens / wps / 60, 1)})
+        log(f"  {result['speed'][-1]}")
+        save(w, result)
+    try:
+        from nlmfeature.training.torch_engine import torch_words_per_second  # optional extra
+    except ImportError:
+        torch_words_per_second = None
+    if torch_words_per_second is not None:
+        for t in threads:
+            log(f"speed, torch engine, {t} process(es)")
+            wps = torch_words_per_second(biggest, t, updates=args.speed_updates, max_vocab=args.max_vocab)
+            result["speed"].append({"engine": "torch (CPU)", "workers": t, "words_per_s": round(wps),
+                                    "epoch_minutes": round(all_tokens / wps / 60, 1)})
+    # 3. quality and 4. sizes
+    if args.train_minutes > 0:
+        result["quality"] = quality(args, biggest, w, log)
+    result["sizes"] = sizes_of(result.get("quality"))
+    save(w, result)
+    # 5. memory (last: the repeated corpora take longest)
     common = ["--max-vocab", str(args.max_vocab), "--no-progress", "--no-resume", "--iterations", "1"]
     if args.order:
         common += ["--order", str(args.order)]
@@ -231,37 +264,8 @@ def run(args: argparse.Namespace) -> int:
         result["memory"].append({"tokens": tokens, "peak_rss_mib": round(rss / 2 ** 20, 1),
                                  "seconds": round(secs, 1), "note": note})
         log(f"  {result['memory'][-1]}")
-    # 3. speed (the whole text)
-    from nlmfeature.bench.train import speed_probe
-
-    all_tokens = biggest_tokens
-    fields = {"train": biggest, "max_vocab": args.max_vocab}
-    if args.order:
-        fields["order"] = args.order
-    for t in threads:
-        log(f"speed, native trainer, {t} thread(s)")
-        wps = speed_probe(fields, t, args.speed_updates)
-        result["speed"].append({"engine": "native", "workers": t, "words_per_s": round(wps),
-                                "epoch_minutes": round(all_tokens / wps / 60, 1)})
-        log(f"  {result['speed'][-1]}")
-    try:
-        from nlmfeature.training.torch_engine import torch_words_per_second  # optional extra
-    except ImportError:
-        torch_words_per_second = None
-    if torch_words_per_second is not None:
-        for t in threads:
-            log(f"speed, torch engine, {t} process(es)")
-            wps = torch_words_per_second(biggest, t, updates=args.speed_updates, max_vocab=args.max_vocab)
-            result["speed"].append({"engine": "torch (CPU)", "workers": t, "words_per_s": round(wps),
-                                    "epoch_minutes": round(all_tokens / wps / 60, 1)})
-    # 4. quality and sizes
-    if args.train_minutes > 0:
-        result["quality"] = quality(args, biggest, w, log)
-    result["sizes"] = sizes_of(result.get("quality"))
-    out_json = os.path.join(w, "bench-scale.json")
-    with open(out_json + ".tmp", "w") as f:
-        json.dump(result, f, indent=2)
-    os.replace(out_json + ".tmp", out_json)
+        save(w, result)
+    save(w, result)
     if args.png:
         plot(result, args.png)
     if args.results:
@@ -271,6 +275,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_markdown(result) if args.markdown else format_markdown(result))
     return 0
+
+
+def save(workdir: str, result: Dict[str, Any]) -> None:
+    """The result so far, as WORKDIR/bench-scale.json (atomically): a long run that stops keeps
+    what it measured."""
+    from nlmfeature.io.atomicfile import atomic_write_text
+
+    atomic_write_text(os.path.join(workdir, "bench-scale.json"), json.dumps(result, indent=2))
 
 
 def quality(args: argparse.Namespace, corpus: str, w: str, log) -> Dict[str, Any]:
@@ -369,13 +381,10 @@ def _commit() -> str:
 
 def write_results(path: str, r: Dict[str, Any]) -> None:
     """The tables of ``r`` with the command line, date, commit and machine, into ``path``."""
-    import shlex
-
     from nlmfeature.io.atomicfile import replace_block
 
-    argv = ["nlmfeature"] + [a for a in sys.argv[1:]]
-    body = (f"    {' '.join(shlex.quote(a) for a in argv)}\n\n"
-            f"{r['date']}, commit {_commit()}, {r['machine']}.\n\n" + format_markdown(r).split("\n", 2)[2])
+    body = (f"    {r['command']}\n\n"
+            f"{r['date']}, commit {r['commit']}, {r['machine']}.\n\n" + format_markdown(r).split("\n", 2)[2])
     replace_block(path, BEGIN, END, body, heading="## Training at scale (`nlmfeature bench scale`)")
 
 
