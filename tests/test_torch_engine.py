@@ -109,7 +109,7 @@ def test_ddp_two_processes_identical_ranks(tmp_path):
     settings = dict(train=BROWN_TRAIN, test_set=BROWN_VALID, model_out=str(tmp_path / "ddp.nlm"), order=4,
                     word_width=16, output="class", classes=12, noise_samples=5, iterations=1,
                     minibatch_size=128, threads=1, progress=False, seed=3, direct_order=2, patience=0,
-                    evals_per_epoch=2, corpus_dir=str(tmp_path / "corpora"))
+                    eval_every=40, max_updates=80, corpus_dir=str(tmp_path / "corpora"))
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
@@ -126,15 +126,14 @@ def test_ddp_two_processes_identical_ranks(tmp_path):
     assert result["world"] == 2
     # the written model is rank 0's best (held-out) parameters, scored by the scorer as torch does
     model, mod = file_module(settings["model_out"])
-    heldout = TorchTrainer(TrainConfig(**dict(settings, model_out=str(tmp_path / "x.nlm"), iterations=0)), quiet)
-    ctx, words = heldout.heldout.contexts, heldout.heldout.words
+    one = TorchTrainer(TrainConfig(**dict(settings, model_out=str(tmp_path / "one.nlm"))), quiet)
+    ctx, words = one.heldout.contexts, one.heldout.words
     s = model.score_batch(ctx, words)
     np.testing.assert_allclose(mod.log_prob(torch.from_numpy(ctx), torch.from_numpy(words)).numpy(), s,
                                rtol=0, atol=1e-5)
     ppl = float(np.exp(-s.mean()))
     assert abs(ppl / result["best_perplexity"] - 1) < 1e-4
     # one process with the same settings trains the same model (the global minibatch is split)
-    one = TorchTrainer(TrainConfig(**dict(settings, model_out=str(tmp_path / "one.nlm"))), quiet)
     res1 = one.run()
     assert abs(res1.best_perplexity / result["best_perplexity"] - 1) < 2e-3
     for n, a in one.module.export().items():
@@ -154,3 +153,36 @@ def test_cli_engine_torch_and_refusals(tmp_path, capsys):
                BROWN_VALID, "--model-out", str(tmp_path / "j.nlm"), "-q"])
     err = capsys.readouterr().err
     assert rc == 2 and "torch engine does not train joint models" in err and "Traceback" not in err
+
+
+def test_ctrl_c_exits_130_and_resume_equals_uninterrupted(tmp_path):
+    import signal
+    import time
+
+    kw = dict(iterations=1, output="class", classes=12, noise_samples=5, evals_per_epoch=2, word_width=16)
+    cfg = config(tmp_path, name="int.nlm", **kw)
+    Trainer(cfg, quiet)   # compile the corpora before the timed part
+    cmd = [sys.executable, "-m", "nlmfeature.cli", "train", "--engine", "torch", "--train", cfg.train, "--test-set",
+           cfg.test_set, "--model-out", cfg.model_out, "--order", "4", "--word-width", "16", "--output", "class",
+           "--classes", "12", "-k", "5", "--iterations", "1", "--minibatch-size", "128", "--threads", "1",
+           "--seed", "3", "--direct-order", "2", "--patience", "0", "--evals-per-epoch", "2", "--corpus-dir",
+           cfg.corpus_dir, "--no-progress"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    line = ""
+    while "training class-nce" not in line:
+        line = proc.stderr.readline()
+        assert line, "the run ended before training"
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 130, err[-2000:]
+    assert os.path.exists(cfg.model_out + ".ckpt.npz") and "Traceback" not in err
+    resumed = TorchTrainer(cfg, quiet)
+    res = resumed.run()
+    assert res.resumed_from and res.epochs == 1.0
+    whole = TorchTrainer(config(tmp_path, name="whole.nlm", **kw), quiet)
+    res2 = whole.run()
+    assert res.best_perplexity == pytest.approx(res2.best_perplexity, rel=1e-6)
+    for n, a in whole.module.export().items():
+        np.testing.assert_allclose(resumed.module.export()[n], a, rtol=0, atol=1e-6, err_msg=n)

@@ -427,27 +427,26 @@ class RowAdaGrad:
                 continue
             reg = l2 if regularised(n) else 0.0
             a = self.state[n]
+            p.grad = None
             if g.is_sparse:
                 g = g.coalesce()
                 rows, vals = g.indices()[0], g.values()
             elif n in self.rowwise:
-                rows = torch.nonzero(g.reshape(g.shape[0], -1).ne(0).any(dim=1))[:, 0]
-                vals = g[rows]
+                rows = torch.nonzero(g.ne(0).any(dim=1))[:, 0]
+                vals = g.index_select(0, rows)
             else:
-                gd = g + reg * p if reg else g
+                gd = g.add(p, alpha=reg) if reg else g
                 a.addcmul_(gd, gd)
-                p.sub_(self.lr * gd / (a.sqrt() + self.eps))
-                p.grad = None
+                p.addcdiv_(gd, a.sqrt().add_(self.eps), value=-self.lr)
                 continue
             if n in self.row_mask:
-                keep = self.row_mask[n][rows]
+                keep = self.row_mask[n].index_select(0, rows)
                 rows, vals = rows[keep], vals[keep]
-            pr = p[rows]
-            gd = vals + reg * pr if reg else vals
-            ar = a[rows] + gd * gd
-            a[rows] = ar
-            p[rows] = pr - self.lr * gd / (ar.sqrt() + self.eps)
-            p.grad = None
+            pr = p.index_select(0, rows)
+            gd = vals.add(pr, alpha=reg) if reg else vals
+            ar = a.index_select(0, rows).addcmul_(gd, gd)
+            a.index_copy_(0, rows, ar)
+            p.index_copy_(0, rows, pr.addcdiv_(gd, ar.sqrt_().add_(self.eps), value=-self.lr))
 
 
 # ---------------------------------------------------------------------------------------
@@ -515,7 +514,7 @@ class TorchTrainer(Trainer):
             from torch.nn.parallel import DistributedDataParallel
 
             self.ddp = DistributedDataParallel(self.module, device_ids=[self.device] if self.device.type == "cuda"
-                                               else None, broadcast_buffers=False)
+                                               else None, forward_sync_buffers=False)
         row_mask = {}
         if allowed is not None and "direct.weights" in names:
             row_mask["direct.weights"] = torch.from_numpy(allowed.astype(bool)).to(self.device)
