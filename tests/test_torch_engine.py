@@ -99,6 +99,19 @@ def test_perplexity_matches_native_trainer(tmp_path):
                                                                                  native.best_perplexity)
 
 
+def test_dense_gradients_train_as_sparse_ones(tmp_path):
+    """The GPU path (dense gradients, a row updated when its gradient is not zero) trains the
+    model the CPU path (sparse gradients) does."""
+    kw = dict(output="class", classes=12, noise_samples=5, direct_order=2, max_updates=60, lambda_lbl=20.0)
+    sparse = TorchTrainer(config(tmp_path, name="sparse.nlm", **kw), quiet, sparse=True)
+    dense = TorchTrainer(config(tmp_path, name="dense.nlm", **kw), quiet, sparse=False)
+    assert sparse.module.tables["embeddings"].sparse and not dense.module.tables["embeddings"].sparse
+    sparse.run()
+    dense.run()
+    for n, a in sparse.module.export().items():
+        np.testing.assert_allclose(dense.module.export()[n], a, rtol=0, atol=1e-4, err_msg=n)  # rounding
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -159,12 +172,13 @@ def test_ctrl_c_exits_130_and_resume_equals_uninterrupted(tmp_path):
     import signal
     import time
 
-    kw = dict(iterations=1, output="class", classes=12, noise_samples=5, evals_per_epoch=2, word_width=16)
+    kw = dict(iterations=1, output="class", classes=12, noise_samples=5, evals_per_epoch=2, word_width=16,
+              minibatch_size=256)
     cfg = config(tmp_path, name="int.nlm", **kw)
     Trainer(cfg, quiet)   # compile the corpora before the timed part
     cmd = [sys.executable, "-m", "nlmfeature.cli", "train", "--engine", "torch", "--train", cfg.train, "--test-set",
            cfg.test_set, "--model-out", cfg.model_out, "--order", "4", "--word-width", "16", "--output", "class",
-           "--classes", "12", "-k", "5", "--iterations", "1", "--minibatch-size", "128", "--threads", "1",
+           "--classes", "12", "-k", "5", "--iterations", "1", "--minibatch-size", "256", "--threads", "1",
            "--seed", "3", "--direct-order", "2", "--patience", "0", "--evals-per-epoch", "2", "--corpus-dir",
            cfg.corpus_dir, "--no-progress"]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}

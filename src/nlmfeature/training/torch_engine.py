@@ -485,15 +485,19 @@ class TorchTrainer(Trainer):
     :class:`~nlmfeature.training.trainer.Trainer`'s set-up, evaluation, writer and
     checkpoints, with the minibatch arithmetic in a :class:`TorchLM` under DDP."""
 
-    def __init__(self, cfg: TrainConfig, log: Callable[[str], None] = None) -> None:
+    def __init__(self, cfg: TrainConfig, log: Callable[[str], None] = None, sparse: Optional[bool] = None) -> None:
+        """``sparse``: sparse gradients for the row arrays (default: on the CPU, not on a GPU)."""
         _check_supported(cfg)
         self.rank, self.world, self.device = init_distributed()
-        if self.rank != 0:
-            log = _quiet
-            dist.barrier()           # rank 0 compiles the corpora first
-        super().__init__(cfg, log)
-        if self.rank == 0 and self.world > 1:
+        if self.world > 1:
+            if self.rank == 0:       # compile the corpora once, before the other ranks read them
+                from nlmfeature.training.corpusfile import open_corpus
+
+                for path in (cfg.train, cfg.test_set):
+                    if path:
+                        open_corpus(path, cfg.corpus_dir or None)
             dist.barrier()
+        super().__init__(cfg, log if self.rank == 0 else _quiet)
         torch.manual_seed(cfg.seed)
         torch.set_num_threads(max(1, cfg.threads))
         allowed = self.objective.out.s.allowed     # the direct-feature filter
@@ -508,7 +512,8 @@ class TorchTrainer(Trainer):
             logq = self.noise.logq if logq is None else logq
             logq_class = getattr(self.noise, "logq_class", None)
         self.module = TorchLM(self.header, live, names, self.estimator, cfg.noise_samples, cfg.self_normalise,
-                              logq, logq_class, sparse=self.device.type == "cpu").to(self.device)
+                              logq, logq_class, sparse=self.device.type == "cpu" if sparse is None else sparse
+                              ).to(self.device)
         self.ddp = self.module
         if self.world > 1:
             from torch.nn.parallel import DistributedDataParallel
