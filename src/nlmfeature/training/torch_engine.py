@@ -464,7 +464,10 @@ def init_distributed() -> Tuple[int, int, "torch.device"]:
     if cuda:
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if cuda else "gloo")
+        import datetime
+
+        # rank 0 evaluates while the others wait in a collective: allow long held-out sets
+        dist.init_process_group(backend="nccl" if cuda else "gloo", timeout=datetime.timedelta(hours=2))
     rank = dist.get_rank() if dist.is_initialized() else 0
     return rank, (dist.get_world_size() if dist.is_initialized() else 1), device
 
@@ -540,6 +543,15 @@ class TorchTrainer(Trainer):
         with torch.no_grad():
             for n, t in self.topt.state.items():
                 t.copy_(torch.from_numpy(np.asarray(self.opt.state[n], np.float32)).reshape(t.shape))
+
+    def _interrupt(self, signum, frame) -> None:  # pragma: no cover - signal path
+        # under torchrun a Ctrl-C reaches every rank twice (the terminal's, then the launcher
+        # passing it on): only a second signal outside torchrun aborts without a checkpoint
+        if self._stop and not os.environ.get("TORCHELASTIC_RUN_ID"):
+            raise KeyboardInterrupt
+        if not self._stop:
+            self.log("interrupted: finishing this minibatch and writing a checkpoint")
+        self._stop = True
 
     def _restore_best(self) -> None:
         super()._restore_best()
