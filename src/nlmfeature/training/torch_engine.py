@@ -51,9 +51,7 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 import sys
-import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -67,10 +65,8 @@ except ImportError as _exc:  # pragma: no cover - exercised only without torch
     raise ImportError("the torch training engine needs PyTorch: pip install 'nlmfeature[torch]'") from _exc
 
 from nlmfeature.errors import NLMFeatureError
-from nlmfeature.training.objective import dropout_mask
 from nlmfeature.training.optim import regularised
-from nlmfeature.training.trainer import (TrainConfig, Trainer, TrainResult, TrainingInterrupted,
-                                         checkpoint_path)
+from nlmfeature.training.trainer import TrainConfig, Trainer, TrainResult, checkpoint_path
 
 # ---------------------------------------------------------------------------------------
 # direct-feature hashing (the scorer's splitmix64 keys, in int64 arithmetic)
@@ -572,14 +568,35 @@ class TorchTrainer(Trainer):
         self.best, self.best_epoch, self.bad_evals, self.decays, self.opt.lr = v[3], v[4], int(v[5]), int(v[6]), v[7]
         self.topt.lr = self.opt.lr
 
+    @property
+    def writes(self) -> bool:
+        """Rank 0 writes the model and checkpoints."""
+        return self.rank == 0
+
+    @property
+    def engine_note(self) -> str:
+        return f" with the torch engine: {self.world} process(es) on {self.device.type}"
+
+    def load_checkpoint(self, path: str) -> bool:
+        resumed = super().load_checkpoint(path)
+        self._push()
+        return resumed
+
+    def _synchronise(self) -> None:
+        self._broadcast()
+        self.topt.lr = self.opt.lr
+
+    def _barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
     def _evaluate(self, tag: str) -> float:
         if self.rank == 0:
             self._pull()
             ppl = super()._evaluate(tag)
         else:
             ppl = math.nan
-        self._broadcast()
-        self.topt.lr = self.opt.lr
+        self._synchronise()
         return ppl
 
     def save_checkpoint(self) -> None:
@@ -596,20 +613,17 @@ class TorchTrainer(Trainer):
         return torch.from_numpy(np.ascontiguousarray(a)).to(self.device, dtype=dtype or torch.long)
 
     def train_step(self, ctx: np.ndarray, targets: np.ndarray, l2: float) -> float:
-        """One update on a global minibatch (this rank trains on its share); returns this
-        rank's summed loss."""
-        cfg = self.cfg
-        noise = self.noise.draw(targets, cfg.seed, self.step, self.kernel_threads) if self.noise else None
-        mask = dropout_mask((len(targets), self.header["output"]["dim"]), cfg.dropout, cfg.seed,
-                            self.step) if cfg.dropout else None
+        """One update on a global minibatch (this rank trains on its share); returns the
+        minibatch's summed loss as this rank estimates it (its share's times W)."""
+        noise, mask = self.noise_and_mask(targets)
         b = len(targets)
         lo, hi = b * self.rank // self.world, b * (self.rank + 1) // self.world
         args = [self._tensor(ctx[lo:hi]), self._tensor(targets[lo:hi]),
                 self._tensor(noise.words[lo:hi]) if noise is not None and noise.words is not None else None,
                 self._tensor(noise.classes[lo:hi]) if noise is not None and noise.classes is not None else None,
                 self._tensor(mask[lo:hi], torch.float32) if mask is not None else None]
-        loss = self.ddp(*args)
-        (loss * self.world).backward()
+        loss = self.ddp(*args) * self.world
+        loss.backward()
         self.topt.step(l2)
         return float(loss.detach())
 
@@ -620,128 +634,6 @@ class TorchTrainer(Trainer):
         t = torch.tensor(flags, dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.tolist()
-
-    def run(self) -> TrainResult:
-        """Train (resuming from a matching checkpoint) and return the result (rank 0's; the
-        other ranks return theirs, with the same parameters)."""
-        cfg = self.cfg
-        ck = checkpoint_path(cfg.model_out)
-        if self.rank == 0:
-            if cfg.resume and os.path.exists(ck):
-                self.load_checkpoint(ck)
-                self._push()
-                self.log(f"resuming from {ck}: epoch {self.epoch}, minibatch {self.batch}")
-            elif not cfg.resume and os.path.exists(ck):
-                os.unlink(ck)
-        self._broadcast()
-        self.topt.lr = self.opt.lr
-        N, B = len(self.data), cfg.minibatch_size
-        nb = self.batches_per_epoch
-        l2 = cfg.lambda_lbl * B / N
-        if self.heldout is None:
-            self.log(f"warning: no --test-set, so no early stopping: all {cfg.iterations} epochs run and the "
-                     "last is kept (it may over-fit; a held-out text picks the best evaluation)")
-        self.log(f"training {self.estimator} on {N} n-grams ({len(self.vocab)} words) with the torch engine: "
-                 f"{self.world} process(es) on {self.device.type}, {cfg.iterations} epochs of {nb} minibatches")
-        old_handlers = {}
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                old_handlers[sig] = signal.signal(sig, self._interrupt)
-            except ValueError:  # not the main thread
-                pass
-        every = self.eval_interval
-        deadline = time.time() + cfg.max_minutes * 60 if cfg.max_minutes else math.inf
-        last_ck = time.time()
-        updates = 0
-        bar = None
-        stop_reason = ""
-        try:
-            from nlmfeature.io.progress import progress
-
-            while self.epoch < cfg.iterations and not stop_reason:
-                feed = self.data.batches(self.epoch, cfg.seed, B, self.batch)
-                bar = progress(total=nb, initial=self.batch, desc=f"epoch {self.epoch + 1}/{cfg.iterations}",
-                               unit="batch", enabled=cfg.progress and self.rank == 0, leave=False)
-                t_epoch, w_epoch = time.time(), 0
-                while self.batch < nb:
-                    t0 = time.time()
-                    ctx, tg = next(feed)
-                    loss = self.train_step(ctx, tg, l2)
-                    self.train_seconds += time.time() - t0
-                    self.trained_words += len(tg)
-                    w_epoch += len(tg)
-                    self.batch += 1
-                    self.step += 1
-                    updates += 1
-                    bar.update(1)
-                    ck_due = cfg.checkpoint_minutes and time.time() - last_ck > cfg.checkpoint_minutes * 60
-                    stop, bad, late, ckf = self._agree([float(self._stop), float(not math.isfinite(loss)),
-                                                        float(time.time() > deadline), float(bool(ck_due))])
-                    if bad:
-                        raise NLMFeatureError(f"training diverged (loss {loss}) at epoch {self.epoch + 1}, "
-                                              f"minibatch {self.batch}: lower --step-size")
-                    if self.batch % 20 == 0 or self.batch == nb:
-                        bar.set_postfix({"loss/word": f"{loss * self.world / max(1, len(tg)):.3f}",
-                                         "words/s": f"{w_epoch / max(1e-9, time.time() - t_epoch):.0f}"},
-                                        refresh=False)
-                    if every and self.batch % every == 0 and self.batch < nb:
-                        self._evaluate("minibatch")
-                        self.save_checkpoint()
-                        last_ck = time.time()
-                        if cfg.patience and self.bad_evals >= cfg.patience:
-                            stop_reason = "no improvement"
-                            break
-                    if stop:
-                        self._stop = True
-                        stop_reason = "interrupted"
-                        break
-                    if cfg.max_updates and updates >= cfg.max_updates:
-                        stop_reason = "update limit"
-                        break
-                    if late:
-                        stop_reason = "time limit"
-                        break
-                    if ckf:
-                        self.save_checkpoint()
-                        last_ck = time.time()
-                bar.close()
-                if self.batch >= nb:
-                    self.epoch += 1
-                    self.batch = 0
-                    self._evaluate(f"epoch {self.epoch}")
-                    if cfg.patience and self.bad_evals >= cfg.patience:
-                        stop_reason = "no improvement"
-                self.save_checkpoint()
-                last_ck = time.time()
-            if stop_reason in ("interrupted", "update limit"):
-                self.log(f"checkpoint written to {ck}; run the same command again to resume")
-            elif stop_reason:
-                self.log(f"stopped: {stop_reason}")
-                if stop_reason == "time limit" and self.heldout is not None and self.batch:
-                    self._evaluate("time limit")
-            if self.rank == 0:
-                if not os.path.exists(cfg.model_out):
-                    self.write_model()
-                if stop_reason == "time limit":
-                    self.save_checkpoint()
-                    self.log(f"checkpoint written to {ck}; run the same command again to train on")
-                elif stop_reason not in ("interrupted", "update limit") and os.path.exists(ck):
-                    os.unlink(ck)
-            if self.world > 1:
-                dist.barrier()
-        finally:
-            if bar is not None:
-                bar.close()
-            for sig, handler in old_handlers.items():
-                signal.signal(sig, handler)
-        if stop_reason == "interrupted":
-            raise TrainingInterrupted(f"checkpoint written to {ck}; run the same command again to resume")
-        return TrainResult(model_out=cfg.model_out, best_perplexity=self.best, best_epoch=self.best_epoch,
-                           epochs=round(self.epoch + self.batch / nb, 4),
-                           words_per_second=self.trained_words / max(1e-9, self.train_seconds),
-                           history=self.history, vocab_size=len(self.vocab), train_tokens=len(self.data),
-                           estimator=self.estimator, resumed_from=self.resumed_from)
-
 
 def _quiet(msg: str) -> None:
     pass
