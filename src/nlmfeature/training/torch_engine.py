@@ -489,7 +489,7 @@ class TorchTrainer(Trainer):
         _check_supported(cfg)
         self.rank, self.world, self.device = init_distributed()
         if self.world > 1:
-            if self.rank == 0:       # compile the corpora once, before the other ranks read them
+            if int(os.environ.get("LOCAL_RANK", "0")) == 0:   # one compile per machine, then the rest read it
                 from nlmfeature.training.corpusfile import open_corpus
 
                 for path in (cfg.train, cfg.test_set):
