@@ -304,7 +304,7 @@ class TorchLM(nn.Module):
     def sparse_logits(self, kind: str, H: "torch.Tensor", ctx: "torch.Tensor", cand: "torch.Tensor") -> "torch.Tensor":
         """Logits (N, K) of candidate rows ``cand`` (N, K) of output ``kind``."""
         R = self._rows(f"{kind}.weight", cand)                      # (N, K, D)
-        s = torch.einsum("nkd,nd->nk", R, H) + self._rows(f"{kind}.bias", cand)[..., 0]
+        s = (R * H.unsqueeze(1)).sum(dim=2) + self._rows(f"{kind}.bias", cand)[..., 0]   # faster than bmm on CPUs
         if self.direct_order and kind != "tree":
             s = s + self._direct(ctx, cand, 0 if kind == "output" else 1)
         return s
