@@ -91,12 +91,13 @@ def test_direct_hashing_matches_scorer():
 def test_perplexity_matches_native_trainer(tmp_path):
     """Same data, settings and seed: the torch engine follows the native run (same initial
     model, minibatch order and noise), so its held-out perplexity is the native one's up to
-    float rounding (measured: within 0.1%)."""
+    float rounding (measured: 3e-9 relative after 2 epochs)."""
     kw = dict(iterations=2, direct_order=3, lambda_lbl=20.0, word_width=32)
     native = Trainer(config(tmp_path, name="native.nlm", **kw), quiet).run()
     torch_run = TorchTrainer(config(tmp_path, name="torch.nlm", **kw), quiet).run()
-    assert abs(torch_run.best_perplexity / native.best_perplexity - 1) < 0.01, (torch_run.best_perplexity,
+    assert abs(torch_run.best_perplexity / native.best_perplexity - 1) < 1e-3, (torch_run.best_perplexity,
                                                                                  native.best_perplexity)
+    assert torch_run.history[-1]["perplexity"] < torch_run.history[0]["perplexity"]
 
 
 def test_dense_gradients_train_as_sparse_ones(tmp_path):
@@ -175,7 +176,6 @@ def test_ctrl_c_exits_130_and_resume_equals_uninterrupted(tmp_path):
     kw = dict(iterations=1, output="class", classes=12, noise_samples=5, evals_per_epoch=2, word_width=16,
               minibatch_size=256)
     cfg = config(tmp_path, name="int.nlm", **kw)
-    Trainer(cfg, quiet)   # compile the corpora before the timed part
     cmd = [sys.executable, "-m", "nlmfeature.cli", "train", "--engine", "torch", "--train", cfg.train, "--test-set",
            cfg.test_set, "--model-out", cfg.model_out, "--order", "4", "--word-width", "16", "--output", "class",
            "--classes", "12", "-k", "5", "--iterations", "1", "--minibatch-size", "256", "--threads", "1",
