@@ -113,6 +113,18 @@ def test_dense_gradients_train_as_sparse_ones(tmp_path):
         np.testing.assert_allclose(dense.module.export()[n], a, rtol=0, atol=1e-4, err_msg=n)  # rounding
 
 
+def test_native_checkpoint_resumes_under_torch(tmp_path):
+    """The engines share the checkpoint format and position: a native run stopped after 30
+    minibatches finishes under torch as the native run would have."""
+    kw = dict(minibatch_size=256, output="class", classes=12, noise_samples=5, lambda_lbl=20.0)
+    Trainer(config(tmp_path, name="mixed.nlm", max_updates=30, **kw), quiet).run()
+    assert os.path.exists(tmp_path / "mixed.nlm.ckpt.npz")
+    mixed = TorchTrainer(config(tmp_path, name="mixed.nlm", **kw), quiet).run()
+    native = Trainer(config(tmp_path, name="native.nlm", **kw), quiet).run()
+    assert mixed.resumed_from and mixed.epochs == native.epochs == 1.0
+    assert mixed.best_perplexity == pytest.approx(native.best_perplexity, rel=1e-5)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
