@@ -490,13 +490,23 @@ class TorchTrainer(Trainer):
         _check_supported(cfg)
         self.rank, self.world, self.device = init_distributed()
         if self.world > 1:
+            error: Optional[Exception] = None
             if int(os.environ.get("LOCAL_RANK", "0")) == 0:   # one compile per machine, then the rest read it
                 from nlmfeature.training.corpusfile import open_corpus
 
-                for path in (cfg.train, cfg.test_set):
-                    if path:
-                        open_corpus(path, cfg.corpus_dir or None)
-            dist.barrier()
+                try:
+                    for path in (cfg.train, cfg.test_set):
+                        if path:
+                            open_corpus(path, cfg.corpus_dir or None)
+                except (NLMFeatureError, OSError) as exc:
+                    error = exc
+            failed = torch.tensor([float(error is not None)], device=self.device)
+            dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+            if error is not None:
+                raise error
+            if failed.item():
+                raise NLMFeatureError("stopped: another process could not read the training or held-out "
+                                      "text (its message says why)")
         super().__init__(cfg, log if self.rank == 0 else _quiet)
         torch.manual_seed(cfg.seed)
         torch.set_num_threads(max(1, cfg.threads))
@@ -649,9 +659,8 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = None) -> TrainResult:
     if cfg.model_out:
         check_output(cfg.model_out, "--model-out")
         check_output(checkpoint_path(cfg.model_out), "checkpoint")
-    trainer = TorchTrainer(cfg, log)
     try:
-        return trainer.run()
+        return TorchTrainer(cfg, log).run()
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
