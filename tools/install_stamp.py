@@ -27,7 +27,7 @@ BUILD_INPUTS = ["setup.py", "pyproject.toml", "cython/**/*.pyx", "cython/**/*.px
                 "cython/**/*.pxi", "cython/**/*.h", "src/nlmfeature/decoder/capi/*.c", "src/nlmfeature/decoder/capi/*.h",
                 "src/nlmfeature/decoder/capi/*.py"]
 #: modules the tests need besides the package
-TEST_MODULES = ["pytest", "numpy", "sacrebleu", "sacremoses", "tqdm", "kenlm"]
+TEST_MODULES = ["pytest", "numpy", "sacrebleu", "sacremoses", "tqdm", "kenlm", "torch"]
 
 
 def build_inputs(root: str = ROOT) -> List[str]:

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! python3 tools/install_stamp.py; then
-    python3 -m pip install -q --disable-pip-version-check -e '.[test,kenlm,plot]'
+    python3 -m pip install -q --disable-pip-version-check -e '.[test,kenlm,plot,torch]'
     python3 tools/install_stamp.py --record
 fi
 if [ -f tools/build_kenlm.sh ]; then

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from nlmfeature.errors import NLMFeatureError
@@ -218,6 +219,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="do not store the precomputed first-layer tables (smaller file, slower queries)")
     r.add_argument("--no-progress", "-q", "--quiet", dest="progress", action="store_false",
                    help="no progress bar")
+    r.add_argument("--engine", choices=["native", "torch"], default="native",
+                   help="native: numpy + Cython kernels (default); torch: PyTorch on the CPU or a GPU, "
+                        "one process or many (torchrun --nproc_per_node N -m nlmfeature.cli train --engine "
+                        "torch ...; DDP, gloo on CPUs, NCCL on GPUs); needs pip install 'nlmfeature[torch]'. "
+                        "Same models, recipe and model file; joint models are native only")
     r.add_argument("--json", action="store_true", help="print the result as JSON on standard output")
     p.set_defaults(func=run)
 
@@ -229,6 +235,11 @@ def run(args: argparse.Namespace) -> int:
     cfg = TrainConfig(**fields)
     from nlmfeature.training.trainer import TrainingInterrupted
 
+    if getattr(args, "engine", "native") == "torch":
+        try:
+            from nlmfeature.training.torch_engine import train
+        except ImportError as exc:
+            raise NLMFeatureError(f"--engine torch: {exc}") from None
     try:
         result = train(cfg)
     except TrainingInterrupted as exc:
@@ -237,6 +248,8 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         args.interrupt_hint = "aborted: the last checkpoint is kept; run the same command again to resume"
         raise
+    if int(os.environ.get("RANK", "0")):
+        return 0    # a torchrun rank other than 0: rank 0 reports
     if args.json:
         print(json.dumps(result.as_dict(), indent=2))
     else:

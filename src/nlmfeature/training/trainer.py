@@ -619,35 +619,6 @@ class Trainer:
                 and not h["layers"] and not self.cfg.dropout and h["order"] > 1
                 and all(p.dtype == np.float32 for p in self.params.values()))
 
-    def update(self, ctx: np.ndarray, targets: np.ndarray, l2: float) -> float:
-        """One minibatch: loss and gradients, then the AdaGrad step; returns the summed loss."""
-        cfg = self.cfg
-        noise = self.noise.draw(targets, cfg.seed, self.step, self.kernel_threads) if self.noise else None
-        if self._fused:
-            from nlmfeature import _train
-
-            p, a, g, m = self.params, self.opt.state, self.grads.g, self.grads.mark
-            e32, e8 = np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.uint8)
-            has_d = "direct.weights" in p
-            has_b = "branch0.bias" in p
-            spec = self.objective.out.s
-            return _train.nce_lbl_step(
-                p["embeddings"], p["branch0.weights"], p["branch0.bias"] if has_b else e32,
-                p["output.weight"], p["output.bias"], p["direct.weights"] if has_d else e32,
-                a["embeddings"], a["branch0.weights"], a["branch0.bias"] if has_b else e32,
-                a["output.weight"], a["output.bias"], a["direct.weights"] if has_d else e32,
-                g["embeddings"], g["output.weight"], g["output.bias"], g["direct.weights"] if has_d else e32,
-                m["embeddings"], m["output.weight"], m["direct.weights"] if has_d else e8,
-                np.ascontiguousarray(ctx, dtype=np.int32), np.ascontiguousarray(targets, dtype=np.int32),
-                noise.words, spec.logq, spec.direct_order if has_d else 0, max(1, spec.hash_space),
-                spec.allowed if spec.allowed is not None else e8,
-                self.opt.lr, l2, self.opt.eps, self.kernel_threads)
-        mask = dropout_mask((len(targets), self.header["output"]["dim"]), cfg.dropout, cfg.seed,
-                            self.step) if cfg.dropout else None
-        loss = self.objective.loss_and_grads(ctx, targets, noise, self.grads, mask)
-        self.opt.step(self.grads, l2=l2)
-        return loss
-
     def _keep_best(self) -> None:
         """Remember the parameters and AdaGrad sums of the best evaluation (--lr-decay)."""
         for n, p in self.params.items():
@@ -668,16 +639,70 @@ class Trainer:
         self._stop = True
         self.log("interrupted: finishing this minibatch and writing a checkpoint (Ctrl-C again to abort)")
 
+    # -- hooks of the loop (another engine overrides them: nlmfeature.training.torch_engine) --
+    #: whether this process writes the model and checkpoints (one of several ranks may not)
+    writes = True
+    #: how the run's log line names the engine ("" for the native one)
+    engine_note = ""
+
+    def noise_and_mask(self, targets: np.ndarray) -> Tuple[Any, Optional[np.ndarray]]:
+        """(NCE noise or None, dropout mask or None) of the current minibatch: functions of the
+        seed and the minibatch number only."""
+        cfg = self.cfg
+        noise = self.noise.draw(targets, cfg.seed, self.step, self.kernel_threads) if self.noise else None
+        mask = dropout_mask((len(targets), self.header["output"]["dim"]), cfg.dropout, cfg.seed,
+                            self.step) if cfg.dropout else None
+        return noise, mask
+
+    def train_step(self, ctx: np.ndarray, targets: np.ndarray, l2: float) -> float:
+        """One AdaGrad update on a minibatch (the fused native step when :meth:`fused`);
+        returns its summed loss."""
+        noise, mask = self.noise_and_mask(targets)
+        if self._fused:
+            from nlmfeature import _train
+
+            p, a, g, m = self.params, self.opt.state, self.grads.g, self.grads.mark
+            e32, e8 = np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.uint8)
+            has_d = "direct.weights" in p
+            has_b = "branch0.bias" in p
+            spec = self.objective.out.s
+            return _train.nce_lbl_step(
+                p["embeddings"], p["branch0.weights"], p["branch0.bias"] if has_b else e32,
+                p["output.weight"], p["output.bias"], p["direct.weights"] if has_d else e32,
+                a["embeddings"], a["branch0.weights"], a["branch0.bias"] if has_b else e32,
+                a["output.weight"], a["output.bias"], a["direct.weights"] if has_d else e32,
+                g["embeddings"], g["output.weight"], g["output.bias"], g["direct.weights"] if has_d else e32,
+                m["embeddings"], m["output.weight"], m["direct.weights"] if has_d else e8,
+                np.ascontiguousarray(ctx, dtype=np.int32), np.ascontiguousarray(targets, dtype=np.int32),
+                noise.words, spec.logq, spec.direct_order if has_d else 0, max(1, spec.hash_space),
+                spec.allowed if spec.allowed is not None else e8,
+                self.opt.lr, l2, self.opt.eps, self.kernel_threads)
+        loss = self.objective.loss_and_grads(ctx, targets, noise, self.grads, mask)
+        if math.isfinite(loss):
+            self.opt.step(self.grads, l2=l2)
+        return loss
+
+    def _agree(self, flags: List[float]) -> List[float]:
+        """Each flag as all the processes of the run see it (their maximum); one process: itself."""
+        return flags
+
+    def _synchronise(self) -> None:
+        """Make every process's parameters and position the writer's (after resuming)."""
+
+    def _barrier(self) -> None:
+        """Wait for every process of the run."""
+
     def run(self) -> TrainResult:
         """Train (resuming if a matching checkpoint exists) and return the result."""
         cfg = self.cfg
         set_blas_threads(max(1, cfg.threads))
         ck = checkpoint_path(cfg.model_out)
-        if cfg.resume and os.path.exists(ck):
+        if self.writes and cfg.resume and os.path.exists(ck):
             self.load_checkpoint(ck)
             self.log(f"resuming from {ck}: epoch {self.epoch}, minibatch {self.batch}")
-        elif not cfg.resume and os.path.exists(ck):
+        elif self.writes and not cfg.resume and os.path.exists(ck):
             os.unlink(ck)
+        self._synchronise()
         N, B = len(self.data), cfg.minibatch_size
         nb = self.batches_per_epoch
         l2 = cfg.lambda_lbl * B / N
@@ -685,7 +710,8 @@ class Trainer:
             self.log(f"warning: no --test-set, so no early stopping: all {cfg.iterations} epochs run and the "
                      "last is kept (it may over-fit; a held-out text picks the best evaluation)")
         self.log(f"training {self.estimator} on {N} n-grams ({len(self.vocab)} words, "
-                 f"{int(self.counts[self.vocab.unk])} <unk> tokens), {cfg.iterations} epochs of {nb} minibatches")
+                 f"{int(self.counts[self.vocab.unk])} <unk> tokens){self.engine_note}, {cfg.iterations} epochs "
+                 f"of {nb} minibatches")
         old_handlers = {}
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
@@ -704,26 +730,29 @@ class Trainer:
             while self.epoch < cfg.iterations and not stop_reason:
                 feed = self.data.batches(self.epoch, cfg.seed, B, self.batch)
                 bar = progress(total=nb, initial=self.batch, desc=f"epoch {self.epoch + 1}/{cfg.iterations}",
-                               unit="batch", enabled=cfg.progress, leave=False)
+                               unit="batch", enabled=cfg.progress and self.writes, leave=False)
                 t_epoch, w_epoch = time.time(), 0
                 while self.batch < nb:
                     t0 = time.time()
                     ctx, tg = next(feed)
-                    idx = tg
-                    loss = self.update(ctx, tg, l2)
-                    if not math.isfinite(loss):
+                    loss = self.train_step(ctx, tg, l2)
+                    # every process stops together: Ctrl-C, divergence, the time limit, checkpoints
+                    ck_due = cfg.checkpoint_minutes and time.time() - last_ck > cfg.checkpoint_minutes * 60
+                    stop, bad, late, ck_now = self._agree([float(self._stop), float(not math.isfinite(loss)),
+                                                           float(time.time() > deadline), float(bool(ck_due))])
+                    if bad:
                         raise NLMFeatureError(f"training diverged (loss {loss}) at epoch {self.epoch + 1}, "
                                               f"minibatch {self.batch}: lower --step-size")
                     self.train_seconds += time.time() - t0
-                    self.trained_words += len(idx)
-                    w_epoch += len(idx)
+                    self.trained_words += len(tg)
+                    w_epoch += len(tg)
                     self.batch += 1
                     self.step += 1
                     bar.update(1)
                     if self.batch % 20 == 0 or self.batch == nb:
-                        post = {"loss/word": f"{loss / len(idx):.3f}",
+                        post = {"loss/word": f"{loss / len(tg):.3f}",
                                 "words/s": f"{w_epoch / max(1e-9, time.time() - t_epoch):.0f}"}
-                        if not math.isinf(self.best):
+                        if self.history and not math.isinf(self.best):
                             post["held-out ppl"] = f"{self.history[-1]['perplexity']:.1f}"
                         bar.set_postfix(post, refresh=False)
                     if every and self.batch % every == 0 and self.batch < nb:
@@ -734,16 +763,17 @@ class Trainer:
                             stop_reason = "no improvement"
                             break
                     updates += 1
-                    if self._stop:
+                    if stop:
+                        self._stop = True
                         stop_reason = "interrupted"
                         break
                     if cfg.max_updates and updates >= cfg.max_updates:
                         stop_reason = "update limit"
                         break
-                    if time.time() > deadline:
+                    if late:
                         stop_reason = "time limit"
                         break
-                    if cfg.checkpoint_minutes and time.time() - last_ck > cfg.checkpoint_minutes * 60:
+                    if ck_now:
                         self.save_checkpoint()
                         last_ck = time.time()
                 bar.close()
@@ -761,13 +791,15 @@ class Trainer:
                 self.log(f"stopped: {stop_reason}")
                 if stop_reason == "time limit" and self.heldout is not None and self.batch:
                     self._evaluate("time limit")
-            if not os.path.exists(cfg.model_out):
-                self.write_model()
-            if stop_reason == "time limit":
-                self.save_checkpoint()
-                self.log(f"checkpoint written to {ck}; run the same command again to train on")
-            elif stop_reason not in ("interrupted", "update limit") and os.path.exists(ck):
-                os.unlink(ck)   # a finished run: nothing left to resume
+            if self.writes:
+                if not os.path.exists(cfg.model_out):
+                    self.write_model()
+                if stop_reason == "time limit":
+                    self.save_checkpoint()
+                    self.log(f"checkpoint written to {ck}; run the same command again to train on")
+                elif stop_reason not in ("interrupted", "update limit") and os.path.exists(ck):
+                    os.unlink(ck)   # a finished run: nothing left to resume
+            self._barrier()
         finally:
             if bar is not None:
                 bar.close()
