@@ -54,7 +54,9 @@ def file_module(path: str) -> "tuple":
     dict(output="tree", noise_samples=0, direct_order=0, arch="lateral", hidden=16, branches=2,
          combine="max"),                                                               # tree ML, lateral
     dict(output="unnormalised", noise_samples=0, self_normalise=0.1, direct_order=2, dropout=0.2),
-], ids=["nce", "softmax-full", "class-nce", "class-ml-nplm", "tree-lateral", "selfnorm"])
+    dict(output="softmax", noise_samples=5, direct_order=2, arch="lateral", hidden=16, branches=3,
+         combine="mul"),                                                               # NCE-trained softmax
+], ids=["nce", "softmax-full", "class-nce", "class-ml-nplm", "tree-lateral", "selfnorm", "nce-softmax-lateral"])
 def test_scorer_equals_torch_module(tmp_path, fields):
     cfg = config(tmp_path, max_updates=6, **fields)
     tr = TorchTrainer(cfg, quiet)
