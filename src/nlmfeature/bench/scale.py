@@ -30,7 +30,6 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-import numpy as np
 
 from nlmfeature.errors import NLMFeatureError
 

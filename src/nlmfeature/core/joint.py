@@ -24,7 +24,6 @@ have the same form).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -32,6 +31,7 @@ import numpy as np
 from ..io import textio
 from ..errors import InputError
 from .model import Model, Perplexity, _tokens
+from .ngramdata import NgramData
 from .vocab import Vocabulary
 
 import re
@@ -117,17 +117,9 @@ def target_contexts(tgt_ids: np.ndarray, order: int, bos: int) -> np.ndarray:
     return np.lib.stride_tricks.sliding_window_view(hist, c)[: len(tgt_ids)]
 
 
-@dataclass
-class JointData:
+class JointData(NgramData):
     """The joint n-grams of a parallel text: ``contexts`` (N, w + n-1) int32 as the model
     sees them ([source window | target context]), ``words`` (N,), ``sentence_starts`` (S+1,)."""
-
-    contexts: np.ndarray
-    words: np.ndarray
-    sentence_starts: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.words)
 
 
 def joint_ngrams(sources: Sequence[Sequence[str]], targets: Sequence[Sequence[str]],

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from nlmfeature.io import textio
 from nlmfeature.errors import InputError
+from nlmfeature.core.ngramdata import NgramData
 from nlmfeature.core.vocab import SPECIALS, Vocabulary
 
 
@@ -70,36 +70,6 @@ def build_vocabulary(sentences: Sequence[Sequence[str]], min_count: int = 1,
     ids[vocab.bos] = 0
     ids[vocab.null] = 0
     return vocab, ids
-
-
-@dataclass
-class NgramData:
-    """The n-grams of a text: ``contexts`` (N, n-1) int32 padded ids, ``words`` (N,) int32,
-    ``sentence_starts`` (S+1,) offsets of each sentence's first n-gram."""
-
-    contexts: np.ndarray
-    words: np.ndarray
-    sentence_starts: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.words)
-
-    def batches_per_epoch(self, batch: int) -> int:
-        """Minibatches of ``batch`` n-grams in an epoch (the last may be shorter)."""
-        return max(1, -(-len(self.words) // batch))
-
-    def batches(self, epoch: int, seed: int, batch: int, start: int = 0):
-        """(contexts, words) of every minibatch of an epoch from number ``start`` on, in the
-        order of ``numpy.random.default_rng([seed, epoch]).permutation``."""
-        perm = np.random.default_rng([seed, epoch]).permutation(len(self.words))
-        for k in range(start, self.batches_per_epoch(batch)):
-            idx = perm[k * batch:(k + 1) * batch]
-            yield self.contexts[idx], self.words[idx]
-
-    def chunks(self, size: int = 1 << 22):
-        """(contexts, words) in text order, ``size`` n-grams at a time."""
-        for a in range(0, len(self.words), size):
-            yield self.contexts[a:a + size], self.words[a:a + size]
 
 
 def ngrams(sentences: Sequence[Sequence[str]], vocab: Vocabulary, order: int) -> NgramData:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import mmap
 import os
 import struct
@@ -37,7 +36,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 
 from nlmfeature.errors import InputError, NLMFeatureError
-from nlmfeature.core.vocab import SPECIALS, Vocabulary
+from nlmfeature.core.vocab import Vocabulary
 
 MAGIC = b"NLMCORP\0"
 VERSION = 1

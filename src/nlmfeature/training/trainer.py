@@ -49,7 +49,7 @@ from nlmfeature.io.atomicfile import atomic_open, check_output
 from nlmfeature.errors import InputError, NLMFeatureError
 from nlmfeature.core.model import Model
 from nlmfeature.core.vocab import Vocabulary
-from nlmfeature.training.corpus import NgramData, build_vocabulary, ngrams, read_corpus, read_heldout
+from nlmfeature.training.corpus import NgramData, build_vocabulary
 from nlmfeature.training.estimators import OutputSpec
 from nlmfeature.training.objective import Objective, dropout_mask, trainable_names
 from nlmfeature.training.optim import AdaGrad, Gradients
