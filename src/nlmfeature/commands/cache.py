@@ -5,6 +5,7 @@ import argparse
 import json
 import os
 
+from nlmfeature.cli import dumps_json
 from nlmfeature.errors import NLMFeatureError
 
 
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     if checksum:
         st.models = {k: v for k, v in st.models.items() if k == checksum}
     if args.json:
-        print(json.dumps(st.as_dict(), indent=2))
+        print(dumps_json(st.as_dict(), indent=2))
         return 0
     print(f"directory        {st.directory}")
     print(f"files            {st.files}")

@@ -13,13 +13,16 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
+from nlmfeature.io.textio import split_tokens
+
 UNK = "<unk>"
 BOS = "<s>"
 EOS = "</s>"
 NULL = "<null>"
 SPECIALS = (UNK, BOS, EOS, NULL)
-#: characters that str.isspace() calls white space (the regex class misses a few of them)
-_SPACE = re.compile("[\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]")
+#: the white space that separates tokens (:func:`nlmfeature.io.textio.split_tokens`): no word
+#: holds it
+_SPACE = re.compile("[ \t\n\r\x0b\x0c]")
 
 
 class Vocabulary:
@@ -32,7 +35,7 @@ class Vocabulary:
                 or _SPACE.search("".join(words)):  # the common case in one pass of C loops
             index = {}
             for i, w in enumerate(words):
-                if not isinstance(w, str) or not w or any(c.isspace() for c in w):
+                if not isinstance(w, str) or not w or _SPACE.search(w):
                     raise ValueError(f"vocabulary entry {i} ({w!r}) is empty or contains white space")
                 if w in index:
                     raise ValueError(f"vocabulary entry {i} ({w!r}) is a duplicate")
@@ -94,6 +97,23 @@ class Vocabulary:
     def __getitem__(self, wid: int) -> str:
         return self._words[wid]
 
+    def text_ids(self, words: Iterable[str]) -> np.ndarray:
+        """Ids of the words of a text to score, as training reads them: unknown words and a
+        literal ``<s>``, ``</s>`` or ``<null>`` (never a word of training text: markers the
+        model adds itself) are ``<unk>``."""
+        if isinstance(words, str):
+            words = split_tokens(words)
+        get, unk = self._index.get, self.unk
+        special = (self.bos, self.eos, self.null)
+        ids = np.fromiter((get(w, unk) for w in words), dtype=np.int32)
+        if ids.size:
+            ids[np.isin(ids, special)] = unk
+        return ids
+
+    def is_oov(self, word: str) -> bool:
+        """Whether a word of a text is scored as ``<unk>`` (:meth:`text_ids`)."""
+        return self._index.get(word, self.unk) in (self.unk, self.bos, self.eos, self.null)
+
     def id(self, word: str) -> int:
         """Id of ``word``; ``<unk>``'s id for an unknown word."""
         return self._index.get(word, self.unk)
@@ -102,7 +122,7 @@ class Vocabulary:
         """Ids of ``words`` as an int32 array (unknown words -> ``<unk>``); a string is split
         on white space (not iterated character by character)."""
         if isinstance(words, str):
-            words = words.split()
+            words = split_tokens(words)
         get, unk = self._index.get, self.unk
         return np.fromiter((get(w, unk) for w in words), dtype=np.int32)
 
@@ -122,5 +142,5 @@ def count_words(lines: Iterable[str]) -> Counter:
     """Token counts of whitespace-tokenised lines."""
     counts: Counter = Counter()
     for line in lines:
-        counts.update(line.split())
+        counts.update(split_tokens(line))
     return counts
