@@ -400,10 +400,15 @@ def check_finite(name: str, stored: np.ndarray) -> None:
     """Raise :class:`ValueError` if the float array ``name``, as stored (float32 or float16:
     they overflow where float64 did not), holds a NaN or an infinity: a model made of them
     scores NaN."""
-    if stored.dtype.kind == "f" and stored.size and not np.isfinite(stored).all():
-        bad = int(stored.size - np.count_nonzero(np.isfinite(stored)))
-        raise ValueError(f"array {name!r} holds {bad} NaN or infinite value(s) as "
-                         f"{stored.dtype.name}: the model would score NaN")
+    if stored.dtype.kind != "f" or not stored.size:
+        return
+    flat = stored.reshape(-1)
+    step = 1 << 22          # (bounded memory for the mask of a big array)
+    if all(np.isfinite(flat[a:a + step]).all() for a in range(0, flat.size, step)):
+        return
+    bad = int(flat.size - np.count_nonzero(np.isfinite(flat)))
+    raise ValueError(f"array {name!r} holds {bad} NaN or infinite value(s) as "
+                     f"{stored.dtype.name}: the model would score NaN")
 
 
 def write_model(path: str, header: Header, arrays: Mapping[str, np.ndarray],
@@ -645,4 +650,10 @@ def _read_mapped(path: str, mm, verify: bool) -> Tuple[Header, Arrays, str]:
     except (ValueError, KeyError, TypeError, AttributeError, IndexError, OverflowError,
             RecursionError) as exc:
         raise ModelFileError(f"{path}: wrong architecture description: {exc}") from None
+    if verify:       # the file was just read once for its checksum: the values too
+        for name in sorted(arrays):
+            try:
+                check_finite(name, arrays[name])
+            except ValueError as exc:
+                raise ModelFileError(f"{path}: {exc}; train or write the model again") from None
     return header, arrays, checksum.hex()
