@@ -77,29 +77,36 @@ MAX_INT = (1 << 31) - 1
 MAX_THREADS = min(256, 4 * (os.cpu_count() or 1))
 
 
+#: largest magnitude a float flag takes (no setting means anything beyond it)
+MAX_FLOAT = 1e15
+
+
 class Number:
-    """An argparse ``type``: an int or a finite float in ``[lo, hi]`` (None: unbounded on
-    that side).  ``Number(int, 1, MAX_THREADS)``; ``Number(float, 0, None, lo_open=True)``
-    for a positive float.  The error names the range, argparse names the flag."""
+    """An argparse ``type``: an int or a finite float in ``[lo, hi]`` (None: as far as
+    :data:`MAX_INT` / :data:`MAX_FLOAT` on that side).  ``Number(int, 1, MAX_THREADS)``;
+    ``Number(float, 0, None, lo_open=True)`` for a positive float.  The error names the
+    range, argparse names the flag."""
 
     def __init__(self, kind: type = int, lo: Optional[float] = None, hi: Optional[float] = None,
                  lo_open: bool = False) -> None:
+        limit = MAX_INT if kind is int else MAX_FLOAT
+        lo = -limit if lo is None else lo
+        hi = limit if hi is None else hi
         self.kind, self.lo, self.hi, self.lo_open = kind, lo, hi, lo_open
         self.__name__ = kind.__name__          # argparse's "invalid int value: 'x'"
 
     def range_text(self) -> str:
-        lo = "-inf" if self.lo is None else f"{self.lo:g}"
-        hi = "inf" if self.hi is None else f"{self.hi:g}"
-        return f"{'(' if self.lo_open else '['}{lo}, {hi}]" if self.kind is float else \
-            f"{lo}..{hi}"
+        if self.kind is float:
+            return f"{'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}]"
+        return f"{self.lo}..{self.hi}"
 
     def accepts(self, value: float) -> bool:
         """Whether ``value`` (a number) is in range."""
         if isinstance(value, float) and not math.isfinite(value):
             return False
-        if self.lo is not None and (value < self.lo or (self.lo_open and value == self.lo)):
+        if value < self.lo or (self.lo_open and value == self.lo):
             return False
-        return self.hi is None or value <= self.hi
+        return value <= self.hi
 
     def __call__(self, text: str) -> Any:
         try:

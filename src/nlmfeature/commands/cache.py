@@ -6,6 +6,7 @@ import json
 import os
 
 from nlmfeature.cli import dumps_json
+from nlmfeature.decoder.pcache import size_option
 from nlmfeature.errors import NLMFeatureError
 
 
@@ -23,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="print files, bytes and entries per model checksum (default action)")
     act.add_argument("--clear", action="store_true",
                      help="delete all cache files (or only those of --model)")
-    act.add_argument("--prune", metavar="SIZE",
+    act.add_argument("--prune", metavar="SIZE", type=size_option,
                      help="delete least recently used files until the directory is under 80%% of "
                           "SIZE, if it exceeds SIZE (e.g. 500M, 2G)")
     p.add_argument("--model", "-m", metavar="MODEL",

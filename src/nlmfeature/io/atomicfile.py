@@ -164,9 +164,24 @@ class AtomicFile(io.BufferedWriter):
         """Do not create the target: closing removes the temporary file."""
         self._failed = True
 
+    def write(self, data) -> int:  # type: ignore[override]
+        try:
+            return super().write(data)
+        except OSError as exc:
+            _name(exc, self.target)
+            raise
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError as exc:
+            _name(exc, self.target)
+            raise
+
     def __exit__(self, exc_type, exc, tb):  # type: ignore[override]
         if exc_type is not None:
             self._failed = True
+            _name(exc, self.target)
         return super().__exit__(exc_type, exc, tb)
 
     def close(self) -> None:
@@ -176,8 +191,9 @@ class AtomicFile(io.BufferedWriter):
             if not self._failed:
                 self.flush()
                 os.fsync(self.fileno())
-        except BaseException:
+        except BaseException as exc:
             self._failed = True
+            _name(exc, self.target)
             raise
         finally:
             try:
@@ -188,6 +204,13 @@ class AtomicFile(io.BufferedWriter):
                         os.unlink(self.tmp)
                 else:
                     install(self.tmp, self.target, synced=True)
+
+
+def _name(exc: BaseException, path: str) -> None:
+    """Give a failed write's OSError (a full disk: ENOSPC, EFBIG) the output's name, which
+    the error message then shows."""
+    if isinstance(exc, OSError) and exc.filename is None:
+        exc.filename = path
 
 
 def install(tmp: str, target: str, synced: bool = False) -> None:
@@ -245,6 +268,7 @@ class _TextOutput(io.TextIOWrapper):
     def __exit__(self, exc_type, exc, tb):  # type: ignore[override]
         if exc_type is not None:
             self._raw_file.discard()
+            _name(exc, self._raw_file.target)
         return super().__exit__(exc_type, exc, tb)
 
     def close(self) -> None:
@@ -252,8 +276,9 @@ class _TextOutput(io.TextIOWrapper):
             return
         try:
             super().close()       # flushes (and ends the gzip stream)
-        except BaseException:
+        except BaseException as exc:
             self._raw_file.discard()
+            _name(exc, self._raw_file.target)
             raise
         finally:
             self._raw_file.close()
