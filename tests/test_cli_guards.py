@@ -359,3 +359,59 @@ def nlmfeature_load(path):
     import nlmfeature
 
     return nlmfeature.load(path)
+
+
+def _workers(pid):
+    """Process ids of the multiprocessing workers of process ``pid``."""
+    found = []
+    try:
+        children = open(f"/proc/{pid}/task/{pid}/children").read().split()
+    except OSError:
+        return found
+    for child in children:
+        try:
+            cmd = open(f"/proc/{child}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if b"spawn_main" in cmd:
+            found.append(int(child))
+    return found
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs /proc")
+def test_a_killed_rescore_worker_is_a_clear_error(tmp_path):
+    import gzip
+    import time
+
+    model = make_model(tmp_path)
+    fifo = tmp_path / "kbest.fifo"
+    os.mkfifo(fifo)
+    out = tmp_path / "out.txt"
+    out.write_text("old\n")
+    p = subprocess.Popen([sys.executable, "-m", "nlmfeature.cli", "rescore", "-m", model, "-i",
+                          str(fifo), "-o", str(out), "-j", "2", "--chunk-size", "20"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=ENV)
+    lines = gzip.open(KBEST, "rt", encoding="utf-8").read().splitlines(keepends=True)
+    try:
+        with open(fifo, "w", encoding="utf-8") as f:
+            f.writelines(lines[:300])
+            f.flush()
+            deadline = time.time() + 120
+            while not _workers(p.pid) and time.time() < deadline:
+                time.sleep(0.05)
+            workers = _workers(p.pid)
+            assert workers, "no worker process started"
+            os.kill(workers[0], signal.SIGKILL)
+            try:
+                f.writelines(lines[300:])
+            except BrokenPipeError:
+                pass
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 2 and "Traceback" not in err and "BrokenProcessPool" not in err, err
+    errors = [l for l in err.splitlines() if ": error: " in l]
+    assert len(errors) == 1 and "worker process died" in errors[0], err
+    assert out.read_text() == "old\n"
