@@ -179,8 +179,14 @@ def test_ensemble_refuses_weights_that_overflow(tmp_path):
     b = make_model(tmp_path, "b.nlm", seed=2)
     out = tmp_path / "ens.nlm"
     p = cli("ensemble", a, b, "-o", out, "--weights", "1e308", "1e308")
-    one_line_error(p, "overflow")
+    one_line_error(p, "argument --weights")
     assert "RuntimeWarning" not in p.stderr and not out.exists()
+    from nlmfeature.core.ensemble import write_ensemble
+    from nlmfeature.errors import NLMFeatureError
+
+    with pytest.raises(NLMFeatureError, match="overflow"):
+        write_ensemble(str(out), [a, b], [1e308, 1e308])
+    assert not out.exists()
     assert cli("ensemble", a, b, "-o", out, "--weights", "0.5", "0.5").returncode == 0
     assert math.isfinite(nlmfeature.load(str(out)).sentence_logprob("the jury said"))
 
@@ -335,6 +341,10 @@ def test_a_byte_order_mark_is_not_text(tmp_path):
     ref.write_text("\n".join(lines[::-1]) + "\n", encoding="utf-8")
     a, b = cli("eval", "--ref", ref, plain, "--json"), cli("eval", "--ref", ref, bom, "--json")
     assert a.returncode == 0 and a.stdout.replace(str(plain), "X") == b.stdout.replace(str(bom), "X")
+    prepared = [tmp_path / "prepared-plain.txt", tmp_path / "prepared-bom.txt"]
+    for src, dst in zip((plain, bom), prepared):
+        assert cli("prepare", "-l", "en", "-i", src, "-o", dst).returncode == 0
+    assert prepared[0].read_bytes() == prepared[1].read_bytes()
     paths = tmp_path / "paths"
     assert cli("cluster", "--text", bom, "-o", paths, "--classes", "5").returncode == 0
     assert "\ufeff" not in paths.read_text(encoding="utf-8")
