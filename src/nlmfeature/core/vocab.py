@@ -20,6 +20,8 @@ BOS = "<s>"
 EOS = "</s>"
 NULL = "<null>"
 SPECIALS = (UNK, BOS, EOS, NULL)
+#: the markers the model adds itself: in a text to score they are unknown words
+_MARKERS = frozenset((BOS, EOS, NULL))
 #: the white space that separates tokens (:func:`nlmfeature.io.textio.split_tokens`): no word
 #: holds it
 _SPACE = re.compile("[ \t\n\r\x0b\x0c]")
@@ -103,16 +105,17 @@ class Vocabulary:
         model adds itself) are ``<unk>``."""
         if isinstance(words, str):
             words = split_tokens(words)
+        elif not isinstance(words, (list, tuple)):
+            words = list(words)
         get, unk = self._index.get, self.unk
-        special = (self.bos, self.eos, self.null)
-        ids = np.fromiter((get(w, unk) for w in words), dtype=np.int32)
-        if ids.size:
-            ids[np.isin(ids, special)] = unk
-        return ids
+        if not _MARKERS.isdisjoint(words):      # (rare: the common case costs one pass in C)
+            return np.fromiter((unk if w in _MARKERS else get(w, unk) for w in words),
+                               dtype=np.int32, count=len(words))
+        return np.fromiter((get(w, unk) for w in words), dtype=np.int32, count=len(words))
 
     def is_oov(self, word: str) -> bool:
         """Whether a word of a text is scored as ``<unk>`` (:meth:`text_ids`)."""
-        return self._index.get(word, self.unk) in (self.unk, self.bos, self.eos, self.null)
+        return word in _MARKERS or self._index.get(word, self.unk) == self.unk
 
     def id(self, word: str) -> int:
         """Id of ``word``; ``<unk>``'s id for an unknown word."""
