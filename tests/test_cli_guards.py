@@ -17,30 +17,14 @@ import sys
 
 import pytest
 
-from helpers import BROWN_TRAIN, BROWN_VALID, DATA, make_model, read_lines
+from helpers import (BROWN_TRAIN, BROWN_VALID, CLI_ENV as ENV, DATA, ROOT, make_model, one_line_error,
+                     read_lines, run_cli)
 from nlmfeature import cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"))
 KBEST = os.path.join(DATA, "kbest", "moses-multi30k-dev10.100best.gz")
 KBEST_REF = os.path.join(DATA, "kbest", "multi30k-dev10.ref.en")
 
 BAD_NUMBERS = ("0", "-1", str(10 ** 30), "nan")
-
-
-def run_cli(*args, timeout=300, preexec_fn=None):
-    return subprocess.run([sys.executable, "-m", "nlmfeature.cli", *map(str, args)],
-                          capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=timeout,
-                          preexec_fn=preexec_fn)
-
-
-def one_line_error(p, needle=""):
-    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
-    assert "Traceback" not in p.stderr, p.stderr
-    lines = [l for l in p.stderr.splitlines() if l.strip()]
-    assert len(lines) == 1 and ": error: " in lines[0], p.stderr
-    assert needle in lines[0], (needle, lines[0])
-    return lines[0]
 
 
 def in_process(argv, capsys):

@@ -17,31 +17,16 @@ import numpy as np
 import pytest
 
 import nlmfeature
-from helpers import BROWN_VALID, DATA, make_model, read_lines
+from helpers import (BROWN_VALID, CLI_ENV as ENV, DATA, in_threads, make_model, one_line_error,
+                     read_lines, run_cli)
 from nlmfeature.core import modelfile
 from nlmfeature.errors import ModelFileError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-ENV = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"))
 KBEST = os.path.join(DATA, "kbest", "moses-multi30k-dev10.100best.gz")
 KBEST_REF = os.path.join(DATA, "kbest", "multi30k-dev10.ref.en")
 M30K = os.path.join(DATA, "multi30k")
-
-
-def cli(*args, timeout=120, **kw):
-    return subprocess.run([sys.executable, "-m", "nlmfeature.cli", *map(str, args)],
-                          capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=timeout, **kw)
-
-
-def one_line_error(p, needle=""):
-    """A user error: exit 2, one line on standard error, no traceback."""
-    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
-    assert "Traceback" not in p.stderr, p.stderr
-    lines = [l for l in p.stderr.splitlines() if l.strip()]
-    assert len(lines) == 1 and ": error: " in lines[0], p.stderr
-    assert needle in lines[0], (needle, lines[0])
-    return lines[0]
+cli = run_cli
 
 
 # -- 1. threads sharing one Model ----------------------------------------------------------------
@@ -58,26 +43,18 @@ def _in_threads(fn, items, n_threads=8, rounds=3):
     """Every thread scores every item ``rounds`` times (in its own order); returns the
     threads' results, each a list in item order."""
     results = [None] * n_threads
-    errors = []
     barrier = threading.Barrier(n_threads)
 
     def work(t):
-        try:
-            barrier.wait()
-            order = list(range(len(items)))[t:] + list(range(len(items)))[:t]
-            got = [None] * len(items)
-            for _ in range(rounds):
-                for i in order:
-                    got[i] = fn(items[i])
-            results[t] = got
-        except BaseException as exc:  # noqa: BLE001 -- reported below
-            errors.append(exc)
+        barrier.wait()
+        order = list(range(len(items)))[t:] + list(range(len(items)))[:t]
+        got = [None] * len(items)
+        for _ in range(rounds):
+            for i in order:
+                got[i] = fn(items[i])
+        results[t] = got
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(n_threads)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    errors = in_threads(work, n_threads)
     assert not errors, errors
     return results
 
@@ -123,8 +100,6 @@ def test_eight_threads_share_one_joint_model(tmp_path):
 
 # -- 4. k-best lists are keyed by sentence id ------------------------------------------------------
 def _kbest_groups():
-    from nlmfeature.mt.kbest import group_by_sentence, read_kbest
-
     lines = gzip.open(KBEST, "rt", encoding="utf-8").read().splitlines()
     by_id = {}
     for line in lines:

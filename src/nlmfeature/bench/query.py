@@ -15,7 +15,6 @@ cost a decoder pays once per process); the decoder stream's first pass is shown 
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import tempfile

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 from nlmfeature.training.clusters import brown_clusters, frequency_binning_ami, write_paths

@@ -3,7 +3,6 @@ linear and log-linear interpolations on the same test text, with the same OOV tr
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any, Dict, List, Optional
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from nlmfeature.cli import MAX_INT, THREADS, Number, dumps_json

@@ -19,8 +19,8 @@ import math
 import os
 import threading
 from dataclasses import dataclass
-from typing import (AbstractSet, Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence,
-                    Tuple, Union)
+from typing import (AbstractSet, Any, Dict, Iterable, Iterator, List, Mapping, Sequence, Tuple,
+                    Union)
 
 import numpy as np
 

@@ -14,7 +14,6 @@ with itself gets p = 1, where sacrebleu reports 1/(samples+1).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
