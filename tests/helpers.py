@@ -198,3 +198,50 @@ def fake_moses(path, *features: str) -> str:
     path.write_bytes(body)
     path.chmod(0o755)
     return str(path)
+
+
+def in_threads(work, n=4):
+    """Run ``work(k)`` for k < n in n threads at once; the exceptions they raised."""
+    import threading
+
+    errors = []
+
+    def run(k):
+        try:
+            work(k)
+        except Exception as exc:  # pragma: no cover - reported by the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: the environment of a command run by the tests: this checkout's package, not an installed one
+CLI_ENV = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"))
+
+
+def run_cli(*args, timeout=300, **kw):
+    """``nlmfeature ARGS`` of this checkout in a subprocess (text output captured)."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "nlmfeature.cli", *map(str, args)],
+                          capture_output=True, text=True, cwd=ROOT, env=CLI_ENV, timeout=timeout,
+                          **kw)
+
+
+def one_line_error(p, needle: str = "") -> str:
+    """Assert that the finished command ``p`` made a user error: exit 2, one line on standard
+    error (containing ``needle``), no traceback.  Returns the line."""
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    assert "Traceback" not in p.stderr, p.stderr
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and ": error: " in lines[0], p.stderr
+    assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+

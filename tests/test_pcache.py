@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -16,7 +15,7 @@ import pytest
 
 import nlmfeature
 from nlmfeature.errors import ModelFileError
-from helpers import BROWN_VALID, make_model, read_lines
+from helpers import BROWN_VALID, in_threads, make_model, read_lines
 from nlmfeature.errors import NLMFeatureError
 from nlmfeature.decoder.pcache import (MAX_DELTA_FILES, CachedScorer, bound_report, cache_files, clear,
                                       directory_stats, parse_size, prune, read_cache_file, read_sentence,
@@ -54,24 +53,6 @@ def listing(directory, mtimes=False):
             st = os.stat(os.path.join(root, f))
             out[os.path.join(root, f)] = (st.st_ino, st.st_size) + ((st.st_mtime_ns,) if mtimes else ())
     return out
-
-
-def in_threads(work, n=4):
-    """Run ``work(k)`` for k < n in n threads at once; the exceptions they raised."""
-    errors = []
-
-    def run(k):
-        try:
-            work(k)
-        except Exception as exc:  # pragma: no cover - reported by the caller
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(k,)) for k in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return errors
 
 
 @pytest.mark.parametrize("terms", [False, True])

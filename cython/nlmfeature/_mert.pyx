@@ -45,7 +45,7 @@ cdef Py_ssize_t _check_offsets(const int64_t[::1] offsets, Py_ssize_t N) except 
     return S
 
 
-def matvec(const double[:, ::1] F, const double[::1] w):
+def matvec(const double[:, ::1] F not None, const double[::1] w not None):
     """``F @ w`` for a tall, narrow ``F`` (N, D) in one thread (no BLAS thread start-up, which
     costs far more than the arithmetic on a busy machine)."""
     cdef Py_ssize_t N = F.shape[0], D = F.shape[1], i, d
@@ -63,7 +63,7 @@ def matvec(const double[:, ::1] F, const double[::1] w):
     return out
 
 
-def one_best(const double[:, ::1] F, const double[::1] w, const int64_t[::1] offsets):
+def one_best(const double[:, ::1] F not None, const double[::1] w not None, const int64_t[::1] offsets not None):
     """Row of the first model-best hypothesis (``F @ w`` maximal) of every sentence."""
     cdef Py_ssize_t S = _check_offsets(offsets, F.shape[0]), D = F.shape[1], s, j, d
     cdef int64_t best
@@ -87,7 +87,7 @@ def one_best(const double[:, ::1] F, const double[::1] w, const int64_t[::1] off
     return out
 
 
-def segment_argmax(const double[::1] scores, const int64_t[::1] offsets):
+def segment_argmax(const double[::1] scores not None, const int64_t[::1] offsets not None):
     """Row index (int64) of the first maximum of ``scores`` within each sentence."""
     cdef Py_ssize_t S = _check_offsets(offsets, scores.shape[0]), s, j, best
     cdef double top
@@ -126,7 +126,7 @@ cdef int _cmp_slope(const void* a, const void* b) noexcept nogil:
     return (x.row > y.row) - (x.row < y.row)
 
 
-def slope_order(const double[::1] slope, const int64_t[::1] offsets):
+def slope_order(const double[::1] slope not None, const int64_t[::1] offsets not None):
     """Rows sentence by sentence, each sentence's rows by increasing slope (ties: row index);
     the ``order`` argument of :func:`envelope`."""
     cdef Py_ssize_t N = slope.shape[0], S = _check_offsets(offsets, N), s, p, n
@@ -173,8 +173,8 @@ cdef int _check_order(const int64_t[::1] order, const int64_t[::1] offsets) exce
     return 0
 
 
-def envelope(const double[::1] slope, const double[::1] icpt, const int64_t[::1] offsets,
-             const int64_t[::1] order):
+def envelope(const double[::1] slope not None, const double[::1] icpt not None, const int64_t[::1] offsets not None,
+             const int64_t[::1] order not None):
     """Upper envelope of the lines ``icpt[j] + slope[j] * x`` of every sentence.
 
     ``order`` lists the rows sentence by sentence, each sentence's rows sorted by increasing
@@ -236,8 +236,8 @@ def envelope(const double[::1] slope, const double[::1] icpt, const int64_t[::1]
     return first_a, x_a[:nb].copy(), old_a[:nb].copy(), new_a[:nb].copy()
 
 
-def envelope_unsorted(const double[::1] slope, const double[::1] icpt,
-                      const int64_t[::1] offsets):
+def envelope_unsorted(const double[::1] slope not None, const double[::1] icpt not None,
+                      const int64_t[::1] offsets not None):
     """:func:`envelope` without a sort: per sentence, from the line on top as x -> -inf, the
     next envelope line is the one crossing the current line leftmost (ties: the steeper one,
     then the earlier row).  O(k * h) per sentence (h = envelope size, usually small)."""
@@ -307,9 +307,9 @@ cdef inline double bg_bleu(const int32_t* st, const double* bg) noexcept nogil:
 
 @cython.boundscheck(False)
 @cython.wraparound(False)
-def mira_epoch(const double[:, ::1] F, const int32_t[:, ::1] stats, const int64_t[::1] offsets,
-               const int64_t[::1] sentence_order, double[::1] w, double[::1] total,
-               double[::1] bg, double C, double decay, bint model_bg, int64_t num_updates):
+def mira_epoch(const double[:, ::1] F not None, const int32_t[:, ::1] stats not None, const int64_t[::1] offsets not None,
+               const int64_t[::1] sentence_order not None, double[::1] w not None, double[::1] total not None,
+               double[::1] bg not None, double C, double decay, bint model_bg, int64_t num_updates):
     """One epoch of batch MIRA over the sentences in ``sentence_order`` (Moses kbmira).
 
     Per sentence: hope = argmax(model + BLEU), fear = argmax(model - BLEU), with BLEU the

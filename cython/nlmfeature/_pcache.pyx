@@ -90,6 +90,8 @@ from nlmfeature._scorer cimport (ModelC, SessionC, StoreC, TableC, nlm_home, nlm
                                  nlm_filter_add, NLM_MAX_ORDER, NLM_MAX_KEY, NLM_STORE_MAX_FILES, OUT_SOFTMAX,
                                  OUT_CLASS)
 
+import os
+
 import numpy as np
 
 cdef extern from * nogil:
@@ -1808,12 +1810,12 @@ STAT_NAMES = ("lookups", "ngram_hits", "context_hits", "context_misses", "class_
 assert len(STAT_NAMES) == NLM_VT_STAT_COUNT
 
 
-def data_checksum(const unsigned char[::1] data) -> int:
+def data_checksum(const unsigned char[::1] data not None) -> int:
     """The checksum a cache file stores for its data regions (all bytes after the header)."""
     return nlm_fast_checksum(&data[0] if data.shape[0] else <const unsigned char*>b"", data.shape[0])
 
 
-def header_checksum(const unsigned char[::1] data) -> int:
+def header_checksum(const unsigned char[::1] data not None) -> int:
     """The checksum a cache file stores for its header's first 184 bytes."""
     return data_checksum_c(&data[0] if data.shape[0] else <const unsigned char*>b"", data.shape[0])
 
@@ -1886,7 +1888,12 @@ cdef class CachedScorer:
         cdef int pol = -1
         cdef bytes cs = bytes.fromhex(model.checksum)
         cdef bytes cs_hex = model.checksum.encode()
-        cdef bytes d = (str(directory).encode() if directory else b"")
+        if directory is not None and not isinstance(directory, (str, os.PathLike)):
+            raise TypeError(f"directory must be a path (str or path object) or None, not "
+                            f"{type(directory).__name__}")
+        if directory is not None and not isinstance(os.fspath(directory), str):
+            raise TypeError("directory must be a str path, not bytes")
+        cdef bytes d = (os.fspath(directory).encode() if directory else b"")
         cdef bytes mp = (str(model.path).encode() if getattr(model, "path", None) else b"")
         if len(cs) != 8:
             raise ValueError("model checksum must be 8 bytes")
@@ -1945,7 +1952,7 @@ cdef class CachedScorer:
         with nogil:
             r = pc_end(self.s)
 
-    def score_ids(self, const int32_t[::1] history, int32_t word) -> float:
+    def score_ids(self, const int32_t[::1] history not None, int32_t word) -> float:
         """Score ``word`` (id) after ``history`` (ids, oldest first; padded as the core does)."""
         cdef int32_t dummy = 0
         cdef int32_t ctx[NLM_MAX_ORDER]
@@ -1959,7 +1966,7 @@ cdef class CachedScorer:
         return self.score_ids(np.ascontiguousarray(self.model.ids(context), dtype=np.int32),
                               self.model.vocab.id(word))
 
-    def score_padded(self, const int32_t[:, ::1] contexts, const int32_t[::1] words):
+    def score_padded(self, const int32_t[:, ::1] contexts not None, const int32_t[::1] words not None):
         """Scores of N n-grams (padded (N, n-1) contexts) through the caches; ids outside
         the vocabulary are scored as ``<unk>``."""
         cdef int64_t n = words.shape[0], i

@@ -40,7 +40,7 @@ cdef int64_t nlm_vocab_find(const int64_t* offsets, const unsigned char* data, c
         slot = (slot + 1) & mask
 
 
-def vocab_hash_table(const int64_t[::1] offsets, const unsigned char[::1] data):
+def vocab_hash_table(const int64_t[::1] offsets not None, const unsigned char[::1] data not None):
     """Open-addressing table (FNV-1a 64, linear probing, -1 = empty) over the vocabulary."""
     cdef int64_t n = offsets.shape[0] - 1
     cdef int64_t size = 1
@@ -59,7 +59,7 @@ def vocab_hash_table(const int64_t[::1] offsets, const unsigned char[::1] data):
     return table
 
 
-def vocab_find(const int64_t[::1] offsets, const unsigned char[::1] data, const int32_t[::1] table,
+def vocab_find(const int64_t[::1] offsets not None, const unsigned char[::1] data not None, const int32_t[::1] table not None,
                bytes word):
     """Look ``word`` (UTF-8 bytes) up in a table made by :func:`vocab_hash_table`; -1 if absent."""
     cdef const char* w = word
@@ -172,7 +172,7 @@ cdef inline void direct_prefetch(const ModelC* m, const uint64_t* states, int32_
             __builtin_prefetch(direct_weight_at(m, i))
 
 
-def direct_feature_indices(const int32_t[:, ::1] contexts, const int32_t[::1] targets, int kind,
+def direct_feature_indices(const int32_t[:, ::1] contexts not None, const int32_t[::1] targets not None, int kind,
                            int direct_order, int64_t hash_space):
     """Indices into the direct-feature store for each (context, target): shape (N, direct_order).
 

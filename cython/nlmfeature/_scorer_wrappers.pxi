@@ -305,7 +305,7 @@ cdef class NativeModel:
         """Ids in a full context: w source-window ids, then n-1 target ids."""
         return self.m.key_len
 
-    def source_window_ids(self, const int32_t[::1] source, int affiliation):
+    def source_window_ids(self, const int32_t[::1] source not None, int affiliation):
         """The w source ids around ``affiliation`` (see ``nlm_source_window``): position
         ``len(source)`` is ``</s>``, a negative affiliation gives ``<null>``s."""
         if self.m.src_window == 0:
@@ -325,7 +325,7 @@ cdef class NativeModel:
         """A PyCapsule holding the ``ModelC*`` (for the C ABI library)."""
         return PyCapsule_New(<void*>&self.m, b"nlmfeature.ModelC", NULL)
 
-    def pad_context(self, const int32_t[::1] ids):
+    def pad_context(self, const int32_t[::1] ids not None):
         """Padded n-1 context ids for a history (see the C function ``nlm_pad_context``)."""
         out = np.empty(max(self.m.ctx_len, 0), dtype=np.int32)
         cdef int32_t[::1] o = out
@@ -334,7 +334,7 @@ cdef class NativeModel:
                         &o[0] if o.shape[0] else &dummy)
         return out
 
-    def hidden(self, const int32_t[::1] padded):
+    def hidden(self, const int32_t[::1] padded not None):
         """Final hidden vector for a padded context (testing and the batched path)."""
         if padded.shape[0] != self.m.key_len:
             raise ValueError(f"a padded context has {self.m.key_len} ids")
@@ -413,12 +413,12 @@ cdef class Session:
         if nlm_session_begin(self.s, sentence_id) != 0:
             raise _changed_error(self.model.path)
 
-    def score(self, const int32_t[::1] history, int32_t word) -> float:
+    def score(self, const int32_t[::1] history not None, int32_t word) -> float:
         """Natural-log score of ``word`` after ``history`` (ids, oldest first, padded as needed)."""
         cdef int32_t dummy = 0
         return nlm_score(self.s, &history[0] if history.shape[0] else &dummy, history.shape[0], word)
 
-    def score_padded(self, const int32_t[:, ::1] contexts, const int32_t[::1] words):
+    def score_padded(self, const int32_t[:, ::1] contexts not None, const int32_t[::1] words not None):
         """Score N n-grams one lookup at a time (through the caches); contexts are padded, (N, n-1)."""
         cdef int64_t n = words.shape[0], i
         cdef int c = self.model.m.key_len
@@ -438,8 +438,8 @@ cdef class Session:
                 o[i] = nlm_score_padded(self.s, base + i * c, w)
         return out
 
-    def score_stream(self, const int32_t[:, ::1] contexts, const int32_t[::1] words,
-                     const int64_t[::1] sentence_starts):
+    def score_stream(self, const int32_t[:, ::1] contexts not None, const int32_t[::1] words not None,
+                     const int64_t[::1] sentence_starts not None):
         """Like :meth:`score_padded`, but begins a new sentence at each index in ``sentence_starts``.
 
         Returns the sum of the scores (the benchmark's hot loop; runs without the GIL).

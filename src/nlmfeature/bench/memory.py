@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
 import os
 import shutil
@@ -42,6 +41,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from nlmfeature.cli import dumps_json
 from nlmfeature.bench import shared_data
 
 _SHARED = shared_data("nbest", "moses-multi30k-de-en")
@@ -233,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
             plot(rows, args.plot, "quick run: figures mean nothing" if args.quick else os.path.basename(args.test))
             result["plot"] = args.plot
         if args.json:
-            print(json.dumps(result, indent=2))
+            print(dumps_json(result, indent=2))
         elif args.markdown:
             print(format_markdown(result))
         else:

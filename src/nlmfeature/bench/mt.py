@@ -69,7 +69,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import math
 import os
 import shlex
@@ -79,6 +78,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from nlmfeature.cli import dumps_json
 from nlmfeature.errors import InputError, NLMFeatureError
 from nlmfeature.io.textio import read_lines as _read
 from nlmfeature.mt.moses import add_features, decode, find_moses, prepare_system, rewrite_moses_ini
@@ -355,7 +355,7 @@ def tune(args: argparse.Namespace, dec, ini: str, dev: dict, tdir: str, seed: in
 def dev_output(tdir: str, iteration: int) -> str:
     """The dev 1-best of a tuning's iteration: Moses' ``runK.out``, else (cdec) the first
     hypothesis of every sentence of ``runK.kbest.gz``, written once into ``runK.1best``."""
-    from nlmfeature.mt.tuning.driver import first_hypotheses
+    from nlmfeature.mt.kbest import first_hypotheses
 
     out = os.path.join(tdir, f"run{iteration}.out")
     if os.path.exists(out):
@@ -1033,11 +1033,11 @@ def run(args: argparse.Namespace) -> int:
     json_path = os.path.join(work, "bench-mt.json")
     from nlmfeature.io.atomicfile import atomic_write_text
 
-    atomic_write_text(json_path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    atomic_write_text(json_path, dumps_json(doc, indent=1, sort_keys=True) + "\n")
     note = (plot(args.plot or os.path.join(work, "bench-mt.png"), doc)
             if _parts(doc) else "nothing measured: no plot")
     if args.json:
-        print(json.dumps(doc, indent=1, sort_keys=True))
+        print(dumps_json(doc, indent=1, sort_keys=True))
         return 0
     if args.markdown:
         print(format_markdown(doc))

@@ -15,7 +15,6 @@ cost a decoder pays once per process); the decoder stream's first pass is shown 
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import tempfile
@@ -25,6 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from nlmfeature.cli import dumps_json
 from nlmfeature.bench import shared_data
 
 from nlmfeature.mt.kbest import sentence_id
@@ -228,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
                     "vocab": len(vocab), "order": args.order})
         rows.append(res)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(dumps_json(rows, indent=2))
     else:
         _print_table(rows)
     return 0

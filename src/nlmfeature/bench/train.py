@@ -34,6 +34,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from nlmfeature.cli import dumps_json
 from nlmfeature.bench import shared_data
 
 DEFAULT_DATA = shared_data("mono", "brown")
@@ -288,7 +289,7 @@ def run(args: argparse.Namespace) -> int:
         rows.append(run_config(n, fields_of[n], paths, out_dir, args, kenlm, log))
     summary = summarise(rows)
     if args.json:
-        print(json.dumps({"data": args.data, "quick": args.quick, "rows": rows, "summary": summary}, indent=2))
+        print(dumps_json({"data": args.data, "quick": args.quick, "rows": rows, "summary": summary}, indent=2))
     else:
         print_table(rows, summary)
     if tmp is not None:

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
+from nlmfeature.cli import dumps_json
+from nlmfeature.decoder.pcache import size_option
 from nlmfeature.errors import NLMFeatureError
 
 
@@ -22,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="print files, bytes and entries per model checksum (default action)")
     act.add_argument("--clear", action="store_true",
                      help="delete all cache files (or only those of --model)")
-    act.add_argument("--prune", metavar="SIZE",
+    act.add_argument("--prune", metavar="SIZE", type=size_option,
                      help="delete least recently used files until the directory is under 80%% of "
                           "SIZE, if it exceeds SIZE (e.g. 500M, 2G)")
     p.add_argument("--model", "-m", metavar="MODEL",
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     if checksum:
         st.models = {k: v for k, v in st.models.items() if k == checksum}
     if args.json:
-        print(json.dumps(st.as_dict(), indent=2))
+        print(dumps_json(st.as_dict(), indent=2))
         return 0
     print(f"directory        {st.directory}")
     print(f"files            {st.files}")

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 from nlmfeature.training.clusters import brown_clusters, frequency_binning_ami, write_paths
 from nlmfeature.io.atomicfile import check_output
 from nlmfeature.io.textio import read_tokens
+from nlmfeature.cli import MAX_INT, Number, dumps_json
 from nlmfeature.errors import NLMFeatureError
 
 
@@ -23,9 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--text", required=True, metavar="FILE",
                    help="training text, one sentence per line, whitespace-tokenised (.gz is read "
                         "compressed)")
-    p.add_argument("--classes", "-c", type=int, default=None, metavar="C",
+    p.add_argument("--classes", "-c", type=Number(int, 1, MAX_INT), default=None, metavar="C",
                    help="number of clusters (default: round(sqrt(V)) for the V clustered words)")
-    p.add_argument("--min-count", type=int, default=1, metavar="N",
+    p.add_argument("--min-count", type=Number(int, 1, MAX_INT), default=1, metavar="N",
                    help="cluster only words occurring at least N times; bigrams with rarer words "
                         "are ignored, and --class-file users place such words by frequency "
                         "(default 1: every word)")
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         summary["frequency_binning_ami_bits"] = round(
             frequency_binning_ami(lines, result.n_classes, args.min_count), 6)
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(dumps_json(summary, indent=2))
     else:
         for key, value in summary.items():
             print(f"{key:28s} {value}")

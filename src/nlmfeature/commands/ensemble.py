@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from nlmfeature.core.ensemble import write_ensemble
+from nlmfeature.cli import Number
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "alone gave +1.03-1.12 (docs/joint.md).")
     p.add_argument("models", nargs="+", metavar="MODEL", help="member model files (two or more)")
     p.add_argument("-o", "--output", required=True, help="the ensemble model file to write")
-    p.add_argument("--weights", type=float, nargs="+", default=None, metavar="A",
+    p.add_argument("--weights", type=Number(float, 0, None, lo_open=True), nargs="+", default=None, metavar="A",
                    help="one positive weight per member (default: 1/K each, the mean)")
     p.add_argument("--float16", action="store_true",
                    help="store embeddings and output weights as float16 (half the file)")

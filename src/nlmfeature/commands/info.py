@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
+from nlmfeature.cli import dumps_json
 from nlmfeature.core.model import load
 
 
@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     info = model.describe()
     info["file_bytes"] = os.path.getsize(args.model)
     if args.json:
-        print(json.dumps(info, indent=2))
+        print(dumps_json(info, indent=2))
         return 0
     for key, value in info.items():
         if key == "metadata" and not value:

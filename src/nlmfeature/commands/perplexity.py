@@ -3,14 +3,14 @@ linear and log-linear interpolations on the same test text, with the same OOV tr
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from nlmfeature.errors import NLMFeatureError
-from nlmfeature.training.kenlm_baseline import (VOCAB_MISMATCH_WARN, KenLMScorer, LogLinear, exactly_normalised,
+from nlmfeature.errors import InputError, NLMFeatureError
+from nlmfeature.cli import MAX_INT, Number, dumps_json
+from nlmfeature.training.kenlm_baseline import (KENLM_MAX_ORDER, VOCAB_MISMATCH_WARN, KenLMScorer, LogLinear, exactly_normalised,
                               interpolate, is_arpa,
                               mixture_logprob, nlm_ngrams, nlm_token_scores, spaced_subset, train_kenlm,
                               tune_mixture)
@@ -53,14 +53,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="train a modified Kneser-Ney model on TEXT with lmplz first (words "
                         "outside the neural vocabulary become one unknown token); written to "
                         "--kenlm if given, else next to the model as MODEL.kenlm<order>.arpa")
-    p.add_argument("--kenlm-order", type=int, default=5, metavar="N",
+    p.add_argument("--kenlm-order", type=Number(int, 2, KENLM_MAX_ORDER), default=5, metavar="N",
                    help="order of the model --kenlm-train estimates (default 5)")
     p.add_argument("--valid", metavar="FILE",
                    help="validation text on which the interpolation weights are tuned "
                         "(without it and without --weight, no interpolation is reported)")
-    p.add_argument("--weight", type=float, metavar="W",
+    p.add_argument("--weight", type=Number(float, 0, 1), metavar="W",
                    help="use this neural-model weight for both interpolations instead of tuning")
-    p.add_argument("--tune-tokens", type=int, default=10000, metavar="N",
+    p.add_argument("--tune-tokens", type=Number(int, 1, MAX_INT), default=10000, metavar="N",
                    help="tune the log-linear weight on at most N evenly spaced validation tokens "
                         "(each costs a pass over the vocabulary; default 10000); the linear "
                         "weight uses every validation token")
@@ -116,8 +116,8 @@ def run(args: argparse.Namespace) -> int:
         raise NLMFeatureError(f"{paths[0]} is a target-only model: --source, --alignment and "
                               "--compare apply to joint models")
     _check_mixture(models)
-    test = read_tokens(args.test)
-    valid = read_tokens(args.valid) if args.valid else None
+    test = _nonempty(read_tokens(args.test), args.test)
+    valid = _nonempty(read_tokens(args.valid), args.valid) if args.valid else None
     kenlm_path: Optional[str] = args.kenlm
     if args.kenlm_train:
         kenlm_path = kenlm_path or f"{paths[0]}.kenlm{args.kenlm_order}.arpa"
@@ -200,7 +200,7 @@ def _emit(args: argparse.Namespace, result: Dict[str, Any], rows: List[Dict], no
     result["rows"] = rows
     result["notes"] = notes
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(dumps_json(result, indent=2))
     else:
         _print_table(rows, notes)
     return 0
@@ -238,6 +238,13 @@ def _check_kenlm(args, scorer: KenLMScorer, kn_oov: int, test, notes: List[str])
         print(f"nlmfeature perplexity: warning: {msg}", file=sys.stderr)
 
 
+def _nonempty(sentences: List, path: str) -> List:
+    """``sentences``, or an error: a perplexity over no tokens is undefined."""
+    if not sentences:
+        raise InputError(path, 0, "the file is empty: no sentences to measure the perplexity of")
+    return sentences
+
+
 def _run_joint(args: argparse.Namespace, model) -> int:
     """Perplexity of a joint model on a parallel test set, beside a target-only model and
     KenLM on the same target tokens."""
@@ -252,6 +259,7 @@ def _run_joint(args: argparse.Namespace, model) -> int:
     # an inverse model (train --target-to-source) predicts --source given --test
     srcs, tgts, affs = read_parallel(args.source, args.test, args.alignment, keep_empty=True,
                                      target_to_source=model.target_to_source)
+    _nonempty(tgts, args.test)
     ex = args.exclude_oov
     notes: List[str] = []
     js = joint_token_scores(exactly_normalised(model) if args.exact else model, srcs, tgts, affs)

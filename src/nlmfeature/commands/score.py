@@ -7,7 +7,7 @@ import sys
 
 from nlmfeature.core.model import load
 from nlmfeature.errors import NLMFeatureError
-from nlmfeature.io.textio import iter_lines
+from nlmfeature.io.textio import iter_lines, split_tokens
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
                                          target_to_source=model.target_to_source)
         pairs = iter(zip(srcs, affs))
     for line in (tgts if joint else (line for _, line in iter_lines(args.input, stream=True))):
-        toks = line if joint else line.split()
+        toks = line if joint else split_tokens(line)
         if joint:
             src, aff = next(pairs)
             scores = model.score_affiliated(src, toks, aff) * scale

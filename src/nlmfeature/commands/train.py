@@ -2,11 +2,19 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
+from nlmfeature.cli import MAX_INT, THREADS, Number, dumps_json
+from nlmfeature.core.modelfile import MAX_BRANCHES, MAX_LAYERS, MAX_ORDER, MAX_SOURCE_WINDOW
 from nlmfeature.errors import NLMFeatureError
+
+#: widest embedding or hidden layer a flag takes
+MAX_WIDTH = 1 << 16
+#: largest hashed direct-feature store (float32 entries: 4 GiB)
+MAX_HASH_SPACE = 1 << 30
+#: most NCE noise samples per word
+MAX_NOISE_SAMPLES = 1 << 16
 
 EPILOG = """\
 estimators:
@@ -64,9 +72,15 @@ joint model (NNJM), German-English parallel text with its word alignment:
 
 def _layers(text: str):
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        widths = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated widths, got {text!r}") from None
+    if not widths or any(not 1 <= w <= MAX_WIDTH for w in widths):
+        raise argparse.ArgumentTypeError(f"expected comma-separated widths in 1..{MAX_WIDTH}, "
+                                         f"got {text!r} (omit the flag for no extra layer)")
+    if len(widths) > MAX_LAYERS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_LAYERS} extra hidden layers, got {len(widths)}")
+    return widths
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -91,9 +105,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="held-out text: its perplexity picks the best model (written when it improves) "
                         "and stops training early (--patience); strongly recommended")
     g.add_argument("--model-out", "-o", required=True, metavar="FILE", help="where to write the model")
-    g.add_argument("--min-count", type=int, default=D.min_count,
+    g.add_argument("--min-count", type=Number(int, 1, MAX_INT), default=D.min_count,
                    help=f"words seen fewer times become <unk> (default {D.min_count}: singletons, as OxLM)")
-    g.add_argument("--max-vocab", type=int, default=None,
+    g.add_argument("--max-vocab", type=Number(int, 5, MAX_INT), default=None,
                    help="keep at most this many vocabulary entries (specials included), most frequent first")
     g.add_argument("--reverse", action="store_true",
                    help="train a right-to-left model (sentences read backwards; the model file says so "
@@ -110,7 +124,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "affiliation as Devlin et al. 2014")
     j.add_argument("--test-source", metavar="FILE", help="source side of the held-out set (--test-set)")
     j.add_argument("--test-alignment", metavar="FILE", help="word alignment of the held-out set")
-    j.add_argument("--source-window", type=int, default=7, metavar="W",
+    j.add_argument("--source-window", type=Number(int, 1, MAX_SOURCE_WINDOW), default=7, metavar="W",
                    help="source words the model sees, 2m+1 centred on the affiliated word "
                         "(default 7, Devlin et al. 2014's window)")
     j.add_argument("--target-to-source", action="store_true",
@@ -123,11 +137,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     a = p.add_argument_group("architecture")
     a.add_argument("--arch", choices=["lbl", "nplm", "lateral"], default=D.arch,
                    help=f"log-bilinear (OxLM), NPLM (Vaswani et al.) or lateral branches (default {D.arch})")
-    a.add_argument("--order", type=int, default=D.order,
+    a.add_argument("--order", type=Number(int, 1, MAX_ORDER), default=D.order,
                    help=f"n-gram order n: the model sees n-1 words (default {D.order})")
-    a.add_argument("--word-width", type=int, default=D.word_width,
+    a.add_argument("--word-width", type=Number(int, 1, MAX_WIDTH), default=D.word_width,
                    help=f"word embedding dimension E (default {D.word_width})")
-    a.add_argument("--hidden", type=int, default=0,
+    a.add_argument("--hidden", type=Number(int, 0, MAX_WIDTH), default=0,
                    help="first-layer width (nplm/lateral; lbl uses E); 0 = 750 for nplm, 500 for lateral")
     dc = a.add_mutually_exclusive_group()
     dc.add_argument("--diagonal-contexts", dest="diagonal_contexts", action="store_true", default=D.diagonal_contexts,
@@ -140,7 +154,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="first-layer activation (default identity for lbl; nplm/lateral switch it to relu)")
     a.add_argument("--hidden-layers", type=_layers, default=[], metavar="W1,W2",
                    help="widths of extra hidden layers, e.g. 150 for NPLM's 150-750-150")
-    a.add_argument("--branches", type=int, default=1, help="lateral: number of side-by-side first layers")
+    a.add_argument("--branches", type=Number(int, 1, MAX_BRANCHES), default=1, help="lateral: number of side-by-side first layers")
     a.add_argument("--combine", choices=["none", "max", "add", "mul"], default="none",
                    help="lateral: how branches are combined (default max)")
     a.add_argument("--output", choices=["unnormalised", "softmax", "class", "tree"], default=D.output,
@@ -148,7 +162,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "choice for decoders; softmax: exact log-probabilities trained by maximum "
                         "likelihood, the lowest perplexity, for rescoring; class: class-factored with "
                         "--classes or --class-file, exactly normalised)")
-    a.add_argument("--classes", type=int, default=D.classes,
+    a.add_argument("--classes", type=Number(int, 1, MAX_INT), default=D.classes,
                    help=f"class output: number of frequency-binned classes (default {D.classes})")
     a.add_argument("--class-file", metavar="FILE",
                    help="class output: Brown clusters in wcluster's paths format (bitstring TAB word TAB count)")
@@ -156,62 +170,62 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="--class-file: vocabulary words the file does not list join the class of "
                         "the listed word of nearest frequency (nearest, default), one extra class "
                         "(own), or stop training (error)")
-    a.add_argument("--direct-order", type=int, default=D.direct_order,
+    a.add_argument("--direct-order", type=Number(int, 0, MAX_ORDER), default=D.direct_order,
                    help=f"direct n-gram features of orders 1..N (at most --order) added to the output "
                         f"logits (default {D.direct_order}; 0 = none)")
-    a.add_argument("--hash-space", type=int, default=D.hash_space,
+    a.add_argument("--hash-space", type=Number(int, 0, MAX_HASH_SPACE), default=D.hash_space,
                    help="direct features: size of the hashed weight store (default 0: chosen from the "
                         "data, the power of two at least twice the number of distinct n-grams seen "
                         "--min-ngram-freq times, between 4096 and 16M)")
-    a.add_argument("--min-ngram-freq", type=int, default=D.min_ngram_freq,
+    a.add_argument("--min-ngram-freq", type=Number(int, 1, MAX_INT), default=D.min_ngram_freq,
                    help=f"direct features: only n-grams seen this often in training get a trained weight "
                         f"(default {D.min_ngram_freq})")
     o = p.add_argument_group("training")
-    o.add_argument("--noise-samples", "-k", type=int, default=None,
+    o.add_argument("--noise-samples", "-k", type=Number(int, 0, MAX_NOISE_SAMPLES), default=None,
                    help="NCE noise samples per word; 0 = maximum-likelihood SGD (default 0 for "
                         "--output softmax and tree and with --self-normalise, else 10)")
-    o.add_argument("--self-normalise", type=float, default=0.0, metavar="ALPHA",
+    o.add_argument("--self-normalise", type=Number(float, 0), default=0.0, metavar="ALPHA",
                    help="ML penalty ALPHA*log(Z)^2 so unnormalised scores act as log-probabilities "
                         "(0.1 with --noise-samples 0: the rescoring recipe, docs/training.md)")
-    o.add_argument("--minibatch-size", type=int, default=D.minibatch_size,
+    o.add_argument("--minibatch-size", type=Number(int, 1, 1 << 24), default=D.minibatch_size,
                    help=f"n-grams per update (default {D.minibatch_size})")
-    o.add_argument("--iterations", type=int, default=D.iterations,
+    o.add_argument("--iterations", type=Number(int, 1, MAX_INT), default=D.iterations,
                    help=f"epochs over the training data at most (default {D.iterations}; early stopping "
                         "usually ends sooner)")
-    o.add_argument("--step-size", type=float, default=D.step_size,
+    o.add_argument("--step-size", type=Number(float, 0, None, lo_open=True), default=D.step_size,
                    help=f"AdaGrad learning rate (default {D.step_size})")
-    o.add_argument("--lambda-lbl", type=float, default=D.lambda_lbl,
+    o.add_argument("--lambda-lbl", type=Number(float, 0), default=D.lambda_lbl,
                    help=f"L2 strength; each minibatch adds lambda*B/N*theta to the weights' gradient "
                         f"(default {D.lambda_lbl:g})")
-    o.add_argument("--lr-decay", type=float, default=D.lr_decay, metavar="FACTOR",
+    o.add_argument("--lr-decay", type=Number(float, 0, 1, lo_open=True), default=D.lr_decay, metavar="FACTOR",
                    help="when --patience evaluations in a row do not improve, go back to the best "
                         "parameters and multiply the step size by FACTOR instead of stopping, at most "
                         "--max-decays times (e.g. 0.5; default 1 = off)")
-    o.add_argument("--max-decays", type=int, default=D.max_decays,
+    o.add_argument("--max-decays", type=Number(int, 0, MAX_INT), default=D.max_decays,
                    help=f"--lr-decay: how many times the step size may be cut before training stops "
                         f"(default {D.max_decays})")
-    o.add_argument("--dropout", type=float, default=D.dropout, metavar="P",
+    o.add_argument("--dropout", type=Number(float, 0, 0.99), default=D.dropout, metavar="P",
                    help="training only: drop each unit of the final hidden vector with probability P "
                         "(inverted dropout; the model file is unaffected). Default 0")
-    o.add_argument("--init-scale", type=float, default=D.init_scale,
+    o.add_argument("--init-scale", type=Number(float, 0, None, lo_open=True), default=D.init_scale,
                    help="standard deviation of the random embeddings at the start (default 0.01: "
                         "on Brown 0.01 beat 0.03 and 0.1 by 1-2%% held-out perplexity)")
-    o.add_argument("--seed", type=int, default=D.seed, help="random seed: same seed and threads, same model")
+    o.add_argument("--seed", type=Number(int, 0, (1 << 32) - 1), default=D.seed, help="random seed: same seed and threads, same model")
     r = p.add_argument_group("running")
-    r.add_argument("--threads", type=int, default=D.threads,
+    r.add_argument("--threads", type=THREADS, default=D.threads,
                    help=f"threads for BLAS and the Cython kernels (default {D.threads})")
-    r.add_argument("--evals-per-epoch", type=int, default=D.evals_per_epoch,
+    r.add_argument("--evals-per-epoch", type=Number(int, 1, MAX_INT), default=D.evals_per_epoch,
                    help=f"held-out evaluations per epoch, the last at its end (default {D.evals_per_epoch})")
-    r.add_argument("--eval-every", type=int, default=0, metavar="N",
+    r.add_argument("--eval-every", type=Number(int, 0, MAX_INT), default=0, metavar="N",
                    help="evaluate every N minibatches instead (and at each epoch's end)")
-    r.add_argument("--patience", type=int, default=D.patience,
+    r.add_argument("--patience", type=Number(int, 0, MAX_INT), default=D.patience,
                    help=f"early stopping: stop after this many evaluations in a row without improvement "
                         f"(default {D.patience}; 0 = never); the best model is what --model-out holds")
-    r.add_argument("--max-minutes", type=float, default=0.0,
+    r.add_argument("--max-minutes", type=Number(float, 0), default=0.0,
                    help="stop (after a final evaluation) when this much time has passed (0 = no limit)")
-    r.add_argument("--max-updates", type=int, default=0,
+    r.add_argument("--max-updates", type=Number(int, 0, MAX_INT), default=0,
                    help="stop after this many minibatches in this run, leaving a checkpoint to resume from")
-    r.add_argument("--checkpoint-minutes", type=float, default=D.checkpoint_minutes,
+    r.add_argument("--checkpoint-minutes", type=Number(float, 0), default=D.checkpoint_minutes,
                    help="also checkpoint this often (minutes) between evaluations")
     r.add_argument("--no-resume", dest="resume", action="store_false",
                    help="ignore (and delete) an existing checkpoint of --model-out and start afresh")
@@ -235,6 +249,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = TrainConfig(**fields)
     from nlmfeature.training.trainer import TrainingInterrupted
 
+    check_settings(cfg)
     if getattr(args, "engine", "native") == "torch":
         try:
             from nlmfeature.training.torch_engine import train
@@ -251,9 +266,42 @@ def run(args: argparse.Namespace) -> int:
     if int(os.environ.get("RANK", "0")):
         return 0    # a torchrun rank other than 0: rank 0 reports
     if args.json:
-        print(json.dumps(result.as_dict(), indent=2))
+        print(dumps_json(result.as_dict(), indent=2))
     else:
         best = (f"best held-out perplexity {result.best_perplexity:.2f} at epoch {result.best_epoch}"
                 if result.best_perplexity < float("inf") else f"{result.epochs} epochs (no --test-set)")
         print(f"model: {result.model_out}  {best}  ({result.words_per_second:.0f} words/s)", file=sys.stdout)
     return 0
+
+
+def check_settings(cfg) -> None:
+    """Refuse settings that cannot make a model, before any data is read: the estimator
+    (flag pairs such as --self-normalise with NCE) and the architecture, built once with a
+    small vocabulary and checked as the model file will be (e.g. ``--output tree`` with
+    direct features), so training does not run its epochs to refuse the model at the end."""
+    import numpy as np
+
+    from nlmfeature.core.architecture import random_model
+    from nlmfeature.core.modelfile import validate_structure
+    from nlmfeature.core.vocab import SPECIALS, Vocabulary
+
+    try:
+        cfg.estimator()
+    except ValueError as exc:
+        raise NLMFeatureError(f"impossible settings: {exc}") from None
+    spec = cfg.spec()
+    n = max(8, 2 * (spec.classes or 0))
+    vocab = Vocabulary(list(SPECIALS) + [f"w{i}" for i in range(n)])
+    counts = np.arange(len(vocab), 0, -1, dtype=np.float64)
+    # the layout is what matters, not the sizes: small widths and store
+    spec.word_width = min(spec.word_width, 8)
+    spec.hidden = min(spec.hidden, 8)
+    spec.hidden_layers = [min(w, 8) for w in spec.hidden_layers]
+    spec.hash_space = min(spec.hash_space or 1 << 10, 1 << 10)   # 0: sized from the data later
+    try:
+        header, arrays = random_model(spec, vocab, counts, seed=1,
+                                      source_vocab=vocab if spec.source_window else None)
+        validate_structure(header, arrays)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise NLMFeatureError(f"impossible settings: these flags do not make a consistent "
+                              f"model: {exc}") from None

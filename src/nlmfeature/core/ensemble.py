@@ -115,25 +115,15 @@ def merge(paths: Sequence[str], weights: Optional[Sequence[float]] = None
     out_b = np.zeros(V, dtype=np.float64)
     direct_order = next(iter(dorders), 0)       # one order and hash space (checked above)
     direct = np.zeros(next(iter(hashes)), dtype=np.float64) if direct_order else None
-    eo = ho = 0
-    for (p, h, a, _), alpha, we, wh in zip(members, weights, widths, hiddens):
-        ci = h["order"] - 1
-        Wi = a["branch0.weights"].astype(np.float32)
-        if diagonal:      # the nearest context word is the last position in every member
-            W[c - ci:, eo:eo + we] = Wi
-        elif h["branches"][0]["diagonal"]:
-            for j in range(ci):
-                W[c - ci + j, ho:ho + wh, eo:eo + we] = np.diag(Wi[j])
-        else:
-            W[c - ci:, ho:ho + wh, eo:eo + we] = Wi
-        if h["branches"][0].get("bias"):
-            bias[ho:ho + wh] = a["branch0.bias"]
-        out_w[:, ho:ho + wh] = alpha * a["output.weight"].astype(np.float64)
-        out_b += alpha * a["output.bias"].astype(np.float64)
-        if h.get("direct"):
-            direct += alpha * a["direct.weights"].astype(np.float64)
-        eo += we
-        ho += wh
+    with np.errstate(over="ignore", invalid="ignore"):
+        _weigh(members, weights, widths, hiddens, diagonal, c, W, bias, out_w, out_b, direct)
+        finite = [arr is None or np.isfinite(arr.astype(np.float32)).all()
+                  for arr in (out_w, out_b, direct)]
+    for name, ok in zip(("output.weight", "output.bias", "direct.weights"), finite):
+        if not ok:
+            raise NLMFeatureError(f"ensemble weights {weights} make the ensemble's {name} "
+                                  "overflow (NaN or infinite values): give weights of a "
+                                  "sensible size (the default is the mean)")
     header = {k: v for k, v in h0.items() if k not in ("arrays", "storage", "precomputed")}
     header.update(order=order, embed_dim=E, combine="none", layers=[],
                   branches=[dict(br0, hidden=H, diagonal=diagonal,
@@ -157,6 +147,30 @@ def merge(paths: Sequence[str], weights: Optional[Sequence[float]] = None
     if direct is not None:
         arrays["direct.weights"] = direct.astype(np.float32)
     return header, arrays
+
+
+def _weigh(members, weights, widths, hiddens, diagonal, c, W, bias, out_w, out_b, direct) -> None:
+    """Fill the ensemble's first layer, output layer and direct table from its members
+    (in place)."""
+    eo = ho = 0
+    for (p, h, a, _), alpha, we, wh in zip(members, weights, widths, hiddens):
+        ci = h["order"] - 1
+        Wi = a["branch0.weights"].astype(np.float32)
+        if diagonal:      # the nearest context word is the last position in every member
+            W[c - ci:, eo:eo + we] = Wi
+        elif h["branches"][0]["diagonal"]:
+            for j in range(ci):
+                W[c - ci + j, ho:ho + wh, eo:eo + we] = np.diag(Wi[j])
+        else:
+            W[c - ci:, ho:ho + wh, eo:eo + we] = Wi
+        if h["branches"][0].get("bias"):
+            bias[ho:ho + wh] = a["branch0.bias"]
+        out_w[:, ho:ho + wh] = alpha * a["output.weight"].astype(np.float64)
+        out_b += alpha * a["output.bias"].astype(np.float64)
+        if h.get("direct"):
+            direct += alpha * a["direct.weights"].astype(np.float64)
+        eo += we
+        ho += wh
 
 
 def write_ensemble(out: str, paths: Sequence[str], weights: Optional[Sequence[float]] = None,

@@ -29,6 +29,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ..io import textio
+from ..io.textio import split_tokens
 from ..errors import InputError
 from .model import Model, Perplexity, _tokens
 from .ngramdata import NgramData
@@ -128,8 +129,8 @@ def joint_ngrams(sources: Sequence[Sequence[str]], targets: Sequence[Sequence[st
     """Every target word and ``</s>`` of each sentence pair with its full context."""
     ctxs, words, starts = [], [], [0]
     for src, tgt, aff in zip(sources, targets, affils):
-        t = np.append(tvocab.ids(tgt), np.int32(tvocab.eos)).astype(np.int32)
-        s = svocab.ids(src)
+        t = np.append(tvocab.text_ids(tgt), np.int32(tvocab.eos)).astype(np.int32)
+        s = svocab.text_ids(src)
         win = source_windows(s, aff, window, svocab.bos, svocab.eos)
         ctxs.append(np.hstack([win, target_contexts(t, order, tvocab.bos)]))
         words.append(t)
@@ -164,7 +165,7 @@ def read_parallel(source: str, target: str, alignment: str, keep_empty: bool = F
             raise InputError(short[0], lineno, "ends here, but the other files of the parallel "
                              f"text go on: {source}, {target} and {alignment} must have one line "
                              "per sentence pair")
-        s, t = a[1].split(), b[1].split()
+        s, t = split_tokens(a[1]), split_tokens(b[1])
         for path, toks in ((source, s), (target, t)):
             for tok in toks:
                 if tok in ("<s>", "</s>", "<null>"):
@@ -279,7 +280,7 @@ class JointModel(Model):
             toks = _tokens(tgt)
             c, w = self.sentence_ngrams(src, toks, al)
             oov = np.zeros(len(w), dtype=bool)
-            oov[:-1] = [t not in self.vocab or t == "<unk>" for t in toks]
+            oov[:-1] = [self.vocab.is_oov(t) for t in toks]
             n_oov += int(oov.sum())
             if exclude_oov:
                 c, w = c[~oov], w[~oov]

@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import (AbstractSet, Any, Dict, Iterable, Iterator, List, Mapping, Sequence, Tuple,
+                    Union)
 
 import numpy as np
 
 from nlmfeature.core import modelfile
 from nlmfeature.errors import InputError
 from nlmfeature._scorer import DEFAULT_CACHE_ENTRIES as _DEFAULT_CACHE_ENTRIES, NativeModel, Session
-from nlmfeature.io.textio import iter_lines
+from nlmfeature.io.textio import ASCII_SPACE, iter_lines, split_tokens
 from nlmfeature.core.vocab import Vocabulary
 
 Tokens = Union[str, Sequence[str]]
@@ -53,12 +55,16 @@ def _tokens(sentence: Tokens, what: str = "a sentence") -> List[str]:
     """The tokens of ``sentence``: a string is split on white space (the text is tokenised
     already), a sequence of strings is taken as it is; anything else is refused."""
     if isinstance(sentence, str):
-        return sentence.split()
+        return split_tokens(sentence)
     if isinstance(sentence, (bytes, bytearray)):
         raise TypeError(f"{what} must be str or a sequence of str tokens, not bytes "
                         "(decode it first)")
     if isinstance(sentence, np.ndarray) and sentence.dtype.kind in "iu":
         raise TypeError(f"{what} must be words, not ids (the Session API takes ids)")
+    if isinstance(sentence, (Mapping, AbstractSet)) or not isinstance(sentence, Iterable):
+        # a dict or set has no word order: its keys are not a sentence
+        raise TypeError(f"{what} must be str or a sequence of str tokens, "
+                        f"not {type(sentence).__name__}")
     try:
         toks = list(sentence)
     except TypeError:
@@ -75,10 +81,16 @@ def _word(word: str) -> str:
     """One token: a string without white space."""
     if not isinstance(word, str):
         raise TypeError(f"the word must be one str token, not {type(word).__name__} ({word!r})")
-    if len(word.split()) != 1 or word != word.strip():
+    if len(split_tokens(word)) != 1 or word != word.strip(ASCII_SPACE):
         raise ValueError(f"the word must be one token without white space, got {word!r} "
                          "(score_sentence scores a whole sentence)")
     return word
+
+
+def _flag(value: Any, name: str) -> None:
+    """Refuse a non-bool flag (``bos="no"`` would be true)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, not {type(value).__name__} ({value!r})")
 
 
 def _lines(source: Union[str, "os.PathLike[str]", Iterable[Tokens]]) -> Iterator[Tokens]:
@@ -114,8 +126,11 @@ class State:
 
 
 class Model:
-    """A loaded (memory-mapped) neural language model.  Thread-safe: share one ``Model``
-    and give each thread its own :meth:`session`."""
+    """A loaded (memory-mapped) neural language model.  Thread-safe: threads share one
+    ``Model``; its sentence-level methods (:meth:`score`, :meth:`score_sentence`,
+    :meth:`sentence_logprob`, :meth:`score_word`, :meth:`score_batch`, :meth:`perplexity`)
+    each use a session of the calling thread, and a thread that wants its own caches takes
+    its own :meth:`session`."""
 
     def __init__(self, path: str, header: Dict[str, Any], arrays: Dict[str, np.ndarray],
                  checksum: str, use_tables: bool = True) -> None:
@@ -125,7 +140,7 @@ class Model:
         self.checksum = checksum
         self.vocab = Vocabulary.from_arrays(arrays["vocab.offsets"], arrays["vocab.bytes"])
         self.native = NativeModel(header, arrays, use_tables)
-        self._session: Optional[Session] = None
+        self._local = threading.local()   # the calling thread's own default session
         self._batch = None
 
     # -- description --------------------------------------------------------------------
@@ -201,8 +216,10 @@ class Model:
         """(contexts (N, n-1), words (N,)) of a sentence: every word and ``</s>``, each after
         ``<s>`` and the words before it (``bos``), padded as :meth:`pad` does.  A right-to-left
         model (:attr:`reverse`) gets the words last to first."""
+        _flag(bos, "bos")
+        _flag(eos, "eos")
         toks = _tokens(sentence)
-        ids = self.ids(toks[::-1] if self.reverse else toks)
+        ids = self.vocab.text_ids(toks[::-1] if self.reverse else toks)
         v = self.vocab
         if eos:
             ids = np.append(ids, np.int32(v.eos))
@@ -234,15 +251,17 @@ class Model:
         return self.native.session(cache_entries, ngram_entries, position_terms)
 
     def _default_session(self) -> Session:
-        if self._session is None:
-            self._session = self.session()
-        return self._session
+        """The calling thread's session (a session's caches and buffers are not shared:
+        two threads scoring through one session corrupt each other's state)."""
+        s = getattr(self._local, "session", None)
+        if s is None:
+            s = self._local.session = self.session()
+        return s
 
     def score(self, context: Tokens, word: str) -> float:
         """Natural-log score of ``word`` after ``context`` (oldest word first; a string is
         split on white space, so ``score("the jury", "said")`` is p(said | the jury)).  A
-        context not starting with ``<s>`` is padded with ``<null>`` (see :meth:`pad`).  Not
-        thread-safe (it uses the model's own session); threads use :meth:`session`."""
+        context not starting with ``<s>`` is padded with ``<null>`` (see :meth:`pad`)."""
         ctx = self.ids(_tokens(context, "the context"))
         wid = self.vocab.id(_word(word))
         s = self._default_session()
@@ -266,7 +285,7 @@ class Model:
         """(natural-log score of ``word`` after ``state``, the state after ``word``), as
         KenLM's ``BaseScore(in_state, word, out_state)``; ``"</s>"`` ends a sentence.
         Summing over a sentence's words and ``</s>`` from :meth:`begin_sentence` gives
-        :meth:`sentence_logprob`.  Not thread-safe (the model's own session)."""
+        :meth:`sentence_logprob`."""
         if not isinstance(state, State):
             raise TypeError(f"state must be a State (from begin_sentence() or null_context()), "
                             f"not {type(state).__name__}")
@@ -337,9 +356,14 @@ class Model:
                                 "arrays with Model.sentence_ngrams)")
         contexts = np.asarray(contexts)
         words = np.asarray(words)
-        if contexts.ndim != 2 or contexts.shape[1] != self.context_width or len(contexts) != len(words):
-            raise ValueError(f"contexts must have shape (N, {self.context_width}) with N = len(words)")
+        if contexts.ndim != 2 or contexts.shape[1] != self.context_width or words.ndim != 1 \
+                or len(contexts) != len(words):
+            raise ValueError(f"contexts must have shape (N, {self.context_width}) and words "
+                             "(N,) with N = len(words)")
         self._check_contexts(contexts)
+        if words.size and (words.min() < 0 or words.max() >= len(self.vocab)):
+            # (checked before the int32 conversion, which would wrap 2**32 + 5 to 5)
+            raise ValueError(f"words hold ids outside the vocabulary (0..{len(self.vocab) - 1})")
         self.check_file()
         return self._batcher().score(np.ascontiguousarray(contexts, dtype=np.int32),
                                  np.ascontiguousarray(words, dtype=np.int32))
@@ -402,7 +426,7 @@ class Model:
                 toks = toks[::-1]
             n_sent += 1
             oov_mask = np.zeros(len(w), dtype=bool)
-            oov_mask[:-1] = np.array([t not in self.vocab or t == "<unk>" for t in toks], dtype=bool) \
+            oov_mask[:-1] = np.array([self.vocab.is_oov(t) for t in toks], dtype=bool) \
                 if toks else np.zeros(0, dtype=bool)
             n_oov += int(oov_mask.sum())
             if exclude_oov:
@@ -437,7 +461,25 @@ def load(path: str, verify: bool = True, use_tables: bool = True) -> Model:
         os.close(fd)
         raise modelfile.ModelFileError(f"{path}: wrong architecture description: {exc}") from None
     model.native.watch_file(path, fd, identity)
+    _probe(model)
     return model
+
+
+def _probe(model: Model) -> None:
+    """Refuse a model that scores NaN or an infinity (non-finite weights, e.g. an ensemble
+    whose weights overflowed): ``</s>`` and ``<unk>`` after ``<s>`` (a joint model: with a
+    window of source ``<null>``), one lookup each."""
+    v = model.vocab
+    w = model.native.source_window
+    ctx = np.zeros((2, model.context_width), dtype=np.int32)
+    if w:
+        ctx[:, :w] = int(model.header["source"]["special"]["<null>"])
+    ctx[:, w:] = model.pad([v.bos])
+    scores = model.native.session(0, 0).score_padded(ctx, np.array([v.eos, v.unk], dtype=np.int32))
+    if not np.isfinite(scores).all():
+        raise modelfile.ModelFileError(
+            f"{model.path}: the model scores {scores.tolist()} (p(</s> | <s>), p(<unk> | <s>)): "
+            "its weights hold NaN or infinite values; train or write it again")
 
 
 def save(path: str, header: Dict[str, Any], arrays: Dict[str, np.ndarray], half: bool = False) -> str:

@@ -396,6 +396,21 @@ def validate_structure(h: Header, arrays: Mapping[str, np.ndarray], strict: bool
     _check_tables(h, arrays)
 
 
+def check_finite(name: str, stored: np.ndarray) -> None:
+    """Raise :class:`ValueError` if the float array ``name``, as stored (float32 or float16:
+    they overflow where float64 did not), holds a NaN or an infinity: a model made of them
+    scores NaN."""
+    if stored.dtype.kind != "f" or not stored.size:
+        return
+    flat = stored.reshape(-1)
+    step = 1 << 22          # (bounded memory for the mask of a big array)
+    if all(np.isfinite(flat[a:a + step]).all() for a in range(0, flat.size, step)):
+        return
+    bad = int(flat.size - np.count_nonzero(np.isfinite(flat)))
+    raise ValueError(f"array {name!r} holds {bad} NaN or infinite value(s) as "
+                     f"{stored.dtype.name}: the model would score NaN")
+
+
 def write_model(path: str, header: Header, arrays: Mapping[str, np.ndarray],
                 half: bool = False) -> str:
     """Write a model file atomically (temporary file + rename).  Returns the checksum (hex).
@@ -418,7 +433,12 @@ def write_model(path: str, header: Header, arrays: Mapping[str, np.ndarray],
         arr = np.asarray(arrays[name])
         if arr.dtype.kind == "f":
             to_half = half and (name in HALF_ELIGIBLE or name.endswith(".tables"))
-            arr = arr.astype("<f2" if to_half else "<f4")
+            with np.errstate(over="ignore", invalid="ignore"):
+                arr = arr.astype("<f2" if to_half else "<f4")
+            try:
+                check_finite(name, arr)
+            except ValueError as exc:
+                raise ModelFileError(f"{path}: refusing to write the model: {exc}") from None
         else:
             arr = arr.astype(arr.dtype.newbyteorder("<"))
         arr = np.ascontiguousarray(arr)
@@ -564,14 +584,24 @@ def open_model(path: str, verify: bool = True) -> Tuple[Header, Arrays, str, int
     """:func:`read_model` plus an open descriptor of the mapped file (the caller closes it)
     and the file's :func:`file_identity` when it was mapped: a loaded model compares them at
     each sentence start to notice the file being overwritten in place."""
+    if not isinstance(path, (str, os.PathLike)) or isinstance(path, bool):
+        # an int would be taken as a file descriptor, and closed
+        raise TypeError(f"a model path must be a str or path object, not {type(path).__name__}")
+    path = os.fspath(path)
+    if not isinstance(path, str):
+        raise TypeError("a model path must be a str or path object, not bytes")
     try:
-        f = open(path, "rb")
+        # non-blocking: opening a FIFO for reading would otherwise wait for a writer
+        f = os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb")
     except OSError as exc:
         raise ModelFileError(f"{path}: cannot open model file: {exc.strerror}") from None
     with f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
-            raise ModelFileError(f"{path}: not a regular file")
+            kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else
+                    "a directory" if stat.S_ISDIR(st.st_mode) else "a device or socket")
+            raise ModelFileError(f"{path}: not a regular file ({kind}): a model must be a "
+                                 "file, since it is memory-mapped")
         if st.st_size == 0:
             raise ModelFileError(f"{path}: not an nlmfeature model (the file is empty)")
         ident = file_identity(f.fileno())
@@ -620,4 +650,10 @@ def _read_mapped(path: str, mm, verify: bool) -> Tuple[Header, Arrays, str]:
     except (ValueError, KeyError, TypeError, AttributeError, IndexError, OverflowError,
             RecursionError) as exc:
         raise ModelFileError(f"{path}: wrong architecture description: {exc}") from None
+    if verify:       # the file was just read once for its checksum: the values too
+        for name in sorted(arrays):
+            try:
+                check_finite(name, arrays[name])
+            except ValueError as exc:
+                raise ModelFileError(f"{path}: {exc}; train or write the model again") from None
     return header, arrays, checksum.hex()

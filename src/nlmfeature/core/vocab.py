@@ -13,13 +13,18 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
+from nlmfeature.io.textio import split_tokens
+
 UNK = "<unk>"
 BOS = "<s>"
 EOS = "</s>"
 NULL = "<null>"
 SPECIALS = (UNK, BOS, EOS, NULL)
-#: characters that str.isspace() calls white space (the regex class misses a few of them)
-_SPACE = re.compile("[\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]")
+#: the markers the model adds itself: in a text to score they are unknown words
+_MARKERS = frozenset((BOS, EOS, NULL))
+#: the white space that separates tokens (:func:`nlmfeature.io.textio.split_tokens`): no word
+#: holds it
+_SPACE = re.compile("[ \t\n\r\x0b\x0c]")
 
 
 class Vocabulary:
@@ -32,7 +37,7 @@ class Vocabulary:
                 or _SPACE.search("".join(words)):  # the common case in one pass of C loops
             index = {}
             for i, w in enumerate(words):
-                if not isinstance(w, str) or not w or any(c.isspace() for c in w):
+                if not isinstance(w, str) or not w or _SPACE.search(w):
                     raise ValueError(f"vocabulary entry {i} ({w!r}) is empty or contains white space")
                 if w in index:
                     raise ValueError(f"vocabulary entry {i} ({w!r}) is a duplicate")
@@ -94,6 +99,24 @@ class Vocabulary:
     def __getitem__(self, wid: int) -> str:
         return self._words[wid]
 
+    def text_ids(self, words: Iterable[str]) -> np.ndarray:
+        """Ids of the words of a text to score, as training reads them: unknown words and a
+        literal ``<s>``, ``</s>`` or ``<null>`` (never a word of training text: markers the
+        model adds itself) are ``<unk>``."""
+        if isinstance(words, str):
+            words = split_tokens(words)
+        elif not isinstance(words, (list, tuple)):
+            words = list(words)
+        get, unk = self._index.get, self.unk
+        if not _MARKERS.isdisjoint(words):      # (rare: the common case costs one pass in C)
+            return np.fromiter((unk if w in _MARKERS else get(w, unk) for w in words),
+                               dtype=np.int32, count=len(words))
+        return np.fromiter((get(w, unk) for w in words), dtype=np.int32, count=len(words))
+
+    def is_oov(self, word: str) -> bool:
+        """Whether a word of a text is scored as ``<unk>`` (:meth:`text_ids`)."""
+        return word in _MARKERS or self._index.get(word, self.unk) == self.unk
+
     def id(self, word: str) -> int:
         """Id of ``word``; ``<unk>``'s id for an unknown word."""
         return self._index.get(word, self.unk)
@@ -102,7 +125,7 @@ class Vocabulary:
         """Ids of ``words`` as an int32 array (unknown words -> ``<unk>``); a string is split
         on white space (not iterated character by character)."""
         if isinstance(words, str):
-            words = words.split()
+            words = split_tokens(words)
         get, unk = self._index.get, self.unk
         return np.fromiter((get(w, unk) for w in words), dtype=np.int32)
 
@@ -122,5 +145,5 @@ def count_words(lines: Iterable[str]) -> Counter:
     """Token counts of whitespace-tokenised lines."""
     counts: Counter = Counter()
     for line in lines:
-        counts.update(line.split())
+        counts.update(split_tokens(line))
     return counts

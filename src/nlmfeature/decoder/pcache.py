@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import stat
 import struct
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Tuple
@@ -203,12 +204,30 @@ def directory_stats(directory: str, verify: bool = False) -> DirectoryStats:
     return st
 
 
+def is_cache_file(path: str) -> bool:
+    """Whether ``path`` is a regular file (not a link) that the library wrote: a cache file
+    starts with :data:`MAGIC`; a temporary file (a writer's, interrupted) is recognised by
+    its name alone, since it may be empty."""
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
+        if _TEMP.match(os.path.basename(path)):
+            return True
+        with open(path, "rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
 def clear(directory: str, model_checksum: Optional[str] = None) -> int:
     """Delete the cache files under ``directory`` (only those of ``model_checksum`` if given),
-    and the emptied model subdirectories.  Other files are left alone.  Returns files deleted."""
+    and the emptied model subdirectories.  Other files are left alone, even where their names
+    look like cache files' (:func:`is_cache_file`).  Returns files deleted."""
     removed = 0
     subdirs = set()
     for cs, path in cache_files(directory, model_checksum):
+        if not is_cache_file(path):
+            continue          # a file of another kind that only has a cache file's name
         try:
             os.unlink(path)
             removed += 1
@@ -276,7 +295,14 @@ def parse_size(text: str) -> int:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(?:i?[bB])?\s*", str(text))
     if not m:
         raise NLMFeatureError(f"bad size {text!r}: use a number with an optional K, M, G or T suffix")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    size = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if size > MAX_SIZE:
+        raise NLMFeatureError(f"bad size {text!r}: larger than {MAX_SIZE >> 60} EiB")
+    return size
+
+
+#: largest size :func:`parse_size` accepts (the library keeps sizes in int64)
+MAX_SIZE = 1 << 62
 
 
 def size_option(text: str) -> str:

@@ -9,6 +9,10 @@ failed run leaves nothing behind.
 :func:`check_output` checks an output path *before* the work starts (an output that is a
 directory, lies in a missing directory or cannot be created fails at once, with a message
 naming it, instead of after an hour of training or rescoring).
+
+Temporary files are named ``.NAME.<pid>.XXXX.tmp`` after the writing process: a writer that
+was killed (SIGKILL, a power cut) leaves one behind, and the next write of an output of that
+name removes it once its process is gone (:func:`remove_stale`).
 """
 from __future__ import annotations
 
@@ -74,13 +78,57 @@ def check_output(path: str, what: str = "output", stream: bool = False) -> None:
         raise OutputError(f"{what} {path}: the directory {directory} does not exist; create it "
                           "first")
     try:
-        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".check",
-                                   dir=directory)
+        remove_stale(path)
+        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".check", dir=directory)
     except OSError as exc:
         raise OutputError(f"{what} {path}: cannot write in {directory}: "
                           f"{exc.strerror or exc}") from None
     os.close(fd)
     os.unlink(tmp)
+
+
+def temp_prefix(path: str) -> str:
+    """The name prefix of this process's temporary files for ``path``:
+    ``.NAME.<pid>.`` -- the process id lets a later run tell a dead writer's leftovers
+    (:func:`remove_stale`) from a live writer's file."""
+    return f".{os.path.basename(path)}.{os.getpid()}."
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
+
+
+def remove_stale(path: str) -> int:
+    """Delete the temporary files that writers of ``path`` (any output of its name in its
+    directory) left when they were killed (``.NAME.<pid>.*`` whose process is gone);
+    returns how many.  A live writer's file is never touched."""
+    directory = os.path.dirname(os.path.abspath(path))
+    lead = f".{os.path.basename(path)}."
+    removed = 0
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return 0
+    for name in names:
+        if not name.startswith(lead):
+            continue
+        pid = name[len(lead):].split(".", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        full = os.path.join(directory, name)
+        try:
+            if stat.S_ISREG(os.lstat(full).st_mode):
+                os.unlink(full)
+                removed += 1
+        except OSError:
+            pass
+    return removed
 
 
 def _umask() -> int:
@@ -100,8 +148,8 @@ class AtomicFile(io.BufferedWriter):
             raise OutputError(f"{path} exists and is not a regular file: an atomic write would "
                               "replace it")
         directory = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=suffix,
-                                   dir=directory)
+        remove_stale(path)
+        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=suffix, dir=directory)
         try:
             super().__init__(io.FileIO(fd, "wb"), buffer_size=1 << 16)
         except BaseException:
@@ -116,9 +164,24 @@ class AtomicFile(io.BufferedWriter):
         """Do not create the target: closing removes the temporary file."""
         self._failed = True
 
+    def write(self, data) -> int:  # type: ignore[override]
+        try:
+            return super().write(data)
+        except OSError as exc:
+            _name(exc, self.target)
+            raise
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError as exc:
+            _name(exc, self.target)
+            raise
+
     def __exit__(self, exc_type, exc, tb):  # type: ignore[override]
         if exc_type is not None:
             self._failed = True
+            _name(exc, self.target)
         return super().__exit__(exc_type, exc, tb)
 
     def close(self) -> None:
@@ -128,8 +191,9 @@ class AtomicFile(io.BufferedWriter):
             if not self._failed:
                 self.flush()
                 os.fsync(self.fileno())
-        except BaseException:
+        except BaseException as exc:
             self._failed = True
+            _name(exc, self.target)
             raise
         finally:
             try:
@@ -140,6 +204,13 @@ class AtomicFile(io.BufferedWriter):
                         os.unlink(self.tmp)
                 else:
                     install(self.tmp, self.target, synced=True)
+
+
+def _name(exc: BaseException, path: str) -> None:
+    """Give a failed write's OSError (a full disk: ENOSPC, EFBIG) the output's name, which
+    the error message then shows."""
+    if isinstance(exc, OSError) and exc.filename is None:
+        exc.filename = path
 
 
 def install(tmp: str, target: str, synced: bool = False) -> None:
@@ -197,6 +268,7 @@ class _TextOutput(io.TextIOWrapper):
     def __exit__(self, exc_type, exc, tb):  # type: ignore[override]
         if exc_type is not None:
             self._raw_file.discard()
+            _name(exc, self._raw_file.target)
         return super().__exit__(exc_type, exc, tb)
 
     def close(self) -> None:
@@ -204,8 +276,9 @@ class _TextOutput(io.TextIOWrapper):
             return
         try:
             super().close()       # flushes (and ends the gzip stream)
-        except BaseException:
+        except BaseException as exc:
             self._raw_file.discard()
+            _name(exc, self._raw_file.target)
             raise
         finally:
             self._raw_file.close()

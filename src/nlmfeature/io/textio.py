@@ -13,6 +13,13 @@ decodes ahead in blocks and would blame an earlier one).  Every failure is an
 * a corrupt or truncated compressed stream (zlib, bz2 and lzma errors, unexpected EOF);
 * bytes that are not UTF-8;
 * a line longer than :data:`MAX_LINE` bytes (memory stays bounded on binary junk).
+
+One tokenisation rule for every reader (training, scoring, rescoring, clustering, the
+decoders' shims): a UTF-8 byte-order mark at the start of a file is not text (it is
+dropped), and tokens are separated by runs of ASCII white space -- space, tab, CR, LF,
+vertical tab, form feed (C's ``isspace``, what Moses and cdec split on).  Other Unicode
+spaces (U+00A0, U+3000, ...) are parts of words, as they are to a decoder.  See
+:func:`split_tokens`.
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ import bz2
 import gzip
 import lzma
 import os
+import re
 import stat
 import sys
 import zlib
@@ -35,6 +43,23 @@ CHUNK = 1 << 20
 COMPRESSED = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 #: what a broken compressed stream raises (gzip: BadGzipFile (an OSError) or zlib.error)
 _STREAM_ERRORS = (OSError, EOFError, zlib.error, lzma.LZMAError)
+
+
+#: the white space that separates tokens (C's isspace: what decoders split on)
+ASCII_SPACE = " \t\n\r\x0b\x0c"
+_ASCII_SPACE_RUN = re.compile("[ \t\n\r\x0b\x0c]+")
+#: what str.split() also splits on but a decoder does not (not ASCII white space)
+_OTHER_SPACE = re.compile("[\x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]")
+#: the UTF-8 byte-order mark, as bytes and decoded
+BOM, BOM_TEXT = b"\xef\xbb\xbf", "\ufeff"
+
+
+def split_tokens(line: str) -> List[str]:
+    """The tokens of a line: split on runs of ASCII white space only (see the module doc);
+    a U+00A0 or U+3000 inside a token stays in it."""
+    if _OTHER_SPACE.search(line) is None:   # the common case: str.split agrees, and is fast
+        return line.split()
+    return [t for t in _ASCII_SPACE_RUN.split(line) if t]
 
 
 def check_input(path: str, stream: bool = False) -> None:
@@ -112,6 +137,7 @@ def iter_lines(path: str, stream: bool = False) -> Iterator[Tuple[int, str]]:
     try:
         read = getattr(f, "read1", f.read)      # read1: what is there (a pipe need not fill)
         rest = b""
+        first = True
         while True:
             try:
                 data = read(CHUNK)
@@ -123,6 +149,10 @@ def iter_lines(path: str, stream: bool = False) -> Iterator[Tuple[int, str]]:
                     yield lineno + 1, _decode(rest, path, lineno + 1).rstrip("\r")
                 return
             buf = rest + data if rest else data
+            if first and (len(buf) >= len(BOM) or not BOM.startswith(buf)):
+                first = False
+                if buf.startswith(BOM):        # a byte-order mark is not text
+                    buf = buf[len(BOM):]
             cut = buf.rfind(b"\n")
             if cut < 0:
                 rest = buf
@@ -168,8 +198,8 @@ def read_lines(path: str, stream: bool = False) -> List[str]:
 
 
 def read_tokens(path: str, stream: bool = False) -> List[List[str]]:
-    """Whitespace-tokenised lines of a text file (empty lines give empty lists)."""
-    return [line.split() for _, line in iter_lines(path, stream)]
+    """Tokenised lines of a text file (:func:`split_tokens`; empty lines give empty lists)."""
+    return [split_tokens(line) for _, line in iter_lines(path, stream)]
 
 
 def read_head(path: str, size: int) -> bytes:

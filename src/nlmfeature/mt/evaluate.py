@@ -14,13 +14,13 @@ with itself gets p = 1, where sacrebleu reports 1/(samples+1).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from nlmfeature.cli import dumps_json
 from nlmfeature.mt.bleu import DEFAULT_TOKENIZE, corpus_bleu
 from nlmfeature.errors import InputError, NLMFeatureError
 from nlmfeature.io.textio import read_lines
@@ -364,7 +364,7 @@ def run(args: argparse.Namespace) -> int:
         doc = docs.get("scores") or {**docs["detokenised"], "detokenise": args.detok,
                                      **({"tokenised": docs["tokenised"]}
                                         if "tokenised" in docs else {})}
-        print(json.dumps(doc, indent=1, ensure_ascii=False))
+        print(dumps_json(doc, indent=1, ensure_ascii=False))
     else:
         for label, results, comps in reports:
             if label == "detokenised":

@@ -30,10 +30,10 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from nlmfeature.errors import InputError
-from nlmfeature.io.textio import iter_lines
+from nlmfeature.io.textio import iter_lines, split_tokens
 
 #: k-best formats :func:`read_kbest` and :func:`format_hypothesis` understand
 FORMATS = ("moses", "moses-old", "cdec")
@@ -194,7 +194,7 @@ def parse_line(line: str, fmt: str, path: str = "<input>", lineno: int = 0) -> H
         total = _number(total_text, path, lineno, "total score") if total_text else math.nan
     else:
         total = math.nan
-    text = " ".join(fields[1].split())
+    text = " ".join(split_tokens(fields[1]))
     return Hypothesis(sid, text, feats, total, [f.strip() for f in fields[4:]])
 
 
@@ -361,3 +361,29 @@ def group_by_sentence(hyps: Iterable[Hypothesis], path: str = ""
         current = [hyp]
     if current:
         yield sid, current
+
+
+def first_hypotheses(path: str, num_sentences: Optional[int] = None) -> List[str]:
+    """The first (decoder-best) hypothesis of every sentence of a k-best list, indexed by
+    sentence id: element ``i`` is sentence ``i``'s, whatever the order of the list.  With
+    ``num_sentences`` (the reference's lines) an id outside ``0 .. num_sentences-1`` or a
+    sentence without a hypothesis raises :class:`InputError`; without it the ids must be
+    ``0 .. max`` with none missing."""
+    reader = read_kbest(path)
+    best: Dict[int, str] = {}
+    for sid, hyps in group_by_sentence(reader, path):
+        if sid < 0 or (num_sentences is not None and sid >= num_sentences):
+            where = (f"the reference has {num_sentences} lines (ids 0..{num_sentences - 1})"
+                     if num_sentences is not None else "ids start at 0")
+            raise InputError(path, getattr(reader, "lineno", 0),
+                             f"sentence id {sid} is outside the reference: {where}")
+        best[sid] = hyps[0].text
+    n = num_sentences if num_sentences is not None else (max(best) + 1 if best else 0)
+    if not best:
+        raise InputError(path, 0, "the k-best list is empty (no hypotheses)")
+    missing = [i for i in range(n) if i not in best]
+    if missing:
+        raise InputError(path, 0, f"the k-best list covers {n - len(missing)} of the {n} "
+                         f"sentences (first missing id {missing[0]}); a k-best list has "
+                         "hypotheses for every sentence 0..N-1 of the reference")
+    return [best[i] for i in range(n)]

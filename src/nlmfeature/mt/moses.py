@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from nlmfeature.errors import DecoderError, InputError, NLMFeatureError
-from nlmfeature.io.atomicfile import atomic_write_text, open_output
+from nlmfeature.io.atomicfile import atomic_write_text, open_output, remove_stale, temp_prefix
 from nlmfeature.io.textio import read_lines
 
 Weights = Dict[str, List[float]]
@@ -548,11 +548,13 @@ def decode_to_files(cmd_for: Callable[[Optional[str]], List[str]], out: str,
         meta = out + ".seconds"
         return float(open(meta).read()) if os.path.exists(meta) else 0.0
     # temporary names of this process only: an interrupted run's decoder cannot write into them
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(out) + ".", dir=os.path.dirname(out))
+    remove_stale(out)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(out), dir=os.path.dirname(out))
     os.close(fd)
     ktmp = None
     if kbest_out:
-        fd, ktmp = tempfile.mkstemp(prefix="." + os.path.basename(kbest_out) + ".",
+        remove_stale(kbest_out)
+        fd, ktmp = tempfile.mkstemp(prefix=temp_prefix(kbest_out),
                                     dir=os.path.dirname(kbest_out))
         os.close(fd)
     cmd = cmd_for(ktmp)

@@ -25,6 +25,7 @@ import re
 from typing import Iterable, Iterator
 
 from nlmfeature.errors import NLMFeatureError
+from nlmfeature.io.textio import split_tokens
 
 _WS = re.compile(r"\s+")
 _LAST_WORD = re.compile(r"\S+\.")
@@ -108,7 +109,7 @@ def detokenise(lines: Iterable[str], lang: str = "en") -> Iterator[str]:
     """Moses-detokenised lines (sacremoses; undoes ``@-@`` splits and the escaping)."""
     md = _sacremoses().MosesDetokenizer(lang=lang)
     for line in lines:
-        yield md.detokenize(line.split(), unescape=True)
+        yield md.detokenize(split_tokens(line), unescape=True)
 
 
 # -- command line ------------------------------------------------------------------------------

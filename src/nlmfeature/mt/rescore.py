@@ -31,9 +31,10 @@ from typing import Any, Deque, Iterator, List, Optional, Sequence, Set, Tuple
 
 from nlmfeature.io.atomicfile import GZIP_LEVEL, check_output, open_output
 from nlmfeature.errors import InputError, NLMFeatureError
+from nlmfeature.cli import MAX_INT, Number
 from nlmfeature.mt.kbest import (FORMATS, SEP, Hypothesis, check_line, detect_format, format_number,
                     parse_line, sentence_id)
-from nlmfeature.io.textio import check_input, iter_lines
+from nlmfeature.io.textio import check_input, iter_lines, split_tokens
 from nlmfeature.mt.weights import Weights, read_weights
 
 #: characters a feature name may not contain (``_`` makes Moses' mert treat it as sparse)
@@ -145,7 +146,7 @@ class Rescorer:
             if not cfg.source:
                 raise NLMFeatureError("a joint model (trained with --source) needs the source "
                                       "sentences of the k-best list: give --source FILE")
-            self.sources = [line.split() for _, line in iter_lines(cfg.source)]
+            self.sources = [split_tokens(line) for _, line in iter_lines(cfg.source)]
         self.new_names = set(cfg.names) | set(cfg.oov_names)
         self.mark = {"moses": "=", "moses-old": ":", "cdec": "="}[cfg.fmt]
         self.sep = "" if cfg.fmt == "cdec" else " "
@@ -192,7 +193,7 @@ class Rescorer:
                                          f"--source {cfg.source} ({len(self.sources)} lines)")
                     src = self.sources[hyp.sid]
                     al = parse_alignment(alignment_field(hyp.extra, cfg.path, lineno), len(src),
-                                         len(text.split()), cfg.path, lineno)
+                                         len(split_tokens(text)), cfg.path, lineno)
             except InputError as exc:
                 if not cfg.skip_bad:
                     res.error = _error_parts(exc)
@@ -202,7 +203,7 @@ class Rescorer:
                     res.messages.append(str(exc))
                 continue
             kept.append((lineno, line, hyp))
-            tokens.append(text.split())
+            tokens.append(split_tokens(text))
             if self.joint:
                 srcs.append(src)
                 aligns.append(al)
@@ -290,7 +291,10 @@ def sentence_logprobs(model: Any, sentences: Sequence[Sequence[str]],
     flat: List[int] = []
     for s in sentences:   # per sentence: c x <s>, the word ids, </s>
         flat.extend(pad)
-        flat.extend([get(w, unk) for w in s])
+        if "<s>" in s or "</s>" in s or "<null>" in s:   # markers, not words: <unk>
+            flat.extend(vocab.text_ids(s).tolist())
+        else:
+            flat.extend([get(w, unk) for w in s])
         flat.append(eos)
     padded = np.array(flat, dtype=np.int32)
     if oovs is not None:
@@ -683,10 +687,10 @@ def build_parser(sub: Optional[argparse._SubParsersAction] = None) -> argparse.A
     p.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
                    help="worker processes (each maps the model; output keeps the input order; "
                         "default 1)")
-    p.add_argument("--chunk-size", type=int, default=2000, metavar="N",
+    p.add_argument("--chunk-size", type=Number(int, 1, MAX_INT), default=2000, metavar="N",
                    help="hypotheses per work unit (whole sentences; default 2000); at most "
                         "2 x jobs units are in memory at once")
-    p.add_argument("--batch-size", type=int, default=8192, metavar="N",
+    p.add_argument("--batch-size", type=Number(int, 1, 1 << 24), default=8192, metavar="N",
                    help="n-grams per matrix-product batch of the scorer (default 8192)")
     p.add_argument("--source", metavar="FILE",
                    help="joint models (trained with train --source): the source sentences of the "

@@ -29,7 +29,7 @@ def read_sentences(path: str) -> Iterator[Tuple[int, List[str]]]:
     Raises :class:`InputError` (file:line) on bytes that are not UTF-8.
     """
     for lineno, line in textio.iter_lines(path):
-        toks = line.split()
+        toks = textio.split_tokens(line)
         if toks:
             yield lineno, toks
 

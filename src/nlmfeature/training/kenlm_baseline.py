@@ -44,7 +44,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 import numpy as np
 
 from nlmfeature.io.atomicfile import check_output, install
-from nlmfeature.io.textio import iter_lines, read_head
+from nlmfeature.io.textio import iter_lines, read_head, split_tokens
 from nlmfeature.errors import InputError, NLMFeatureError
 from nlmfeature.core.forward import vocab_log_scores
 from nlmfeature.core.vocab import Vocabulary
@@ -99,6 +99,11 @@ def map_oov(tokens: Sequence[str], vocab: Optional[Vocabulary], unk: str = UNK_T
     return [t if (t in vocab and t != "<unk>") else unk for t in tokens]
 
 
+#: highest n-gram order the kenlm module (and so the scorer of a --kenlm-train model) loads:
+#: its KENLM_MAX_ORDER build setting
+KENLM_MAX_ORDER = 6
+
+
 def train_kenlm(text: str, out: str, order: int = 5, vocab: Optional[Vocabulary] = None,
                 memory: str = "1G", binary: Optional[str] = None,
                 extra_args: Sequence[str] = ()) -> str:
@@ -119,7 +124,7 @@ def train_kenlm(text: str, out: str, order: int = 5, vocab: Optional[Vocabulary]
         corpus = os.path.join(tmp, "corpus.txt")
         with open(corpus, "w", encoding="utf-8") as dst:
             for lineno, line in iter_lines(text):
-                toks = line.split()
+                toks = split_tokens(line)
                 bad = [t for t in toks if t in ("<s>", "</s>")]
                 if bad:
                     raise InputError(text, lineno, f"the training text contains {bad[0]!r}, "

@@ -659,7 +659,7 @@ NLM_API int nlm_session_end(nlm_session* session) {
 NLM_API double nlm_score(nlm_session* session, const int32_t* context, int n, int32_t word) {
     static const int32_t none[1] = {0};
     if (!session) { fail(NLM_ERR_ARGUMENT, "nlm_score: NULL session"); return NAN; }
-    if (n < 0) n = 0;
+    if (n < 0) { fail(NLM_ERR_ARGUMENT, "nlm_score: negative context length n = %d", n); return NAN; }
     if (n && !context) { fail(NLM_ERR_ARGUMENT, "nlm_score: NULL context with n = %d", n); return NAN; }
     return vt_score(session, n ? context : none, n, word);
 }
@@ -670,7 +670,7 @@ NLM_API double nlm_score_partial(nlm_session* session, const int32_t* context, i
     const nlm_vt_model* vm;
     int i;
     if (!session) { fail(NLM_ERR_ARGUMENT, "nlm_score_partial: NULL session"); return NAN; }
-    if (n < 0) n = 0;
+    if (n < 0) { fail(NLM_ERR_ARGUMENT, "nlm_score_partial: negative context length n = %d", n); return NAN; }
     if (n && !context) { fail(NLM_ERR_ARGUMENT, "nlm_score_partial: NULL context with n = %d", n); return NAN; }
     vm = session->model->vm;
     if (!sentence_start || n >= vm->order - 1 || (n > 0 && context[0] == vm->bos))
@@ -699,8 +699,11 @@ NLM_API double nlm_score_sequence(nlm_session* session, const int32_t* context, 
     int i, total_len;
     double sum = 0, v;
     if (!session) { fail(NLM_ERR_ARGUMENT, "nlm_score_sequence: NULL session"); return NAN; }
-    if (nctx < 0) nctx = 0;
-    if (n <= 0) return 0;
+    if (nctx < 0 || n < 0) {
+        fail(NLM_ERR_ARGUMENT, "nlm_score_sequence: negative length (nctx = %d, n = %d)", nctx, n);
+        return NAN;
+    }
+    if (n == 0) return 0;
     if (!words || (nctx && !context)) {
         fail(NLM_ERR_ARGUMENT, "nlm_score_sequence: NULL words or context");
         return NAN;
@@ -732,19 +735,29 @@ static double span_compute(nlm_session* session, const int32_t* hist, int nhist,
     NLM_TIMED(session, double, g_vt->score_span(session->cs, hist, nhist, first, count, final, NULL, 0, NULL));
 }
 
-/* The span calls' arguments made safe, as nlm_score_span documents: a NULL hist is the empty
- * history, nhist >= 0, first in [0, nhist], count in [0, nhist - first], final 0 or 1.
- * Returns 0 when nothing is left to score. */
-static int clamp_span(const int32_t** hist, int* nhist, int* first, int* count, int* final) {
+/* The span calls' arguments checked, as nlm_score_span documents: hist may be NULL only when
+ * nhist is 0, and 0 <= first <= nhist, 0 <= count <= nhist - first; final non-zero is 1.
+ * Returns 1 when they are valid, else 0 with nlm_last_error set (the caller returns NaN). */
+static int check_span(const char* who, const int32_t** hist, int nhist, int first, int count,
+                      int* final) {
     static const int32_t none[1] = {0};
-    if (*nhist < 0) *nhist = 0;
-    if (!*hist) *hist = none, *nhist = 0;
-    if (*first < 0) *first = 0;
-    if (*first > *nhist) *first = *nhist;
-    if (*count < 0) *count = 0;
-    if (*count > *nhist - *first) *count = *nhist - *first;
+    if (nhist < 0 || first < 0 || count < 0) {
+        fail(NLM_ERR_ARGUMENT, "%s: negative length or offset (nhist = %d, first = %d, count = %d)",
+             who, nhist, first, count);
+        return 0;
+    }
+    if (!*hist && nhist) {
+        fail(NLM_ERR_ARGUMENT, "%s: NULL history with nhist = %d", who, nhist);
+        return 0;
+    }
+    if (first > nhist || count > nhist - first) {
+        fail(NLM_ERR_ARGUMENT, "%s: words %d..%d are outside the history of %d ids", who, first,
+             first + count - 1, nhist);
+        return 0;
+    }
+    if (!*hist) *hist = none;
     *final = *final ? 1 : 0;
-    return *count || *final;
+    return 1;
 }
 
 NLM_API double nlm_score_span(nlm_session* session, const int32_t* hist, int nhist, int first, int count,
@@ -754,7 +767,9 @@ NLM_API double nlm_score_span(nlm_session* session, const int32_t* hist, int nhi
     int32_t* slot;
     double v;
     memo_table* t;
-    if (!clamp_span(&hist, &nhist, &first, &count, &final)) return 0;
+    if (!session) { fail(NLM_ERR_ARGUMENT, "nlm_score_span: NULL session"); return NAN; }
+    if (!check_span("nlm_score_span", &hist, nhist, first, count, &final)) return NAN;
+    if (!count && !final) return 0;
     t = &session->memo;
     if (!t->capacity) return span_compute(session, hist, nhist, first, count, final);
     /* the key: the ids before `first` that the first word's context sees (up to n-1; all of
@@ -789,7 +804,8 @@ static int prefetch_compute(nlm_session* session, const int32_t* hist, int nhist
 
 NLM_API void nlm_prefetch_span(nlm_session* session, const int32_t* hist, int nhist, int first,
                                int count, int final) {
-    if (!session || !clamp_span(&hist, &nhist, &first, &count, &final)) return;
+    if (!session || !check_span("nlm_prefetch_span", &hist, nhist, first, count, &final) ||
+        (!count && !final)) return;
     (void)prefetch_compute(session, hist, nhist, first, count, final);
 }
 
@@ -833,7 +849,7 @@ NLM_API double nlm_joint_score(nlm_session* session, const int32_t* context, int
                                int affiliation) {
     static const int32_t none[1] = {0};
     if (!session) { fail(NLM_ERR_ARGUMENT, "nlm_joint_score: NULL session"); return NAN; }
-    if (n < 0) n = 0;
+    if (n < 0) { fail(NLM_ERR_ARGUMENT, "nlm_joint_score: negative context length n = %d", n); return NAN; }
     if (n && !context) { fail(NLM_ERR_ARGUMENT, "nlm_joint_score: NULL context with n = %d", n); return NAN; }
     /* an affiliation past the sentence is its </s> (clamped where the key is built) */
     return vt_joint_score(session, session->nsrc ? session->src : none, session->nsrc,
@@ -844,8 +860,8 @@ NLM_API double nlm_joint_score_span(nlm_session* session, const int32_t* hist, i
                                     int count, int final, const int32_t* affiliations) {
     static const int32_t none[1] = {0};
     if (!session) { fail(NLM_ERR_ARGUMENT, "nlm_joint_score_span: NULL session"); return NAN; }
-    if (nhist > 0 && !hist) { fail(NLM_ERR_ARGUMENT, "nlm_joint_score_span: NULL history with nhist = %d", nhist); return NAN; }
-    if (!clamp_span(&hist, &nhist, &first, &count, &final)) return 0;
+    if (!check_span("nlm_joint_score_span", &hist, nhist, first, count, &final)) return NAN;
+    if (!count && !final) return 0;
     if (!affiliations) { fail(NLM_ERR_ARGUMENT, "nlm_joint_score_span: NULL affiliations"); return NAN; }
     /* affiliations past the sentence are its </s> (clamped by the scorer, as nlm_joint_score's) */
     NLM_TIMED(session, double, g_vt->score_span(session->cs, hist, nhist, first, count, final,

@@ -34,8 +34,15 @@
  * failure on the calling thread is nlm_last_error().  Bad model paths or files are errors,
  * never aborts: a model file is validated completely at load (checksum, header, every
  * array and derived table), so nothing a file holds can make scoring read out of bounds.
- * Scoring functions return NaN (and set nlm_last_error) for a NULL session, or a NULL
- * context/words array with a non-zero length; they never crash on any id value.
+ * Scoring functions return NaN and set nlm_last_error (status NLM_ERR_ARGUMENT) for a NULL
+ * session, a NULL context/words/history array with a non-zero length, a negative length or
+ * offset, or span words outside the history; they never crash on any id value.  Nothing is
+ * clamped silently.
+ *
+ * SENTENCES: scoring needs no open sentence.  Before the first nlm_session_begin (Moses
+ * scores phrases while it loads its phrase tables) and between nlm_session_end and the next
+ * begin, a session scores exactly as inside a sentence, its caches as of its creation or
+ * its last begin; only nlm_session_end without an open sentence is NLM_ERR_STATE.
  *
  * REPLACING A MODEL FILE: a loaded model is memory-mapped.  Write the new model next to the
  * old one and rename it over it (mv new.nlm live.nlm; nlmfeature's own writers do this):
@@ -70,7 +77,7 @@ typedef enum nlm_status {
     NLM_ERR_PYTHON = -3,     /**< the embedded Python or the nlmfeature package could not start */
     NLM_ERR_MEMORY = -4,     /**< out of memory */
     NLM_ERR_IO = -5,         /**< a file or directory (e.g. the persistent cache) is unusable */
-    NLM_ERR_STATE = -6,      /**< call out of order (e.g. nlm_session_end without begin) */
+    NLM_ERR_STATE = -6,      /**< call out of order: nlm_session_end without an open sentence */
     NLM_ERR_ABI = -7         /**< library and package versions do not match: reinstall */
 } nlm_status;
 
@@ -280,7 +287,10 @@ double nlm_score_sequence(nlm_session* session, const int32_t* context, int nctx
  *  phrase-based decoder calls it once per hypothesis expansion with first = the state's
  *  length and count = min(phrase length, order-1); the result is memoised per sentence
  *  (a beam search applies the same phrase to the same state many times), keyed by the ids
- *  it depends on.  Spans longer than NLM_SPAN_MAX_WORDS are computed without the memo. */
+ *  it depends on.  Spans longer than NLM_SPAN_MAX_WORDS are computed without the memo.
+ *  Arguments: hist may be NULL only when nhist is 0; 0 <= first <= nhist and 0 <= count <=
+ *  nhist - first, else NaN and NLM_ERR_ARGUMENT; `final` non-zero counts as 1.  count 0 and
+ *  final 0 score nothing: 0. */
 double nlm_score_span(nlm_session* session, const int32_t* hist, int nhist, int first, int count,
                       int final);
 
@@ -290,7 +300,7 @@ double nlm_score_span(nlm_session* session, const int32_t* hist, int nhist, int 
  *  stateful features evaluated before this one); that call then scores from those keys.
  *  Changes no score; any other call in between just makes it useless.  Target-only spans
  *  (not nlm_joint_score_span); does nothing for spans of more than 17 lookups (count plus
- *  final) or histories of more than 64 ids. */
+ *  final) or histories of more than 64 ids, or arguments nlm_score_span would refuse. */
 void nlm_prefetch_span(nlm_session* session, const int32_t* hist, int nhist, int first, int count,
                        int final);
 

@@ -18,6 +18,7 @@ import numpy as np
 from nlmfeature.mt.bleu import DEFAULT_TOKENIZE, TOKENIZERS, References, bleu_summary
 from nlmfeature.decoder.pcache import size_option
 from nlmfeature.errors import NLMFeatureError
+from nlmfeature.cli import MAX_INT, Number
 from nlmfeature.mt.weights import read_weights, write_weights
 from nlmfeature.mt.tuning import ALGORITHMS, optimise_pool
 from nlmfeature.mt.tuning.data import KbestPool
@@ -63,17 +64,20 @@ def _add_optimiser_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, default=1,
                    help="processes: MERT's starting points are searched and several k-best lists "
                         "read in parallel (default: 1)")
-    p.add_argument("--C", type=float, default=0.01, dest="C",
+    p.add_argument("--C", type=Number(float, 0, None, lo_open=True), default=0.01, dest="C",
                    help="MIRA: step-size cap C (default: 0.01)")
-    p.add_argument("--decay", type=float, default=0.999,
+    p.add_argument("--decay", type=Number(float, 0, 1, lo_open=True), default=0.999,
                    help="MIRA: decay of the background BLEU pseudo-document (default: 0.999)")
-    p.add_argument("--epochs", type=int, default=60,
+    p.add_argument("--epochs", type=Number(int, 1, MAX_INT), default=60,
                    help="MIRA: passes over the sentences (default: 60)")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="no progress bars or per-start / per-epoch messages")
 
 
 def _optimiser_settings(args: argparse.Namespace) -> dict:
+    lo, hi = args.random_range
+    if not lo < hi:
+        raise NLMFeatureError(f"--random-range {lo:g} {hi:g}: LO must be below HI")
     return dict(seed=args.seed, restarts=args.restarts,
                 random_directions=args.random_directions,
                 random_range=tuple(args.random_range), jobs=args.jobs, polish=args.polish,
@@ -83,6 +87,8 @@ def _optimiser_settings(args: argparse.Namespace) -> dict:
 # -- optimise -------------------------------------------------------------------------------
 def cmd_optimise(args: argparse.Namespace) -> int:
     from nlmfeature.io.atomicfile import check_output
+
+    settings = _optimiser_settings(args)      # (checked before any list is read)
 
     for path, flag, stream in ((args.out, "--out", True), (args.save_pool, "--save-pool", False),
                                (args.output_1best, "--output-1best", True)):
@@ -106,7 +112,7 @@ def cmd_optimise(args: argparse.Namespace) -> int:
     starts = [pool.weight_vector(read_weights(p), p) for p in args.start]
     log = None if args.quiet else _err
     t1 = time.time()
-    res = optimise_pool(pool.arrays(), args.algorithm, init, starts, _optimiser_settings(args),
+    res = optimise_pool(pool.arrays(), args.algorithm, init, starts, settings,
                         progress=not args.quiet, log=log)
     t2 = time.time()
     out = pool.weights_dict(res.weights, init_weights)
@@ -136,13 +142,13 @@ def _driver_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", required=True, help="dev set source text the decoder translates")
     p.add_argument("--workdir", required=True,
                    help="work directory; rerunning the same command resumes from it")
-    p.add_argument("--nbest-size", type=int, default=100,
+    p.add_argument("--nbest-size", type=Number(int, 1, MAX_INT), default=100,
                    help="k-best list size per iteration (default: 100)")
     p.add_argument("--distinct", action="store_true",
                    help="ask the decoder for distinct k-best strings (Moses 'distinct', cdec -r)")
-    p.add_argument("--max-iterations", type=int, default=25,
+    p.add_argument("--max-iterations", type=Number(int, 1, MAX_INT), default=25,
                    help="stop after this many decoding iterations (default: 25)")
-    p.add_argument("--min-change", type=float, default=1e-5,
+    p.add_argument("--min-change", type=Number(float, 0), default=1e-5,
                    help="stop when no L1-normalised weight changes by this much (default: 1e-5)")
     p.add_argument("--threads", type=int, default=1,
                    help="decoder threads (Moses -threads; default: 1)")
@@ -176,6 +182,8 @@ def _driver_common(p: argparse.ArgumentParser) -> None:
 def cmd_driver(args: argparse.Namespace) -> int:
     from nlmfeature.mt.tuning.driver import Driver, DriverSettings
 
+    settings = _optimiser_settings(args)
+
     binary = args.moses if args.decoder == "moses" else args.cdec
     settings = DriverSettings(
         decoder=args.decoder, binary=binary, config=args.config, source=args.source,
@@ -185,7 +193,7 @@ def cmd_driver(args: argparse.Namespace) -> int:
         persistent_cache_max=args.persistent_cache_max, nlm_features=args.nlm_feature,
         cache_key=args.cache_key,
         tokenize=args.tokenize, lowercase=args.lowercase, min_change=args.min_change,
-        decoder_args=args.decoder_arg, optimiser=_optimiser_settings(args),
+        decoder_args=args.decoder_arg, optimiser=settings,
         final_weights=args.final_weights)
     state = Driver(settings, log=_err, progress=not args.quiet).run()
     best = max(state.history, key=lambda h: h.get("dev_bleu", -1))
@@ -203,9 +211,9 @@ def cmd_driver(args: argparse.Namespace) -> int:
 def cmd_bleu(args: argparse.Namespace) -> int:
     refs = References.from_files(args.ref, tokenize=args.tokenize, lowercase=args.lowercase)
     if args.kbest:
-        from nlmfeature.mt.tuning.driver import first_hypotheses
+        from nlmfeature.mt.kbest import first_hypotheses
 
-        hyps = first_hypotheses(args.input)
+        hyps = first_hypotheses(args.input, len(refs))
     else:
         from nlmfeature.io.textio import read_lines
 

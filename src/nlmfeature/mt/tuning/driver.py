@@ -36,10 +36,11 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 from nlmfeature.decoder.pcache import bound_report
-from nlmfeature.io.atomicfile import atomic_write_bytes, atomic_write_text, install, open_output
+from nlmfeature.io.atomicfile import (atomic_write_bytes, atomic_write_text, install, open_output,
+                                      remove_stale, temp_prefix)
 from nlmfeature.mt.bleu import DEFAULT_TOKENIZE, References, corpus_bleu
 from nlmfeature.errors import DecoderError, InputError
-from nlmfeature.mt.kbest import format_number, group_by_sentence, read_kbest
+from nlmfeature.mt.kbest import first_hypotheses, format_number
 from nlmfeature.io.textio import iter_lines, open_binary, read_lines
 from nlmfeature.mt.weights import read_weights, write_weights
 from nlmfeature.mt.tuning import optimise_pool
@@ -156,11 +157,6 @@ def best_decoded(state: "DriverState", initial: Weights) -> tuple:
     return hist[best]["iteration"], float(hist[best].get("dev_bleu", float("nan"))), used[best]
 
 
-def first_hypotheses(path: str) -> List[str]:
-    """The first (decoder-best) hypothesis of every sentence of a k-best list."""
-    return [hyps[0].text for _, hyps in group_by_sentence(read_kbest(path), path)]
-
-
 class Driver:
     """Runs (or resumes) a tuning job; see the module doc."""
 
@@ -248,9 +244,11 @@ class Driver:
         for name in os.listdir(self.dir):     # leftovers of a decode that was interrupted
             if name.startswith((f".run{k}.kbest.", f".run{k}.out.")):
                 os.unlink(os.path.join(self.dir, name))
-        fd, tmp = tempfile.mkstemp(prefix=f".run{k}.kbest.", dir=self.dir)
+        remove_stale(self.path(f"run{k}.kbest"))
+        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(self.path(f"run{k}.kbest")), dir=self.dir)
         os.close(fd)
-        fd, stdout_tmp = tempfile.mkstemp(prefix=f".run{k}.out.", dir=self.dir)
+        remove_stale(self.path(f"run{k}.out"))
+        fd, stdout_tmp = tempfile.mkstemp(prefix=temp_prefix(self.path(f"run{k}.out")), dir=self.dir)
         os.close(fd)
         cmd = self.write_config(k, weights, tmp)
         err_path = self.path(f"run{k}.decoder.log")
@@ -295,7 +293,7 @@ class Driver:
             pool.save(self.pool_path)
         else:
             read, new = -1, -1
-        hyps = first_hypotheses(path)
+        hyps = first_hypotheses(path, len(self.refs))
         dev = float(corpus_bleu(self.refs.corpus_stats(hyps).sum(axis=0)))
         return dict(dev_bleu=dev, read=read, new=new, pool_size=pool.num_hypotheses)
 
