@@ -17,6 +17,8 @@ import sys
 
 import pytest
 
+from nlmfeature.training.corpusfile import open_corpus
+
 from helpers import (BROWN_TRAIN, BROWN_VALID, CLI_ENV as ENV, DATA, ROOT, make_model, one_line_error,
                      read_lines, run_cli)
 from nlmfeature import cli
@@ -91,7 +93,7 @@ def test_every_numeric_flag_refuses_values_outside_its_range(value, capsys):
     (["train", "--word-width", "-1"], "--word-width"), (["train", "--hidden-layers", "0"], "--hidden-layers"),
     (["train", "--hidden-layers", "-1"], "--hidden-layers"), (["train", "--seed", "-1"], "--seed"),
     (["train", "--step-size", "-1"], "--step-size"), (["train", "--max-updates", "-1"], "--max-updates"),
-    (["train", "--max-minutes", "-1"], "--max-minutes"), (["train", "--hash-space", "0"], "--hash-space"),
+    (["train", "--max-minutes", "-1"], "--max-minutes"), (["train", "--hash-space", str(1 << 31)], "--hash-space"),
     (["train", "--hash-space", "-1"], "--hash-space"), (["train", "--branches", "0"], "--branches"),
     (["train", "--branches", "-1"], "--branches"), (["train", "--hidden", "-1"], "--hidden"),
     (["train", "--max-vocab", "0"], "--max-vocab"), (["train", "--noise-samples", "100000000"], "--noise-samples"),
@@ -221,13 +223,15 @@ def test_a_full_disk_is_one_line_and_the_old_output_survives(tmp_path):
     text.write_text("\n".join(read_lines(BROWN_TRAIN, 300)) + "\n", encoding="utf-8")
     out = tmp_path / "out" / "result"
     out.parent.mkdir()
+    corpora = tmp_path / "corpora"
+    open_corpus(str(text), str(corpora))     # train's compiled text exists: the model write is what fails
     commands = [
         ["ensemble", a, b, "-o", out],
         ["convert", a, out, "--float16"],
         ["rescore", "-m", a, "-i", KBEST, "-o", out],
         ["cluster", "--text", text, "-o", out, "--classes", "5"],
         ["train", "--train", text, "-o", out, "--iterations", "1", "--word-width", "8",
-         "--order", "3", "--no-progress"],
+         "--order", "3", "--no-progress", "--corpus-dir", corpora],
         ["tune", "optimise", "--nbest", KBEST, "--ref", KBEST_REF, "-o", tmp_path / "w.txt",
          "--save-pool", out, "--algorithm", "mira", "--epochs", "2",
          "--init", os.path.join(DATA, "kbest", "multi30k-dev.iter2.moses.ini")],
