@@ -363,7 +363,7 @@ def test_case4_c_api_contracts(capi, models, kind):
     assert math.isfinite(num["sequence_bad"]) and math.isfinite(num["partial_bad"])
     m = nlmfeature.load(models[kind])
     unk = m.vocab.unk
-    assert num["padded_unk"] == pytest.approx(m.score([m.vocab.words[unk]] * (m.order - 1), "<unk>"), abs=1e-6)
+    assert num["padded_unk"] == pytest.approx(m.score_ngram([m.vocab.words[unk]] * (m.order - 1), "<unk>"), abs=1e-6)
     # null pointers and calls out of order: NaN / error codes, no crash
     # spans clamp their positions: on a target-only model the joint span is the plain one
     assert math.isfinite(num["span_bad"]) and float(f["joint_span_bad"]) == num["span_bad"]

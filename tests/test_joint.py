@@ -57,7 +57,7 @@ def test_windows_pad_with_sentence_boundaries_and_native_agrees(tmp_path):
     # scoring without a source (Model.score, nlm_score): the <null> window
     ctx, words = model.sentence_ngrams("ein mann", "a man with", "0-0 1-1")
     ctx[:, :5] = sv.null
-    assert model.score(["<s>", "a", "man"], "with") == pytest.approx(model.score_batch(ctx[2:3], words[2:3])[0], abs=1e-5)
+    assert model.score_ngram(["<s>", "a", "man"], "with") == pytest.approx(model.score_batch(ctx[2:3], words[2:3])[0], abs=1e-5)
     from nlmfeature.decoder.pcache import CachedScorer  # target-only by design
     with pytest.raises(ValueError, match="target-only"):
         CachedScorer(model)

@@ -33,11 +33,11 @@ def lm(tmp_path_factory):
 
 # -- strings where tokens are expected --------------------------------------------------------------
 def test_score_splits_a_string_context_on_white_space(lm):
-    s = lm.score("the jury", "said")
-    assert s == lm.score(["the", "jury"], "said") == lm.score(("the", "jury"), "said")
+    s = lm.score_ngram("the jury", "said")
+    assert s == lm.score_ngram(["the", "jury"], "said") == lm.score_ngram(("the", "jury"), "said")
     # not the characters of the string (what it used to score)
-    assert s != pytest.approx(lm.score(list("the jury"), "said"), abs=1e-6)
-    assert lm.score("", "said") == lm.score([], "said")
+    assert s != pytest.approx(lm.score_ngram(list("the jury"), "said"), abs=1e-6)
+    assert lm.score_ngram("", "said") == lm.score_ngram([], "said")
     assert np.array_equal(lm.ids("the jury"), lm.ids(["the", "jury"]))
     assert np.array_equal(lm.vocab.ids("the jury"), lm.ids(["the", "jury"]))
 
@@ -51,7 +51,7 @@ def test_score_splits_a_string_context_on_white_space(lm):
 ])
 def test_score_refuses_what_is_not_tokens(lm, context, word, error):
     with pytest.raises(error):
-        lm.score(context, word)
+        lm.score_ngram(context, word)
 
 
 def test_perplexity_takes_a_path_lines_or_a_file(lm, tmp_path):
@@ -102,9 +102,9 @@ def test_state_scoring_as_kenlm(lm):
         assert total == pytest.approx(lm.sentence_logprob(sent), abs=1e-4)
     # no history: <null> padding, as score() with a short context
     s, st = lm.score_word(lm.null_context(), "jury")
-    assert s == pytest.approx(lm.score([], "jury"), abs=1e-6)
+    assert s == pytest.approx(lm.score_ngram([], "jury"), abs=1e-6)
     s2, _ = lm.score_word(st, "said")
-    assert s2 == pytest.approx(lm.score(["jury"], "said"), abs=1e-6)
+    assert s2 == pytest.approx(lm.score_ngram(["jury"], "said"), abs=1e-6)
     assert lm.begin_sentence() == lm.begin_sentence() and hash(st)
     with pytest.raises(TypeError):
         lm.score_word(("the",), "jury")

@@ -1,6 +1,6 @@
 """nlmfeature: feed-forward neural language models for machine-translation decoders.
 
-Load a model with :func:`load` and score with :meth:`Model.score`,
+Load a model with :func:`load` and score with :meth:`Model.score_ngram`, :meth:`Model.score` (log10, as KenLM),
 :meth:`Model.score_sentence` or :meth:`Model.perplexity`, or word by word from a
 :class:`State` (:meth:`Model.begin_sentence`, :meth:`Model.score_word`).  Scores are natural logs.
 """

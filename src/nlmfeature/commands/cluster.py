@@ -32,8 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=1, metavar="T",
                    help="threads for the loss-table updates (default 1). The parallel loops "
                         "are short (one per merge), so extra threads only pay on an idle "
-                        "machine: on the shared 2-core test machine C=600 took 54 s of CPU with "
-                        "1 thread and 81-267 s with 2. The result does not depend on T")
+                        "machine (on a loaded 2-core machine, C=600 took 54 s of CPU with 1 "
+                        "thread and 81-267 s with 2). The result does not depend on T")
     p.add_argument("--out", "-o", required=True, metavar="PATHS",
                    help="output paths file (written atomically)")
     p.add_argument("--compare-frequency-binning", action="store_true",

@@ -236,7 +236,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="train, compare with KenLM, rescore, tune and evaluate on bundled data",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workdir", default=default_workdir(),
-                   help=f"where outputs go (default {default_workdir()}; never the source tree)")
+                   help="where outputs go (default $XDG_CACHE_HOME/nlmfeature/demo, i.e. "
+                        "~/.cache/nlmfeature/demo; never the source tree)")
     p.add_argument("--sentences", type=int, default=0,
                    help="use only the first N dev and test sentences (default: all; for a quick look)")
     p.add_argument("--train-sentences", type=int, default=0,
@@ -250,6 +251,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--jobs", type=int, default=2, help="worker processes of rescoring and MERT (default 2)")
     p.add_argument("--update-readme", nargs="?", const=README, default=None, metavar="README",
                    help="write the summary figures between the demo markers of the README "
-                        f"(default {README})")
+                        "(default: README.md of the source checkout this package runs from)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=run)

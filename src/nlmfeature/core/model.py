@@ -1,12 +1,15 @@
 """The Python API: load a model, score n-grams and sentences, compute perplexity.
 
-All scores are **natural logarithms** (base e), as Moses and NPLM use; divide by ln(10)
-for KenLM-style log10.  For unnormalised (NCE / self-normalised) output layers the score is
-the raw network output, which training makes approximately a log-probability.
+Scores are **natural logarithms** (base e), as Moses and NPLM use, except where a method
+takes KenLM's name: :meth:`Model.score` and :meth:`Model.full_scores` return log10 as
+KenLM's do, so code written for KenLM's Python module ports by changing the import.  For
+unnormalised (NCE / self-normalised) output layers the score is the raw network output,
+which training makes approximately a log-probability (it can be above 0).
 
 >>> import nlmfeature
 >>> lm = nlmfeature.load("model.nlm")                     # doctest: +SKIP
->>> lm.score(["the", "cat"], "sat")                      # doctest: +SKIP
+>>> lm.score("the cat sat")                               # doctest: +SKIP
+>>> lm.score_ngram(["the", "cat"], "sat")                 # doctest: +SKIP
 >>> lm.score_sentence("the cat sat")                      # doctest: +SKIP
 >>> lm.perplexity("test.txt")                             # doctest: +SKIP
 
@@ -29,6 +32,9 @@ from nlmfeature.io.textio import iter_lines
 from nlmfeature.core.vocab import Vocabulary
 
 Tokens = Union[str, Sequence[str]]
+
+#: log10(e): multiply a natural log by it for KenLM's log10
+LOG10_E = 1.0 / math.log(10.0)
 
 #: default bound on the entries of each per-sentence cache of a session
 DEFAULT_CACHE_ENTRIES = _DEFAULT_CACHE_ENTRIES  # NLM_DEFAULT_CACHE_ENTRIES of nlmfeature.h
@@ -79,6 +85,17 @@ def _word(word: str) -> str:
         raise ValueError(f"the word must be one token without white space, got {word!r} "
                          "(score_sentence scores a whole sentence)")
     return word
+
+
+def _check_bos_eos(bos: object, eos: object, method: str) -> None:
+    """Refuse a word where KenLM's ``bos`` / ``eos`` flags go: ``score(context, word)`` of
+    older versions is :meth:`Model.score_ngram` now."""
+    for name, value in (("bos", bos), ("eos", eos)):
+        if not isinstance(value, (bool, np.bool_)):
+            hint = " (one word after a context is score_ngram(context, word))" \
+                if method == "score" and isinstance(value, str) else ""
+            raise TypeError(f"{method}(): {name} must be a bool, not "
+                            f"{type(value).__name__}{hint}")
 
 
 def _lines(source: Union[str, "os.PathLike[str]", Iterable[Tokens]]) -> Iterator[Tokens]:
@@ -238,16 +255,52 @@ class Model:
             self._session = self.session()
         return self._session
 
-    def score(self, context: Tokens, word: str) -> float:
+    def score_ngram(self, context: Tokens, word: str) -> float:
         """Natural-log score of ``word`` after ``context`` (oldest word first; a string is
-        split on white space, so ``score("the jury", "said")`` is p(said | the jury)).  A
-        context not starting with ``<s>`` is padded with ``<null>`` (see :meth:`pad`).  Not
-        thread-safe (it uses the model's own session); threads use :meth:`session`."""
+        split on white space, so ``score_ngram("the jury", "said")`` is ln p(said | the
+        jury)).  A context not starting with ``<s>`` is padded with ``<null>`` (see
+        :meth:`pad`).  Not thread-safe (it uses the model's own session); threads use
+        :meth:`session`."""
         ctx = self.ids(_tokens(context, "the context"))
         wid = self.vocab.id(_word(word))
         s = self._default_session()
         s.begin_sentence()
         return float(s.score(ctx, wid))
+
+    # -- KenLM's Python names, with KenLM's meaning (log10) -------------------------------
+    def score(self, sentence: Tokens, bos: bool = True, eos: bool = True) -> float:
+        """Log10 probability of a whole sentence, as KenLM's ``Model.score(sentence, bos=True,
+        eos=True)``: ``bos`` conditions the first word on ``<s>``, ``eos`` adds ``</s>``.
+        Code written for KenLM ports by changing the import.  The natural-log value is
+        :meth:`logprob`; one word after a context is :meth:`score_ngram`."""
+        _check_bos_eos(bos, eos, "score")
+        return self.logprob(sentence, bos, eos) * LOG10_E
+
+    def full_scores(self, sentence: Tokens, bos: bool = True, eos: bool = True,
+                    ) -> Iterator[Tuple[float, int, bool]]:
+        """Per token (each word, then ``</s>`` if ``eos``): (log10 probability, n-gram length,
+        whether the word is out of vocabulary), as KenLM's ``Model.full_scores``.  The n-gram
+        length is the number of real words the model saw (the word and its history, ``<s>``
+        included, at most the order): a feed-forward model has no back-off, so it is
+        ``min(order, position + 1 + bos)``."""
+        _check_bos_eos(bos, eos, "full_scores")
+        toks = _tokens(sentence)
+        scores = self.score_sentence(toks, bos, eos)
+        words = (toks[::-1] if self.reverse else toks) + (["</s>"] if eos else [])
+        for i, (w, lp) in enumerate(zip(words, scores)):
+            oov = w != "</s>" and (w not in self.vocab or w == "<unk>")
+            yield float(lp) * LOG10_E, min(self.order, i + 1 + int(bool(bos))), oov
+
+    def logprob(self, sentence: Tokens, bos: bool = True, eos: bool = True) -> float:
+        """Natural-log probability of a sentence (the sum of :meth:`score_sentence`);
+        :meth:`score` is the same in log10."""
+        _check_bos_eos(bos, eos, "logprob")
+        return float(self.score_sentence(sentence, bos, eos).sum())
+
+    def __contains__(self, word: object) -> bool:
+        """``"word" in model``: whether ``word`` is in the vocabulary (KenLM's meaning);
+        ``<unk>``, ``<s>`` and ``</s>`` are in every model's vocabulary."""
+        return isinstance(word, str) and word in self.vocab
 
     # -- incremental scoring with states (KenLM's shape) ---------------------------------
     def begin_sentence(self) -> State:
@@ -283,9 +336,10 @@ class Model:
         s.begin_sentence()
         return s.score_padded(ctx, words)
 
-    def sentence_logprob(self, sentence: Tokens) -> float:
-        """Sum of :meth:`score_sentence`: the sentence's natural-log probability."""
-        return float(self.score_sentence(sentence).sum())
+    def sentence_logprob(self, sentence: Tokens, bos: bool = True, eos: bool = True) -> float:
+        """Sum of :meth:`score_sentence`: the sentence's natural-log probability (the same as
+        :meth:`logprob`)."""
+        return self.logprob(sentence, bos, eos)
 
     def _batcher(self):
         if self._batch is None:
