@@ -66,11 +66,21 @@ def build_parser() -> argparse.ArgumentParser:
                     "Every command explains its flags with --help.",
         epilog="nlmfeature-rescore, nlmfeature-tune and nlmfeature-eval are aliases of "
                "'nlmfeature rescore', 'nlmfeature tune' and 'nlmfeature eval'.")
+    add_version(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMAND_MODULES:
         importlib.import_module(name, __package__).register(sub)
     return finish(parser)
+
+
+def add_version(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Give ``parser`` a ``--version`` flag (the package version); returns ``parser``."""
+    from nlmfeature import __version__
+
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                        help="print the version and exit")
+    return parser
 
 
 def subparsers(parser: argparse.ArgumentParser) -> Iterator[Tuple[List[str], str, argparse.ArgumentParser]]:

@@ -84,6 +84,7 @@ from nlmfeature.io.textio import read_lines as _read
 from nlmfeature.mt.moses import add_features, decode, find_moses, prepare_system, rewrite_moses_ini
 
 from nlmfeature.bench import shared_data
+from nlmfeature.commands import DEFAULT_THREADS
 
 DEFAULT_SYSTEM = os.path.join("..", "shared", "data", "moses", "multi30k-de-en")
 DEFAULT_DATA = os.path.join("..", "shared", "data", "parallel", "multi30k")
@@ -1192,8 +1193,8 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--test-sentences", type=int, default=0,
                    help="translate only the first N sentences of each test set (default 0: "
                         "all; for smoke tests, labelled)")
-    p.add_argument("--threads", type=int, default=2,
-                   help="Moses threads (default 2; cdec decodes on one)")
+    p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                   help=f"Moses threads (default {DEFAULT_THREADS}; cdec decodes on one)")
     p.add_argument("--jobs", type=int, default=1,
                    help="processes of the optimiser and the rescorer (default 1)")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (1000)")

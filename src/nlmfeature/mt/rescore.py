@@ -732,9 +732,9 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the ``nlmfeature-rescore`` console script (= ``nlmfeature rescore``)."""
-    from nlmfeature.cli import finish, run as run_command
+    from nlmfeature.cli import add_version, finish, run as run_command
 
-    return run_command(finish(build_parser()), argv)
+    return run_command(finish(add_version(build_parser())), argv)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import numpy as np
 from nlmfeature.mt.bleu import DEFAULT_TOKENIZE, TOKENIZERS, References, bleu_summary
 from nlmfeature.decoder.pcache import size_option
 from nlmfeature.errors import NLMFeatureError
+from nlmfeature.commands import DEFAULT_THREADS
 from nlmfeature.mt.weights import read_weights, write_weights
 from nlmfeature.mt.tuning import ALGORITHMS, optimise_pool
 from nlmfeature.mt.tuning.data import KbestPool
@@ -29,7 +30,7 @@ def _err(msg: str) -> None:
 
 
 def _add_bleu_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ref", action="append", required=True, metavar="REF",
+    p.add_argument("-r", "--ref", action="append", required=True, metavar="REF",
                    help="reference file (UTF-8, one line per sentence, .gz ok); repeat for "
                         "several references per sentence")
     p.add_argument("--tokenize", default=DEFAULT_TOKENIZE, choices=TOKENIZERS,
@@ -144,8 +145,8 @@ def _driver_common(p: argparse.ArgumentParser) -> None:
                    help="stop after this many decoding iterations (default: 25)")
     p.add_argument("--min-change", type=float, default=1e-5,
                    help="stop when no L1-normalised weight changes by this much (default: 1e-5)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="decoder threads (Moses -threads; default: 1)")
+    p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                   help=f"decoder threads (Moses -threads; default: {DEFAULT_THREADS})")
     p.add_argument("--persistent-cache", metavar="DIR",
                    help="add persistent-cache=DIR to the NLM feature lines of the config, so "
                         "later iterations reuse n-gram scores cached by earlier ones")
@@ -245,7 +246,7 @@ def build_parser(outer: Optional[argparse._SubParsersAction] = None) -> argparse
     p.add_argument("--start", action="append", default=[], metavar="WEIGHTS",
                    help="MERT: a further starting point, e.g. the previous iteration's best "
                         "(repeatable)")
-    p.add_argument("-o", "--out", required=True, metavar="WEIGHTS_OUT",
+    p.add_argument("-o", "--output", "--out", dest="out", required=True, metavar="WEIGHTS_OUT",
                    help="where to write the tuned weights (L1-normalised)")
     p.add_argument("--format", default="auto", choices=("auto", "moses", "moses-old", "cdec"),
                    help="k-best format (default: auto, detected from the first line)")
@@ -253,7 +254,7 @@ def build_parser(outer: Optional[argparse._SubParsersAction] = None) -> argparse
                    help="skip malformed k-best lines instead of stopping at the first")
     p.add_argument("--save-pool", metavar="NPZ",
                    help="also save the merged pool (features + BLEU statistics) as .npz")
-    p.add_argument("--output-1best", metavar="FILE",
+    p.add_argument("--one-best", "--output-1best", dest="output_1best", metavar="FILE",
                    help="write the re-ranked 1-best hypotheses under the tuned weights")
     _add_bleu_options(p)
     _add_optimiser_options(p)
@@ -291,9 +292,9 @@ def build_parser(outer: Optional[argparse._SubParsersAction] = None) -> argparse
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``nlmfeature-tune`` (= ``nlmfeature tune``)."""
-    from nlmfeature.cli import finish, run
+    from nlmfeature.cli import add_version, finish, run
 
-    return run(finish(build_parser()), argv)
+    return run(finish(add_version(build_parser())), argv)
 
 
 if __name__ == "__main__":
