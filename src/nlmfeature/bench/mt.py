@@ -84,6 +84,7 @@ from nlmfeature.io.textio import read_lines as _read
 from nlmfeature.mt.moses import add_features, decode, find_moses, prepare_system, rewrite_moses_ini
 
 from nlmfeature.bench import shared_data
+from nlmfeature.mt.weights import new_feature_weight
 from nlmfeature.commands import DEFAULT_THREADS
 
 DEFAULT_SYSTEM = os.path.join("..", "shared", "data", "moses", "multi30k-de-en")
@@ -196,12 +197,12 @@ def nlm_ini(base_ini: str, dst: str, models: Sequence[str], base_weights: dict) 
     from nlmfeature import load
 
     weights = dict(base_weights)
-    lm = base_weights.get("LM0", [0.1])[0]
+    start = new_feature_weight(base_weights)
     feature_lines = []
     for i, m in enumerate(models):
         order = load(m).order
         feature_lines.append(f"NLMFeature name=NLM{i} path={os.path.abspath(m)} order={order}")
-        weights[f"NLM{i}"] = [lm / 2]
+        weights[f"NLM{i}"] = [start]
     add_features(base_ini, dst, feature_lines, weights, first=True)
     return weights
 
@@ -220,7 +221,7 @@ def joint_ini(nlm_ini_path: str, dst: str, joint, nlm_weights: dict) -> dict:
         if not isinstance(load(j), JointModel):
             raise InputError(j, 0, "not a joint model (no source window): give it with --model, "
                              "or train one with nlmfeature train --source (docs/joint.md)")
-        weights[f"NNJM{i}"] = [nlm_weights.get("LM0", [0.1])[0] / 2]
+        weights[f"NNJM{i}"] = [new_feature_weight(nlm_weights)]
         lines.append(f"NLMJointFeature name=NNJM{i} path={os.path.abspath(j)}")
     add_features(nlm_ini_path, dst, lines, weights, first=True)
     return weights

@@ -662,8 +662,9 @@ def build_parser(sub: Optional[argparse._SubParsersAction] = None) -> argparse.A
                     "rerank with weights and write the 1-best.",
         epilog="Example: nlmfeature rescore -m lm.nlm -i dev.100best.gz -o dev.nlm.100best.gz "
                "--jobs 2;  reranking: ... --weights moses.ini --one-best dev.1best")
-    p.add_argument("-m", "--model", action="append", required=True, metavar="MODEL",
-                   help="nlmfeature model file; repeat for several models (features NLM0, NLM1, ...)")
+    p.add_argument("-m", "--model", action="append", default=[], metavar="MODEL",
+                   help="nlmfeature model file; repeat for several models (features NLM0, NLM1, "
+                        "...); without any, --weights --one-best reranks the list as it is")
     p.add_argument("-i", "--input", default="-", metavar="KBEST",
                    help="k-best list to rescore (plain, .gz, or - for standard input; default -)")
     p.add_argument("-o", "--output", default=None, metavar="OUT",
@@ -719,6 +720,9 @@ def run(args: argparse.Namespace) -> int:
     """Run ``nlmfeature rescore`` on parsed arguments."""
     if args.jobs < 1 or args.chunk_size < 1 or args.batch_size < 1:
         raise NLMFeatureError("--jobs, --chunk-size and --batch-size must be >= 1")
+    if not args.model and not args.weights:
+        raise NLMFeatureError("nothing to do: give -m MODEL to add features, or --weights "
+                              "(with --one-best) to rerank the list")
     output = args.output if args.output is not None else (None if args.one_best else "-")
     st = rescore(args.input, output, args.model, args.name, args.oov_feature, args.oov_name,
                  args.format, args.jobs, args.chunk_size, args.batch_size, args.weights,

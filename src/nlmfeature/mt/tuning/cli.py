@@ -19,7 +19,7 @@ from nlmfeature.mt.bleu import DEFAULT_TOKENIZE, TOKENIZERS, References, bleu_su
 from nlmfeature.decoder.pcache import size_option
 from nlmfeature.errors import NLMFeatureError
 from nlmfeature.commands import DEFAULT_THREADS
-from nlmfeature.mt.weights import read_weights, write_weights
+from nlmfeature.mt.weights import read_weights, with_new_features, write_weights
 from nlmfeature.mt.tuning import ALGORITHMS, optimise_pool
 from nlmfeature.mt.tuning.data import KbestPool
 from nlmfeature.mt.tuning.driver import FINAL_WEIGHTS, FINAL_WEIGHTS_DEFAULT
@@ -100,6 +100,12 @@ def cmd_optimise(args: argparse.Namespace) -> int:
     init_weights = read_weights(args.init) if args.init else None
     if init_weights is None and args.algorithm != "pro":
         raise NLMFeatureError(f"--init is required for {args.algorithm}")
+    if init_weights is not None:
+        init_weights, added = with_new_features(pool.labels, init_weights)
+        if added and not args.quiet:
+            _err(f"note: {args.init} has no weight for the k-best feature(s) "
+                 f"{', '.join(added)}: they start at {init_weights[added[0]][0]:g} (half the "
+                 "language model's weight)")
     if init_weights is not None:
         init = pool.weight_vector(init_weights, args.init)
     else:
