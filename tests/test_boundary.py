@@ -21,7 +21,7 @@ from nlmfeature.core import modelfile
 from nlmfeature.errors import InputError, ModelFileError
 from nlmfeature.training.nplm import read_nplm, write_nplm
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import modelbytes  # noqa: E402
 
 SENTENCES = read_lines(BROWN_VALID, 12)
@@ -114,7 +114,7 @@ def test_case2_class_members_out_of_order_are_refused(models, tmp_path):
 def test_case2_wrapping_offsets_are_refused(models, tmp_path):
     """Offsets whose int32 differences wrap round (0, 2^31-1, -2^31+5, -1, V: every difference
     "positive" modulo 2^32) are refused, not expanded into a 32 GiB array (found by
-    tools/fuzz.py, seed 8, case 11471: a MemoryError instead of a clear error)."""
+    tests/fuzz.py, seed 8, case 11471: a MemoryError instead of a clear error)."""
     V = len(nlmfeature.load(models["class"]).vocab)
 
     def wrap(a):

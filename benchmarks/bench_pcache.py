@@ -40,7 +40,7 @@ libnlmfeature: see ``--help`` of ``--moses``) and KenLM's ``build_binary`` (``$M
 ~/.cache/nlmfeature/kenlm/bin or PATH, ``tools/build_kenlm.sh``); the tables are filtered by
 ``nlmfeature.mt.moses`` (the lines Moses' ``filter-model-given-input.pl`` keeps).  Example::
 
-    MOSES_ROOT=/path/to/mosesdecoder python3 tools/bench_pcache.py \\
+    MOSES_ROOT=/path/to/mosesdecoder python3 benchmarks/bench_pcache.py \\
         --model class=class.nlm --model unnormalised=lbl.nlm --sentences 100 --json out.json
 """
 from __future__ import annotations

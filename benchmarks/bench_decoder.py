@@ -35,7 +35,7 @@ Needs MOSES_ROOT (a mosesdecoder tree with moses_ff built in, moses_ff/README.md
 cdec, CDEC_ROOT (a built cdec tree) and cdec_ff/libcdec_ff_nlm.so.  Never builds a decoder.
 Example (figures in the issue-14 notes were made this way)::
 
-    MOSES_ROOT=/path/mosesdecoder CDEC_ROOT=/path/cdec python3 tools/bench_decoder.py \\
+    MOSES_ROOT=/path/mosesdecoder CDEC_ROOT=/path/cdec python3 benchmarks/bench_decoder.py \\
         --model unnormalised=lbl.nlm --model class=class.nlm --decoder moses,cdec \\
         --threads 1,2 --profile --workdir /tmp/bd --json out.json
 """

@@ -2,9 +2,9 @@
 """Fuzz the decoder boundary: deterministic, seeded mutations of real seed files, each case
 run in a worker subprocess under a time limit, through the Python API and the C API.
 
-    python3 tools/fuzz.py --minutes 20               # long run, all input kinds
-    python3 tools/fuzz.py --seconds 50 --seed 7      # the bounded run of tests/test_fuzz.py
-    python3 tools/fuzz.py --replay tests/data/fuzz   # re-run stored cases (fixtures)
+    python3 tests/fuzz.py --minutes 20               # long run, all input kinds
+    python3 tests/fuzz.py --seconds 50 --seed 7      # the bounded run of tests/test_fuzz.py
+    python3 tests/fuzz.py --replay tests/data/fuzz   # re-run stored cases (fixtures)
 
 Input kinds and what a case checks:
 
