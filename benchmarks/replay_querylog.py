@@ -6,7 +6,7 @@ digest; speed levers by the ns/lookup, paired: run before and after in turn).
 Record a log with ``NLMFEATURE_QUERY_LOG=DIR`` in a decoder's environment and pack it with
 ``nlmfeature querylog pack DIR/queries.PID.N.bin --model MODEL --out X.qlog.xz``
 (docs/c-api.md); without ``--stream`` the bundled Moses stream is replayed.  Example (the
-figures of docs/decoder-speed.md, session 4)::
+figures of docs/performance.md, session 4)::
 
     python3 benchmarks/replay_querylog.py class.nlm --stream m30k-class.qlog.xz --repeats 3
 
