@@ -5,7 +5,7 @@ Measures, on a real system (default: the Multi30k de->en phrase-based Moses syst
 ``../shared/data/moses/multi30k-de-en`` beside the repository; ``--shared`` or
 $NLMFEATURE_SHARED point elsewhere; 100 test2016 sentences):
 
-* the system made fast to load first, as issue 14 prescribes: its phrase and reordering
+* the system made fast to load first: its phrase and reordering
   tables are filtered to the input (the lines Moses' ``filter-model-given-input.pl`` keeps,
   by ``nlmfeature.mt.moses``, no Moses scripts needed) and the ARPA LM is binarised with
   KenLM's ``build_binary`` (kept in ``--workdir`` and reused);

@@ -1,4 +1,4 @@
-"""The decoder boundary (issue 10): model files that pass the checksum but are malformed,
+"""The decoder boundary: model files that pass the checksum but are malformed,
 odd arguments to every scoring entry, NPLM imports, and a model file overwritten under a
 running process.  Each case must give a clear error naming the file, or correct scores;
 never a crash, a hang or a wrong score.  C API cases run tests/c/test_capi.c."""

@@ -231,7 +231,7 @@ def test_tools_report_bad_input_without_a_traceback(tmp_path):
 
 def test_pcache_decode_bound_keeps_the_cost_outside_the_scorer():
     """bench_pcache's decode bound: the NLM cost outside the scorer stays, the scorer's own time
-    shrinks to the share of n-grams not on disk (session 22's MIRA iteration 2: 0.54x)."""
+    shrinks to the share of n-grams not on disk (a measured MIRA iteration 2: 0.54x)."""
     sys.path.insert(0, os.path.join(REPO, "benchmarks"))
     try:
         from bench_pcache import decode_bound

@@ -1,4 +1,4 @@
-"""Hostile inputs to the parsers and the native tuning loops (issue 10): non-finite numbers,
+"""Hostile inputs to the parsers and the native tuning loops: non-finite numbers,
 absurd ids and sizes, non-regular files and compressed-stream errors give a clear error naming
 the file (and line), in bounded memory and time, with no partial output left behind.
 
@@ -51,7 +51,7 @@ def run_python(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
-# -- issue 10 case 11: nan/inf in a k-best list ------------------------------------------------
+# -- nan/inf in a k-best list -----------------------------------------------------------------
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN", "-Infinity"])
 def test_non_finite_feature_value_is_an_error_with_file_and_line(tmp_path, value):
     lines = real_lines(REG)[:20]
@@ -174,7 +174,7 @@ def test_native_loops_refuse_inconsistent_offsets_and_orders():
                          w.copy(), w.copy(), np.zeros(10), 0.01, 0.999, False, 0)
 
 
-# -- issue 10 case 5: absurd sentence ids with --one-best ------------------------------------
+# -- absurd sentence ids with --one-best ----------------------------------------------------
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     from helpers import make_model
@@ -230,7 +230,7 @@ def test_one_best_pads_a_plausible_gap_and_counts_it(model, tmp_path):
     assert len(best) == 8 and best[0] and best[7] and best[1:7] == [""] * 6
 
 
-# -- issue 10 case 6: corrupt and truncated compressed input -----------------------------------
+# -- corrupt and truncated compressed input ---------------------------------------------------
 def corrupted(data: bytes, where: float) -> bytes:
     i = int(len(data) * where)
     return data[:i] + bytes(b ^ 0x5A for b in data[i:i + 64]) + data[i + 64:]
