@@ -11,7 +11,7 @@ $NLMFEATURE_SHARED point elsewhere; 100 test2016 sentences):
   KenLM's ``build_binary`` (kept in ``--workdir`` and reused);
 * decoding time with KenLM alone, KenLM + each NLM (``--model NAME=PATH``) and KenLM + a
   joint model (``--joint NAME=PATH``, with an NLM too as ``--joint NAME=PATH:MODEL``), with 1 and
-  more threads: the sum of Moses' per-sentence "Translation took" times (the issue's
+  more threads: the sum of Moses' per-sentence "Translation took" times (the wall-clock
   figure) and the process wall time minus model loading (decoding an empty input).  Every
   configuration runs ``--repeats`` times, interleaved, and the minimum is kept (the machine
   may be shared); "paired" is the median over repeats of the ratio of runs made back to
@@ -33,7 +33,7 @@ pairs and word alignment (kept in the workdir), untuned hand-set weights.
 
 Needs MOSES_ROOT (a mosesdecoder tree with moses_ff built in, moses_ff/README.md; or --moses) and, for
 cdec, CDEC_ROOT (a built cdec tree) and cdec_ff/libcdec_ff_nlm.so.  Never builds a decoder.
-Example (figures in the issue-14 notes were made this way)::
+Example (docs/results.md's decode-time figures were made this way)::
 
     MOSES_ROOT=/path/mosesdecoder CDEC_ROOT=/path/cdec python3 benchmarks/bench_decoder.py \\
         --model unnormalised=lbl.nlm --model class=class.nlm --decoder moses,cdec \\

@@ -15,7 +15,7 @@ then reports:
   interpolation of each neural model with it (weight tuned on valid);
 * the model file size.
 
-Targets of the Training issue: best neural test perplexity <= 0.85 x KenLM's, its interpolation
+Targets: best neural test perplexity <= 0.85 x KenLM's, its interpolation
 <= 0.80 x, class-factored NCE >= 50,000 words/s on 2 cores.  ``--quick`` runs small models on
 slices (a smoke test of the benchmark, minutes); the full run caps each configuration with
 ``--minutes``.
