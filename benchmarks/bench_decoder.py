@@ -640,7 +640,7 @@ def run(args: argparse.Namespace) -> int:
                 nb1 = os.path.join(work, f"{name}.it1.nbest")
                 it1 = run_moses(moses, ini_pc, dev, nbest=nb1)
                 w1 = os.path.join(work, f"{name}.w1")
-                subprocess.run([sys.executable, "-m", "nlmfeature.mt.tuning.cli", "optimise", "--nbest", nb1, "--init", ini_pc, "--ref", devref,
+                subprocess.run([sys.executable, "-m", "nlmfeature.cli", "tune", "optimise", "--nbest", nb1, "--init", ini_pc, "--ref", devref,
                                 "--out", w1, "--algorithm", args.tune_algorithm, "--quiet"]
                                + (["--restarts", "5"] if args.tune_algorithm == "mert" else []),
                                check=True, capture_output=True, env=penv)

@@ -166,7 +166,7 @@ def optimise(pool: List[str], ini: str, ref: str, out: str, algorithm: str, seed
              env: Dict[str, str]) -> Weights:
     """The next weights from the pooled k-best lists, by this checkout's optimiser (``env``:
     the one Moses runs with, whose PYTHONPATH puts this checkout's package first)."""
-    cmd = PY + ["-m", "nlmfeature.mt.tuning.cli", "optimise", "--init", ini, "--ref", ref, "--out", out,
+    cmd = PY + ["-m", "nlmfeature.cli", "tune", "optimise", "--init", ini, "--ref", ref, "--out", out,
                 "--algorithm", algorithm, "--quiet"]
     for nb in pool:
         cmd += ["--nbest", nb]

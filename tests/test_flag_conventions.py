@@ -76,9 +76,9 @@ def test_train_output_layer_is_not_the_output_file():
     assert a.model_out == "m.nlm" and a.output == "tree"
 
 
-@pytest.mark.parametrize("prog", [["-m", "nlmfeature.cli"], ["-c", "from nlmfeature.mt.evaluate import main; main()"],
-                                  ["-c", "from nlmfeature.mt.rescore import main; main()"],
-                                  ["-c", "from nlmfeature.mt.tuning.cli import main; main()"]])
+@pytest.mark.parametrize("prog", [["-m", "nlmfeature.cli"], ["-c", "from nlmfeature.cli import eval_main as main; main()"],
+                                  ["-c", "from nlmfeature.cli import rescore_main; rescore_main()"],
+                                  ["-c", "from nlmfeature.cli import tune_main; tune_main()"]])
 def test_version(prog):
     r = subprocess.run([sys.executable, *prog, "--version"], capture_output=True, text=True,
                        env=ENV, cwd=ROOT, timeout=120)

@@ -336,7 +336,7 @@ def test_rescoring_adds_the_joint_feature(trained, tmp_path):
             expect.append(jm.sentence_logprob(s, hyp, al))
     kb.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out.nbest"
-    p = subprocess.run([sys.executable, "-m", "nlmfeature.mt.rescore", "-m", rj.model_out, "-m", rl.model_out,
+    p = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "rescore", "-m", rj.model_out, "-m", rl.model_out,
                         "--source", str(src), "-i", str(kb), "-o", str(out), "-q"],
                        capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stderr
@@ -353,11 +353,11 @@ def test_rescoring_adds_the_joint_feature(trained, tmp_path):
                                                 for s, t, a in rows]),
                        expect[::2], atol=1e-4)
     # without the source, or without alignments: clear errors
-    p = subprocess.run([sys.executable, "-m", "nlmfeature.mt.rescore", "-m", rj.model_out, "-i", str(kb), "-q"],
+    p = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "rescore", "-m", rj.model_out, "-i", str(kb), "-q"],
                        capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 2 and "--source" in p.stderr
     kb.write_text("0 ||| a dog ||| LM0= -1 ||| -1\n")
-    p = subprocess.run([sys.executable, "-m", "nlmfeature.mt.rescore", "-m", rj.model_out, "--source", str(src),
+    p = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "rescore", "-m", rj.model_out, "--source", str(src),
                         "-i", str(kb), "-q"], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 2 and "list.nbest:1" in p.stderr and "print-alignment-info-in-n-best" in p.stderr
 
@@ -427,7 +427,7 @@ def test_rescoring_adds_the_inverse_feature(inverse, trained, tmp_path):
     kb = tmp_path / "list.nbest"
     kb.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out.nbest"
-    p = subprocess.run([sys.executable, "-m", "nlmfeature.mt.rescore", "-m", trained[0].model_out, "-m",
+    p = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "rescore", "-m", trained[0].model_out, "-m",
                         inverse.model_out, "--name", "S2T", "--name", "T2S", "--source", str(src),
                         "-i", str(kb), "-o", str(out), "-q"], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stderr

@@ -92,7 +92,7 @@ def test_tuning_on_a_list_with_nan_reports_the_line_not_a_segfault(tmp_path):
     out = tmp_path / "w.out"
     r = run_python(f"""
         import sys
-        from nlmfeature.mt.tuning.cli import main
+        from nlmfeature.cli import tune_main as main
         sys.exit(main(['optimise', '--quiet', '--nbest', {str(kb)!r}, '--ref', {REG_REF!r},
                        '--out', {str(out)!r}, '--init', {str(init)!r}, '--restarts', '2']))
     """)
@@ -184,7 +184,7 @@ def model(tmp_path_factory):
 def rescore_cli(args, timeout=60):
     return run_python(f"""
         import sys
-        from nlmfeature.mt.rescore import main
+        from nlmfeature.cli import rescore_main as main
         sys.exit(main({list(args)!r}))
     """, timeout=timeout)
 
@@ -480,7 +480,7 @@ def test_every_writing_command_checks_its_output_first(tmp_path, capsys, command
     """The input named here does not exist: only a check made before the work can report the
     output (on main, train ran a whole epoch first and left hidden temporary files)."""
     from nlmfeature.cli import main as nlm_main
-    from nlmfeature.mt.tuning.cli import main as tune_main
+    from nlmfeature.cli import tune_main
     out = str(tmp_path) if where == "directory" else str(tmp_path / "no" / "such" / "out")
     missing = str(tmp_path / "missing-input")
     argv = {
@@ -554,7 +554,7 @@ def test_block_reader_gives_the_same_lines_at_any_block_size(tmp_path, monkeypat
 def test_standard_input_streams_a_compressed_list_through_rescore(model, tmp_path):
     """``-i -``: standard input is read in blocks as they arrive (a decoder's pipe)."""
     out = tmp_path / "out.100best"
-    r = subprocess.run([sys.executable, "-m", "nlmfeature.mt.rescore", "-m", model, "-i", "-",
+    r = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "rescore", "-m", model, "-i", "-",
                         "-o", str(out), "-q"], cwd=ROOT, input=gzip.decompress(
                             open(MOSES, "rb").read()), capture_output=True, timeout=120)
     assert r.returncode == 0, r.stderr[-1000:]

@@ -13,7 +13,7 @@ out = os.environ.get("OUT", "/tmp/nlmfeature-recipes")
 name, base = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "base")
 diffs, parts = [], []
 for s in (1, 2, 3):
-    r = subprocess.run([sys.executable, "-m", "nlmfeature.mt.evaluate", "--ref", os.path.join(nbest, "test.ref.en.gz"),
+    r = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "eval", "--ref", os.path.join(nbest, "test.ref.en.gz"),
                         "--tokenize", "none", "--metrics", "bleu", "--bootstrap", "1000", "--json",
                         f"{out}/rs/{base}/test{s}.1best", f"{out}/rs/{name}/test{s}.1best"],
                        capture_output=True, text=True, cwd=repo, check=True)

@@ -14,6 +14,7 @@ _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from nlmfeature.errors import InputError, ModelFileError, NLMFeatureError
 from nlmfeature.core.model import Model, Perplexity, State, load, save
 from nlmfeature.core.vocab import Vocabulary
+from nlmfeature.core import joint as _joint  # noqa: E402,F401  (load() returns joint models)
 
 __version__ = "0.1.0"
 __all__ = ["load", "save", "Model", "Perplexity", "State", "Vocabulary", "NLMFeatureError",

@@ -164,9 +164,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         train_path, iterations = args.train, args.iterations
         if args.quick:
-            from nlmfeature.commands.demo import _subset
+            from nlmfeature.mt.kbest import head_sentences
 
-            train_path = _subset(args.train, os.path.join(out, "train.quick.txt.gz"), 2000, kbest=False)
+            train_path = head_sentences(args.train, os.path.join(out, "train.quick.txt.gz"), 2000, kbest=False)
             widths, spaces, iterations = [8, 16], [1 << 14], 1
         valid, test = read_lines(args.valid), read_lines(args.test)
         rows: List[Dict[str, Any]] = []

@@ -328,7 +328,7 @@ def tune(args: argparse.Namespace, dec, ini: str, dev: dict, tdir: str, seed: in
     :class:`CdecDecoding`); returns its iterations and candidate final weights.
     ``cache_features``: the NLM feature names (Moses classes, cdec library file names) that
     get the persistent cache (none: no cache)."""
-    from nlmfeature.mt.tuning import cli as tune_cli
+    from nlmfeature.cli import tune_main
     from nlmfeature.mt.tuning.driver import DriverState, best_decoded, decoded_weights
 
     argv = dec.tune_argv(ini) + [
@@ -340,7 +340,7 @@ def tune(args: argparse.Namespace, dec, ini: str, dev: dict, tdir: str, seed: in
         argv += ["--persistent-cache", os.path.join(os.path.dirname(tdir), "nlm-cache")]
         for feature in cache_features:
             argv += ["--nlm-feature", feature]
-    _quiet_call(tune_cli.main, argv, "nlmfeature-tune")
+    _quiet_call(tune_main, argv, "nlmfeature-tune")
     state = DriverState.load(os.path.join(tdir, "state.json"))
     initial = dec.initial_weights(ini)
     it, dev_bleu, best = best_decoded(state, initial)
@@ -646,7 +646,7 @@ def append_features(kbest: str, out: str, models: Sequence[str], names: Sequence
     """``out``: the k-best list ``kbest`` with one feature per model (named ``names``)
     appended by ``nlmfeature-rescore`` (joint models given the ``source`` sentences), written
     once; returns ``out``."""
-    from nlmfeature.mt import rescore
+    from nlmfeature.cli import rescore_main
 
     if not os.path.exists(out):
         argv = ["-i", kbest, "-o", out, "-q", "-j", str(jobs)]
@@ -654,7 +654,7 @@ def append_features(kbest: str, out: str, models: Sequence[str], names: Sequence
             argv += ["--source", source]
         for m, n in zip(models, names):
             argv += ["-m", m, "--name", n]
-        _quiet_call(rescore.main, argv, "nlmfeature-rescore")
+        _quiet_call(rescore_main, argv, "nlmfeature-rescore")
     return out
 
 
@@ -666,7 +666,7 @@ def rerank(args: argparse.Namespace, rdir: str, tag: str, lists: Dict[str, str],
     ``rdir/TAG.ALGORITHM.SEED.weights``, and every set's list reranked with them; returns
     {set: 1-best path}.  ``matrices`` keeps the lists read, by path, for the next seed;
     ``log`` shows progress (default: this benchmark's log)."""
-    from nlmfeature.mt.tuning import cli as tune_cli
+    from nlmfeature.cli import tune_main
     from nlmfeature.mt.weights import read_weights
 
     tag = f"{tag}.{args.algorithm}{seed}"
@@ -675,7 +675,7 @@ def rerank(args: argparse.Namespace, rdir: str, tag: str, lists: Dict[str, str],
     w = os.path.join(rdir, f"{tag}.weights")
     if not os.path.exists(w):
         t0 = time.time()
-        _quiet_call(tune_cli.main,
+        _quiet_call(tune_main,
                     ["optimise", "--nbest", lists[args.dev], "--ref", dev_ref, "--init", init,
                      "--algorithm", args.algorithm, "--seed", str(seed), "--restarts",
                      str(args.rescore_restarts), "--jobs", str(args.jobs), "--out", w,

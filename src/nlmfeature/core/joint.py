@@ -31,7 +31,7 @@ import numpy as np
 
 from ..io import textio
 from ..errors import InputError
-from .model import Model, Perplexity, _tokens
+from .model import MODEL_KINDS, Model, Perplexity, _tokens
 from .vocab import Vocabulary
 
 import re
@@ -341,6 +341,9 @@ def joint_token_scores(model: "JointModel", sources: Sequence[Sequence[str]],
         out[a:a + 8192] = model.score_batch(d.contexts[a:a + 8192], d.words[a:a + 8192])
     return TokenScores(out, oov_mask(targets, model.vocab), len(targets))
 
+
+#: load() returns a JointModel for a file whose header has a source vocabulary
+MODEL_KINDS.append((lambda header: bool(header.get("source")), JointModel))
 
 __all__ = ["joint_token_scores", "joint_sentence_logprobs", "alignment_field", "JointModel", "JointData", "affiliations", "parse_alignment", "source_windows",
            "target_contexts", "joint_ngrams", "read_parallel"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -473,6 +473,12 @@ class Model:
         return Perplexity(ppl, total, n_tok, n_sent, n_oov, exclude_oov)
 
 
+#: the model classes :func:`load` can return besides :class:`Model`, each with the test of a
+#: file header that selects it; :mod:`nlmfeature.core.joint` adds the joint model (the package
+#: imports it), so this module needs none of its subclasses
+MODEL_KINDS: List[Tuple[Callable[[Dict[str, Any]], bool], type]] = []
+
+
 def load(path: str, verify: bool = True, use_tables: bool = True) -> Model:
     """Memory-map a model file and return a :class:`Model`.
 
@@ -482,11 +488,8 @@ def load(path: str, verify: bool = True, use_tables: bool = True) -> Model:
     """
     header, arrays, checksum, fd, identity = modelfile.open_model(path, verify=verify)
     try:
-        if header.get("source"):
-            from .joint import JointModel
-            model = JointModel(path, header, arrays, checksum, use_tables)
-        else:
-            model = Model(path, header, arrays, checksum, use_tables)
+        cls = next((kind for test, kind in MODEL_KINDS if test(header)), Model)
+        model = cls(path, header, arrays, checksum, use_tables)
     except (ValueError, KeyError, TypeError) as exc:
         os.close(fd)
         raise modelfile.ModelFileError(f"{path}: wrong architecture description: {exc}") from None

@@ -395,14 +395,3 @@ def run(args: argparse.Namespace) -> int:
                              "tokenised already, as decoder output; -tok 13a for detokenised "
                              "text)\n")
     return 0
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    """Entry point of the ``nlmfeature-eval`` console script (= ``nlmfeature eval``)."""
-    from nlmfeature.cli import add_version, finish, run as run_command
-
-    return run_command(finish(add_version(build_parser())), argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -361,3 +361,19 @@ def group_by_sentence(hyps: Iterable[Hypothesis], path: str = ""
         current = [hyp]
     if current:
         yield sid, current
+
+
+def head_sentences(src: str, dst: str, sentences: int, kbest: bool) -> str:
+    """Write the first ``sentences`` sentences of a k-best list (``kbest``: by sentence id) or
+    of a text file (by line) to ``dst`` (atomically; ``.gz`` compresses); returns ``dst``."""
+    from nlmfeature.io.atomicfile import open_output
+
+    with open_output(dst) as out:
+        for lineno, line in iter_lines(src):
+            if kbest:
+                if sentence_id(line, src, lineno) >= sentences:
+                    break
+            elif lineno > sentences:
+                break
+            out.write(line + "\n")
+    return dst

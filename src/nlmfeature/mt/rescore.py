@@ -732,14 +732,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.prog_name}: {st.hypotheses} hypotheses of {st.sentences} sentences "
               f"({st.format} format)", file=sys.stderr)
     return 0
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    """Entry point of the ``nlmfeature-rescore`` console script (= ``nlmfeature rescore``)."""
-    from nlmfeature.cli import add_version, finish, run as run_command
-
-    return run_command(finish(add_version(build_parser())), argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

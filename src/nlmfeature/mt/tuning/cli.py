@@ -294,14 +294,3 @@ def build_parser(outer: Optional[argparse._SubParsersAction] = None) -> argparse
     _add_bleu_options(p)
     p.set_defaults(func=cmd_bleu)
     return parser
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    """Entry point of ``nlmfeature-tune`` (= ``nlmfeature tune``)."""
-    from nlmfeature.cli import add_version, finish, run
-
-    return run(finish(add_version(build_parser())), argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
