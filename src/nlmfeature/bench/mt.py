@@ -573,19 +573,23 @@ class KbestMatrix:
             self.texts.append(hyp.text)
         self.x = np.asarray(rows, dtype=np.float64)
         self.sids = np.asarray(sids, dtype=np.int64)
+        if len(self.sids) and np.any(np.diff(self.sids) < 0):
+            raise InputError(path, 0, "sentence ids are not in order (a k-best list lists each "
+                             "sentence's hypotheses together, ids ascending)")
+        #: where each sentence's run of rows starts, and the end
+        self.offsets = np.flatnonzero(np.diff(self.sids, prepend=-1, append=-2)).astype(np.int64) \
+            if len(self.sids) else np.zeros(1, dtype=np.int64)
 
     def one_best(self, weights: dict) -> List[str]:
         """The highest-scoring hypothesis per sentence (labels without a weight count as 0)."""
         w = np.concatenate([np.asarray(weights.get(l, [0.0] * k), dtype=np.float64)
                             for l, k in self.labels])
-        total = self.x @ w
-        n = int(self.sids.max()) + 1
-        best = np.full(n, -np.inf)
-        pick = np.full(n, -1, dtype=np.int64)
-        for i in range(len(total)):        # first of equals, as the decoder's order
-            s = self.sids[i]
-            if total[i] > best[s]:
-                best[s], pick[s] = total[i], i
+        from nlmfeature._mert import segment_argmax
+
+        # the tuner's reranking kernel: the first of equals within each sentence's run of rows
+        rows = segment_argmax(np.ascontiguousarray(self.x @ w), self.offsets)
+        pick = np.full(int(self.sids.max()) + 1, -1, dtype=np.int64)
+        pick[self.sids[self.offsets[:-1]]] = rows
         return [self.texts[i] if i >= 0 else "" for i in pick]
 
 
