@@ -243,7 +243,7 @@ def train_model(args: argparse.Namespace, work: str, dev_ref: str) -> str:
         path = os.path.join(work, "nlm.nlm" if len(recipes) == 1 else f"nlm{i}.nlm")
         if not _made_by(path, recipe):
             _log(f"training {path}: nlmfeature train {recipe}")
-            argv = ["train", "--train", train, "--test-set", dev_ref, "--model-out", path,
+            argv = ["train", "-i", train, "--test-set", dev_ref, "-o", path,
                     "--no-progress"] + shlex.split(recipe)
             _quiet_call(cli.main, argv, "nlmfeature")
             _write(path + ".recipe", [recipe])

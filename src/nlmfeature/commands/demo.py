@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         rev = model.endswith("r2l.nlm")
         steps.run(f"train a {'right-to-left' if rev else 'left-to-right'} neural LM on the system's "
                   "English text (the train defaults: the best measured recipe)", "nlmfeature", main,
-                  ["train", "--train", train_text, "--test-set", d("dev.ref.en.gz"), "--model-out", model,
+                  ["train", "-i", train_text, "--test-set", d("dev.ref.en.gz"), "-o", model,
                    "--iterations", str(args.iterations), "--threads", "1", "--seed", "1", "--no-resume"]
                   + (["--reverse"] if rev else []) + (["--no-progress"] if args.quiet else []))
     out = steps.run("perplexity on test: neural model, KenLM 5-gram, linear interpolation", "nlmfeature", main,
