@@ -455,3 +455,12 @@ def test_target_to_source_needs_a_parallel_text(tmp_path):
     cfg = TrainConfig(train=TRAIN["en"], model_out=str(tmp_path / "x.nlm"), target_to_source=True, **SMALL)
     with pytest.raises(nlmfeature.NLMFeatureError, match="--target-to-source belong to a joint model"):
         train(cfg, log=lambda m: None)
+
+
+def test_joint_models_refuse_kenlms_one_sentence_calls(tmp_path):
+    """A joint model scores (source, target, alignment): KenLM's one-sentence names say so
+    instead of reading the sentence as a source."""
+    m = _random_joint(tmp_path)
+    for call in (m.score, m.logprob, lambda s: list(m.full_scores(s))):
+        with pytest.raises(TypeError, match="is a joint model"):
+            call("a man rides a horse")

@@ -101,3 +101,4 @@ def test_kenlm_code_ports_by_changing_the_import(lm, tmp_path):
         assert oov1 == oov2
         assert t1 < 0 and t2 < 0 and nb1 < 0 and nb2 < 0
     assert any(any(r[2]) for r in ours)        # the OOV flags were put to the test
+

@@ -248,6 +248,14 @@ class JointModel(Model):
         s.begin_sentence()
         return s.score_padded(d.contexts, d.words)
 
+    def _target_only(self, *args, **kwargs):
+        raise TypeError(f"{self.path} is a joint model: it scores a target sentence given its "
+                        "source and alignment (sentence_logprob(source, target, alignment), "
+                        "score_sentence(source, target, alignment))")
+
+    #: KenLM's sentence-level names take one sentence: not a joint model's input
+    score = full_scores = logprob = _target_only  # type: ignore[assignment]
+
     def sentence_logprob(self, source: Tokens, target: Tokens = None,
                          alignment: Alignment = "") -> float:  # type: ignore[override]
         return float(self.score_sentence(source, target, alignment).sum())
