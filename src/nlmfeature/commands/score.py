@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
             scores = model.score_affiliated(src, toks, aff) * scale
         else:
             scores = model.score_sentence(toks) * scale
-        oov = [w not in vocab or w == "<unk>" for w in toks] + [False]
+        oov = [vocab.is_oov(w) for w in toks] + [False]
         n_sent, n_tok, n_oov = n_sent + 1, n_tok + len(toks) + 1, n_oov + sum(oov)
         if args.per_word:
             out.write(" ".join(f"{w}{'<unk>' if o else ''}={s:.6f}"

@@ -295,7 +295,7 @@ class JointModel(Model):
             toks = _tokens(tgt)
             c, w = self.sentence_ngrams(src, toks, al)
             oov = np.zeros(len(w), dtype=bool)
-            oov[:-1] = [t not in self.vocab or t == "<unk>" for t in toks]
+            oov[:-1] = [self.vocab.is_oov(t) for t in toks]
             n_oov += int(oov.sum())
             if exclude_oov:
                 c, w = c[~oov], w[~oov]

@@ -288,7 +288,7 @@ class Model:
         scores = self.score_sentence(toks, bos, eos)
         words = (toks[::-1] if self.reverse else toks) + (["</s>"] if eos else [])
         for i, (w, lp) in enumerate(zip(words, scores)):
-            oov = w != "</s>" and (w not in self.vocab or w == "<unk>")
+            oov = self.vocab.is_oov(w)
             yield float(lp) * LOG10_E, min(self.order, i + 1 + int(bool(bos))), oov
 
     def logprob(self, sentence: Tokens, bos: bool = True, eos: bool = True) -> float:
@@ -456,7 +456,7 @@ class Model:
                 toks = toks[::-1]
             n_sent += 1
             oov_mask = np.zeros(len(w), dtype=bool)
-            oov_mask[:-1] = np.array([t not in self.vocab or t == "<unk>" for t in toks], dtype=bool) \
+            oov_mask[:-1] = np.array([self.vocab.is_oov(t) for t in toks], dtype=bool) \
                 if toks else np.zeros(0, dtype=bool)
             n_oov += int(oov_mask.sum())
             if exclude_oov:

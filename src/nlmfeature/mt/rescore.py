@@ -217,13 +217,13 @@ class Rescorer:
                     given, scored, vocab = tokens, srcs, model.source_vocab
                     al = [[(j, i) for i, j in a] for a in aligns]
                 columns.append((name, joint_sentence_logprobs(model, given, scored, al, cfg.batch_size)))
-                counts[0] = sum(1 for toks in tokens for t in toks if t not in vocab or t == "<unk>")
+                counts[0] = sum(1 for toks in tokens for t in toks if vocab.is_oov(t))
             else:
                 columns.append((name, sentence_logprobs(model, tokens, cfg.batch_size, counts)))
             res.oovs.append(counts[0])
         for model, name in zip(self.models, cfg.oov_names):
             vocab = model.vocab
-            columns.append((name, [float(sum(1 for t in toks if t not in vocab or t == "<unk>"))
+            columns.append((name, [float(sum(1 for t in toks if vocab.is_oov(t)))
                                    for toks in tokens]))
         out: List[str] = []
         best_sid, best_score, best_text = -1, -math.inf, ""
