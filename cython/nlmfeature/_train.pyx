@@ -11,8 +11,8 @@ import numpy as np
 cimport numpy as cnp
 from cython.parallel cimport prange, parallel
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, uint32_t
-from libc.math cimport sqrt
-from libc.stdlib cimport malloc, free
+from libc.math cimport sqrt, exp, log, log1p
+from libc.stdlib cimport malloc, calloc, free
 
 from nlmfeature._scorer cimport splitmix64
 
@@ -416,3 +416,349 @@ def adagrad_dense(real[::1] p, real[::1] acc, real[::1] g, double lr, double l2,
         if z > n:
             z = n
         adagrad_row(&p[a], &acc[a], &g[a], <int>(z - a), <real>lr, <real>l2, <real>eps)
+
+
+# ---------------------------------------------------------------------------------------
+# compiled corpora: n-grams built on the fly from the id stream
+# ---------------------------------------------------------------------------------------
+
+def stream_stats(const uint32_t[::1] ids):
+    """(largest id, number of sentence ends (zeros)) of a compiled corpus's id stream."""
+    cdef int64_t i, n = ids.shape[0], ends = 0
+    cdef uint32_t mx = 0, v
+    with nogil:
+        for i in range(n):
+            v = ids[i]
+            if v > mx:
+                mx = v
+            if v == 0:
+                ends += 1
+    return int(mx), int(ends)
+
+
+def stream_ngrams(const uint32_t[::1] ids, const int64_t[::1] starts, const int64_t[::1] ends,
+                  const int32_t[::1] remap, int32_t bos, bint reverse,
+                  int32_t[:, ::1] ctx, int32_t[::1] words):
+    """The n-grams of the sentence-aligned spans ``ids[starts[b]:ends[b]]``, written one after
+    another into ``ctx`` (N, n-1) and ``words`` (N,): every word and every sentence end (id 0)
+    of the span, each after the n-1 previous ids of its sentence, left-padded with ``bos``; ids
+    go through ``remap``.  With ``reverse`` each sentence's words are read backwards (its end
+    stays last).  Returns the number of n-grams written."""
+    cdef int64_t B = starts.shape[0], b, p, s, e, L, k, q, out = 0, pos
+    cdef int c = ctx.shape[1], j
+    cdef int64_t nmax = words.shape[0]
+    cdef uint32_t nids = <uint32_t>remap.shape[0]
+    for b in range(B):
+        if starts[b] < 0 or ends[b] > ids.shape[0] or starts[b] > ends[b]:
+            raise ValueError("span outside the id stream")
+    with nogil:
+        for b in range(B):
+            s = starts[b]
+            e = ends[b]
+            while s < e:
+                p = s
+                while p < e and ids[p] != 0:
+                    p += 1
+                L = p - s          # words of the sentence; ids[p] is its end (or the span ended)
+                for k in range(L + 1 if p < e else L):
+                    if out >= nmax:
+                        with gil:
+                            raise ValueError("output arrays too small")
+                    if k < L:
+                        pos = s + (L - 1 - k if reverse else k)
+                        words[out] = remap[ids[pos]] if ids[pos] < nids else remap[0]
+                    else:
+                        words[out] = remap[0]
+                    for j in range(c):
+                        q = k - c + j
+                        if q < 0:
+                            ctx[out, j] = bos
+                        else:
+                            pos = s + (L - 1 - q if reverse else q)
+                            ctx[out, j] = remap[ids[pos]]
+                    out += 1
+                s = p + 1
+    return out
+
+
+def direct_count(const int32_t[:, ::1] ctx, const int32_t[::1] targets, int kind, int order,
+                 uint8_t[::1] sketch, int min_freq, uint8_t[::1] allowed, uint64_t modulus):
+    """Count the direct-feature n-grams (the keys of :func:`direct_keys`, every order) of a
+    chunk of text in ``sketch``, a two-row count-min sketch of saturating 8-bit counters
+    (conservative update; its length a power of two), so that memory stays fixed however long
+    the text.  An n-gram whose estimated count reaches ``min_freq`` for the first time marks
+    bucket ``key % modulus`` of ``allowed`` (when ``allowed`` is not empty) and is counted.
+    Returns the number of n-grams that became frequent in this chunk: over a whole text, the
+    number of distinct n-grams seen at least ``min_freq`` times (over-estimated a little by
+    sketch collisions)."""
+    cdef int64_t N = ctx.shape[0], n, fresh = 0
+    cdef int k
+    cdef uint64_t states[16]
+    cdef uint64_t t, key, half = <uint64_t>(sketch.shape[0] // 2), i1, i2
+    cdef uint8_t a1, a2, m
+    cdef bint mark = allowed.shape[0] > 0
+    if order > 16:
+        raise ValueError("direct order above 16")
+    if half == 0 or (half & (half - 1)) != 0:
+        raise ValueError("the sketch length must be a power of two >= 2")
+    if min_freq < 1 or min_freq > 255:
+        raise ValueError("min_freq must be in 1..255")
+    if mark and <uint64_t>allowed.shape[0] < modulus:
+        raise ValueError("allowed is shorter than the modulus")
+    with nogil:
+        for n in range(N):
+            context_states(ctx, n, kind, order, states)
+            t = (<uint64_t>targets[n]) << 32
+            for k in range(order):
+                key = splitmix64(states[k] ^ t)
+                i1 = splitmix64(key ^ 0x9E3779B97F4A7C15ULL) & (half - 1)
+                i2 = half + (splitmix64(key ^ 0xC2B2AE3D27D4EB4FULL) & (half - 1))
+                a1 = sketch[i1]
+                a2 = sketch[i2]
+                m = a1 if a1 < a2 else a2
+                if m == 255:
+                    continue
+                if a1 == m:
+                    sketch[i1] = m + 1
+                if a2 == m:
+                    sketch[i2] = m + 1
+                if m + 1 == min_freq:
+                    fresh += 1
+                    if mark:
+                        allowed[key % modulus] = 1
+    return fresh
+
+
+# ---------------------------------------------------------------------------------------
+# the fused minibatch step of the default recipe: diagonal LBL + NCE + direct features
+# ---------------------------------------------------------------------------------------
+
+cdef inline double log_sigmoid_d(double x) noexcept nogil:
+    if x >= 0:
+        return -log1p(exp(-x))
+    return x - log1p(exp(x))
+
+
+cdef inline double sigmoid_d(double x) noexcept nogil:
+    cdef double z
+    if x >= 0:
+        return 1.0 / (1.0 + exp(-x))
+    z = exp(x)
+    return z / (1.0 + z)
+
+
+cdef inline void adagrad_scalar(float* p, float* acc, float* g, double lr, double l2, double eps) noexcept nogil:
+    cdef double gd = g[0] + l2 * p[0]
+    cdef double a = acc[0] + gd * gd
+    acc[0] = <float>a
+    p[0] -= <float>(lr * gd / (sqrt(a) + eps))
+    g[0] = 0
+
+
+def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1] Q, float[::1] qb,
+                 float[::1] D,
+                 float[:, ::1] aR, float[:, ::1] aW, float[::1] abias, float[:, ::1] aQ, float[::1] aqb,
+                 float[::1] aD,
+                 float[:, ::1] gR, float[:, ::1] gQ, float[::1] gqb, float[::1] gD,
+                 uint8_t[::1] mR, uint8_t[::1] mQ, uint8_t[::1] mD,
+                 const int32_t[:, ::1] ctx, const int32_t[::1] target, const int32_t[:, ::1] noise,
+                 const double[::1] logq, int direct_order, int64_t hash_space, const uint8_t[::1] allowed,
+                 double lr, double l2, double eps, int threads=1):
+    """One AdaGrad minibatch of a diagonal log-bilinear model trained by NCE, in one call
+    without the GIL: the numpy path of :class:`nlmfeature.training.objective.Objective` and
+    :class:`nlmfeature.training.optim.AdaGrad` for this architecture, fused.
+
+    h_n = bias + sum_j W_j * R[ctx_nj]; s(w) = Q_w . h_n + qb_w + direct(ctx_n, w); NCE loss
+    with the k noise words ``noise[n]`` (log q from ``logq``).  Gradients are summed over the
+    minibatch, then every touched row of R, Q, qb, D and the dense W (and ``bias``, when it
+    has entries) take an AdaGrad step (L2 ``l2`` on R, Q, W).
+
+    Threads split the examples for the forward and backward passes, then the rows (row %
+    threads) for the scatters and updates, so every row's gradient is summed in the same order
+    whatever the thread count: results do not depend on ``threads``.  ``gR``/``gQ``/``gqb``/
+    ``gD`` and the marks ``m*`` are zero on entry and on exit.  Returns the summed loss."""
+    cdef int64_t N = ctx.shape[0], n, r, b, V = Q.shape[0], VR = R.shape[0]
+    cdef int c = ctx.shape[1], K = noise.shape[1] + 1, E = R.shape[1], j, e, t, T = max(1, threads), o, i
+    cdef int DO = direct_order
+    cdef bint has_bias = bias.shape[0] > 0, filt = allowed.shape[0] > 0
+    cdef double logk = log(<double>(K - 1)) if K > 1 else 0.0, x, s, loss = 0, g
+    cdef uint64_t* st
+    cdef uint64_t tk
+    cdef int64_t* buckets
+    cdef float* H
+    cdef float* dH
+    cdef double* G
+    cdef double* lossv
+    cdef int32_t* cand
+    cdef int32_t* touched
+    cdef int64_t nt, cap
+    cdef int64_t* ntR
+    cdef float* hrow
+    cdef float* drow
+    cdef float* wrow
+    cdef float* xrow
+    cdef float gf
+    if DO > 16:
+        raise ValueError("direct order above 16")
+    if W.shape[0] != c or W.shape[1] != E or Q.shape[1] != E or target.shape[0] != N or noise.shape[0] != N:
+        raise ValueError("inconsistent shapes")
+    if DO and D.shape[0] < hash_space:
+        raise ValueError("direct weights shorter than the hash space")
+    if N == 0:
+        return 0.0
+    H = <float*>malloc(N * E * sizeof(float))
+    dH = <float*>calloc(N * E, sizeof(float))
+    G = <double*>malloc(N * K * sizeof(double))
+    lossv = <double*>malloc(N * sizeof(double))
+    cand = <int32_t*>malloc(N * K * sizeof(int32_t))
+    buckets = <int64_t*>malloc(max(1, N * K * DO) * sizeof(int64_t))
+    cap = N * (K + c + K * DO) + 16
+    touched = <int32_t*>malloc(T * cap * sizeof(int32_t))
+    ntR = <int64_t*>calloc(T, sizeof(int64_t))
+    if ntR == NULL or H == NULL or dH == NULL or G == NULL or lossv == NULL or cand == NULL or buckets == NULL or touched == NULL:
+        free(H); free(dH); free(G); free(lossv); free(cand); free(buckets); free(touched); free(ntR)
+        raise MemoryError()
+    with nogil, parallel(num_threads=T):
+        # 1. forward, logits, NCE gradient of the logits, d(loss)/dh -- by example
+        st = <uint64_t*>malloc(16 * sizeof(uint64_t))
+        for n in prange(N, schedule="static"):
+            hrow = H + n * E
+            if has_bias:
+                for e in range(E):
+                    hrow[e] = bias[e]
+            else:
+                for e in range(E):
+                    hrow[e] = 0
+            for j in range(c):
+                r = ctx[n, j]
+                wrow = &W[j, 0]
+                xrow = &R[r, 0]
+                for e in range(E):
+                    hrow[e] = hrow[e] + wrow[e] * xrow[e]
+            cand[n * K] = target[n]
+            for j in range(1, K):
+                cand[n * K + j] = noise[n, j - 1]
+            if DO:
+                st[0] = splitmix64(<uint64_t>0)
+                for o in range(1, DO):
+                    st[o] = splitmix64(st[o - 1] ^ <uint64_t>ctx[n, c - o])
+            lossv[n] = 0
+            drow = dH + n * E
+            for j in range(K):
+                r = cand[n * K + j]
+                s = <double>nlt_dotf(&Q[r, 0], hrow, E) + qb[r]
+                if DO:
+                    tk = (<uint64_t>r) << 32
+                    for o in range(DO):
+                        b = <int64_t>(splitmix64(st[o] ^ tk) % <uint64_t>hash_space)
+                        buckets[(n * K + j) * DO + o] = b
+                        s = s + D[b]
+                x = s - logq[r] - logk
+                if j == 0:
+                    lossv[n] = lossv[n] - log_sigmoid_d(x)
+                    g = sigmoid_d(x) - 1.0
+                else:
+                    lossv[n] = lossv[n] - log_sigmoid_d(-x)
+                    g = sigmoid_d(x)
+                G[n * K + j] = g
+                gf = <float>g
+                wrow = &Q[r, 0]
+                for e in range(E):
+                    drow[e] = drow[e] + gf * wrow[e]
+        free(st)
+    for n in range(N):
+        loss += lossv[n]
+    with nogil, parallel(num_threads=T):
+        # 2. scatter and update, by row (row % T), each thread its own rows
+        for t in prange(T, schedule="static"):
+            # output rows and biases
+            nt = 0
+            for n in range(N):
+                for j in range(K):
+                    r = cand[n * K + j]
+                    if r % T != t:
+                        continue
+                    gf = <float>G[n * K + j]
+                    wrow = &gQ[r, 0]
+                    hrow = H + n * E
+                    for e in range(E):
+                        wrow[e] = wrow[e] + gf * hrow[e]
+                    gqb[r] += gf
+                    if not mQ[r]:
+                        mQ[r] = 1
+                        touched[t * cap + nt] = <int32_t>r
+                        nt = nt + 1
+            for i in range(nt):
+                r = touched[t * cap + i]
+                adagrad_row(&Q[r, 0], &aQ[r, 0], &gQ[r, 0], E, <float>lr, <float>l2, <float>eps)
+                adagrad_scalar(&qb[r], &aqb[r], &gqb[r], lr, 0.0, eps)
+                mQ[r] = 0
+            # embeddings: gR[ctx_nj] += dH_n * W_j
+            nt = 0
+            for n in range(N):
+                for j in range(c):
+                    r = ctx[n, j]
+                    if r % T != t:
+                        continue
+                    wrow = &gR[r, 0]
+                    drow = dH + n * E
+                    xrow = &W[j, 0]
+                    for e in range(E):
+                        wrow[e] = wrow[e] + drow[e] * xrow[e]
+                    if not mR[r]:
+                        mR[r] = 1
+                        touched[t * cap + nt] = <int32_t>r
+                        nt = nt + 1
+            ntR[t] = nt   # (their update waits for W's gradient, which reads the old rows)
+            # direct features
+            if DO:
+                nt = 0
+                for n in range(N * K):
+                    gf = <float>G[n]
+                    for o in range(DO):
+                        b = buckets[n * DO + o]
+                        if b % T != t or (filt and not allowed[b]):
+                            continue
+                        gD[b] += gf
+                        if not mD[b]:
+                            mD[b] = 1
+                            touched[t * cap + N * (K + c) + nt] = <int32_t>b
+                            nt = nt + 1
+                for i in range(nt):
+                    b = touched[t * cap + N * (K + c) + i]
+                    adagrad_scalar(&D[b], &aD[b], &gD[b], lr, 0.0, eps)
+                    mD[b] = 0
+    # 3. dense W (and bias): gW_j = sum_n dH_n * R[ctx_nj] (old R), by position j
+    gWbuf = np.zeros((c + 1, E), dtype=np.float32)
+    cdef float[:, ::1] gW = gWbuf
+    with nogil, parallel(num_threads=T):
+        for j in prange(c + 1, schedule="static"):
+            if j < c:
+                for n in range(N):
+                    drow = dH + n * E
+                    xrow = &R[ctx[n, j], 0]
+                    wrow = &gW[j, 0]
+                    for e in range(E):
+                        wrow[e] = wrow[e] + drow[e] * xrow[e]
+            elif has_bias:
+                for n in range(N):
+                    drow = dH + n * E
+                    wrow = &gW[j, 0]
+                    for e in range(E):
+                        wrow[e] = wrow[e] + drow[e]
+    # 4. the embeddings' and W's steps
+    with nogil, parallel(num_threads=T):
+        for t in prange(T, schedule="static"):
+            for i in range(ntR[t]):
+                r = touched[t * cap + i]
+                adagrad_row(&R[r, 0], &aR[r, 0], &gR[r, 0], E, <float>lr, <float>l2, <float>eps)
+                mR[r] = 0
+            for j in range(c + 1):
+                if j % T != t:
+                    continue
+                if j < c:
+                    adagrad_row(&W[j, 0], &aW[j, 0], &gW[j, 0], E, <float>lr, <float>l2, <float>eps)
+                elif has_bias:
+                    adagrad_row(&bias[0], &abias[0], &gW[j, 0], E, <float>lr, 0.0, <float>eps)
+    free(H); free(dH); free(G); free(lossv); free(cand); free(buckets); free(touched); free(ntR)
+    return loss

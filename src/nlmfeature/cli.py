@@ -42,6 +42,7 @@ COMMAND_MODULES: List[str] = [
     ".commands.config",
     ".commands.cache",
     ".commands.cluster",
+    ".commands.corpus",
     ".commands.perplexity",
     ".commands.train",
     ".commands.querylog",

@@ -5,7 +5,7 @@ import argparse
 import importlib
 
 #: modules that add a ``bench`` sub-subcommand through ``register(bench_subparsers)``
-BENCH_MODULES = ["..bench.query", "..bench.train", "..bench.mt", "..bench.memory"]
+BENCH_MODULES = ["..bench.query", "..bench.train", "..bench.mt", "..bench.memory", "..bench.scale"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -189,16 +189,13 @@ def run(args: argparse.Namespace) -> int:
 
 def update_readme(path: str, command: str, lines: List[str]) -> None:
     """Replace the text between the demo markers of ``path`` by the figures (atomically)."""
-    from nlmfeature.io.atomicfile import atomic_write_text
+    from nlmfeature.io.atomicfile import replace_block
 
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    a = text.find(BEGIN)
-    b = text.find(END, a)
-    if a < 0 or b < 0:
+    if BEGIN not in text or END not in text:
         raise NLMFeatureError(f"{path}: the markers {BEGIN!r} and {END!r} are missing")
-    block = BEGIN + "\n\n    $ " + command + "\n" + "".join("    " + l + "\n" for l in lines) + "\n"
-    atomic_write_text(path, text[:a] + block + text[b:])
+    replace_block(path, BEGIN, END, "\n    $ " + command + "\n" + "".join("    " + l + "\n" for l in lines))
 
 
 def _figure_flags(args: argparse.Namespace) -> List[str]:

@@ -17,9 +17,13 @@ estimators:
   --noise-samples 0 --self-normalise A --output unnormalised
                                                       ML + A*log(Z)^2 (Devlin et al. 2014)
 
-threads: --threads N sizes the BLAS pool at run time; the Cython kernels use N threads only
-  when OMP_WAIT_POLICY=passive is in the environment (spinning OpenMP threads otherwise
-  starve BLAS), e.g.  OMP_WAIT_POLICY=passive nlmfeature train --threads 2 ...
+threads: --threads N sizes the BLAS pool and the OpenMP team of the native kernels at run
+  time (no environment variable needed).
+
+large corpora: the training text is compiled once into a memory-mapped file of word ids
+  (--corpus-dir); n-grams are built from it one shuffle window at a time, so memory does not
+  grow with the corpus.  Ctrl-C (or SIGTERM) writes a checkpoint and exits 130; kill -9 loses
+  at most --checkpoint-minutes of work; the same command continues either.
 
 resuming: a checkpoint MODEL_OUT.ckpt.npz is written at every evaluation, every
   --checkpoint-minutes and on Ctrl-C; running the same command again resumes from it
@@ -75,7 +79,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("data")
     g.add_argument("-i", "--input", "--train", "-c", dest="train", required=True, metavar="FILE",
-                   help="training text: tokenised, one sentence per line, UTF-8, plain or .gz")
+                   help="training text: tokenised, one sentence per line, UTF-8, plain, .gz, .bz2 or "
+                        ".xz, of any size; or a compiled corpus (nlmfeature corpus compile). A text is "
+                        "compiled into --corpus-dir on first use and the compiled file reused while "
+                        "the text is unchanged")
+    g.add_argument("--corpus-dir", metavar="DIR", default="",
+                   help="where training and held-out texts are compiled (default "
+                        "$XDG_CACHE_HOME/nlmfeature/corpora, i.e. ~/.cache/nlmfeature/corpora)")
     g.add_argument("--test-set", metavar="FILE",
                    help="held-out text: its perplexity picks the best model (written when it improves) "
                         "and stops training early (--patience); strongly recommended")
@@ -150,7 +160,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"direct n-gram features of orders 1..N (at most --order) added to the output "
                         f"logits (default {D.direct_order}; 0 = none)")
     a.add_argument("--hash-space", type=int, default=D.hash_space,
-                   help=f"direct features: size of the hashed weight store (default {D.hash_space})")
+                   help="direct features: size of the hashed weight store (default 0: chosen from the "
+                        "data, the power of two at least twice the number of distinct n-grams seen "
+                        "--min-ngram-freq times, between 4096 and 16M)")
     a.add_argument("--min-ngram-freq", type=int, default=D.min_ngram_freq,
                    help=f"direct features: only n-grams seen this often in training get a trained weight "
                         f"(default {D.min_ngram_freq})")
@@ -216,10 +228,16 @@ def run(args: argparse.Namespace) -> int:
 
     fields = {k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__}
     cfg = TrainConfig(**fields)
+    from nlmfeature.training.trainer import TrainingInterrupted
+
     try:
         result = train(cfg)
+    except TrainingInterrupted as exc:
+        args.interrupt_hint = str(exc)
+        raise
     except KeyboardInterrupt:
-        raise NLMFeatureError("aborted (the last checkpoint is kept; run the command again to resume)") from None
+        args.interrupt_hint = "aborted: the last checkpoint is kept; run the same command again to resume"
+        raise
     if args.json:
         print(json.dumps(result.as_dict(), indent=2))
     else:

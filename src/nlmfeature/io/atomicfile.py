@@ -295,3 +295,22 @@ def open_output(path: str, binary: bool = False):
         return AtomicFile(path) if binary else _TextOutput(path, path.endswith(".gz"))
     except OSError as exc:
         raise OutputError(f"{path}: cannot open for writing: {exc.strerror or exc}") from None
+
+
+def replace_block(path: str, begin: str, end: str, content: str, heading: str = "") -> None:
+    """Replace the text between the marker lines ``begin`` and ``end`` of a text file with
+    ``content`` (atomically); a file without the markers gets ``heading``, the markers and the
+    content appended (a missing file is created)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        text = ""
+    a = text.find(begin)
+    b = text.find(end, a) if a >= 0 else -1
+    if a < 0 or b < 0:
+        sep = "" if not text or text.endswith("\n\n") else ("\n" if text.endswith("\n") else "\n\n")
+        text = text + sep + (heading + "\n\n" if heading else "") + begin + "\n" + end + "\n"
+        a = text.find(begin)
+        b = text.find(end, a)
+    atomic_write_text(path, text[:a] + begin + "\n" + content.rstrip("\n") + "\n" + text[b:])

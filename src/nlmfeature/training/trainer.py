@@ -100,7 +100,7 @@ class TrainConfig:
     class_file: Optional[str] = None
     class_fallback: str = "nearest"
     direct_order: int = 3
-    hash_space: int = 1 << 22
+    hash_space: int = 0                     # 0: chosen from the data (choose_hash_space)
     min_ngram_freq: int = 2
     # estimator and optimiser
     noise_samples: Optional[int] = None     # None: 0 (ML) for softmax / tree / --self-normalise, else 10 (NCE)
@@ -125,6 +125,7 @@ class TrainConfig:
     resume: bool = True
     tables: bool = True
     progress: bool = True
+    corpus_dir: str = ""                    # where texts are compiled ("": default_corpus_dir())
 
     def __post_init__(self) -> None:
         if self.noise_samples is None:
@@ -172,7 +173,8 @@ class TrainConfig:
         keep = {k: v for k, v in asdict(self).items()
                 if k not in ("iterations", "threads", "eval_every", "evals_per_epoch", "patience", "max_decays",
                              "max_minutes", "max_updates",
-                             "checkpoint_minutes", "resume", "tables", "progress", "model_out")}
+                             "checkpoint_minutes", "resume", "tables", "progress", "model_out",
+                             "corpus_dir")}
         if not self.source:  # target-only runs: the joint settings do not apply
             for k in ("source", "alignment", "test_source", "test_alignment", "source_window"):
                 keep.pop(k, None)
@@ -218,24 +220,62 @@ def class_partition(path: str, vocab: Vocabulary, counts: np.ndarray, unknown: s
     return np.asarray(load_class_of_word(path, vocab, counts, unknown=unknown), dtype=np.int32)
 
 
-def direct_filter(data: NgramData, header: Dict[str, Any], min_freq: int, kind_classes: Optional[np.ndarray]
+#: the direct-feature hash space chosen from the data lies in [2^MIN, 2^MAX] (--hash-space 0)
+HASH_SPACE_BITS = (12, 24)
+#: bytes of the count-min sketch that counts direct-feature n-grams (fixed: the memory of the
+#: count does not grow with the text)
+SKETCH_BYTES = 1 << 27
+
+
+def _sketch(n_keys: int) -> np.ndarray:
+    """A count-min sketch sized for ``n_keys`` n-gram occurrences (at most :data:`SKETCH_BYTES`)."""
+    size = 1 << max(12, min(SKETCH_BYTES.bit_length() - 1, int(4 * max(1, n_keys)).bit_length()))
+    return np.zeros(size, dtype=np.uint8)
+
+
+def frequent_ngrams(data, order: int, min_freq: int) -> int:
+    """Distinct word n-grams of orders 1..``order`` (the direct features' keys) seen at least
+    ``min_freq`` times in ``data`` (anything with ``chunks()``: an in-memory
+    :class:`NgramData` or a compiled corpus's :class:`NgramStream`), counted in one streaming
+    pass with fixed memory (a count-min sketch: a slight over-estimate)."""
+    from nlmfeature import _train
+
+    sketch = _sketch(len(data) * order)
+    none = np.zeros(0, dtype=np.uint8)
+    total = 0
+    for ctx, words in data.chunks():
+        total += _train.direct_count(ctx, words, 0, order, sketch, min(255, min_freq), none, np.uint64(1))
+    return total
+
+
+def choose_hash_space(data, order: int, min_freq: int) -> int:
+    """The direct-feature hash space for ``data``: the power of two at least twice the number
+    of frequent n-grams (:func:`frequent_ngrams`), within :data:`HASH_SPACE_BITS`, so that few
+    n-grams share a bucket and a small text gets a small model."""
+    n = frequent_ngrams(data, order, min_freq)
+    lo, hi = HASH_SPACE_BITS
+    return 1 << max(lo, min(hi, int(2 * n - 1).bit_length()))
+
+
+def direct_filter(data, header: Dict[str, Any], min_freq: int, kind_classes: Optional[np.ndarray]
                   ) -> Optional[np.ndarray]:
     """Buckets that may be trained: those of training n-grams seen at least ``min_freq``
-    times (word features; for a class output also the class n-grams).  Other buckets keep
-    their initial value 0, so n-grams below the cut contribute nothing at test time unless
-    they share a bucket with a frequent one (hash collisions)."""
+    times (word features; for a class output also the class n-grams), counted in one
+    streaming pass over ``data`` (see :func:`frequent_ngrams`).  Other buckets keep their
+    initial value 0, so n-grams below the cut contribute nothing at test time unless they
+    share a bucket with a frequent one (hash collisions)."""
     from nlmfeature import _train
 
     d = header["direct"]
-    allowed = np.zeros(d["hash_space"], dtype=np.uint8)
-    sets = [(0, data.words)]
-    if kind_classes is not None:
-        sets.append((1, kind_classes[data.words].astype(np.int32)))
-    for kind, targets in sets:
-        keys = _train.direct_keys(data.contexts, np.ascontiguousarray(targets), kind, d["order"])
-        for k in range(d["order"]):
-            u, cnt = np.unique(keys[:, k], return_counts=True)
-            allowed[(u[cnt >= min_freq] % np.uint64(d["hash_space"])).astype(np.int64)] = 1
+    hs = int(d["hash_space"])
+    allowed = np.zeros(hs, dtype=np.uint8)
+    kinds = [0] if kind_classes is None else [0, 1]
+    sketches = [_sketch(len(data) * d["order"]) for _ in kinds]
+    for ctx, words in data.chunks():
+        for kind, sketch in zip(kinds, sketches):
+            targets = words if kind == 0 else np.ascontiguousarray(kind_classes[words], dtype=np.int32)
+            _train.direct_count(ctx, targets, kind, d["order"], sketch, min(255, max(1, min_freq)),
+                                allowed, np.uint64(hs))
     return None if allowed.all() else allowed
 
 
@@ -284,6 +324,10 @@ def checkpoint_path(model_out: str) -> str:
 # the trainer
 # ---------------------------------------------------------------------------------------
 
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) stopped a run after it wrote its checkpoint; ``str()`` says where."""
+
+
 class Trainer:
     """One training run (see the module docstring)."""
 
@@ -326,14 +370,10 @@ class Trainer:
             if cfg.alignment or cfg.test_source or cfg.test_alignment or cfg.target_to_source:
                 raise NLMFeatureError("--alignment, --test-source, --test-alignment and "
                                       "--target-to-source belong to a joint model: give --source too")
-            sents = read_corpus(cfg.train)
-            if cfg.reverse:
-                sents = [s[::-1] for s in sents]
-            self.vocab, self.counts = build_vocabulary(sents, cfg.min_count, cfg.max_vocab)
-            self.data = ngrams(sents, self.vocab, cfg.order)
-            del sents
-            if cfg.test_set:
-                self.heldout, self.heldout_oov = read_heldout(cfg.test_set, self.vocab, cfg.order, cfg.reverse)
+            self._read_target()
+        if spec.direct_order and not cfg.hash_space:
+            spec.hash_space = choose_hash_space(self.data, spec.direct_order, max(1, cfg.min_ngram_freq))
+            self.log(f"direct n-gram features: hash space {spec.hash_space} (from the data; --hash-space sets it)")
         class_of_word = None
         if cfg.output == "class" and cfg.class_file:
             class_of_word = class_partition(cfg.class_file, self.vocab, self.counts, cfg.class_fallback)
@@ -381,6 +421,7 @@ class Trainer:
         self.objective = Objective(train_header, live, ospec, threads=kt)
         self.grads = Gradients(self.params, names, threads=kt)
         self.opt = AdaGrad(self.params, names, cfg.step_size, threads=kt)
+        self._fused = self.fused()
         # position
         self.epoch = 0
         self.batch = 0
@@ -396,6 +437,25 @@ class Trainer:
         self.best_params: Dict[str, np.ndarray] = {}
         self.best_state: Dict[str, np.ndarray] = {}
         self._stop = False
+
+    def _read_target(self) -> None:
+        """Target-only models: the compiled corpus of the training text (compiled on first use),
+        its vocabulary and n-gram stream, and the held-out n-grams."""
+        from nlmfeature.training.corpusfile import NgramStream, heldout_ngrams, open_corpus
+
+        cfg = self.cfg
+        t0 = time.time()
+        corpus = open_corpus(cfg.train, cfg.corpus_dir or None,
+                             progress=lambda n: self.log(f"compiling {cfg.train}: {n:,} tokens"))
+        self.corpus = corpus
+        if time.time() - t0 > 5:
+            self.log(f"compiled corpus {corpus.path}: {corpus.tokens:,} tokens, "
+                     f"{len(corpus.words) - 1:,} word types [{time.time() - t0:.0f}s]")
+        self.vocab, self.counts, remap = corpus.vocabulary(cfg.min_count, cfg.max_vocab)
+        self.data = NgramStream(corpus, remap, self.vocab.bos, cfg.order, cfg.reverse)
+        if cfg.test_set:
+            self.heldout, self.heldout_oov = heldout_ngrams(cfg.test_set, self.vocab, cfg.order, cfg.reverse,
+                                                            cfg.corpus_dir or None)
 
     def _read_parallel(self, spec: ModelSpec) -> None:
         """Joint models: vocabularies and n-grams of the parallel training (and held-out) text."""
@@ -504,7 +564,7 @@ class Trainer:
     # -- the loop -----------------------------------------------------------------------
     @property
     def batches_per_epoch(self) -> int:
-        return max(1, math.ceil(len(self.data) / self.cfg.minibatch_size))
+        return self.data.batches_per_epoch(self.cfg.minibatch_size)
 
     @property
     def eval_interval(self) -> int:
@@ -549,6 +609,45 @@ class Trainer:
                  f"  [{time.time() - t0:.1f}s]")
         return ppl
 
+    def fused(self) -> bool:
+        """Whether minibatches take the fused native step (:func:`nlmfeature._train.nce_lbl_step`):
+        the default recipe's architecture, a diagonal log-bilinear model trained by NCE, without
+        dropout.  Other models take the general numpy path (:class:`Objective` + :class:`AdaGrad`)."""
+        h = self.header
+        br = h["branches"]
+        return (self.estimator == "nce" and len(br) == 1 and br[0]["diagonal"] and br[0]["activation"] == "identity"
+                and not h["layers"] and not self.cfg.dropout and h["order"] > 1
+                and all(p.dtype == np.float32 for p in self.params.values()))
+
+    def update(self, ctx: np.ndarray, targets: np.ndarray, l2: float) -> float:
+        """One minibatch: loss and gradients, then the AdaGrad step; returns the summed loss."""
+        cfg = self.cfg
+        noise = self.noise.draw(targets, cfg.seed, self.step, self.kernel_threads) if self.noise else None
+        if self._fused:
+            from nlmfeature import _train
+
+            p, a, g, m = self.params, self.opt.state, self.grads.g, self.grads.mark
+            e32, e8 = np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.uint8)
+            has_d = "direct.weights" in p
+            has_b = "branch0.bias" in p
+            spec = self.objective.out.s
+            return _train.nce_lbl_step(
+                p["embeddings"], p["branch0.weights"], p["branch0.bias"] if has_b else e32,
+                p["output.weight"], p["output.bias"], p["direct.weights"] if has_d else e32,
+                a["embeddings"], a["branch0.weights"], a["branch0.bias"] if has_b else e32,
+                a["output.weight"], a["output.bias"], a["direct.weights"] if has_d else e32,
+                g["embeddings"], g["output.weight"], g["output.bias"], g["direct.weights"] if has_d else e32,
+                m["embeddings"], m["output.weight"], m["direct.weights"] if has_d else e8,
+                np.ascontiguousarray(ctx, dtype=np.int32), np.ascontiguousarray(targets, dtype=np.int32),
+                noise.words, spec.logq, spec.direct_order if has_d else 0, max(1, spec.hash_space),
+                spec.allowed if spec.allowed is not None else e8,
+                self.opt.lr, l2, self.opt.eps, self.kernel_threads)
+        mask = dropout_mask((len(targets), self.header["output"]["dim"]), cfg.dropout, cfg.seed,
+                            self.step) if cfg.dropout else None
+        loss = self.objective.loss_and_grads(ctx, targets, noise, self.grads, mask)
+        self.opt.step(self.grads, l2=l2)
+        return loss
+
     def _keep_best(self) -> None:
         """Remember the parameters and AdaGrad sums of the best evaluation (--lr-decay)."""
         for n, p in self.params.items():
@@ -587,11 +686,12 @@ class Trainer:
                      "last is kept (it may over-fit; a held-out text picks the best evaluation)")
         self.log(f"training {self.estimator} on {N} n-grams ({len(self.vocab)} words, "
                  f"{int(self.counts[self.vocab.unk])} <unk> tokens), {cfg.iterations} epochs of {nb} minibatches")
-        old_handler = None
-        try:
-            old_handler = signal.signal(signal.SIGINT, self._interrupt)
-        except ValueError:  # not the main thread
-            pass
+        old_handlers = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                old_handlers[sig] = signal.signal(sig, self._interrupt)
+            except ValueError:  # not the main thread
+                pass
         every = self.eval_interval
         deadline = time.time() + cfg.max_minutes * 60 if cfg.max_minutes else math.inf
         last_ck = time.time()
@@ -602,23 +702,18 @@ class Trainer:
 
             stop_reason = ""
             while self.epoch < cfg.iterations and not stop_reason:
-                perm = np.random.default_rng([cfg.seed, self.epoch]).permutation(N)
+                feed = self.data.batches(self.epoch, cfg.seed, B, self.batch)
                 bar = progress(total=nb, initial=self.batch, desc=f"epoch {self.epoch + 1}/{cfg.iterations}",
                                unit="batch", enabled=cfg.progress, leave=False)
                 t_epoch, w_epoch = time.time(), 0
                 while self.batch < nb:
-                    idx = perm[self.batch * B:(self.batch + 1) * B]
-                    ctx = self.data.contexts[idx]
-                    tg = self.data.words[idx]
                     t0 = time.time()
-                    noise = self.noise.draw(tg, cfg.seed, self.step, self.kernel_threads) if self.noise else None
-                    mask = dropout_mask((len(idx), self.header["output"]["dim"]), cfg.dropout, cfg.seed,
-                                        self.step) if cfg.dropout else None
-                    loss = self.objective.loss_and_grads(ctx, tg, noise, self.grads, mask)
+                    ctx, tg = next(feed)
+                    idx = tg
+                    loss = self.update(ctx, tg, l2)
                     if not math.isfinite(loss):
                         raise NLMFeatureError(f"training diverged (loss {loss}) at epoch {self.epoch + 1}, "
                                               f"minibatch {self.batch}: lower --step-size")
-                    self.opt.step(self.grads, l2=l2)
                     self.train_seconds += time.time() - t0
                     self.trained_words += len(idx)
                     w_epoch += len(idx)
@@ -676,8 +771,10 @@ class Trainer:
         finally:
             if bar is not None:
                 bar.close()
-            if old_handler is not None:
-                signal.signal(signal.SIGINT, old_handler)
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler)
+        if stop_reason == "interrupted":
+            raise TrainingInterrupted(f"checkpoint written to {ck}; run the same command again to resume")
         ep = self.epoch + self.batch / nb
         return TrainResult(model_out=cfg.model_out, best_perplexity=self.best, best_epoch=self.best_epoch,
                            epochs=round(ep, 4), words_per_second=self.trained_words / max(1e-9, self.train_seconds),
@@ -694,5 +791,5 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = None) -> TrainResult:
     return Trainer(cfg, log).run()
 
 
-__all__ = ["TrainConfig", "TrainResult", "Trainer", "train", "export_arrays", "heldout_logprob",
+__all__ = ["TrainConfig", "TrainResult", "Trainer", "TrainingInterrupted", "train", "export_arrays", "heldout_logprob",
            "checkpoint_path", "InputError"]

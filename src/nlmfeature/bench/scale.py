@@ -1,0 +1,416 @@
+"""``nlmfeature bench scale``: training at corpus scale -- compile time and size, peak memory
+against corpus size, words/s by thread count and engine, time per epoch, held-out perplexity
+against KenLM on the same text, model sizes.
+
+Every measurement runs in a fresh process (``python -m nlmfeature.cli ...``), so peak RSS
+(from ``wait4``) is that of the command alone:
+
+* **corpus**: the first ``--sizes`` tokens of ``--train`` (whole sentences; ``all`` for the whole
+  text) are compiled (``corpus compile``): seconds, file size, peak RSS;
+* **memory**: ``train`` for ``--memory-updates`` minibatches on each compiled corpus, and on
+  the largest repeated ``--repeat`` times (concatenated ids, for the memory curve only), with
+  the vocabulary and hash space held fixed so that only the corpus changes: peak RSS;
+* **speed**: words/s of the native trainer at each ``--threads`` count (after a warm-up) and,
+  when the torch engine is installed, of the torch engine; seconds per epoch follow;
+* **quality**: a model trained for ``--train-minutes`` on the whole text (early-stopped on
+  ``--valid``), its exactly normalised perplexity on ``--test`` (at most ``--test-tokens``
+  tokens) beside a KenLM ``--kenlm-order``-gram model of the same text with the same
+  vocabulary and their linear interpolation (``nlmfeature perplexity``);
+* **size**: the model file in float32 and float16 beside KenLM's probing, trie and quantised
+  trie (8-bit) binaries.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from nlmfeature.errors import NLMFeatureError
+
+
+def register(bench_sub: argparse._SubParsersAction) -> None:
+    p = bench_sub.add_parser("scale", help="training at corpus scale: memory, words/s, perplexity vs KenLM",
+                             description=__doc__.split("\n\n")[0].split(": ", 1)[1],
+                             epilog="Example (the Gutenberg corpus of 'nlmfeature corpus gutenberg'):\n"
+                                    "  nlmfeature bench scale --train gb/train.txt --valid gb/valid.txt "
+                                    "--test gb/test.txt --workdir scale --markdown --png scale.png",
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--train", required=True, metavar="TEXT", help="tokenised training text")
+    p.add_argument("--valid", required=True, metavar="TEXT", help="held-out text for early stopping and tuning")
+    p.add_argument("--test", required=True, metavar="TEXT", help="test text (never trained on)")
+    p.add_argument("--workdir", required=True, metavar="DIR", help="where corpora and models are written")
+    p.add_argument("--sizes", default="10M,50M,all", metavar="LIST",
+                   help="corpus sizes in tokens (K/M/B suffixes; 'all' is the whole text); default 10M,50M,all")
+    p.add_argument("--repeat", default="4", metavar="LIST",
+                   help="also measure memory on the largest corpus repeated this many times "
+                        "(comma-separated; default 4; e.g. 32 for about 1B tokens from 30M)")
+    p.add_argument("--threads", default="1,2", metavar="LIST", help="thread counts to time (default 1,2)")
+    p.add_argument("--max-vocab", type=int, default=100000, metavar="V",
+                   help="vocabulary size of every model (default 100000)")
+    p.add_argument("--hash-space", type=int, default=1 << 22, metavar="H",
+                   help="direct-feature hash space of the memory runs (fixed so only the corpus "
+                        "changes; default 4194304)")
+    p.add_argument("--memory-updates", type=int, default=200, metavar="N",
+                   help="minibatches of each memory run (default 200)")
+    p.add_argument("--speed-updates", type=int, default=400, metavar="N",
+                   help="timed minibatches of each speed run (default 400)")
+    p.add_argument("--train-minutes", type=float, default=30.0, metavar="M",
+                   help="training time of the quality model (default 30; 0 skips the quality part)")
+    p.add_argument("--test-tokens", type=int, default=20000, metavar="N",
+                   help="test tokens scored (exact normalisation costs a pass over the vocabulary "
+                        "per token; default 20000)")
+    p.add_argument("--kenlm-order", type=int, default=5, metavar="N", help="KenLM order (default 5)")
+    p.add_argument("--order", type=int, default=None, metavar="N", help="NLM order (default: train's)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--markdown", action="store_true", help="print markdown tables")
+    p.add_argument("--png", metavar="FILE", help="plot memory and perplexity against corpus size")
+    p.add_argument("--results", metavar="MD",
+                   help="write the tables, with this command, the date, commit and machine, into this "
+                        "markdown file between its bench-scale markers (appended when it has none), "
+                        "e.g. docs/results.md")
+    p.set_defaults(func=run)
+
+
+# ---------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------
+
+def parse_size(text: str) -> Optional[int]:
+    """'10M' -> 10_000_000; 'all' -> None."""
+    t = text.strip().lower()
+    if t == "all":
+        return None
+    mult = {"k": 10 ** 3, "m": 10 ** 6, "b": 10 ** 9, "g": 10 ** 9}
+    try:
+        if t[-1] in mult:
+            return int(float(t[:-1]) * mult[t[-1]])
+        return int(t)
+    except (ValueError, IndexError):
+        raise NLMFeatureError(f"not a size: {text!r} (e.g. 10M, 500K, all)") from None
+
+
+def _ints(text: str, flag: str) -> List[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise NLMFeatureError(f"{flag}: expected comma-separated integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise NLMFeatureError(f"{flag}: values must be >= 1")
+    return vals
+
+
+def rss_of(cmd: List[str]) -> Tuple[float, int, str]:
+    """(seconds, peak RSS bytes of this command alone, stdout): the command runs under
+    ``/usr/bin/time``-like accounting: a fresh Python that forks it and reports wait4's rusage."""
+    code = ("import os,sys,json,time,subprocess\n"
+            "t=time.time(); p=subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE)\n"
+            "out,err=p.communicate()\n"
+            "import resource; r=resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+            "print(json.dumps({'rc':p.returncode,'rss':r.ru_maxrss*1024,'secs':time.time()-t,"
+            "'out':out.decode('utf-8','replace'),'err':err.decode('utf-8','replace')[-3000:]}))\n")
+    proc = subprocess.run([sys.executable, "-c", code, *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+    if proc.returncode != 0:
+        raise NLMFeatureError(f"measuring {' '.join(cmd[:6])} failed:\n{proc.stderr[-2000:]}")
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    if r["rc"] != 0:
+        raise NLMFeatureError(f"{' '.join(cmd[:8])} ... failed (exit {r['rc']}):\n{r['err']}")
+    return float(r["secs"]), int(r["rss"]), r["out"]
+
+
+def nlm(*args: str) -> List[str]:
+    """The command line of an nlmfeature subcommand in a fresh interpreter."""
+    return [sys.executable, "-m", "nlmfeature.cli", *args]
+
+
+def prefix_text(src: str, dst: str, tokens: int) -> int:
+    """Write the first whole lines of ``src`` holding at least ``tokens`` tokens to ``dst``
+    (atomically; kept when it exists); returns the tokens written."""
+    from nlmfeature.io.atomicfile import open_output
+    from nlmfeature.io.textio import iter_lines
+
+    if os.path.exists(dst):
+        with open(dst, encoding="utf-8") as f:
+            return sum(len(line.split()) for line in f)
+    n = 0
+    with open_output(dst) as out:
+        for _, line in iter_lines(src):
+            k = len(line.split())
+            if not k:
+                continue
+            out.write(line.rstrip("\n") + "\n")
+            n += k
+            if n >= tokens:
+                break
+    return n
+
+
+def repeat_corpus(path: str, times: int, out: str) -> None:
+    """A compiled corpus holding ``path``'s id stream ``times`` times over (for memory curves:
+    the same vocabulary, a corpus ``times`` as long), written with the corpus format's own writer
+    of sections and checked by opening it."""
+    from nlmfeature.training import corpusfile as cf
+
+    if os.path.exists(out):
+        return
+    cf.write_repeated(cf.CompiledCorpus(path), times, out)
+
+
+def machine() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        model = platform.processor()
+    return f"{os.cpu_count()} cores, {model}".strip(", ")
+
+
+# ---------------------------------------------------------------------------------------
+# the benchmark
+# ---------------------------------------------------------------------------------------
+
+def run(args: argparse.Namespace) -> int:
+    from nlmfeature.io.textio import check_input
+
+    for f in (args.train, args.valid, args.test):
+        check_input(f)
+    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    repeats = _ints(args.repeat, "--repeat") if args.repeat.strip() else []
+    threads = _ints(args.threads, "--threads")
+    os.makedirs(args.workdir, exist_ok=True)
+    w = args.workdir
+    log = (lambda m: None) if args.quiet else (lambda m: print(f"bench scale: {m}", file=sys.stderr, flush=True))
+    import shlex
+
+    result: Dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "commit": _commit(),
+                              "command": " ".join(shlex.quote(a) for a in ["nlmfeature"] + sys.argv[1:]),
+                              "corpora": [],
+                              "memory": [], "speed": [], "quality": None, "sizes": []}
+    # 1. corpora
+    compiled: List[Tuple[int, str]] = []
+    for size in sizes:
+        name = "all" if size is None else f"{size}"
+        text = args.train if size is None else os.path.join(w, f"train.{name}.txt")
+        if size is not None:
+            prefix_text(args.train, text, size)
+        out = os.path.join(w, f"train.{name}.nlmcorpus")
+        if os.path.exists(out):
+            os.unlink(out)
+        log(f"compiling {text}")
+        secs, rss, so = rss_of(nlm("corpus", "compile", "-i", text, "-o", out, "--json", "-q"))
+        info = json.loads(so)
+        row = {"tokens": info["tokens"], "types": info["types"], "seconds": round(secs, 1),
+               "mb_per_s": round(os.path.getsize(text) / 2 ** 20 / max(secs, 1e-9), 1),
+               "file_mib": round(info["bytes"] / 2 ** 20, 1), "peak_rss_mib": round(rss / 2 ** 20, 1),
+               "path": out}
+        result["corpora"].append(row)
+        compiled.append((info["tokens"], out))
+        log(f"  {row}")
+    compiled.sort()
+    biggest_tokens, biggest = compiled[-1]
+    mem_inputs = [(t, p, "") for t, p in compiled]
+    for r in repeats:
+        out = os.path.join(w, f"train.all.x{r}.nlmcorpus")
+        repeat_corpus(biggest, r, out)
+        mem_inputs.append((biggest_tokens * r, out, f"x{r}"))
+    # 2. speed (the whole text)
+    from nlmfeature.bench.train import speed_probe
+
+    all_tokens = biggest_tokens
+    fields = {"train": biggest, "max_vocab": args.max_vocab}
+    if args.order:
+        fields["order"] = args.order
+    for t in threads:
+        log(f"speed, native trainer, {t} thread(s)")
+        wps = speed_probe(fields, t, args.speed_updates)
+        result["speed"].append({"engine": "native", "workers": t, "words_per_s": round(wps),
+                                "epoch_minutes": round(all_tokens / wps / 60, 1)})
+        log(f"  {result['speed'][-1]}")
+        save(w, result)
+    try:
+        from nlmfeature.training.torch_engine import torch_words_per_second  # optional extra
+    except ImportError:
+        torch_words_per_second = None
+    if torch_words_per_second is not None:
+        for t in threads:
+            log(f"speed, torch engine, {t} process(es)")
+            wps = torch_words_per_second(biggest, t, updates=args.speed_updates, max_vocab=args.max_vocab)
+            result["speed"].append({"engine": "torch (CPU)", "workers": t, "words_per_s": round(wps),
+                                    "epoch_minutes": round(all_tokens / wps / 60, 1)})
+    # 3. quality and 4. sizes
+    if args.train_minutes > 0:
+        result["quality"] = quality(args, biggest, w, log)
+    result["sizes"] = sizes_of(result.get("quality"))
+    save(w, result)
+    # 5. memory (last: the repeated corpora take longest)
+    common = ["--max-vocab", str(args.max_vocab), "--no-progress", "--no-resume", "--iterations", "1"]
+    if args.order:
+        common += ["--order", str(args.order)]
+    for tokens, path, note in mem_inputs:
+        model = os.path.join(w, "memory.nlm")
+        log(f"memory run on {path}")
+        secs, rss, _ = rss_of(nlm("train", "--train", path, "-o", model, "--threads", "1", "--hash-space",
+                                  str(args.hash_space), "--max-updates", str(args.memory_updates), *common))
+        for f in (model, model + ".ckpt.npz"):
+            if os.path.exists(f):
+                os.unlink(f)
+        result["memory"].append({"tokens": tokens, "peak_rss_mib": round(rss / 2 ** 20, 1),
+                                 "seconds": round(secs, 1), "note": note})
+        log(f"  {result['memory'][-1]}")
+        save(w, result)
+    save(w, result)
+    if args.png:
+        plot(result, args.png)
+    if args.results:
+        write_results(args.results, result)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(format_markdown(result) if args.markdown else format_markdown(result))
+    return 0
+
+
+def save(workdir: str, result: Dict[str, Any]) -> None:
+    """The result so far, as WORKDIR/bench-scale.json (atomically): a long run that stops keeps
+    what it measured."""
+    from nlmfeature.io.atomicfile import atomic_write_text
+
+    atomic_write_text(os.path.join(workdir, "bench-scale.json"), json.dumps(result, indent=2))
+
+
+def quality(args: argparse.Namespace, corpus: str, w: str, log) -> Dict[str, Any]:
+    """Train the quality model, KenLM on the same text and vocabulary, and compare them."""
+    import nlmfeature
+    from nlmfeature.training.kenlm_baseline import find_tool, train_kenlm
+
+    model = os.path.join(w, "scale.nlm")
+    if not os.path.exists(model) or os.path.exists(model + ".ckpt.npz"):
+        log(f"training the quality model for {args.train_minutes} minutes")
+        cmd = nlm("train", "--train", corpus, "--test-set", args.valid, "-o", model, "--threads",
+                  str(max(_ints(args.threads, "--threads"))), "--max-vocab", str(args.max_vocab),
+                  "--max-minutes", str(args.train_minutes), "--no-progress")
+        if args.order:
+            cmd += ["--order", str(args.order)]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    lm = nlmfeature.load(model)
+    test = os.path.join(w, "test.sample.txt")
+    prefix_text(args.test, test, args.test_tokens)
+    valid = os.path.join(w, "valid.sample.txt")
+    prefix_text(args.valid, valid, args.test_tokens // 2)
+    arpa = os.path.join(w, f"kenlm{args.kenlm_order}.arpa")
+    if not os.path.exists(arpa):
+        log("training KenLM on the same text and vocabulary")
+        train_kenlm(args.train, arpa, order=args.kenlm_order, vocab=lm.vocab, memory="25%")
+    bins = {}
+    build = find_tool("build_binary")
+    for kind, extra in (("probing", ["probing"]), ("trie", ["trie"]), ("trie q8", ["-q", "8", "-b", "8", "trie"])):
+        out = os.path.join(w, f"kenlm{args.kenlm_order}.{kind.replace(' ', '-')}.bin")
+        if not os.path.exists(out):
+            subprocess.run([build, *extra[:-1], extra[-1], arpa, out], check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        bins[kind] = out
+    f16 = os.path.join(w, "scale.f16.nlm")
+    if not os.path.exists(f16):
+        subprocess.run(nlm("convert", "--float16", model, f16, "-q"), check=True)
+    log("perplexities")
+    _, _, so = rss_of(nlm("perplexity", "-m", model, "--exact", "--test", test, "--kenlm", bins["probing"],
+                          "--valid", valid, "--no-loglinear", "--json", "-q"))
+    ppl = json.loads(so)
+    meta = lm.header.get("metadata", {})
+    return {"model": model, "vocab": len(lm.vocab), "order": lm.order, "epochs": meta.get("epochs"),
+            "heldout_perplexity_raw": meta.get("heldout_perplexity"), "perplexity": ppl,
+            "files": {"nlm float32": model, "nlm float16": f16, "kenlm arpa": arpa,
+                      **{f"kenlm {k}": v for k, v in bins.items()}}}
+
+
+def sizes_of(q: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    if not q:
+        return []
+    return [{"model": k, "mib": round(os.path.getsize(v) / 2 ** 20, 1)} for k, v in q["files"].items()]
+
+
+def _ppl_rows(q: Dict[str, Any]) -> List[Tuple[str, float]]:
+    rows = q["perplexity"].get("rows") or q["perplexity"].get("results") or []
+    return [(r.get("name") or r.get("model"), r.get("perplexity")) for r in rows]
+
+
+def format_markdown(r: Dict[str, Any]) -> str:
+    out = [f"Machine: {r['machine']}; date {r['date']}.", "",
+           "| corpus tokens | word types | compile s | MB/s | file MiB | compile peak RSS MiB |",
+           "|---|---|---|---|---|---|"]
+    for c in r["corpora"]:
+        out.append(f"| {c['tokens']:,} | {c['types']:,} | {c['seconds']} | {c['mb_per_s']} | {c['file_mib']} "
+                   f"| {c['peak_rss_mib']} |")
+    out += ["", "| training corpus tokens | peak RSS of training MiB | |", "|---|---|---|"]
+    for m in r["memory"]:
+        out.append(f"| {m['tokens']:,} | {m['peak_rss_mib']} | {m['note'] and 'repeated ' + m['note']} |")
+    out += ["", "| engine | threads/processes | words/s | minutes per epoch (whole corpus) |", "|---|---|---|---|"]
+    for s in r["speed"]:
+        out.append(f"| {s['engine']} | {s['workers']} | {s['words_per_s']:,} | {s['epoch_minutes']} |")
+    q = r.get("quality")
+    if q:
+        out += ["", f"Quality model: order {q['order']}, V = {q['vocab']:,}, {q['epochs']} epochs.", "",
+                "| model | test perplexity |", "|---|---|"]
+        for name, p in _ppl_rows(q):
+            out.append(f"| {name} | {p:.2f} |" if isinstance(p, (int, float)) else f"| {name} | {p} |")
+        out += ["", "| model file | MiB |", "|---|---|"]
+        for s in r["sizes"]:
+            out.append(f"| {s['model']} | {s['mib']} |")
+    return "\n".join(out)
+
+
+BEGIN = "<!-- bench-scale:begin: written by `nlmfeature bench scale --results`; do not edit by hand -->"
+END = "<!-- bench-scale:end -->"
+
+
+def _commit() -> str:
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        return subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def write_results(path: str, r: Dict[str, Any]) -> None:
+    """The tables of ``r`` with the command line, date, commit and machine, into ``path``."""
+    from nlmfeature.io.atomicfile import replace_block
+
+    body = (f"    {r['command']}\n\n"
+            f"{r['date']}, commit {r['commit']}, {r['machine']}.\n\n" + format_markdown(r).split("\n", 2)[2])
+    replace_block(path, BEGIN, END, body, heading="## Training at scale (`nlmfeature bench scale`)")
+
+
+def plot(r: Dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    mem = sorted(r["memory"], key=lambda m: m["tokens"])
+    axes[0].plot([m["tokens"] / 1e6 for m in mem], [m["peak_rss_mib"] for m in mem], "o-", label="training")
+    cor = sorted(r["corpora"], key=lambda c: c["tokens"])
+    axes[0].plot([c["tokens"] / 1e6 for c in cor], [c["peak_rss_mib"] for c in cor], "s--", label="compiling")
+    axes[0].set_xscale("log")
+    axes[0].set_xlabel("corpus tokens (millions)")
+    axes[0].set_ylabel("peak RSS (MiB)")
+    axes[0].set_ylim(bottom=0)
+    axes[0].legend()
+    axes[0].set_title("memory against corpus size")
+    q = r.get("quality")
+    if q:
+        rows = [(n, p) for n, p in _ppl_rows(q) if isinstance(p, (int, float))]
+        axes[1].bar(range(len(rows)), [p for _, p in rows])
+        axes[1].set_xticks(range(len(rows)), [n for n, _ in rows], rotation=20, fontsize=8)
+        axes[1].set_ylabel("test perplexity")
+        axes[1].set_title("held-out books")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
