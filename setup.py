@@ -73,9 +73,9 @@ setup(
     entry_points={
         "console_scripts": [
             "nlmfeature=nlmfeature.cli:main",
-            "nlmfeature-tune=nlmfeature.mt.tuning.cli:main",
-            "nlmfeature-rescore=nlmfeature.mt.rescore:main",
-            "nlmfeature-eval=nlmfeature.mt.evaluate:main",
+            "nlmfeature-tune=nlmfeature.cli:tune_main",
+            "nlmfeature-rescore=nlmfeature.cli:rescore_main",
+            "nlmfeature-eval=nlmfeature.cli:eval_main",
         ]
     },
     zip_safe=False,

@@ -184,7 +184,7 @@ class NLMFeatureFF : public FeatureFunction {
   explicit NLMFeatureFF(const std::string& param)
       : client_("NLMFeature", "NLMFeature (libcdec_ff_nlm)", Usage, "NLM"), session_(NULL), c_(0),
         fid_(0), oov_fid_(0), memo_calls_last_(0), memo_hits_last_(0) {
-    int64_t edge_memo = 0;  // off: measured not to pay (docs/decoder-speed.md)
+    int64_t edge_memo = 0;  // off: measured not to pay (docs/performance.md)
     bool oov = false;
     client_.Open(param, [&](const std::string& key, std::istream& in) {
       if (key == "--oov-feature") { oov = true; return true; }

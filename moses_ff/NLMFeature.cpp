@@ -106,7 +106,7 @@ void NLMClient::Load(const std::string &who, bool joint)
   // A missed n-gram of an unnormalised joint model (joint models have no direct features)
   // adds its n-1 target rows to its source window's stored part; beside NLMFeature its n-gram
   // table crowds the other's out of the CPU caches: Moses, KenLM + NLM + joint 2-10% faster
-  // without it (docs/joint.md, session 22).  (cdec asks its n-grams again and again: the
+  // without it (docs/joint.md).  (cdec asks its n-grams again and again: the
   // library's own default, which keeps the table, stays there.)
   if (joint && m_ngramCacheEntries < 0 && m_persistentCache.empty()
       && nlm_model_output_type(m_model) == NLM_OUTPUT_UNNORMALISED)

@@ -46,6 +46,23 @@ def make_model(directory: str, name: str = "model.nlm", tables: bool = True, see
     return path
 
 
+def kbest_vocab_model(directory, kbest: str) -> str:
+    """A model (random weights) whose vocabulary is the words of a k-best list's hypotheses;
+    returns its path in ``directory``."""
+    import gzip
+
+    with gzip.open(kbest, "rt", encoding="utf-8") as f:
+        texts = [l.split(" ||| ")[1] for l in f]
+    counts = count_words(texts)
+    vocab = Vocabulary.from_counts(counts, min_count=1)
+    header, arrays = random_model(ModelSpec(arch="lbl", order=3, word_width=8, diagonal_contexts=True,
+                                            output="unnormalised"), vocab,
+                                  np.array([counts.get(w, 1) for w in vocab], dtype=np.float64), seed=0)
+    path = os.path.join(str(directory), "own.nlm")
+    nlmfeature.save(path, header, arrays)
+    return path
+
+
 def stats_totals(stderr: str, prefix: str) -> dict:
     """Sum the ``key=value`` counters of the decoder shims' per-sentence statistics lines
     (``stats=true`` / ``--stats``) that start with ``prefix`` (e.g. "NLMFeature NLM0 sentence")."""

@@ -1,4 +1,4 @@
-"""The decoder boundary (issue 10): model files that pass the checksum but are malformed,
+"""The decoder boundary: model files that pass the checksum but are malformed,
 odd arguments to every scoring entry, NPLM imports, and a model file overwritten under a
 running process.  Each case must give a clear error naming the file, or correct scores;
 never a crash, a hang or a wrong score.  C API cases run tests/c/test_capi.c."""
@@ -21,7 +21,7 @@ from nlmfeature.core import modelfile
 from nlmfeature.errors import InputError, ModelFileError
 from nlmfeature.training.nplm import read_nplm, write_nplm
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import modelbytes  # noqa: E402
 
 SENTENCES = read_lines(BROWN_VALID, 12)
@@ -114,7 +114,7 @@ def test_case2_class_members_out_of_order_are_refused(models, tmp_path):
 def test_case2_wrapping_offsets_are_refused(models, tmp_path):
     """Offsets whose int32 differences wrap round (0, 2^31-1, -2^31+5, -1, V: every difference
     "positive" modulo 2^32) are refused, not expanded into a 32 GiB array (found by
-    tools/fuzz.py, seed 8, case 11471: a MemoryError instead of a clear error)."""
+    tests/fuzz.py, seed 8, case 11471: a MemoryError instead of a clear error)."""
     V = len(nlmfeature.load(models["class"]).vocab)
 
     def wrap(a):
@@ -363,7 +363,7 @@ def test_case4_c_api_contracts(capi, models, kind):
     assert math.isfinite(num["sequence_bad"]) and math.isfinite(num["partial_bad"])
     m = nlmfeature.load(models[kind])
     unk = m.vocab.unk
-    assert num["padded_unk"] == pytest.approx(m.score([m.vocab.words[unk]] * (m.order - 1), "<unk>"), abs=1e-6)
+    assert num["padded_unk"] == pytest.approx(m.score_ngram([m.vocab.words[unk]] * (m.order - 1), "<unk>"), abs=1e-6)
     # null pointers and calls out of order: NaN / error codes, no crash
     # span positions outside the history are refused (NaN and a message), not clamped
     assert f["span_bad"] == "nan" and f["joint_span_bad"] == "nan"

@@ -147,13 +147,13 @@ def test_partial_contexts_use_null_and_bos_padding(binary, models):
     for i in range(len(words)):
         ctx = words[len(words) - 1 - i:len(words) - 1]
         # i known words, <null> before them
-        expect = m.score(["<null>"] * (m.order - 1 - len(ctx)) + ctx, words[-1]) if len(ctx) < m.order - 1 \
-            else m.score(ctx, words[-1])
+        expect = m.score_ngram(["<null>"] * (m.order - 1 - len(ctx)) + ctx, words[-1]) if len(ctx) < m.order - 1 \
+            else m.score_ngram(ctx, words[-1])
         assert got[f"null{i}"] == pytest.approx(expect, abs=1e-6)
-        assert got[f"bos{i}"] == pytest.approx(m.score(["<s>"] + words[:i], words[i]), abs=1e-6)
+        assert got[f"bos{i}"] == pytest.approx(m.score_ngram(["<s>"] + words[:i], words[i]), abs=1e-6)
         assert null == 3
     # a sequence without <s> is scored with <null> padding throughout
-    seq = [m.score(["<null>"] * (m.order - 1 - min(i, m.order - 1)) + words[max(0, i - m.order + 1):i], w)
+    seq = [m.score_ngram(["<null>"] * (m.order - 1 - min(i, m.order - 1)) + words[max(0, i - m.order + 1):i], w)
            for i, w in enumerate(words)]
     for i, v in enumerate(seq):
         assert got[f"seq{i}"] == pytest.approx(v, abs=1e-6)

@@ -101,7 +101,7 @@ def decode(tmp_path, grammar, ff_line, tag, k=20):
 def test_word_rules_give_the_python_joint_score(shim, grammars, model, tmp_path):
     jm = nlmfeature.load(model)
     sources = [l.split() for l in open(os.path.join(DATA, "de.txt"), encoding="utf-8")]
-    # the feature line of nlmfeature.mt.cdec, as tools/bench_decoder.py writes it
+    # the feature line of nlmfeature.mt.cdec, as benchmarks/bench_decoder.py writes it
     entries = decode(tmp_path, grammars[0], cd.nlm_feature_line(model, "NNJM", shim, joint=True), "words")
     assert len({sid for sid, _, _ in entries}) == 5
     for sid, words, feats in entries:

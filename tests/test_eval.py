@@ -11,7 +11,8 @@ from sacrebleu.metrics import BLEU, CHRF
 
 from nlmfeature.errors import InputError
 from nlmfeature.mt.bleu import corpus_bleu
-from nlmfeature.mt.evaluate import (chrf_from_stats, evaluate, main,
+from nlmfeature.cli import eval_main as main
+from nlmfeature.mt.evaluate import (chrf_from_stats, evaluate,
                                  paired_bootstrap, resample_indices, resampled_sums,
                                  sentence_stats)
 

@@ -1,6 +1,6 @@
-"""The fuzz suite (tools/fuzz.py) inside the test suite: the stored cases that once failed,
+"""The fuzz suite (tests/fuzz.py) inside the test suite: the stored cases that once failed,
 and a bounded run (~40 s) of fresh seeded mutations of every input kind.  Longer runs:
-``python3 tools/fuzz.py --minutes 60``."""
+``python3 tests/fuzz.py --minutes 60``."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,7 @@ import sys
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FUZZ = os.path.join(os.path.dirname(HERE), "tools", "fuzz.py")
+FUZZ = os.path.join(HERE, "fuzz.py")
 FIXTURES = os.path.join(HERE, "data", "fuzz")
 #: input kinds whose tracebacks are only reported (none: every kind must give clear errors;
 #: a crash or hang always fails the test)

@@ -57,7 +57,7 @@ def test_windows_pad_with_sentence_boundaries_and_native_agrees(tmp_path):
     # scoring without a source (Model.score, nlm_score): the <null> window
     ctx, words = model.sentence_ngrams("ein mann", "a man with", "0-0 1-1")
     ctx[:, :5] = sv.null
-    assert model.score(["<s>", "a", "man"], "with") == pytest.approx(model.score_batch(ctx[2:3], words[2:3])[0], abs=1e-5)
+    assert model.score_ngram(["<s>", "a", "man"], "with") == pytest.approx(model.score_batch(ctx[2:3], words[2:3])[0], abs=1e-5)
     from nlmfeature.decoder.pcache import CachedScorer  # target-only by design
     with pytest.raises(ValueError, match="target-only"):
         CachedScorer(model)
@@ -336,7 +336,7 @@ def test_rescoring_adds_the_joint_feature(trained, tmp_path):
             expect.append(jm.sentence_logprob(s, hyp, al))
     kb.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out.nbest"
-    p = subprocess.run([sys.executable, "-m", "nlmfeature.mt.rescore", "-m", rj.model_out, "-m", rl.model_out,
+    p = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "rescore", "-m", rj.model_out, "-m", rl.model_out,
                         "--source", str(src), "-i", str(kb), "-o", str(out), "-q"],
                        capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stderr
@@ -353,11 +353,11 @@ def test_rescoring_adds_the_joint_feature(trained, tmp_path):
                                                 for s, t, a in rows]),
                        expect[::2], atol=1e-4)
     # without the source, or without alignments: clear errors
-    p = subprocess.run([sys.executable, "-m", "nlmfeature.mt.rescore", "-m", rj.model_out, "-i", str(kb), "-q"],
+    p = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "rescore", "-m", rj.model_out, "-i", str(kb), "-q"],
                        capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 2 and "--source" in p.stderr
     kb.write_text("0 ||| a dog ||| LM0= -1 ||| -1\n")
-    p = subprocess.run([sys.executable, "-m", "nlmfeature.mt.rescore", "-m", rj.model_out, "--source", str(src),
+    p = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "rescore", "-m", rj.model_out, "--source", str(src),
                         "-i", str(kb), "-q"], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 2 and "list.nbest:1" in p.stderr and "print-alignment-info-in-n-best" in p.stderr
 
@@ -427,7 +427,7 @@ def test_rescoring_adds_the_inverse_feature(inverse, trained, tmp_path):
     kb = tmp_path / "list.nbest"
     kb.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out.nbest"
-    p = subprocess.run([sys.executable, "-m", "nlmfeature.mt.rescore", "-m", trained[0].model_out, "-m",
+    p = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "rescore", "-m", trained[0].model_out, "-m",
                         inverse.model_out, "--name", "S2T", "--name", "T2S", "--source", str(src),
                         "-i", str(kb), "-o", str(out), "-q"], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stderr
@@ -455,3 +455,12 @@ def test_target_to_source_needs_a_parallel_text(tmp_path):
     cfg = TrainConfig(train=TRAIN["en"], model_out=str(tmp_path / "x.nlm"), target_to_source=True, **SMALL)
     with pytest.raises(nlmfeature.NLMFeatureError, match="--target-to-source belong to a joint model"):
         train(cfg, log=lambda m: None)
+
+
+def test_joint_models_refuse_kenlms_one_sentence_calls(tmp_path):
+    """A joint model scores (source, target, alignment): KenLM's one-sentence names say so
+    instead of reading the sentence as a source."""
+    m = _random_joint(tmp_path)
+    for call in (m.score, m.logprob, lambda s: list(m.full_scores(s))):
+        with pytest.raises(TypeError, match="is a joint model"):
+            call("a man rides a horse")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import subprocess
 
@@ -219,3 +220,32 @@ def test_errors_name_the_problem(tmp_path):
         train_kenlm(str(bad), str(tmp_path / "x.arpa"))
     with pytest.raises(NLMFeatureError, match="no such KenLM model"):
         KenLMScorer(str(tmp_path / "missing.arpa"))
+
+
+def test_missing_lmplz_says_how_to_get_it_with_or_without_the_source_tree(tmp_path):
+    """A pip user has no tools/ folder: the message points to KenLM's own build there, and to
+    the checkout's build script in a source checkout."""
+    import shutil
+    import subprocess
+    import sys
+
+    import nlmfeature
+
+    pkg = os.path.dirname(nlmfeature.__file__)
+    site = tmp_path / "site-packages"
+    shutil.copytree(pkg, site / "nlmfeature", ignore=shutil.ignore_patterns("data", "__pycache__"))
+    probe = ("from nlmfeature.training.kenlm_baseline import find_tool\n"
+             "from nlmfeature.errors import NLMFeatureError\n"
+             "try:\n    find_tool('lmplz')\nexcept NLMFeatureError as e:\n    print(e)\n")
+    env = dict(os.environ, PYTHONPATH=str(site), PATH="/nonexistent",
+               NLMFEATURE_KENLM_BIN=str(tmp_path / "no-bin"), HOME=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         env=env, cwd=str(tmp_path), timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "KenLM's lmplz was not found" in out.stdout
+    assert "tools/build_kenlm.sh" not in out.stdout and "github.com/kpu/kenlm" in out.stdout
+    # the same search from the source checkout names its build script
+    env["PYTHONPATH"] = os.path.dirname(pkg)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         env=env, cwd=str(tmp_path), timeout=120)
+    assert "tools/build_kenlm.sh" in out.stdout and "github" not in out.stdout

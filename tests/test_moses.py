@@ -153,7 +153,7 @@ def test_find_moses_search_order(tmp_path, monkeypatch):
     installed.chmod(0o755)
     assert moses.find_moses() == str(installed)            # bin/moses first
     assert moses.find_moses(str(older)) == str(older)       # --moses wins
-    # Moses' other programs the same way (tools/bench_tuning.py's mert, kbmira, extractor)
+    # Moses' other programs the same way (benchmarks/bench_tuning.py's mert, kbmira, extractor)
     mert = root / "mert" / "bin" / "gcc" / "release" / "mert"
     mert.parent.mkdir(parents=True)
     mert.write_text("#!/bin/sh\n")
@@ -222,7 +222,7 @@ def test_decode_and_run_with_per_sentence_times(tmp_path):
 
 def test_tools_report_bad_input_without_a_traceback(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "src"))
-    p = subprocess.run([sys.executable, os.path.join(REPO, "tools", "bench_pcache.py"), "--model",
+    p = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "bench_pcache.py"), "--model",
                         "x=y.nlm", "--moses", str(tmp_path / "nomoses"), "--workdir", str(tmp_path / "w")],
                        capture_output=True, text=True, env=env)
     assert p.returncode == 2 and "Traceback" not in p.stderr
@@ -231,12 +231,12 @@ def test_tools_report_bad_input_without_a_traceback(tmp_path):
 
 def test_pcache_decode_bound_keeps_the_cost_outside_the_scorer():
     """bench_pcache's decode bound: the NLM cost outside the scorer stays, the scorer's own time
-    shrinks to the share of n-grams not on disk (session 22's MIRA iteration 2: 0.54x)."""
-    sys.path.insert(0, os.path.join(REPO, "tools"))
+    shrinks to the share of n-grams not on disk (a measured MIRA iteration 2: 0.54x)."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
     try:
         from bench_pcache import decode_bound
     finally:
-        sys.path.remove(os.path.join(REPO, "tools"))
+        sys.path.remove(os.path.join(REPO, "benchmarks"))
     assert decode_bound(13.17, 9.25, 0.339) == pytest.approx((13.17 - 9.25 + 0.339 * 9.25) / 13.17)
     assert decode_bound(10.0, 10.0, 0.0) == 0.0          # all on disk, no cost outside the scorer
     assert decode_bound(10.0, 12.0, 0.5) == 0.5          # a scorer time above the cost (noise) is capped

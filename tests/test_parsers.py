@@ -1,4 +1,4 @@
-"""Hostile inputs to the parsers and the native tuning loops (issue 10): non-finite numbers,
+"""Hostile inputs to the parsers and the native tuning loops: non-finite numbers,
 absurd ids and sizes, non-regular files and compressed-stream errors give a clear error naming
 the file (and line), in bounded memory and time, with no partial output left behind.
 
@@ -51,7 +51,7 @@ def run_python(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
-# -- issue 10 case 11: nan/inf in a k-best list ------------------------------------------------
+# -- nan/inf in a k-best list -----------------------------------------------------------------
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN", "-Infinity"])
 def test_non_finite_feature_value_is_an_error_with_file_and_line(tmp_path, value):
     lines = real_lines(REG)[:20]
@@ -92,7 +92,7 @@ def test_tuning_on_a_list_with_nan_reports_the_line_not_a_segfault(tmp_path):
     out = tmp_path / "w.out"
     r = run_python(f"""
         import sys
-        from nlmfeature.mt.tuning.cli import main
+        from nlmfeature.cli import tune_main as main
         sys.exit(main(['optimise', '--quiet', '--nbest', {str(kb)!r}, '--ref', {REG_REF!r},
                        '--out', {str(out)!r}, '--init', {str(init)!r}, '--restarts', '2']))
     """)
@@ -174,7 +174,7 @@ def test_native_loops_refuse_inconsistent_offsets_and_orders():
                          w.copy(), w.copy(), np.zeros(10), 0.01, 0.999, False, 0)
 
 
-# -- issue 10 case 5: absurd sentence ids with --one-best ------------------------------------
+# -- absurd sentence ids with --one-best ----------------------------------------------------
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     from helpers import make_model
@@ -184,7 +184,7 @@ def model(tmp_path_factory):
 def rescore_cli(args, timeout=60):
     return run_python(f"""
         import sys
-        from nlmfeature.mt.rescore import main
+        from nlmfeature.cli import rescore_main as main
         sys.exit(main({list(args)!r}))
     """, timeout=timeout)
 
@@ -230,7 +230,7 @@ def test_one_best_pads_a_plausible_gap_and_counts_it(model, tmp_path):
     assert len(best) == 8 and best[0] and best[7] and best[1:7] == [""] * 6
 
 
-# -- issue 10 case 6: corrupt and truncated compressed input -----------------------------------
+# -- corrupt and truncated compressed input ---------------------------------------------------
 def corrupted(data: bytes, where: float) -> bytes:
     i = int(len(data) * where)
     return data[:i] + bytes(b ^ 0x5A for b in data[i:i + 64]) + data[i + 64:]
@@ -480,7 +480,7 @@ def test_every_writing_command_checks_its_output_first(tmp_path, capsys, command
     """The input named here does not exist: only a check made before the work can report the
     output (on main, train ran a whole epoch first and left hidden temporary files)."""
     from nlmfeature.cli import main as nlm_main
-    from nlmfeature.mt.tuning.cli import main as tune_main
+    from nlmfeature.cli import tune_main
     out = str(tmp_path) if where == "directory" else str(tmp_path / "no" / "such" / "out")
     missing = str(tmp_path / "missing-input")
     argv = {
@@ -554,7 +554,7 @@ def test_block_reader_gives_the_same_lines_at_any_block_size(tmp_path, monkeypat
 def test_standard_input_streams_a_compressed_list_through_rescore(model, tmp_path):
     """``-i -``: standard input is read in blocks as they arrive (a decoder's pipe)."""
     out = tmp_path / "out.100best"
-    r = subprocess.run([sys.executable, "-m", "nlmfeature.mt.rescore", "-m", model, "-i", "-",
+    r = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "rescore", "-m", model, "-i", "-",
                         "-o", str(out), "-q"], cwd=ROOT, input=gzip.decompress(
                             open(MOSES, "rb").read()), capture_output=True, timeout=120)
     assert r.returncode == 0, r.stderr[-1000:]

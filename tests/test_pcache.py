@@ -425,7 +425,7 @@ print("READ", rchar() - before, "IGNORED", s.stats()["files_ignored"])
 
 
 def test_fifo_and_huge_junk_files_do_not_hang_or_get_read(model_paths, tmp_path):
-    """Issue 10 case 9: a FIFO named like a cache file must not block ``begin``; a multi-GB
+    """A FIFO named like a cache file must not block ``begin``; a multi-GB
     junk file must be rejected by its header, not read whole."""
     m = nlmfeature.load(model_paths["class"])
     d = tmp_path / "pc" / m.checksum
@@ -448,7 +448,7 @@ def test_fifo_and_huge_junk_files_do_not_hang_or_get_read(model_paths, tmp_path)
 
 
 def test_model_changed_under_a_running_process_is_never_cached(model_paths, tmp_path, capfd):
-    """Issue 10 case 10 (the cache's half): a model file overwritten in place keeps its old
+    """The cache's half: a model file overwritten in place keeps its old
     checksum in the session: nothing is written or read under it any more, and the user is told."""
     live = tmp_path / "live.nlm"
     shutil.copyfile(model_paths["class"], live)

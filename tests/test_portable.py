@@ -1,5 +1,5 @@
 """An ``NLMFEATURE_PORTABLE=1`` build (no -march=native) keeps exact log-probabilities:
-normalised outputs still sum to one (issue 10 case 13: a float running sum in the
+normalised outputs still sum to one (a float running sum in the
 softmax normaliser lost 2e-6 without wide vectors).  Builds the scorer extension with the
 portable flags of nlmfeature/decoder/capi/build.py into a copy of the package (~30 s)."""
 from __future__ import annotations

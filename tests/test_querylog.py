@@ -108,7 +108,7 @@ def test_bad_logs_are_clear_errors(recorded, tmp_path):
 
 
 def test_replay_tool_runs_a_tuning_loop_through_the_persistent_cache(recorded, tmp_path):
-    """tools/replay_querylog.py --persistent-cache: one stream per tuning iteration, each scored
+    """benchmarks/replay_querylog.py --persistent-cache: one stream per tuning iteration, each scored
     with and without the cache (carried over), then the last again; the cached scores are the
     uncached ones and the second iteration reads what the first wrote (each cached pass of
     the two repeats on a copy of the directory as the iteration found it)."""
@@ -116,7 +116,7 @@ def test_replay_tool_runs_a_tuning_loop_through_the_persistent_cache(recorded, t
     import json
     model, lines, raw, d = recorded
     spec = importlib.util.spec_from_file_location(
-        "replay_querylog", os.path.join(os.path.dirname(os.path.dirname(__file__)), "tools", "replay_querylog.py"))
+        "replay_querylog", os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks", "replay_querylog.py"))
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     log = querylog.read_raw(raw, model.vocab.words)

@@ -12,7 +12,8 @@ from helpers import make_model
 from nlmfeature.errors import InputError, NLMFeatureError
 from nlmfeature.mt.kbest import read_kbest
 from nlmfeature.io.textio import iter_lines
-from nlmfeature.mt.rescore import feature_names, main, rescore, sentence_logprobs
+from nlmfeature.cli import rescore_main as main
+from nlmfeature.mt.rescore import feature_names, rescore, sentence_logprobs
 from nlmfeature.mt.weights import read_weights
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "kbest")
@@ -237,7 +238,7 @@ def test_stdin_to_stdout_pipeline(models):
     import sys
 
     data = open(os.path.join(DATA, "cdec-lattice.kbest"), "rb").read()
-    proc = subprocess.run([sys.executable, "-m", "nlmfeature.mt.rescore", "-m", models[0], "-q"],
+    proc = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "rescore", "-m", models[0], "-q"],
                           input=data, capture_output=True, check=True)
     out = proc.stdout.decode().splitlines()
     assert len(out) == 5 and all(" NLM0=" in l for l in out)

@@ -214,7 +214,7 @@ def test_python_api(tmp_path):
     per_word = model.score_sentence(toks)
     assert per_word.shape == (len(toks) + 1,)
     assert model.sentence_logprob(toks) == pytest.approx(per_word.sum())
-    assert model.score(["<s>", "the"], "jury") == pytest.approx(per_word[1], abs=1e-9)
+    assert model.score_ngram(["<s>", "the"], "jury") == pytest.approx(per_word[1], abs=1e-9)
     assert model.score_sentences([toks, " ".join(toks)]) == pytest.approx([per_word.sum()] * 2, abs=1e-5)
     ppl = model.perplexity([" ".join(toks)])
     assert ppl.tokens == len(toks) + 1

@@ -16,7 +16,7 @@ import pytest
 from nlmfeature.errors import InputError
 from nlmfeature.decoder.pcache import size_option
 from nlmfeature.bench import shared_data
-from nlmfeature.mt.tuning.cli import main as tune_main
+from nlmfeature.cli import tune_main
 from nlmfeature.mt.moses import moses_ini_lines, rewrite_moses_ini
 from nlmfeature.mt.cdec import rewrite_cdec_ini, write_cdec_weights
 from nlmfeature.mt.tuning.data import KbestPool

@@ -1,5 +1,5 @@
 """libnlmfeature built inside a virtualenv starts that venv's interpreter (its sys.prefix,
-its site-packages and numpy), not the base Python the venv was made from (issue 10 case 12).
+its site-packages and numpy), not the base Python the venv was made from.
 
 The package is installed into a fresh ``python -m venv`` with ``pip install
 --no-build-isolation`` from a copy of this checkout that includes its build directory, so

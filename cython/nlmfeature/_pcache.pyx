@@ -1296,7 +1296,7 @@ cdef SessionC* pc_session_new(const ModelC* m, const unsigned char* checksum, co
     ps.view.probe_context = s.cache_enabled and (m.output_type == OUT_SOFTMAX or m.output_type == OUT_CLASS)
     # Within-class normalisers are read when a file has them but written only on request:
     # in Moses tuning loops only 5-8% of the (context, class) pairs a sentence still needs
-    # were on disk, while they made up ~40% of the files (tools/bench_pcache.py)
+    # were on disk, while they made up ~40% of the files (benchmarks/bench_pcache.py)
     ps.keep_class = getenv("NLMFEATURE_PERSISTENT_CACHE_CLASS") != NULL and \
         strcmp(getenv("NLMFEATURE_PERSISTENT_CACHE_CLASS"), "1") == 0
     ps.preload = not (getenv("NLMFEATURE_PERSISTENT_PRELOAD") != NULL and

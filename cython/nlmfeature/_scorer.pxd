@@ -400,8 +400,8 @@ cdef extern from *:
     /* Start loading the cache line at p, in a way no optimiser drops: gcc counts a bare
        __builtin_prefetch as no side effect, so it may infer a function whose only effect is
        a prefetch pure and delete its calls where the result is unused (vt_score_span's
-       prefetch of the span's n-gram slots compiled to a bare `ret` that way from b3b7d08
-       until session 21).  The empty volatile asm taking p is an effect of its own. */
+       prefetch of the span's n-gram slots compiled to a bare `ret` that way for a while
+       after b3b7d08).  The empty volatile asm taking p is an effect of its own. */
     static inline void nlm_prefetch_kept(const void* p) {
         __builtin_prefetch(p);
         __asm__ __volatile__("" : : "r"(p));

@@ -47,7 +47,7 @@ cdef int nlm_ngram_cache_pays(const ModelC* m) noexcept nogil:
     feature, where the cache took Moses from 2.55x to 2.44x of KenLM alone's CPU time:
     docs/joint.md); with the span's slots prefetched (vt_score_span) the cache took an
     unnormalised LBL 200 with direct features from 1.95x to 1.86-1.90x in Moses
-    (docs/decoder-speed.md), identical translations.  A tiny model computes faster than it
+    (docs/performance.md), identical translations.  A tiny model computes faster than it
     probes."""
     if nlm_costly_lookup(m):
         return 1
@@ -443,7 +443,7 @@ cdef const double* direct_vector(SessionC* s, int kind, const uint64_t* states, 
 # 9.2k (position, id, class) vectors (0.6M rows) and 310 (position, id) class vectors.  A
 # logit is then a sum of n-1 terms (n with a bias) in double, each term q . p_j(u) computed in
 # double from the float parameters (nlm_dot_fd): not bit-identical to the hidden-vector path
-# (float arithmetic), and closer to the exact value (docs/decoder-speed.md).  The same sums
+# (float arithmetic), and closer to the exact value (docs/performance.md).  The same sums
 # whether a term comes from a stored vector or is computed alone (no room, caches off).
 
 

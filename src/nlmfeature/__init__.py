@@ -1,6 +1,6 @@
 """nlmfeature: feed-forward neural language models for machine-translation decoders.
 
-Load a model with :func:`load` and score with :meth:`Model.score`,
+Load a model with :func:`load` and score with :meth:`Model.score_ngram`, :meth:`Model.score` (log10, as KenLM),
 :meth:`Model.score_sentence` or :meth:`Model.perplexity`, or word by word from a
 :class:`State` (:meth:`Model.begin_sentence`, :meth:`Model.score_word`).  Scores are natural logs.
 """
@@ -14,6 +14,7 @@ _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from nlmfeature.errors import InputError, ModelFileError, NLMFeatureError
 from nlmfeature.core.model import Model, Perplexity, State, load, save
 from nlmfeature.core.vocab import Vocabulary
+from nlmfeature.core import joint as _joint  # noqa: E402,F401  (load() returns joint models)
 
 __version__ = "0.1.0"
 __all__ = ["load", "save", "Model", "Perplexity", "State", "Vocabulary", "NLMFeatureError",

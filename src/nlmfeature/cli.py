@@ -207,11 +207,21 @@ def build_parser() -> argparse.ArgumentParser:
                     "Every command explains its flags with --help.",
         epilog="nlmfeature-rescore, nlmfeature-tune and nlmfeature-eval are aliases of "
                "'nlmfeature rescore', 'nlmfeature tune' and 'nlmfeature eval'.")
+    add_version(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMAND_MODULES:
         importlib.import_module(name, __package__).register(sub)
     return finish(parser)
+
+
+def add_version(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Give ``parser`` a ``--version`` flag (the package version); returns ``parser``."""
+    from nlmfeature import __version__
+
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                        help="print the version and exit")
+    return parser
 
 
 def subparsers(parser: argparse.ArgumentParser) -> Iterator[Tuple[List[str], str, argparse.ArgumentParser]]:
@@ -381,6 +391,27 @@ def run(parser: argparse.ArgumentParser, argv: Optional[List[str]] = None) -> in
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the ``nlmfeature`` console script."""
     return run(build_parser(), argv)
+
+
+# -- nlmfeature-rescore, nlmfeature-tune, nlmfeature-eval -----------------------------------------
+def _alias(module: str, argv: Optional[List[str]]) -> int:
+    parser = importlib.import_module(module, __package__).build_parser()
+    return run(finish(add_version(parser)), argv)
+
+
+def rescore_main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of ``nlmfeature-rescore`` (= ``nlmfeature rescore``)."""
+    return _alias(".mt.rescore", argv)
+
+
+def tune_main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of ``nlmfeature-tune`` (= ``nlmfeature tune``)."""
+    return _alias(".mt.tuning.cli", argv)
+
+
+def eval_main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of ``nlmfeature-eval`` (= ``nlmfeature eval``)."""
+    return _alias(".mt.evaluate", argv)
 
 
 # -- the README's command table ---------------------------------------------------------------

@@ -43,6 +43,7 @@ import numpy as np
 
 from nlmfeature.cli import dumps_json
 from nlmfeature.bench import shared_data
+from nlmfeature.commands import DEFAULT_THREADS
 
 _SHARED = shared_data("nbest", "moses-multi30k-de-en")
 DEFAULT_TRAIN = os.path.join(_SHARED, "train.tok.lc.en.gz")
@@ -74,9 +75,10 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
                    help="hashed-store sizes of the width-200 models with direct features of orders 1-3 "
                         "(default 4194304,524288: the train default and a store pruned 8x)")
     p.add_argument("--iterations", type=int, default=20, help="epochs at most per model (default 20)")
-    p.add_argument("--threads", type=int, default=1, help="training threads (default 1)")
-    p.add_argument("--out", default=None,
-                   help="folder for the models (default: a temporary folder, removed afterwards)")
+    p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                   help=f"training threads (default {DEFAULT_THREADS})")
+    p.add_argument("-o", "--output", "--out", dest="out", default=None,
+                   help="output folder for the models (default: a temporary folder, removed afterwards)")
     p.add_argument("--plot", metavar="PNG", default=None,
                    help="also draw perplexity against size into this PNG (needs matplotlib: "
                         "pip install 'nlmfeature[plot]')")
@@ -162,9 +164,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         train_path, iterations = args.train, args.iterations
         if args.quick:
-            from nlmfeature.commands.demo import _subset
+            from nlmfeature.mt.kbest import head_sentences
 
-            train_path = _subset(args.train, os.path.join(out, "train.quick.txt.gz"), 2000, kbest=False)
+            train_path = head_sentences(args.train, os.path.join(out, "train.quick.txt.gz"), 2000, kbest=False)
             widths, spaces, iterations = [8, 16], [1 << 14], 1
         valid, test = read_lines(args.valid), read_lines(args.test)
         rows: List[Dict[str, Any]] = []

@@ -84,6 +84,8 @@ from nlmfeature.io.textio import read_lines as _read
 from nlmfeature.mt.moses import add_features, decode, find_moses, prepare_system, rewrite_moses_ini
 
 from nlmfeature.bench import shared_data
+from nlmfeature.mt.weights import new_feature_weight
+from nlmfeature.commands import DEFAULT_THREADS
 
 DEFAULT_SYSTEM = os.path.join("..", "shared", "data", "moses", "multi30k-de-en")
 DEFAULT_DATA = os.path.join("..", "shared", "data", "parallel", "multi30k")
@@ -195,12 +197,12 @@ def nlm_ini(base_ini: str, dst: str, models: Sequence[str], base_weights: dict) 
     from nlmfeature import load
 
     weights = dict(base_weights)
-    lm = base_weights.get("LM0", [0.1])[0]
+    start = new_feature_weight(base_weights)
     feature_lines = []
     for i, m in enumerate(models):
         order = load(m).order
         feature_lines.append(f"NLMFeature name=NLM{i} path={os.path.abspath(m)} order={order}")
-        weights[f"NLM{i}"] = [lm / 2]
+        weights[f"NLM{i}"] = [start]
     add_features(base_ini, dst, feature_lines, weights, first=True)
     return weights
 
@@ -219,7 +221,7 @@ def joint_ini(nlm_ini_path: str, dst: str, joint, nlm_weights: dict) -> dict:
         if not isinstance(load(j), JointModel):
             raise InputError(j, 0, "not a joint model (no source window): give it with --model, "
                              "or train one with nlmfeature train --source (docs/joint.md)")
-        weights[f"NNJM{i}"] = [nlm_weights.get("LM0", [0.1])[0] / 2]
+        weights[f"NNJM{i}"] = [new_feature_weight(nlm_weights)]
         lines.append(f"NLMJointFeature name=NNJM{i} path={os.path.abspath(j)}")
     add_features(nlm_ini_path, dst, lines, weights, first=True)
     return weights
@@ -241,7 +243,7 @@ def train_model(args: argparse.Namespace, work: str, dev_ref: str) -> str:
         path = os.path.join(work, "nlm.nlm" if len(recipes) == 1 else f"nlm{i}.nlm")
         if not _made_by(path, recipe):
             _log(f"training {path}: nlmfeature train {recipe}")
-            argv = ["train", "--train", train, "--test-set", dev_ref, "--model-out", path,
+            argv = ["train", "-i", train, "--test-set", dev_ref, "-o", path,
                     "--no-progress"] + shlex.split(recipe)
             _quiet_call(cli.main, argv, "nlmfeature")
             _write(path + ".recipe", [recipe])
@@ -326,7 +328,7 @@ def tune(args: argparse.Namespace, dec, ini: str, dev: dict, tdir: str, seed: in
     :class:`CdecDecoding`); returns its iterations and candidate final weights.
     ``cache_features``: the NLM feature names (Moses classes, cdec library file names) that
     get the persistent cache (none: no cache)."""
-    from nlmfeature.mt.tuning import cli as tune_cli
+    from nlmfeature.cli import tune_main
     from nlmfeature.mt.tuning.driver import DriverState, best_decoded, decoded_weights
 
     argv = dec.tune_argv(ini) + [
@@ -338,7 +340,7 @@ def tune(args: argparse.Namespace, dec, ini: str, dev: dict, tdir: str, seed: in
         argv += ["--persistent-cache", os.path.join(os.path.dirname(tdir), "nlm-cache")]
         for feature in cache_features:
             argv += ["--nlm-feature", feature]
-    _quiet_call(tune_cli.main, argv, "nlmfeature-tune")
+    _quiet_call(tune_main, argv, "nlmfeature-tune")
     state = DriverState.load(os.path.join(tdir, "state.json"))
     initial = dec.initial_weights(ini)
     it, dev_bleu, best = best_decoded(state, initial)
@@ -571,19 +573,23 @@ class KbestMatrix:
             self.texts.append(hyp.text)
         self.x = np.asarray(rows, dtype=np.float64)
         self.sids = np.asarray(sids, dtype=np.int64)
+        if len(self.sids) and np.any(np.diff(self.sids) < 0):
+            raise InputError(path, 0, "sentence ids are not in order (a k-best list lists each "
+                             "sentence's hypotheses together, ids ascending)")
+        #: where each sentence's run of rows starts, and the end
+        self.offsets = np.flatnonzero(np.diff(self.sids, prepend=-1, append=-2)).astype(np.int64) \
+            if len(self.sids) else np.zeros(1, dtype=np.int64)
 
     def one_best(self, weights: dict) -> List[str]:
         """The highest-scoring hypothesis per sentence (labels without a weight count as 0)."""
         w = np.concatenate([np.asarray(weights.get(l, [0.0] * k), dtype=np.float64)
                             for l, k in self.labels])
-        total = self.x @ w
-        n = int(self.sids.max()) + 1
-        best = np.full(n, -np.inf)
-        pick = np.full(n, -1, dtype=np.int64)
-        for i in range(len(total)):        # first of equals, as the decoder's order
-            s = self.sids[i]
-            if total[i] > best[s]:
-                best[s], pick[s] = total[i], i
+        from nlmfeature._mert import segment_argmax
+
+        # the tuner's reranking kernel: the first of equals within each sentence's run of rows
+        rows = segment_argmax(np.ascontiguousarray(self.x @ w), self.offsets)
+        pick = np.full(int(self.sids.max()) + 1, -1, dtype=np.int64)
+        pick[self.sids[self.offsets[:-1]]] = rows
         return [self.texts[i] if i >= 0 else "" for i in pick]
 
 
@@ -644,7 +650,7 @@ def append_features(kbest: str, out: str, models: Sequence[str], names: Sequence
     """``out``: the k-best list ``kbest`` with one feature per model (named ``names``)
     appended by ``nlmfeature-rescore`` (joint models given the ``source`` sentences), written
     once; returns ``out``."""
-    from nlmfeature.mt import rescore
+    from nlmfeature.cli import rescore_main
 
     if not os.path.exists(out):
         argv = ["-i", kbest, "-o", out, "-q", "-j", str(jobs)]
@@ -652,7 +658,7 @@ def append_features(kbest: str, out: str, models: Sequence[str], names: Sequence
             argv += ["--source", source]
         for m, n in zip(models, names):
             argv += ["-m", m, "--name", n]
-        _quiet_call(rescore.main, argv, "nlmfeature-rescore")
+        _quiet_call(rescore_main, argv, "nlmfeature-rescore")
     return out
 
 
@@ -664,7 +670,7 @@ def rerank(args: argparse.Namespace, rdir: str, tag: str, lists: Dict[str, str],
     ``rdir/TAG.ALGORITHM.SEED.weights``, and every set's list reranked with them; returns
     {set: 1-best path}.  ``matrices`` keeps the lists read, by path, for the next seed;
     ``log`` shows progress (default: this benchmark's log)."""
-    from nlmfeature.mt.tuning import cli as tune_cli
+    from nlmfeature.cli import tune_main
     from nlmfeature.mt.weights import read_weights
 
     tag = f"{tag}.{args.algorithm}{seed}"
@@ -673,7 +679,7 @@ def rerank(args: argparse.Namespace, rdir: str, tag: str, lists: Dict[str, str],
     w = os.path.join(rdir, f"{tag}.weights")
     if not os.path.exists(w):
         t0 = time.time()
-        _quiet_call(tune_cli.main,
+        _quiet_call(tune_main,
                     ["optimise", "--nbest", lists[args.dev], "--ref", dev_ref, "--init", init,
                      "--algorithm", args.algorithm, "--seed", str(seed), "--restarts",
                      str(args.rescore_restarts), "--jobs", str(args.jobs), "--out", w,
@@ -1192,8 +1198,8 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--test-sentences", type=int, default=0,
                    help="translate only the first N sentences of each test set (default 0: "
                         "all; for smoke tests, labelled)")
-    p.add_argument("--threads", type=int, default=2,
-                   help="Moses threads (default 2; cdec decodes on one)")
+    p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                   help=f"Moses threads (default {DEFAULT_THREADS}; cdec decodes on one)")
     p.add_argument("--jobs", type=int, default=1,
                    help="processes of the optimiser and the rescorer (default 1)")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (1000)")

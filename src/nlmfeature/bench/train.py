@@ -15,7 +15,7 @@ then reports:
   interpolation of each neural model with it (weight tuned on valid);
 * the model file size.
 
-Targets of the Training issue: best neural test perplexity <= 0.85 x KenLM's, its interpolation
+Targets: best neural test perplexity <= 0.85 x KenLM's, its interpolation
 <= 0.80 x, class-factored NCE >= 50,000 words/s on 2 cores.  ``--quick`` runs small models on
 slices (a smoke test of the benchmark, minutes); the full run caps each configuration with
 ``--minutes``.
@@ -36,6 +36,7 @@ import numpy as np
 
 from nlmfeature.cli import dumps_json
 from nlmfeature.bench import shared_data
+from nlmfeature.commands import DEFAULT_THREADS
 
 DEFAULT_DATA = shared_data("mono", "brown")
 
@@ -75,8 +76,8 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default=DEFAULT_DATA,
                    help="folder with train.txt.gz, valid.txt.gz, test.txt.gz (default: the shared Brown corpus)")
-    p.add_argument("--out", default=None,
-                   help="folder for the models and logs (default: a temporary folder, removed afterwards)")
+    p.add_argument("-o", "--output", "--out", dest="out", default=None,
+                   help="output folder for the models and logs (default: a temporary folder, removed afterwards)")
     p.add_argument("--configs", default=",".join(CONFIGS),
                    help=f"comma-separated configurations to run (default all: {', '.join(CONFIGS)})")
     p.add_argument("--iterations", type=int, default=6, help="at most this many epochs per configuration (default 6)")
@@ -87,8 +88,8 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
                    help="time cap of each configuration's training (default 5)")
     p.add_argument("--speed-updates", type=int, default=300,
                    help="timed minibatches of each 1-/2-thread speed run (default 300, after 20 untimed)")
-    p.add_argument("--threads", type=int, default=2,
-                   help="threads of the main training runs (the speed runs always measure 1 and 2)")
+    p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                   help=f"threads of the main training runs (default {DEFAULT_THREADS}; the speed runs always measure 1 and 2)")
     p.add_argument("--lambda-lbl", type=float, default=None, help="override the L2 strength of every configuration")
     p.add_argument("--quick", action="store_true",
                    help="small models on slices (5k training sentences, 2 epochs): checks the benchmark runs")

@@ -9,6 +9,7 @@ from nlmfeature.io.atomicfile import check_output
 from nlmfeature.io.textio import read_tokens
 from nlmfeature.cli import MAX_INT, Number, dumps_json
 from nlmfeature.errors import NLMFeatureError
+from nlmfeature.commands import DEFAULT_THREADS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "merged into a binary hierarchy whose root-to-cluster paths are the bitstrings. "
                     "Writes Liang's wcluster paths format: bitstring<TAB>word<TAB>count. The text "
                     "is one stream of tokens (bigrams cross line ends, as in wcluster).")
-    p.add_argument("--text", required=True, metavar="FILE",
+    p.add_argument("-i", "--input", "--text", dest="text", required=True, metavar="FILE",
                    help="training text, one sentence per line, whitespace-tokenised (.gz is read "
                         "compressed)")
     p.add_argument("--classes", "-c", type=Number(int, 1, MAX_INT), default=None, metavar="C",
@@ -29,12 +30,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="cluster only words occurring at least N times; bigrams with rarer words "
                         "are ignored, and --class-file users place such words by frequency "
                         "(default 1: every word)")
-    p.add_argument("--threads", type=int, default=1, metavar="T",
-                   help="threads for the loss-table updates (default 1). The parallel loops "
+    p.add_argument("--threads", type=int, default=DEFAULT_THREADS, metavar="T",
+                   help=f"threads for the loss-table updates (default {DEFAULT_THREADS}). The parallel loops "
                         "are short (one per merge), so extra threads only pay on an idle "
-                        "machine: on the shared 2-core test machine C=600 took 54 s of CPU with "
-                        "1 thread and 81-267 s with 2. The result does not depend on T")
-    p.add_argument("--out", "-o", required=True, metavar="PATHS",
+                        "machine (on a loaded 2-core machine, C=600 took 54 s of CPU with 1 "
+                        "thread and 81-267 s with 2). The result does not depend on T")
+    p.add_argument("-o", "--output", "--out", dest="out", required=True, metavar="PATHS",
                    help="output paths file (written atomically)")
     p.add_argument("--compare-frequency-binning", action="store_true",
                    help="also report the AMI of frequency binning with the same C")

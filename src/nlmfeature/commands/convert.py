@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from nlmfeature.core.architecture import drop_tables, precompute_tables
+from nlmfeature.errors import NLMFeatureError
 from nlmfeature.io.atomicfile import check_output
 from nlmfeature.core.model import save
 from nlmfeature.core.modelfile import read_model
@@ -16,8 +17,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                    "model (tables, float16)",
                        description="Convert INPUT to an nlmfeature model file OUTPUT (written atomically). "
                                    "NPLM text models (from trainNeuralNetwork) keep NPLM's scores exactly.")
-    p.add_argument("input", help="source model")
-    p.add_argument("output", help="nlmfeature model file to write")
+    p.add_argument("input", nargs="?", help="source model (or -i)")
+    p.add_argument("output", nargs="?", help="nlmfeature model file to write (or -o)")
+    p.add_argument("-i", "--input", dest="input_flag", metavar="INPUT", help="source model")
+    p.add_argument("-o", "--output", dest="output_flag", metavar="OUTPUT",
+                   help="nlmfeature model file to write")
     p.add_argument("--from", dest="fmt", choices=["auto", "nplm", "nlm"], default="auto",
                    help="source format: nplm (text), nlm (nlmfeature), auto (detect; default)")
     p.add_argument("--no-tables", action="store_true",
@@ -39,6 +43,12 @@ def _detect(path: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    for name in ("input", "output"):
+        given = [v for v in (getattr(args, name), getattr(args, f"{name}_flag")) if v]
+        if len(given) != 1:
+            raise NLMFeatureError(f"give the {name} model once: as {name.upper()} or with "
+                                  f"-{name[0]}")
+        setattr(args, name, given[0])
     check_output(args.output, "output model")
     fmt = _detect(args.input) if args.fmt == "auto" else args.fmt
     if fmt == "nplm":

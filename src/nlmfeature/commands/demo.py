@@ -30,9 +30,7 @@ from typing import Callable, Dict, List
 
 from nlmfeature.errors import NLMFeatureError
 
-from nlmfeature.io.atomicfile import open_output
-from nlmfeature.mt.kbest import sentence_id
-from nlmfeature.io.textio import iter_lines
+from nlmfeature.mt.kbest import head_sentences
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "demo")
 #: the README of a source checkout (src/nlmfeature/commands/demo.py -> the checkout's root)
@@ -46,19 +44,6 @@ def default_workdir() -> str:
     """``$XDG_CACHE_HOME/nlmfeature/demo`` (``~/.cache/nlmfeature/demo``)."""
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(cache, "nlmfeature", "demo")
-
-
-def _subset(src: str, dst: str, sentences: int, kbest: bool) -> str:
-    """The first ``sentences`` sentences of a k-best list (by id) or a reference file."""
-    with open_output(dst) as out:
-        for lineno, line in iter_lines(src):
-            if kbest:
-                if sentence_id(line, src, lineno) >= sentences:
-                    break
-            elif lineno > sentences:
-                break
-            out.write(line + "\n")
-    return dst
 
 
 class _Tee(io.TextIOBase):
@@ -105,12 +90,9 @@ def _after_bleu(text: str) -> float:
 
 def run(args: argparse.Namespace) -> int:
     from nlmfeature import cli
-    from nlmfeature.mt import evaluate
-    from nlmfeature.mt import rescore
     from nlmfeature.bench.memory import neural_scores
     from nlmfeature.training.kenlm_baseline import perplexity as ppl_of
     from nlmfeature.training.corpus import read_lines
-    from nlmfeature.mt.tuning import cli as tune_cli
     from nlmfeature.mt.weights import read_weights, write_weights
 
     readme = args.update_readme
@@ -129,12 +111,12 @@ def run(args: argparse.Namespace) -> int:
     dev_ref, test_ref = d("dev.ref.en.gz"), d("test.ref.en.gz")
     train_text = d("train.en.gz")
     if args.train_sentences:
-        train_text = _subset(train_text, w("train.en.gz"), args.train_sentences, False)
+        train_text = head_sentences(train_text, w("train.en.gz"), args.train_sentences, False)
     if args.sentences:
-        dev_kbest = _subset(dev_kbest, w("dev.100best.gz"), args.sentences, True)
-        test_kbest = _subset(test_kbest, w("test.100best.gz"), args.sentences, True)
-        dev_ref = _subset(dev_ref, w("dev.ref.en.gz"), args.sentences, False)
-        test_ref = _subset(test_ref, w("test.ref.en.gz"), args.sentences, False)
+        dev_kbest = head_sentences(dev_kbest, w("dev.100best.gz"), args.sentences, True)
+        test_kbest = head_sentences(test_kbest, w("test.100best.gz"), args.sentences, True)
+        dev_ref = head_sentences(dev_ref, w("dev.ref.en.gz"), args.sentences, False)
+        test_ref = head_sentences(test_ref, w("test.ref.en.gz"), args.sentences, False)
     steps = _Steps()
     q = ["-q"] if args.quiet else []
     jobs = str(args.jobs)
@@ -144,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         rev = model.endswith("r2l.nlm")
         steps.run(f"train a {'right-to-left' if rev else 'left-to-right'} neural LM on the system's "
                   "English text (the train defaults: the best measured recipe)", "nlmfeature", main,
-                  ["train", "--train", train_text, "--test-set", d("dev.ref.en.gz"), "--model-out", model,
+                  ["train", "-i", train_text, "--test-set", d("dev.ref.en.gz"), "-o", model,
                    "--iterations", str(args.iterations), "--threads", "1", "--seed", "1", "--no-resume"]
                   + (["--reverse"] if rev else []) + (["--no-progress"] if args.quiet else []))
     out = steps.run("perplexity on test: neural model, KenLM 5-gram, linear interpolation", "nlmfeature", main,
@@ -160,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     mflags = [a for m in models for a in ("-m", m)]
     names = [f"NLM{i}" for i in range(len(models))]
     steps.run(f"add the {' and '.join(names)} features to the dev 100-best list", "nlmfeature-rescore",
-              rescore.main, mflags + ["-i", dev_kbest, "-o", w("dev.nlm.100best.gz"), "-j", jobs,
+              cli.rescore_main, mflags + ["-i", dev_kbest, "-o", w("dev.nlm.100best.gz"), "-j", jobs,
                                       "--batch-size", "32768"] + q)
     init = read_weights(d("dev.init.ini"))
     write_weights(w("init.base.weights"), init)
@@ -172,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     for name, kbest, start in (("base", dev_kbest, "init.base.weights"),
                                ("nlm", w("dev.nlm.100best.gz"), "init.nlm.weights")):
         label = "without" if name == "base" else "with"
-        out = steps.run(f"tune on dev (MERT) {label} the neural features", "nlmfeature-tune", tune_cli.main,
+        out = steps.run(f"tune on dev (MERT) {label} the neural features", "nlmfeature-tune", cli.tune_main,
                         ["optimise", "--nbest", kbest, "--ref", dev_ref, "--init", w(start),
                          "--algorithm", "mert", "--restarts", str(args.restarts), "--seed", "1",
                          "--jobs", jobs, "--out", w(f"{name}.weights")] + (["--quiet"] if args.quiet else []))
@@ -180,10 +162,10 @@ def run(args: argparse.Namespace) -> int:
     for name in ("base", "nlm"):
         note = " (the NLM features have no weight there: the baseline)" if name == "base" else ""
         steps.run(f"translate test: rerank its 100-best with the {name} weights{note}",
-                  "nlmfeature-rescore", rescore.main,
+                  "nlmfeature-rescore", cli.rescore_main,
                   mflags + ["-i", test_kbest, "--weights", w(f"{name}.weights"),
                             "--one-best", w(f"test.{name}.1best"), "-j", jobs, "--batch-size", "32768"] + q)
-    out = steps.run("BLEU on test: baseline vs. + neural LMs (paired bootstrap)", "nlmfeature-eval", evaluate.main,
+    out = steps.run("BLEU on test: baseline vs. + neural LMs (paired bootstrap)", "nlmfeature-eval", cli.eval_main,
                     ["--ref", test_ref, "--tokenize", "none", "--bootstrap", str(args.bootstrap), "--json",
                      w("test.base.1best"), w("test.nlm.1best")], echo=False)
     cmp_ = next(c for c in json.loads(out)["comparisons"] if c["metric"] == "bleu")
@@ -233,7 +215,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="train, compare with KenLM, rescore, tune and evaluate on bundled data",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workdir", default=default_workdir(),
-                   help=f"where outputs go (default {default_workdir()}; never the source tree)")
+                   help="where outputs go (default $XDG_CACHE_HOME/nlmfeature/demo, i.e. "
+                        "~/.cache/nlmfeature/demo; never the source tree)")
     p.add_argument("--sentences", type=int, default=0,
                    help="use only the first N dev and test sentences (default: all; for a quick look)")
     p.add_argument("--train-sentences", type=int, default=0,
@@ -247,6 +230,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--jobs", type=int, default=2, help="worker processes of rescoring and MERT (default 2)")
     p.add_argument("--update-readme", nargs="?", const=README, default=None, metavar="README",
                    help="write the summary figures between the demo markers of the README "
-                        f"(default {README})")
+                        "(default: README.md of the source checkout this package runs from)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=run)

@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "exactly, by a softmax over the vocabulary per token, so that every "
                         "figure is a true perplexity (default: their raw scores, as a decoder "
                         "uses them)"),
-    p.add_argument("--test", required=True, metavar="FILE",
+    p.add_argument("-i", "--input", "--test", dest="test", required=True, metavar="FILE",
                    help="test text, one sentence per line (.gz allowed)")
     p.add_argument("--kenlm", metavar="ARPA_OR_BIN",
                    help="KenLM model to compare with (log-linear interpolation needs the ARPA "

@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "xz-compressed .qlog.xz (vocabulary as words, lookups per sentence).")
     pk.add_argument("raw", help="a raw recording DIR/queries.<pid>.<n>.bin")
     pk.add_argument("--model", "-m", required=True, help="the model the decoder used while recording (for its words)")
-    pk.add_argument("--out", "-o", required=True, help="the .qlog.xz file to write")
+    pk.add_argument("-o", "--output", "--out", dest="out", required=True, help="the .qlog.xz file to write")
     pk.add_argument("--sentences", type=int, default=0, help="keep only the first N sentences (default all)")
     pk.add_argument("--note", default="", help="provenance text stored in the file (system, command, data)")
     pk.set_defaults(func=run_pack)

@@ -93,7 +93,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "nlmfeature model format.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("data")
-    g.add_argument("--train", "-c", required=True, metavar="FILE",
+    g.add_argument("-i", "--input", "--train", "-c", dest="train", required=True, metavar="FILE",
                    help="training text: tokenised, one sentence per line, UTF-8, plain, .gz, .bz2 or "
                         ".xz, of any size; or a compiled corpus (nlmfeature corpus compile). A text is "
                         "compiled into --corpus-dir on first use and the compiled file reused while "
@@ -104,7 +104,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--test-set", metavar="FILE",
                    help="held-out text: its perplexity picks the best model (written when it improves) "
                         "and stops training early (--patience); strongly recommended")
-    g.add_argument("--model-out", "-o", required=True, metavar="FILE", help="where to write the model")
+    g.add_argument("-o", "--model-out", required=True, metavar="FILE",
+                   help="where to write the model (the output file; --output-layer is the output layer)")
     g.add_argument("--min-count", type=Number(int, 1, MAX_INT), default=D.min_count,
                    help=f"words seen fewer times become <unk> (default {D.min_count}: singletons, as OxLM)")
     g.add_argument("--max-vocab", type=Number(int, 5, MAX_INT), default=None,
@@ -157,8 +158,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--branches", type=Number(int, 1, MAX_BRANCHES), default=1, help="lateral: number of side-by-side first layers")
     a.add_argument("--combine", choices=["none", "max", "add", "mul"], default="none",
                    help="lateral: how branches are combined (default max)")
-    a.add_argument("--output", choices=["unnormalised", "softmax", "class", "tree"], default=D.output,
-                   help=f"output layer (default {D.output}: NCE-trained self-normalised scores, the fast "
+    a.add_argument("--output-layer", "--output", dest="output", choices=["unnormalised", "softmax", "class", "tree"],
+                   default=D.output, help=f"output layer (--output is an older spelling; default {D.output}: NCE-trained self-normalised scores, the fast "
                         "choice for decoders; softmax: exact log-probabilities trained by maximum "
                         "likelihood, the lowest perplexity, for rescoring; class: class-factored with "
                         "--classes or --class-file, exactly normalised)")

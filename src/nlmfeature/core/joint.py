@@ -24,14 +24,14 @@ have the same form).
 from __future__ import annotations
 
 import math
-from typing import Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Iterable, List, Sequence, Tuple, Union
 
 import numpy as np
 
 from ..io import textio
 from ..io.textio import split_tokens
 from ..errors import InputError
-from .model import Model, Perplexity, _tokens
+from .model import MODEL_KINDS, Model, Perplexity, _tokens
 from .ngramdata import NgramData
 from .vocab import Vocabulary
 
@@ -241,6 +241,14 @@ class JointModel(Model):
         s.begin_sentence()
         return s.score_padded(d.contexts, d.words)
 
+    def _target_only(self, *args, **kwargs):
+        raise TypeError(f"{self.path} is a joint model: it scores a target sentence given its "
+                        "source and alignment (sentence_logprob(source, target, alignment), "
+                        "score_sentence(source, target, alignment))")
+
+    #: KenLM's sentence-level names take one sentence: not a joint model's input
+    score = full_scores = logprob = _target_only  # type: ignore[assignment]
+
     def sentence_logprob(self, source: Tokens, target: Tokens = None,
                          alignment: Alignment = "") -> float:  # type: ignore[override]
         return float(self.score_sentence(source, target, alignment).sum())
@@ -334,6 +342,9 @@ def joint_token_scores(model: "JointModel", sources: Sequence[Sequence[str]],
         out[a:a + 8192] = model.score_batch(d.contexts[a:a + 8192], d.words[a:a + 8192])
     return TokenScores(out, oov_mask(targets, model.vocab), len(targets))
 
+
+#: load() returns a JointModel for a file whose header has a source vocabulary
+MODEL_KINDS.append((lambda header: bool(header.get("source")), JointModel))
 
 __all__ = ["joint_token_scores", "joint_sentence_logprobs", "alignment_field", "JointModel", "JointData", "affiliations", "parse_alignment", "source_windows",
            "target_contexts", "joint_ngrams", "read_parallel"]

@@ -1,12 +1,15 @@
 """The Python API: load a model, score n-grams and sentences, compute perplexity.
 
-All scores are **natural logarithms** (base e), as Moses and NPLM use; divide by ln(10)
-for KenLM-style log10.  For unnormalised (NCE / self-normalised) output layers the score is
-the raw network output, which training makes approximately a log-probability.
+Scores are **natural logarithms** (base e), as Moses and NPLM use, except where a method
+takes KenLM's name: :meth:`Model.score` and :meth:`Model.full_scores` return log10 as
+KenLM's do, so code written for KenLM's Python module ports by changing the import.  For
+unnormalised (NCE / self-normalised) output layers the score is the raw network output,
+which training makes approximately a log-probability (it can be above 0).
 
 >>> import nlmfeature
 >>> lm = nlmfeature.load("model.nlm")                     # doctest: +SKIP
->>> lm.score(["the", "cat"], "sat")                      # doctest: +SKIP
+>>> lm.score("the cat sat")                               # doctest: +SKIP
+>>> lm.score_ngram(["the", "cat"], "sat")                 # doctest: +SKIP
 >>> lm.score_sentence("the cat sat")                      # doctest: +SKIP
 >>> lm.perplexity("test.txt")                             # doctest: +SKIP
 
@@ -19,8 +22,8 @@ import math
 import os
 import threading
 from dataclasses import dataclass
-from typing import (AbstractSet, Any, Dict, Iterable, Iterator, List, Mapping, Sequence, Tuple,
-                    Union)
+from typing import (AbstractSet, Any, Callable, Dict, Iterable, Iterator, List, Mapping,
+                    Sequence, Tuple, Union)
 
 import numpy as np
 
@@ -31,6 +34,9 @@ from nlmfeature.io.textio import ASCII_SPACE, iter_lines, split_tokens
 from nlmfeature.core.vocab import Vocabulary
 
 Tokens = Union[str, Sequence[str]]
+
+#: log10(e): multiply a natural log by it for KenLM's log10
+LOG10_E = 1.0 / math.log(10.0)
 
 #: default bound on the entries of each per-sentence cache of a session
 DEFAULT_CACHE_ENTRIES = _DEFAULT_CACHE_ENTRIES  # NLM_DEFAULT_CACHE_ENTRIES of nlmfeature.h
@@ -91,6 +97,17 @@ def _flag(value: Any, name: str) -> None:
     """Refuse a non-bool flag (``bos="no"`` would be true)."""
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be True or False, not {type(value).__name__} ({value!r})")
+
+
+def _check_bos_eos(bos: object, eos: object, method: str) -> None:
+    """Refuse a word where KenLM's ``bos`` / ``eos`` flags go: ``score(context, word)`` of
+    older versions is :meth:`Model.score_ngram` now."""
+    for name, value in (("bos", bos), ("eos", eos)):
+        if not isinstance(value, (bool, np.bool_)):
+            hint = " (one word after a context is score_ngram(context, word))" \
+                if method == "score" and isinstance(value, str) else ""
+            raise TypeError(f"{method}(): {name} must be a bool, not "
+                            f"{type(value).__name__}{hint}")
 
 
 def _lines(source: Union[str, "os.PathLike[str]", Iterable[Tokens]]) -> Iterator[Tokens]:
@@ -258,15 +275,51 @@ class Model:
             s = self._local.session = self.session()
         return s
 
-    def score(self, context: Tokens, word: str) -> float:
+    def score_ngram(self, context: Tokens, word: str) -> float:
         """Natural-log score of ``word`` after ``context`` (oldest word first; a string is
-        split on white space, so ``score("the jury", "said")`` is p(said | the jury)).  A
-        context not starting with ``<s>`` is padded with ``<null>`` (see :meth:`pad`)."""
+        split on white space, so ``score_ngram("the jury", "said")`` is ln p(said | the
+        jury)).  A context not starting with ``<s>`` is padded with ``<null>`` (see
+        :meth:`pad`)."""
         ctx = self.ids(_tokens(context, "the context"))
         wid = self.vocab.id(_word(word))
         s = self._default_session()
         s.begin_sentence()
         return float(s.score(ctx, wid))
+
+    # -- KenLM's Python names, with KenLM's meaning (log10) -------------------------------
+    def score(self, sentence: Tokens, bos: bool = True, eos: bool = True) -> float:
+        """Log10 probability of a whole sentence, as KenLM's ``Model.score(sentence, bos=True,
+        eos=True)``: ``bos`` conditions the first word on ``<s>``, ``eos`` adds ``</s>``.
+        Code written for KenLM ports by changing the import.  The natural-log value is
+        :meth:`logprob`; one word after a context is :meth:`score_ngram`."""
+        _check_bos_eos(bos, eos, "score")
+        return self.logprob(sentence, bos, eos) * LOG10_E
+
+    def full_scores(self, sentence: Tokens, bos: bool = True, eos: bool = True,
+                    ) -> Iterator[Tuple[float, int, bool]]:
+        """Per token (each word, then ``</s>`` if ``eos``): (log10 probability, n-gram length,
+        whether the word is out of vocabulary), as KenLM's ``Model.full_scores``.  The n-gram
+        length is the number of real words the model saw (the word and its history, ``<s>``
+        included, at most the order): a feed-forward model has no back-off, so it is
+        ``min(order, position + 1 + bos)``."""
+        _check_bos_eos(bos, eos, "full_scores")
+        toks = _tokens(sentence)
+        scores = self.score_sentence(toks, bos, eos)
+        words = (toks[::-1] if self.reverse else toks) + (["</s>"] if eos else [])
+        for i, (w, lp) in enumerate(zip(words, scores)):
+            oov = self.vocab.is_oov(w)
+            yield float(lp) * LOG10_E, min(self.order, i + 1 + int(bool(bos))), oov
+
+    def logprob(self, sentence: Tokens, bos: bool = True, eos: bool = True) -> float:
+        """Natural-log probability of a sentence (the sum of :meth:`score_sentence`);
+        :meth:`score` is the same in log10."""
+        _check_bos_eos(bos, eos, "logprob")
+        return float(self.score_sentence(sentence, bos, eos).sum())
+
+    def __contains__(self, word: object) -> bool:
+        """``"word" in model``: whether ``word`` is in the vocabulary (KenLM's meaning);
+        ``<unk>``, ``<s>`` and ``</s>`` are in every model's vocabulary."""
+        return isinstance(word, str) and word in self.vocab
 
     # -- incremental scoring with states (KenLM's shape) ---------------------------------
     def begin_sentence(self) -> State:
@@ -302,9 +355,10 @@ class Model:
         s.begin_sentence()
         return s.score_padded(ctx, words)
 
-    def sentence_logprob(self, sentence: Tokens) -> float:
-        """Sum of :meth:`score_sentence`: the sentence's natural-log probability."""
-        return float(self.score_sentence(sentence).sum())
+    def sentence_logprob(self, sentence: Tokens, bos: bool = True, eos: bool = True) -> float:
+        """Sum of :meth:`score_sentence`: the sentence's natural-log probability (the same as
+        :meth:`logprob`)."""
+        return self.logprob(sentence, bos, eos)
 
     def _batcher(self):
         if self._batch is None:
@@ -443,6 +497,12 @@ class Model:
         return Perplexity(ppl, total, n_tok, n_sent, n_oov, exclude_oov)
 
 
+#: the model classes :func:`load` can return besides :class:`Model`, each with the test of a
+#: file header that selects it; :mod:`nlmfeature.core.joint` adds the joint model (the package
+#: imports it), so this module needs none of its subclasses
+MODEL_KINDS: List[Tuple[Callable[[Dict[str, Any]], bool], type]] = []
+
+
 def load(path: str, verify: bool = True, use_tables: bool = True) -> Model:
     """Memory-map a model file and return a :class:`Model`.
 
@@ -452,11 +512,8 @@ def load(path: str, verify: bool = True, use_tables: bool = True) -> Model:
     """
     header, arrays, checksum, fd, identity = modelfile.open_model(path, verify=verify)
     try:
-        if header.get("source"):
-            from .joint import JointModel
-            model = JointModel(path, header, arrays, checksum, use_tables)
-        else:
-            model = Model(path, header, arrays, checksum, use_tables)
+        cls = next((kind for test, kind in MODEL_KINDS if test(header)), Model)
+        model = cls(path, header, arrays, checksum, use_tables)
     except (ValueError, KeyError, TypeError) as exc:
         os.close(fd)
         raise modelfile.ModelFileError(f"{path}: wrong architecture description: {exc}") from None

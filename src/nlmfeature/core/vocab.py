@@ -96,6 +96,13 @@ class Vocabulary:
     def __contains__(self, word: object) -> bool:
         return word in self._index
 
+    def is_oov(self, word: str) -> bool:
+        """Whether ``word`` counts as out of vocabulary: not in the vocabulary, or the literal
+        ``<unk>`` (both are scored as ``<unk>``), as KenLM's ``query`` counts OOVs.  The one
+        rule behind every OOV count and flag (perplexity, ``full_scores``, ``score``,
+        ``rescore --oov-feature``)."""
+        return word not in self._index or word == "<unk>"
+
     def __getitem__(self, wid: int) -> str:
         return self._words[wid]
 

@@ -6,7 +6,7 @@ The hiero system is made from a Moses system folder's training pairs and word al
 (``train.tok.lc.{SRC,TGT}.gz``, ``train.align.grow-diag-final-and.gz``: the shared Multi30k
 system's) and its KenLM LM, as :mod:`nlmfeature.mt.moses` does for Moses.  Every caller that
 touches cdec uses this module: ``nlmfeature bench mt --decoder cdec``, the tuning driver
-(``nlmfeature-tune cdec``) and ``tools/bench_decoder.py --decoder cdec``.
+(``nlmfeature-tune cdec``) and ``benchmarks/bench_decoder.py --decoder cdec``.
 
 - :func:`find_cdec`, :func:`find_extractor`: ``cdec`` and ``run_extractor`` of a built cdec
   tree (``--cdec-root`` / ``$CDEC_ROOT``; CMake's ``build/`` or an in-tree build), and
@@ -57,7 +57,7 @@ EXTRACTOR_ARGS = ("-t", "1")
 
 #: hand-set starting weights of the hiero system (the features of ``run_extractor``'s grammars,
 #: cdec's glue and pass-through rules, KenLM and the word penalty): what tuning starts from,
-#: and a speed benchmark's weights (``tools/bench_decoder.py``)
+#: and a speed benchmark's weights (``benchmarks/bench_decoder.py``)
 BASE_WEIGHTS: Weights = {
     "EgivenFCoherent": [-0.5], "SampleCountF": [0.1], "CountEF": [0.1],
     "MaxLexFgivenE": [-0.2], "MaxLexEgivenF": [-0.2], "IsSingletonF": [-0.1],

@@ -46,8 +46,12 @@ def check_lengths(system_paths: Sequence[str], systems: Sequence[List[str]],
 
 
 # -- metrics -----------------------------------------------------------------------------------
+#: the metrics ``eval`` computes
+METRICS = ("bleu", "chrf")
+
+
 def make_metrics(tokenize: str = DEFAULT_TOKENIZE, lowercase: bool = False, chrf_word_order: int = 0,
-                 metrics: Sequence[str] = ("bleu", "chrf")) -> Dict[str, Any]:
+                 metrics: Sequence[str] = METRICS) -> Dict[str, Any]:
     """sacrebleu metric objects by name (``bleu``, ``chrf``)."""
     from sacrebleu.metrics import BLEU, CHRF
 
@@ -198,7 +202,8 @@ def evaluate(system_paths: Sequence[str], ref_paths: Sequence[str], tokenize: st
     if not ref_paths:
         raise NLMFeatureError("give at least one reference with --ref")
     if not 1 <= len(system_paths) <= 2:
-        raise NLMFeatureError("give one system output, or two to compare them")
+        raise NLMFeatureError("give one system output, or two to compare them (as SYS "
+                              "arguments or with -i)")
     if detok is not None and not isinstance(detok, str):
         raise TypeError(f"evaluate: detok must be a language code (str) or None, not "
                         f"{type(detok).__name__}")
@@ -262,21 +267,24 @@ def build_parser(sub: Optional[argparse._SubParsersAction] = None) -> argparse.A
                     "with two, paired bootstrap resampling gives the p-value of the difference "
                     "(the first system is the baseline).",
         epilog="Example: nlmfeature eval --ref test.ref.en base.1best nlm.1best")
-    p.add_argument("systems", nargs="+", metavar="SYS",
+    p.add_argument("systems", nargs="*", metavar="SYS",
                    help="system output(s), one sentence per line (plain, .gz or -); one, or two "
-                        "to compare (baseline first)")
+                        "to compare (baseline first); or give them with -i")
+    p.add_argument("-i", "--input", nargs="+", default=[], metavar="SYS",
+                   help="system output(s), as the positional SYS (sacrebleu's spelling)")
     p.add_argument("-r", "--ref", action="append", required=True, metavar="REF",
                    help="reference translation, line-aligned with the systems; repeat for "
                         "several references")
-    p.add_argument("--tokenize", default=DEFAULT_TOKENIZE,
+    p.add_argument("-tok", "--tokenize", default=DEFAULT_TOKENIZE,
                    help=f"sacrebleu BLEU tokenizer: none (for text tokenised already, as the "
                         f"decoders' output and the k-best lists; what tuning uses), 13a (for "
                         f"detokenised text), intl, char, zh, ... (default {DEFAULT_TOKENIZE}, "
                         f"the same as nlmfeature tune; with --detok, none means 13a)")
-    p.add_argument("--lowercase", action="store_true",
+    p.add_argument("-lc", "--lowercase", action="store_true",
                    help="case-insensitive scores (lowercase systems and references)")
-    p.add_argument("--metrics", default="bleu,chrf",
-                   help="comma-separated metrics among bleu,chrf (default both)")
+    p.add_argument("-m", "--metrics", nargs="+", default=list(METRICS), metavar="METRIC",
+                   help="metrics among bleu and chrf, as sacrebleu takes them (-m bleu chrf) "
+                        "or comma-separated (default both)")
     p.add_argument("--chrf-word-order", type=int, default=0, metavar="N",
                    help="word n-gram order of chrF (0: chrF, default; 2: chrF++)")
     p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
@@ -327,9 +335,17 @@ def _report_text(results: List[SystemResult], comps: List[Comparison], width: in
     return "\n".join(lines) + "\n"
 
 
+def parse_metrics(values: Sequence[str]) -> List[str]:
+    """The metric names of ``-m``: separate words or comma-separated lists (checked by
+    :func:`make_metrics`)."""
+    return [m.strip().lower() for v in values for m in v.split(",") if m.strip()] or list(METRICS)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``nlmfeature eval`` on parsed arguments."""
-    metrics = [m.strip().lower() for m in args.metrics.split(",") if m.strip()]
+    metrics = parse_metrics(args.metrics)
+    args.systems = list(args.systems) + list(args.input)
+    default_tok = args.tokenize == DEFAULT_TOKENIZE and not args.detok
     if args.bootstrap < 0:
         raise NLMFeatureError("--bootstrap must be >= 0")
     from sacrebleu.metrics.bleu import BLEU
@@ -374,15 +390,8 @@ def run(args: argparse.Namespace) -> int:
                 sys.stdout.write(f"== tokenised against {', '.join(args.tok_ref)}, "
                                  "--tokenize none\n")
             sys.stdout.write(_report_text(results, comps, args.width, args.sentence_level))
+        if default_tok and "bleu" in metrics:
+            sys.stdout.write(f"BLEU tokenizer: {DEFAULT_TOKENIZE} (the default: the text is "
+                             "tokenised already, as decoder output; -tok 13a for detokenised "
+                             "text)\n")
     return 0
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    """Entry point of the ``nlmfeature-eval`` console script (= ``nlmfeature eval``)."""
-    from nlmfeature.cli import finish, run as run_command
-
-    return run_command(finish(build_parser()), argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -387,3 +387,19 @@ def first_hypotheses(path: str, num_sentences: Optional[int] = None) -> List[str
                          f"sentences (first missing id {missing[0]}); a k-best list has "
                          "hypotheses for every sentence 0..N-1 of the reference")
     return [best[i] for i in range(n)]
+
+
+def head_sentences(src: str, dst: str, sentences: int, kbest: bool) -> str:
+    """Write the first ``sentences`` sentences of a k-best list (``kbest``: by sentence id) or
+    of a text file (by line) to ``dst`` (atomically; ``.gz`` compresses); returns ``dst``."""
+    from nlmfeature.io.atomicfile import open_output
+
+    with open_output(dst) as out:
+        for lineno, line in iter_lines(src):
+            if kbest:
+                if sentence_id(line, src, lineno) >= sentences:
+                    break
+            elif lineno > sentences:
+                break
+            out.write(line + "\n")
+    return dst

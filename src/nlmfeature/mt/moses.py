@@ -3,8 +3,8 @@ resolved, filter its tables to given inputs, binarise its LM, add feature lines 
 and run the decoder with timing and per-sentence times.
 
 Every caller that touches Moses uses this module: ``nlmfeature bench mt``, the tuning driver
-(``nlmfeature-tune moses``), ``tools/bench_decoder.py``, ``tools/bench_pcache.py``,
-``tools/joint_decode.py`` and (Moses' tuning programs) ``tools/bench_tuning.py``.
+(``nlmfeature-tune moses``), ``benchmarks/bench_decoder.py``, ``benchmarks/bench_pcache.py``
+and (Moses' tuning programs) ``benchmarks/bench_tuning.py``.
 
 - :func:`find_moses`: ``--moses`` if given, else ``ROOT/bin/moses``, else the newest
   ``moses-cmd`` build under ``ROOT`` (``--moses-root`` / ``$MOSES_ROOT``); :func:`find_program`

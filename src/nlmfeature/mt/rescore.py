@@ -218,13 +218,13 @@ class Rescorer:
                     given, scored, vocab = tokens, srcs, model.source_vocab
                     al = [[(j, i) for i, j in a] for a in aligns]
                 columns.append((name, joint_sentence_logprobs(model, given, scored, al, cfg.batch_size)))
-                counts[0] = sum(1 for toks in tokens for t in toks if t not in vocab or t == "<unk>")
+                counts[0] = sum(1 for toks in tokens for t in toks if vocab.is_oov(t))
             else:
                 columns.append((name, sentence_logprobs(model, tokens, cfg.batch_size, counts)))
             res.oovs.append(counts[0])
         for model, name in zip(self.models, cfg.oov_names):
             vocab = model.vocab
-            columns.append((name, [float(sum(1 for t in toks if t not in vocab or t == "<unk>"))
+            columns.append((name, [float(sum(1 for t in toks if vocab.is_oov(t)))
                                    for toks in tokens]))
         out: List[str] = []
         best_sid, best_score, best_text = -1, -math.inf, ""
@@ -666,8 +666,9 @@ def build_parser(sub: Optional[argparse._SubParsersAction] = None) -> argparse.A
                     "rerank with weights and write the 1-best.",
         epilog="Example: nlmfeature rescore -m lm.nlm -i dev.100best.gz -o dev.nlm.100best.gz "
                "--jobs 2;  reranking: ... --weights moses.ini --one-best dev.1best")
-    p.add_argument("-m", "--model", action="append", required=True, metavar="MODEL",
-                   help="nlmfeature model file; repeat for several models (features NLM0, NLM1, ...)")
+    p.add_argument("-m", "--model", action="append", default=[], metavar="MODEL",
+                   help="nlmfeature model file; repeat for several models (features NLM0, NLM1, "
+                        "...); without any, --weights --one-best reranks the list as it is")
     p.add_argument("-i", "--input", default="-", metavar="KBEST",
                    help="k-best list to rescore (plain, .gz, or - for standard input; default -)")
     p.add_argument("-o", "--output", default=None, metavar="OUT",
@@ -723,6 +724,9 @@ def run(args: argparse.Namespace) -> int:
     """Run ``nlmfeature rescore`` on parsed arguments."""
     if args.jobs < 1 or args.chunk_size < 1 or args.batch_size < 1:
         raise NLMFeatureError("--jobs, --chunk-size and --batch-size must be >= 1")
+    if not args.model and not args.weights:
+        raise NLMFeatureError("nothing to do: give -m MODEL to add features, or --weights "
+                              "(with --one-best) to rerank the list")
     output = args.output if args.output is not None else (None if args.one_best else "-")
     st = rescore(args.input, output, args.model, args.name, args.oov_feature, args.oov_name,
                  args.format, args.jobs, args.chunk_size, args.batch_size, args.weights,
@@ -732,14 +736,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.prog_name}: {st.hypotheses} hypotheses of {st.sentences} sentences "
               f"({st.format} format)", file=sys.stderr)
     return 0
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    """Entry point of the ``nlmfeature-rescore`` console script (= ``nlmfeature rescore``)."""
-    from nlmfeature.cli import finish, run as run_command
-
-    return run_command(finish(build_parser()), argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

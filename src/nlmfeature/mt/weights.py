@@ -117,6 +117,32 @@ def write_weights(path: str, weights: Weights) -> None:
         f.write(format_weights(weights))
 
 
+#: the weight a new feature starts from is this fraction of the language model's
+NEW_FEATURE_FRACTION = 0.5
+#: the language model's weight assumed when the weights name no ``LM*`` feature
+DEFAULT_LM_WEIGHT = 0.1
+
+
+def new_feature_weight(weights: Weights) -> float:
+    """The starting weight of a feature the weights do not name yet (a neural LM added to a
+    tuned system): half the first weight of the language model (``LM0``, else the first
+    ``LM*`` label), as ``bench mt`` starts its NLM features."""
+    lm = weights.get("LM0") or next((v for k, v in weights.items() if k.startswith("LM")), None)
+    return NEW_FEATURE_FRACTION * (lm[0] if lm else DEFAULT_LM_WEIGHT)
+
+
+def with_new_features(labels: Sequence[Tuple[str, int]], weights: Weights
+                      ) -> Tuple[Weights, List[str]]:
+    """``weights`` plus a starting weight (:func:`new_feature_weight`) for every k-best
+    feature ``[(label, number of values), ...]`` they do not name; returns (the weights, the
+    labels added)."""
+    start = new_feature_weight(weights)
+    added = [label for label, _ in labels if label not in weights]
+    out = dict(weights)
+    out.update({label: [start] * k for label, k in labels if label in added})
+    return out, added
+
+
 def weights_for(labels: Sequence[Tuple[str, int]], weights: Weights, path: str = "<weights>"
                 ) -> Tuple[List[float], List[str]]:
     """Flat weight vector for features ``[(label, number of values), ...]``.

@@ -1,7 +1,7 @@
 """KenLM baseline: train a modified Kneser-Ney n-gram model with ``lmplz``, score text with the
 ``kenlm`` Python module, and interpolate it with a neural model.
 
-Build the tools once with ``tools/build_kenlm.sh`` (lmplz, build_binary and query from the
+Build the tools once with ``tools/build_kenlm.sh`` in a source checkout (lmplz, build_binary and query from the
 PyPI ``kenlm`` source distribution, plus the ``kenlm`` module).
 
 **Counting tokens and OOVs** exactly as :meth:`nlmfeature.core.model.Model.perplexity` does: every
@@ -64,7 +64,7 @@ DEFAULT_BIN = os.path.join(os.path.expanduser("~"), ".cache", "nlmfeature", "ken
 # ---------------------------------------------------------------------------------------
 def find_tool(name: str, dirs: Sequence[Optional[str]] = ()) -> str:
     """Path of a KenLM tool (``lmplz``, ``build_binary``, ``query``): in ``dirs`` (given
-    folders, e.g. ``--kenlm-bin``; None entries skipped), $NLMFEATURE_KENLM_BIN, then
+    folders; None entries skipped), $NLMFEATURE_KENLM_BIN, then
     ~/.cache/nlmfeature/kenlm/bin, then $PATH.  Raises :class:`NLMFeatureError` saying how
     to build it."""
     for d in list(dirs) + [os.environ.get("NLMFEATURE_KENLM_BIN"), DEFAULT_BIN]:
@@ -73,8 +73,26 @@ def find_tool(name: str, dirs: Sequence[Optional[str]] = ()) -> str:
     found = shutil.which(name)
     if found:
         return found
-    raise NLMFeatureError(f"KenLM's {name} was not found: run tools/build_kenlm.sh (it builds "
-                          f"it into {DEFAULT_BIN}) or set NLMFEATURE_KENLM_BIN")
+    raise NLMFeatureError(f"KenLM's {name} was not found: {build_hint()}")
+
+
+#: the build script of a source checkout, relative to its root
+BUILD_SCRIPT = os.path.join("tools", "build_kenlm.sh")
+
+
+def build_hint(checkout: Optional[str] = None) -> str:
+    """How to get KenLM's tools: the checkout's build script when the package runs from a
+    source checkout (``checkout``: its root, by default the one around this package), else
+    (an install from a wheel) the upstream build and the folders searched."""
+    if checkout is None:
+        checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+            os.path.abspath(__file__)))))
+    script = os.path.join(checkout, BUILD_SCRIPT)
+    if os.path.isfile(script):
+        return f"run `bash {script}` (it builds lmplz, build_binary and query into {DEFAULT_BIN})"
+    return ("build KenLM from https://github.com/kpu/kenlm (cmake; `make lmplz build_binary "
+            f"query`) and put its bin folder on PATH, in {DEFAULT_BIN} or in "
+            "NLMFEATURE_KENLM_BIN")
 
 
 def import_kenlm():
@@ -82,8 +100,8 @@ def import_kenlm():
     try:
         import kenlm  # type: ignore
     except ImportError:
-        raise NLMFeatureError("the Python kenlm module is not installed: run tools/build_kenlm.sh "
-                              "or `pip install kenlm`") from None
+        raise NLMFeatureError("the Python kenlm module is not installed: run "
+                              "`pip install kenlm`") from None
     return kenlm
 
 

@@ -95,7 +95,7 @@ static PyObject* g_capi = NULL;     /* the nlmfeature._capi module */
    counts for the calls since the previous one.  They are timed with the monotonic clock
    (vDSO, ~25 ns a reading); the thread's CPU clock is a system call (~0.7 us on the 2-core
    VM), and reading it around every 16th call added ~3 s of system time to a 100-sentence
-   Moses decode -- a fifth of the NLM's cost, in the very runs that measured it (session 22).
+   Moses decode -- a fifth of the NLM's cost, in the very runs that measured it.
    So that time the thread waited for a core does not count, a sentence's sampled wall time
    is scaled by the thread's CPU time over the wall time from sentence begin to end (two CPU
    clock readings per sentence).  Sentence begin and end (the persistent cache's reads and

@@ -138,7 +138,7 @@ typedef struct nlm_session_options {
 
 /** Longest span nlm_score_span memoises (scored words plus, with `final`, the words after them). */
 #define NLM_SPAN_MAX_WORDS 8
-/** Default slots of the span memo: 0 (off).  Measured in Moses on Multi30k (docs/decoder-speed.md):
+/** Default slots of the span memo: 0 (off).  Measured in Moses on Multi30k (docs/performance.md):
  *  only ~46% of expansions repeat a recent one and a hit saves ~1 lookup, so the probe cost
  *  (a growing table of all expansions: main-memory misses; a 16384-slot cache: L2 probes) was
  *  not recovered for the unnormalised or the class model.  Turn it on for models whose lookups

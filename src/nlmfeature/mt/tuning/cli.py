@@ -19,7 +19,8 @@ from nlmfeature.mt.bleu import DEFAULT_TOKENIZE, TOKENIZERS, References, bleu_su
 from nlmfeature.decoder.pcache import size_option
 from nlmfeature.errors import NLMFeatureError
 from nlmfeature.cli import MAX_INT, Number
-from nlmfeature.mt.weights import read_weights, write_weights
+from nlmfeature.commands import DEFAULT_THREADS
+from nlmfeature.mt.weights import read_weights, with_new_features, write_weights
 from nlmfeature.mt.tuning import ALGORITHMS, optimise_pool
 from nlmfeature.mt.tuning.data import KbestPool
 from nlmfeature.mt.tuning.driver import FINAL_WEIGHTS, FINAL_WEIGHTS_DEFAULT
@@ -30,7 +31,7 @@ def _err(msg: str) -> None:
 
 
 def _add_bleu_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ref", action="append", required=True, metavar="REF",
+    p.add_argument("-r", "--ref", action="append", required=True, metavar="REF",
                    help="reference file (UTF-8, one line per sentence, .gz ok); repeat for "
                         "several references per sentence")
     p.add_argument("--tokenize", default=DEFAULT_TOKENIZE, choices=TOKENIZERS,
@@ -106,6 +107,12 @@ def cmd_optimise(args: argparse.Namespace) -> int:
     if init_weights is None and args.algorithm != "pro":
         raise NLMFeatureError(f"--init is required for {args.algorithm}")
     if init_weights is not None:
+        init_weights, added = with_new_features(pool.labels, init_weights)
+        if added and not args.quiet:
+            _err(f"note: {args.init} has no weight for the k-best feature(s) "
+                 f"{', '.join(added)}: they start at {init_weights[added[0]][0]:g} (half the "
+                 "language model's weight)")
+    if init_weights is not None:
         init = pool.weight_vector(init_weights, args.init)
     else:
         init = np.zeros(pool.dim)
@@ -150,8 +157,8 @@ def _driver_common(p: argparse.ArgumentParser) -> None:
                    help="stop after this many decoding iterations (default: 25)")
     p.add_argument("--min-change", type=Number(float, 0), default=1e-5,
                    help="stop when no L1-normalised weight changes by this much (default: 1e-5)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="decoder threads (Moses -threads; default: 1)")
+    p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                   help=f"decoder threads (Moses -threads; default: {DEFAULT_THREADS})")
     p.add_argument("--persistent-cache", metavar="DIR",
                    help="add persistent-cache=DIR to the NLM feature lines of the config, so "
                         "later iterations reuse n-gram scores cached by earlier ones")
@@ -253,7 +260,7 @@ def build_parser(outer: Optional[argparse._SubParsersAction] = None) -> argparse
     p.add_argument("--start", action="append", default=[], metavar="WEIGHTS",
                    help="MERT: a further starting point, e.g. the previous iteration's best "
                         "(repeatable)")
-    p.add_argument("-o", "--out", required=True, metavar="WEIGHTS_OUT",
+    p.add_argument("-o", "--output", "--out", dest="out", required=True, metavar="WEIGHTS_OUT",
                    help="where to write the tuned weights (L1-normalised)")
     p.add_argument("--format", default="auto", choices=("auto", "moses", "moses-old", "cdec"),
                    help="k-best format (default: auto, detected from the first line)")
@@ -261,7 +268,7 @@ def build_parser(outer: Optional[argparse._SubParsersAction] = None) -> argparse
                    help="skip malformed k-best lines instead of stopping at the first")
     p.add_argument("--save-pool", metavar="NPZ",
                    help="also save the merged pool (features + BLEU statistics) as .npz")
-    p.add_argument("--output-1best", metavar="FILE",
+    p.add_argument("--one-best", "--output-1best", dest="output_1best", metavar="FILE",
                    help="write the re-ranked 1-best hypotheses under the tuned weights")
     _add_bleu_options(p)
     _add_optimiser_options(p)
@@ -295,14 +302,3 @@ def build_parser(outer: Optional[argparse._SubParsersAction] = None) -> argparse
     _add_bleu_options(p)
     p.set_defaults(func=cmd_bleu)
     return parser
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    """Entry point of ``nlmfeature-tune`` (= ``nlmfeature tune``)."""
-    from nlmfeature.cli import finish, run
-
-    return run(finish(build_parser()), argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

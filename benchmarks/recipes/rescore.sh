@@ -12,7 +12,7 @@ if [ "$NAME" = base ]; then
 else
   LISTS=()
   for it in 1 2 3 4; do
-    python3 -m nlmfeature.mt.rescore "${M[@]}" -i "$NBEST/dev.iter$it.100best.gz" -o "$O/dev$it.gz" -j 1 --batch-size 32768 -q
+    python3 -m nlmfeature.cli rescore "${M[@]}" -i "$NBEST/dev.iter$it.100best.gz" -o "$O/dev$it.gz" -j 1 --batch-size 32768 -q
     LISTS+=(--nbest "$O/dev$it.gz")
   done
   python3 - "$O" $# "$NBEST/dev.iter1.moses.ini" <<'PY'
@@ -27,8 +27,8 @@ PY
   INIT=$O/init.weights
 fi
 for s in 1 2 3; do
-  python3 -m nlmfeature.mt.tuning.cli optimise "${LISTS[@]}" --ref "$NBEST/dev.ref.en.gz" --init "$INIT" \
+  python3 -m nlmfeature.cli tune optimise "${LISTS[@]}" --ref "$NBEST/dev.ref.en.gz" --init "$INIT" \
       --algorithm mert --seed $s --jobs 1 --out "$O/w$s" --quiet
-  python3 -m nlmfeature.mt.rescore "${M[@]}" -i "$NBEST/test.tuned.100best.gz" --weights "$O/w$s" \
+  python3 -m nlmfeature.cli rescore "${M[@]}" -i "$NBEST/test.tuned.100best.gz" --weights "$O/w$s" \
       --one-best "$O/test$s.1best" -j 1 --batch-size 32768 -q
 done

@@ -1,5 +1,5 @@
 """Re-seal model files after changing their header or array bytes (valid checksum and length),
-as a buggy writer or an attacker would: the fuzz suite (tools/fuzz.py) and the tests of model
+as a buggy writer or an attacker would: the fuzz suite (tests/fuzz.py) and the tests of model
 validation (tests/test_boundary.py) use it to reach the checks behind the checksum."""
 from __future__ import annotations
 

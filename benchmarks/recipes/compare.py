@@ -7,14 +7,13 @@ import sys
 
 here = os.path.dirname(os.path.abspath(__file__))
 repo = os.path.dirname(os.path.dirname(here))
-nbest = os.environ.get("NBEST") or os.path.join(os.path.dirname(repo), "shared", "data", "nbest", "moses-multi30k-de-en")
-if not os.path.isdir(nbest):
-    nbest = "/work/shared/data/nbest/moses-multi30k-de-en"
+shared = os.environ.get("NLMFEATURE_SHARED") or os.path.join(os.path.dirname(repo), "shared")
+nbest = os.environ.get("NBEST") or os.path.join(shared, "data", "nbest", "moses-multi30k-de-en")
 out = os.environ.get("OUT", "/tmp/nlmfeature-recipes")
 name, base = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "base")
 diffs, parts = [], []
 for s in (1, 2, 3):
-    r = subprocess.run([sys.executable, "-m", "nlmfeature.mt.evaluate", "--ref", os.path.join(nbest, "test.ref.en.gz"),
+    r = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "eval", "--ref", os.path.join(nbest, "test.ref.en.gz"),
                         "--tokenize", "none", "--metrics", "bleu", "--bootstrap", "1000", "--json",
                         f"{out}/rs/{base}/test{s}.1best", f"{out}/rs/{name}/test{s}.1best"],
                        capture_output=True, text=True, cwd=repo, check=True)

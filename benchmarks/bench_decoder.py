@@ -5,13 +5,13 @@ Measures, on a real system (default: the Multi30k de->en phrase-based Moses syst
 ``../shared/data/moses/multi30k-de-en`` beside the repository; ``--shared`` or
 $NLMFEATURE_SHARED point elsewhere; 100 test2016 sentences):
 
-* the system made fast to load first, as issue 14 prescribes: its phrase and reordering
+* the system made fast to load first: its phrase and reordering
   tables are filtered to the input (the lines Moses' ``filter-model-given-input.pl`` keeps,
   by ``nlmfeature.mt.moses``, no Moses scripts needed) and the ARPA LM is binarised with
   KenLM's ``build_binary`` (kept in ``--workdir`` and reused);
 * decoding time with KenLM alone, KenLM + each NLM (``--model NAME=PATH``) and KenLM + a
   joint model (``--joint NAME=PATH``, with an NLM too as ``--joint NAME=PATH:MODEL``), with 1 and
-  more threads: the sum of Moses' per-sentence "Translation took" times (the issue's
+  more threads: the sum of Moses' per-sentence "Translation took" times (the wall-clock
   figure) and the process wall time minus model loading (decoding an empty input).  Every
   configuration runs ``--repeats`` times, interleaved, and the minimum is kept (the machine
   may be shared); "paired" is the median over repeats of the ratio of runs made back to
@@ -33,9 +33,9 @@ pairs and word alignment (kept in the workdir), untuned hand-set weights.
 
 Needs MOSES_ROOT (a mosesdecoder tree with moses_ff built in, moses_ff/README.md; or --moses) and, for
 cdec, CDEC_ROOT (a built cdec tree) and cdec_ff/libcdec_ff_nlm.so.  Never builds a decoder.
-Example (figures in the issue-14 notes were made this way)::
+Example (docs/results.md's decode-time figures were made this way)::
 
-    MOSES_ROOT=/path/mosesdecoder CDEC_ROOT=/path/cdec python3 tools/bench_decoder.py \\
+    MOSES_ROOT=/path/mosesdecoder CDEC_ROOT=/path/cdec python3 benchmarks/bench_decoder.py \\
         --model unnormalised=lbl.nlm --model class=class.nlm --decoder moses,cdec \\
         --threads 1,2 --profile --workdir /tmp/bd --json out.json
 """
@@ -640,7 +640,7 @@ def run(args: argparse.Namespace) -> int:
                 nb1 = os.path.join(work, f"{name}.it1.nbest")
                 it1 = run_moses(moses, ini_pc, dev, nbest=nb1)
                 w1 = os.path.join(work, f"{name}.w1")
-                subprocess.run([sys.executable, "-m", "nlmfeature.mt.tuning.cli", "optimise", "--nbest", nb1, "--init", ini_pc, "--ref", devref,
+                subprocess.run([sys.executable, "-m", "nlmfeature.cli", "tune", "optimise", "--nbest", nb1, "--init", ini_pc, "--ref", devref,
                                 "--out", w1, "--algorithm", args.tune_algorithm, "--quiet"]
                                + (["--restarts", "5"] if args.tune_algorithm == "mert" else []),
                                check=True, capture_output=True, env=penv)

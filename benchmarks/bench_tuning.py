@@ -15,7 +15,7 @@ side by side.
 
 Example::
 
-    python tools/bench_tuning.py --jobs 2 --seeds 1 2 3
+    python benchmarks/bench_tuning.py --jobs 2 --seeds 1 2 3
 """
 from __future__ import annotations
 

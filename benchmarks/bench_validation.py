@@ -2,7 +2,7 @@
 """Cost of validating a model at load against the checksum's own cost, on 46k-word models
 (the full Brown training vocabulary, ../shared/data/mono/brown or --corpus).
 
-    python3 tools/bench_validation.py [--workdir DIR] [--repeat 3]
+    python3 benchmarks/bench_validation.py [--workdir DIR] [--repeat 3]
 
 For each model it prints the file size and the best of ``--repeat`` timings (warm page
 cache, one thread) of: the checksum (BLAKE2b over the mapped file, as ``read_model(verify=

@@ -40,7 +40,7 @@ libnlmfeature: see ``--help`` of ``--moses``) and KenLM's ``build_binary`` (``$M
 ~/.cache/nlmfeature/kenlm/bin or PATH, ``tools/build_kenlm.sh``); the tables are filtered by
 ``nlmfeature.mt.moses`` (the lines Moses' ``filter-model-given-input.pl`` keeps).  Example::
 
-    MOSES_ROOT=/path/to/mosesdecoder python3 tools/bench_pcache.py \\
+    MOSES_ROOT=/path/to/mosesdecoder python3 benchmarks/bench_pcache.py \\
         --model class=class.nlm --model unnormalised=lbl.nlm --sentences 100 --json out.json
 """
 from __future__ import annotations
@@ -166,7 +166,7 @@ def optimise(pool: List[str], ini: str, ref: str, out: str, algorithm: str, seed
              env: Dict[str, str]) -> Weights:
     """The next weights from the pooled k-best lists, by this checkout's optimiser (``env``:
     the one Moses runs with, whose PYTHONPATH puts this checkout's package first)."""
-    cmd = PY + ["-m", "nlmfeature.mt.tuning.cli", "optimise", "--init", ini, "--ref", ref, "--out", out,
+    cmd = PY + ["-m", "nlmfeature.cli", "tune", "optimise", "--init", ini, "--ref", ref, "--out", out,
                 "--algorithm", algorithm, "--quiet"]
     for nb in pool:
         cmd += ["--nbest", nb]

@@ -2,9 +2,9 @@
 """Fuzz the decoder boundary: deterministic, seeded mutations of real seed files, each case
 run in a worker subprocess under a time limit, through the Python API and the C API.
 
-    python3 tools/fuzz.py --minutes 20               # long run, all input kinds
-    python3 tools/fuzz.py --seconds 50 --seed 7      # the bounded run of tests/test_fuzz.py
-    python3 tools/fuzz.py --replay tests/data/fuzz   # re-run stored cases (fixtures)
+    python3 tests/fuzz.py --minutes 20               # long run, all input kinds
+    python3 tests/fuzz.py --seconds 50 --seed 7      # the bounded run of tests/test_fuzz.py
+    python3 tests/fuzz.py --replay tests/data/fuzz   # re-run stored cases (fixtures)
 
 Input kinds and what a case checks:
 
@@ -495,7 +495,7 @@ class _Checker:
             if not self._agree(np, native, m.score_batch(ctx, words)):
                 return f"joint sentence {k}: native {native[:4]} != batched"
             toks = tgt.split()
-            nulls = [m.score(["<s>"] + toks[:i], w) for i, w in enumerate(toks + ["</s>"])]
+            nulls = [m.score_ngram(["<s>"] + toks[:i], w) for i, w in enumerate(toks + ["</s>"])]
             ctx[:, :m.native.source_window] = m.source_vocab.null
             if not self._agree(np, nulls, m.score_batch(ctx, words)):
                 return f"joint sentence {k}: <null>-window native {nulls[:4]} != batched"
@@ -525,7 +525,7 @@ class _Checker:
         m._session = m.session(position_terms=True)
         with open(case["text"], encoding="utf-8") as f:
             if m.header.get("source"):  # nlm_score on a joint model: the <null> window
-                want = [[m.score(["<s>"] + t[:i], w) for i, w in enumerate(t + ["</s>"])]
+                want = [[m.score_ngram(["<s>"] + t[:i], w) for i, w in enumerate(t + ["</s>"])]
                         for t in (l.split() for l in f)]
             else:
                 want = [m.score_sentence(l.strip()) for l in f]

@@ -6,13 +6,13 @@ digest; speed levers by the ns/lookup, paired: run before and after in turn).
 Record a log with ``NLMFEATURE_QUERY_LOG=DIR`` in a decoder's environment and pack it with
 ``nlmfeature querylog pack DIR/queries.PID.N.bin --model MODEL --out X.qlog.xz``
 (docs/c-api.md); without ``--stream`` the bundled Moses stream is replayed.  Example (the
-figures of docs/decoder-speed.md, session 4)::
+figures of docs/performance.md)::
 
-    python3 tools/replay_querylog.py class.nlm --stream m30k-class.qlog.xz --repeats 3
+    python3 benchmarks/replay_querylog.py class.nlm --stream m30k-class.qlog.xz --repeats 3
 
 With ``--persistent-cache DIR`` the streams (``--stream`` repeated: one log per tuning
 iteration, recorded with each iteration's weights) are replayed as a tuning loop through the
-persistent tuning cache (issue 12): each iteration's stream scored without the cache and with
+persistent tuning cache: each iteration's stream scored without the cache and with
 ``DIR`` (emptied first, carried over between iterations), then the last stream once more
 ("unchanged weights").  Per iteration: CPU seconds without and with the cache, each the
 least of ``--repeats`` passes (the cached ones each on a copy of the directory as the
@@ -28,7 +28,7 @@ ratios come out higher (its own work evicts the tables from the CPU caches; docs
 
     for i in 1 2 3 4; do NLMFEATURE_QUERY_LOG=ql$i moses -f it$i.ini -i dev.src > /dev/null
         nlmfeature querylog pack ql$i/queries.*.1.bin --model class.nlm --out it$i.qlog.xz; done
-    python3 tools/replay_querylog.py class.nlm --persistent-cache /tmp/pc \
+    python3 benchmarks/replay_querylog.py class.nlm --persistent-cache /tmp/pc \
         --stream it1.qlog.xz --stream it2.qlog.xz --stream it3.qlog.xz --stream it4.qlog.xz
 """
 from __future__ import annotations

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Time the k-best readers on a real 100-best list, optionally side by side with another tree.
 
-    python3 tools/bench_kbest_read.py                       # this tree
-    python3 tools/bench_kbest_read.py --baseline /tmp/base  # paired: a checkout of another
+    python3 benchmarks/bench_kbest_read.py                       # this tree
+    python3 benchmarks/bench_kbest_read.py --baseline /tmp/base  # paired: a checkout of another
                                                             # revision (built or with its .so)
 
 Prints, per tree, the best of ``--repeat`` runs (trees alternate, so load on the machine
