@@ -235,6 +235,7 @@ def test_a_full_disk_is_one_line_and_the_old_output_survives(tmp_path):
         ["tune", "optimise", "--nbest", KBEST, "--ref", KBEST_REF, "-o", tmp_path / "w.txt",
          "--save-pool", out, "--algorithm", "mira", "--epochs", "2",
          "--init", os.path.join(DATA, "kbest", "multi30k-dev.iter2.moses.ini")],
+        ["prepare", "-l", "en", "-i", text, "-o", out],
     ]
     for argv in commands:
         out.write_bytes(b"old output\n")
