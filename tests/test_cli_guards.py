@@ -143,6 +143,8 @@ def output_cases():
     for path, sp in leaves():
         outs = [a for a in sp._actions if _is_path_like(a) and cli.is_output(a)]
         others = [a for a in sp._actions if _is_path_like(a) and not cli.is_output(a)]
+        if any(x.option_strings for x in outs):   # optional positional outputs beside -o: the flag is tried
+            outs = [x for x in outs if x.option_strings or x.required]
         for o in outs:
             for i in others:
                 yield path, sp, o, i, "input"

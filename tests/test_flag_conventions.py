@@ -29,7 +29,7 @@ def test_threads_has_one_default_everywhere():
     # (a benchmark's --threads LIST of thread counts to time is a sweep, not a default)
     defaults = {" ".join(path): sp._option_string_actions["--threads"].default
                 for path, _, sp in leaf_parsers() if "--threads" in sp._option_string_actions
-                and sp._option_string_actions["--threads"].type is int}
+                and sp._option_string_actions["--threads"].type in (int, cli.THREADS)}
     assert len(defaults) >= 6, defaults
     assert set(defaults.values()) == {DEFAULT_THREADS}, defaults
 

@@ -68,8 +68,8 @@ def test_eight_threads_share_one_model(tmp_path, kind):
         assert got == single
     # the word-at-a-time entry points (each thread's own session) and the batch path
     words = [l.split()[:4] for l in lines if len(l.split()) >= 4]
-    single_w = [model.score(w[:3], w[3]) for w in words]
-    for got in _in_threads(lambda w: model.score(w[:3], w[3]), words):
+    single_w = [model.score_ngram(w[:3], w[3]) for w in words]
+    for got in _in_threads(lambda w: model.score_ngram(w[:3], w[3]), words):
         assert got == single_w
     ngrams = [model.sentence_ngrams(l) for l in lines[:20]]
     single_b = [model.score_batch(c, w).tolist() for c, w in ngrams]

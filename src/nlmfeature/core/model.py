@@ -307,7 +307,7 @@ class Model:
         scores = self.score_sentence(toks, bos, eos)
         words = (toks[::-1] if self.reverse else toks) + (["</s>"] if eos else [])
         for i, (w, lp) in enumerate(zip(words, scores)):
-            oov = self.vocab.is_oov(w)
+            oov = i < len(toks) and self.vocab.is_oov(w)    # the sentence end is no word of the text
             yield float(lp) * LOG10_E, min(self.order, i + 1 + int(bool(bos))), oov
 
     def logprob(self, sentence: Tokens, bos: bool = True, eos: bool = True) -> float:

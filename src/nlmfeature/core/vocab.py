@@ -96,13 +96,6 @@ class Vocabulary:
     def __contains__(self, word: object) -> bool:
         return word in self._index
 
-    def is_oov(self, word: str) -> bool:
-        """Whether ``word`` counts as out of vocabulary: not in the vocabulary, or the literal
-        ``<unk>`` (both are scored as ``<unk>``), as KenLM's ``query`` counts OOVs.  The one
-        rule behind every OOV count and flag (perplexity, ``full_scores``, ``score``,
-        ``rescore --oov-feature``)."""
-        return word not in self._index or word == "<unk>"
-
     def __getitem__(self, wid: int) -> str:
         return self._words[wid]
 
@@ -121,7 +114,11 @@ class Vocabulary:
         return np.fromiter((get(w, unk) for w in words), dtype=np.int32, count=len(words))
 
     def is_oov(self, word: str) -> bool:
-        """Whether a word of a text is scored as ``<unk>`` (:meth:`text_ids`)."""
+        """Whether a word of a text counts as out of vocabulary: it is scored as ``<unk>``
+        (:meth:`text_ids`): not in the vocabulary, the literal ``<unk>``, or a literal marker
+        ``<s>``, ``</s>``, ``<null>``, as KenLM's ``query`` counts OOVs.  The one rule behind
+        every OOV count and flag (perplexity, ``full_scores``, ``score``,
+        ``rescore --oov-feature``)."""
         return word in _MARKERS or self._index.get(word, self.unk) == self.unk
 
     def id(self, word: str) -> int:
