@@ -67,6 +67,10 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
                         "per token; default 20000)")
     p.add_argument("--kenlm-order", type=int, default=5, metavar="N", help="KenLM order (default 5)")
     p.add_argument("--order", type=int, default=None, metavar="N", help="NLM order (default: train's)")
+    p.add_argument("--parts", default="corpus,speed,quality,memory", metavar="LIST",
+                   help="what to measure (default corpus,speed,quality,memory); a run of some parts "
+                        "reuses the workdir's corpora and keeps the other parts' figures from its "
+                        "earlier bench-scale.json, e.g. --parts speed to time again on an idle machine")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--markdown", action="store_true", help="print markdown tables")
     p.add_argument("--png", metavar="FILE", help="plot memory and perplexity against corpus size")
@@ -183,6 +187,11 @@ def run(args: argparse.Namespace) -> int:
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     repeats = _ints(args.repeat, "--repeat") if args.repeat.strip() else []
     threads = _ints(args.threads, "--threads")
+    parts = {x.strip() for x in args.parts.split(",") if x.strip()}
+    unknown = parts - {"corpus", "speed", "quality", "memory"}
+    if unknown or not parts:
+        raise NLMFeatureError(f"--parts: unknown part(s) {', '.join(sorted(unknown)) or '(none given)'}; "
+                              "choose from corpus, speed, quality, memory")
     os.makedirs(args.workdir, exist_ok=True)
     w = args.workdir
     log = (lambda m: None) if args.quiet else (lambda m: print(f"bench scale: {m}", file=sys.stderr, flush=True))
@@ -192,6 +201,11 @@ def run(args: argparse.Namespace) -> int:
                               "command": " ".join(shlex.quote(a) for a in ["nlmfeature"] + sys.argv[1:]),
                               "corpora": [],
                               "memory": [], "speed": [], "quality": None, "sizes": []}
+    earlier: Dict[str, Any] = {}
+    if parts != {"corpus", "speed", "quality", "memory"} and os.path.exists(os.path.join(w, "bench-scale.json")):
+        with open(os.path.join(w, "bench-scale.json"), encoding="utf-8") as f:
+            earlier = json.load(f)
+        result["command"] = earlier.get("command", "") + "\n    " + result["command"]
     # 1. corpora
     compiled: List[Tuple[int, str]] = []
     for size in sizes:
@@ -200,6 +214,13 @@ def run(args: argparse.Namespace) -> int:
         if size is not None:
             prefix_text(args.train, text, size)
         out = os.path.join(w, f"train.{name}.nlmcorpus")
+        if "corpus" not in parts:
+            row = next((c for c in earlier.get("corpora", []) if c.get("path") == out), None)
+            if row is None or not os.path.exists(out):
+                raise NLMFeatureError(f"--parts without corpus: {out} was not measured before; add corpus")
+            result["corpora"].append(row)
+            compiled.append((row["tokens"], out))
+            continue
         if os.path.exists(out):
             os.unlink(out)
         log(f"compiling {text}")
@@ -226,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
     fields = {"train": biggest, "max_vocab": args.max_vocab}
     if args.order:
         fields["order"] = args.order
-    for t in threads:
+    for t in threads if "speed" in parts else []:
         log(f"speed, native trainer, {t} thread(s)")
         wps = speed_probe(fields, t, args.speed_updates)
         result["speed"].append({"engine": "native", "workers": t, "words_per_s": round(wps),
@@ -237,22 +258,25 @@ def run(args: argparse.Namespace) -> int:
         from nlmfeature.training.torch_engine import torch_words_per_second  # optional extra
     except ImportError:
         torch_words_per_second = None
-    if torch_words_per_second is not None:
+    if torch_words_per_second is not None and "speed" in parts:
         for t in threads:
             log(f"speed, torch engine, {t} process(es)")
             wps = torch_words_per_second(biggest, t, updates=args.speed_updates, max_vocab=args.max_vocab)
             result["speed"].append({"engine": "torch (CPU)", "workers": t, "words_per_s": round(wps),
                                     "epoch_minutes": round(all_tokens / wps / 60, 1)})
     # 3. quality and 4. sizes
-    if args.train_minutes > 0:
+    if args.train_minutes > 0 and "quality" in parts:
         result["quality"] = quality(args, biggest, w, log)
+    for part, key in (("speed", "speed"), ("quality", "quality"), ("memory", "memory")):
+        if part not in parts and key in earlier:
+            result[key] = earlier[key]
     result["sizes"] = sizes_of(result.get("quality"))
     save(w, result)
     # 5. memory (last: the repeated corpora take longest)
     common = ["--max-vocab", str(args.max_vocab), "--no-progress", "--no-resume", "--iterations", "1"]
     if args.order:
         common += ["--order", str(args.order)]
-    for tokens, path, note in mem_inputs:
+    for tokens, path, note in mem_inputs if "memory" in parts else []:
         model = os.path.join(w, "memory.nlm")
         log(f"memory run on {path}")
         secs, rss, _ = rss_of(nlm("train", "--train", path, "-o", model, "--threads", "1", "--hash-space",
