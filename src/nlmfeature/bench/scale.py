@@ -279,8 +279,10 @@ def run(args: argparse.Namespace) -> int:
     for tokens, path, note in mem_inputs if "memory" in parts else []:
         model = os.path.join(w, "memory.nlm")
         log(f"memory run on {path}")
+        # --min-count 1: every corpus fills the --max-vocab vocabulary, so only the corpus changes
         secs, rss, _ = rss_of(nlm("train", "--train", path, "-o", model, "--threads", "1", "--hash-space",
-                                  str(args.hash_space), "--max-updates", str(args.memory_updates), *common))
+                                  str(args.hash_space), "--max-updates", str(args.memory_updates),
+                                  "--min-count", "1", *common))
         for f in (model, model + ".ckpt.npz"):
             if os.path.exists(f):
                 os.unlink(f)
