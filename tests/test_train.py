@@ -463,3 +463,15 @@ def test_unigram_model_trains_writes_and_scores(tmp_path):
     a = model.score_sentence(["the", "jury", "said"])
     b = model.score_sentence(["a", "jury", "said"])
     assert a[1] == b[1] and a[2] == b[2] and np.all(np.isfinite(a))
+
+
+@pytest.mark.parametrize("output, raw", [("unnormalised", True), ("class", False)])
+def test_training_log_says_when_its_perplexity_is_of_raw_scores(tmp_path, output, raw):
+    """An unnormalised model's held-out perplexity during training is of its raw scores (not
+    renormalised); the log line says so, and only for such models."""
+    lines = []
+    train(TrainConfig(train=BROWN_TRAIN, test_set=BROWN_VALID, model_out=str(tmp_path / "m.nlm"), order=3,
+                      word_width=8, output=output, classes=10, iterations=1, evals_per_epoch=1,
+                      progress=False, corpus_dir=str(tmp_path)), lines.append)
+    evals = [l for l in lines if "held-out perplexity" in l]
+    assert evals and all(("(raw scores: unnormalised)" in l) == raw for l in evals)

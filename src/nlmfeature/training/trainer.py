@@ -604,7 +604,8 @@ class Trainer:
                 self.bad_evals = 0
                 note = (f"; {self.cfg.patience} evaluations without improvement: back to the best "
                         f"parameters, step size now {self.opt.lr:.3g} (decay {self.decays}/{self.cfg.max_decays})")
-        self.log(f"{tag}: epoch {ep:.2f}  held-out perplexity {ppl:.2f}"
+        raw = " (raw scores: unnormalised)" if self.header["output"]["type"] == "unnormalised" else ""
+        self.log(f"{tag}: epoch {ep:.2f}  held-out perplexity{raw} {ppl:.2f}"
                  f"{'  (best: model written)' if improved else f'  (best {self.best:.2f}{note})'}"
                  f"  [{time.time() - t0:.1f}s]")
         return ppl
