@@ -290,6 +290,10 @@ def run(args: argparse.Namespace) -> int:
                                  "seconds": round(secs, 1), "note": note})
         log(f"  {result['memory'][-1]}")
         save(w, result)
+    if "memory" in parts and earlier.get("memory"):   # corpora measured before and not now stay
+        now = {(m["tokens"], m["note"]) for m in result["memory"]}
+        result["memory"] += [m for m in earlier["memory"] if (m["tokens"], m["note"]) not in now]
+        result["memory"].sort(key=lambda m: m["tokens"])
     save(w, result)
     if args.png:
         plot(result, args.png)
