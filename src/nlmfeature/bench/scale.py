@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -412,7 +413,9 @@ def write_results(path: str, r: Dict[str, Any]) -> None:
     """The tables of ``r`` with the command line, date, commit and machine, into ``path``."""
     from nlmfeature.io.atomicfile import replace_block
 
-    body = (f"    {r['command']}\n\n"
+    # paths of the machine it ran on are shortened to their last two parts (gutenberg/train.txt)
+    command = re.sub(r"(?<!\S)/\S+", lambda m: "/".join(m.group(0).rstrip("/").split("/")[-2:]), r["command"])
+    body = (f"    {command}\n\n"
             f"{r['date']}, commit {r['commit']}, {r['machine']}.\n\n" + format_markdown(r).split("\n", 2)[2])
     replace_block(path, BEGIN, END, body, heading="## Training at scale (`nlmfeature bench scale`)")
 
