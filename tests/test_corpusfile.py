@@ -137,7 +137,7 @@ def test_kill_9_and_the_same_command_again_give_the_uninterrupted_model(tmp_path
 
     def cmd(out):
         return [sys.executable, "-m", "nlmfeature.cli", "train", "--train", BROWN_TRAIN, "-o", str(out),
-                "--order", "4", "--word-width", "16", "--iterations", "3", "--evals-per-epoch", "1",
+                "--order", "4", "--word-width", "16", "--iterations", "12", "--evals-per-epoch", "1",
                 "--threads", "1", "--checkpoint-minutes", "0.002", "--no-progress", "--corpus-dir", str(tmp_path)]
     ref = tmp_path / "ref.nlm"
     subprocess.run(cmd(ref), check=True, capture_output=True, timeout=300)
@@ -146,8 +146,7 @@ def test_kill_9_and_the_same_command_again_give_the_uninterrupted_model(tmp_path
     ck = str(out) + ".ckpt.npz"
     deadline = time.time() + 120
     while not os.path.exists(ck) and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    time.sleep(0.3)
+        time.sleep(0.01)
     if proc.poll() is not None:
         pytest.fail("the run ended before it could be killed")
     proc.send_signal(signal.SIGKILL)
