@@ -262,9 +262,12 @@ def run(args: argparse.Namespace) -> int:
     if torch_words_per_second is not None and "speed" in parts:
         for t in threads:
             log(f"speed, torch engine, {t} process(es)")
-            wps = torch_words_per_second(biggest, t, updates=args.speed_updates, max_vocab=args.max_vocab)
+            extra = ["--max-vocab", str(args.max_vocab)] + (["--order", str(args.order)] if args.order else [])
+            wps = torch_words_per_second(biggest, t, updates=args.speed_updates, extra_args=extra)
             result["speed"].append({"engine": "torch (CPU)", "workers": t, "words_per_s": round(wps),
                                     "epoch_minutes": round(all_tokens / wps / 60, 1)})
+            log(f"  {result['speed'][-1]}")
+            save(w, result)
     # 3. quality and 4. sizes
     if args.train_minutes > 0 and "quality" in parts:
         result["quality"] = quality(args, biggest, w, log)
