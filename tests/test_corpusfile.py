@@ -158,3 +158,14 @@ def test_kill_9_and_the_same_command_again_give_the_uninterrupted_model(tmp_path
     a, b = nlmfeature.load(str(ref)), nlmfeature.load(str(out))
     for name in ("embeddings", "output.weight", "output.bias", "direct.weights", "branch0.weights"):
         assert np.array_equal(a.arrays[name], b.arrays[name]), name
+
+
+def test_a_rewritten_text_of_the_same_size_is_compiled_again(tmp_path):
+    t = tmp_path / "t.txt"
+    t.write_text("a b c\nd e f\n", encoding="utf-8")
+    st = os.stat(t)
+    first = cf.compile_corpus(str(t), str(tmp_path / "t.nlmcorpus"))
+    t.write_text("x y z\nd e f\n", encoding="utf-8")
+    os.utime(t, ns=(st.st_atime_ns, st.st_mtime_ns))      # same size, same time stamp
+    again = cf.compile_corpus(str(t), str(tmp_path / "t.nlmcorpus"))
+    assert "x" in again.words and "a" not in again.words and first.words != again.words

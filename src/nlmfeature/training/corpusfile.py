@@ -57,9 +57,18 @@ def _align(n: int, a: int = 64) -> int:
 
 
 def source_identity(path: str) -> Dict[str, Any]:
-    """What identifies a text for reuse: its real path, size and modification time."""
+    """What identifies a text for reuse: its real path, size, modification time and the SHA-256
+    of its first and last MiB (a rewrite within the file system's time resolution that keeps
+    the size is still told apart)."""
     st = os.stat(path)
-    return {"path": os.path.realpath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 20))
+        if st.st_size > 2 << 20:
+            f.seek(st.st_size - (1 << 20))
+        h.update(f.read(1 << 20))
+    return {"path": os.path.realpath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "ends_sha256": h.hexdigest()}
 
 
 def compile_corpus(text: str, out: str, reuse: bool = True, progress=None) -> "CompiledCorpus":
