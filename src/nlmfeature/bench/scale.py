@@ -73,7 +73,7 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
                         "reuses the workdir's corpora and keeps the other parts' figures from its "
                         "earlier bench-scale.json, e.g. --parts speed to time again on an idle machine")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--markdown", action="store_true", help="print markdown tables")
+    p.add_argument("--markdown", action="store_true", help="print markdown tables (the default without --json)")
     p.add_argument("--png", metavar="FILE", help="plot memory and perplexity against corpus size")
     p.add_argument("--results", metavar="MD",
                    help="write the tables, with this command, the date, commit and machine, into this "
@@ -101,10 +101,10 @@ def parse_size(text: str) -> Optional[int]:
 
 
 def _ints(text: str, flag: str) -> List[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise NLMFeatureError(f"{flag}: expected comma-separated integers, got {text!r}") from None
+    """Comma-separated counts, each at least 1 (:func:`nlmfeature.bench.memory._ints`)."""
+    from nlmfeature.bench.memory import _ints as ints
+
+    vals = ints(text, flag)
     if not vals or min(vals) < 1:
         raise NLMFeatureError(f"{flag}: values must be >= 1")
     return vals
@@ -306,7 +306,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(format_markdown(result) if args.markdown else format_markdown(result))
+        print(format_markdown(result))
     return 0
 
 

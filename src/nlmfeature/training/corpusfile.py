@@ -328,8 +328,7 @@ class CompiledCorpus:
         ``min_count`` and beyond ``max_vocab`` become ``<unk>``; ``</s>`` counted once per
         sentence; ``<s>`` and ``<null>`` never)."""
         vocab = Vocabulary.from_counts(self.word_counts(), min_count=max(1, min_count), max_size=max_vocab)
-        remap = np.fromiter((vocab.id(w) for w in self.words), dtype=np.int32, count=len(self.words))
-        remap[0] = vocab.eos
+        remap = self.remap_to(vocab)
         counts = np.bincount(remap, weights=self.counts.astype(np.float64), minlength=len(vocab))
         counts[vocab.bos] = 0
         counts[vocab.null] = 0
