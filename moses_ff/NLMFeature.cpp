@@ -20,162 +20,79 @@
 #include "util/exception.hh"
 
 #include <nlmfeature.h>
+#include <nlmfeature_client.h>
 
 namespace Moses
 {
 
 // ---- NLMClient -----------------------------------------------------------------------------
 
-struct NLMClient::ThreadSession {
-  nlm_session *session;
-  nlm_stats last;   // counters at the previous sentence end (for per-sentence stats)
-  ThreadSession() : session(NULL) {
-    std::memset(&last, 0, sizeof last);
-    last.struct_size = sizeof(nlm_stats);
-  }
-  ~ThreadSession() { nlm_session_free(session); }
-};
-
-//! "500M", "2G", ... in bytes (persistent-cache-max)
-static int64_t ParseBytes(const std::string &value)
-{
-  char *end = NULL;
-  double v = std::strtod(value.c_str(), &end);
-  std::string unit = end ? std::string(end) : std::string();
-  int64_t mult = 1;
-  if (!unit.empty()) {
-    char u = unit[0];
-    if (u == 'k' || u == 'K') mult = 1LL << 10;
-    else if (u == 'm' || u == 'M') mult = 1LL << 20;
-    else if (u == 'g' || u == 'G') mult = 1LL << 30;
-    else if (u == 't' || u == 'T') mult = 1LL << 40;
-    else UTIL_THROW2("nlmfeature: bad size '" << value << "' (use e.g. 500M or 2G)");
-  }
-  return static_cast<int64_t>(v * mult);
-}
-
-NLMClient::NLMClient()
-  : m_persistentMaxBytes(0), m_cacheEntries(-1), m_ngramCacheEntries(-1), m_spanMemoEntries(-1)
-  , m_contextCache(-1), m_factorType(0), m_verify(true), m_stats(false), m_model(NULL)
+NLMClient::NLMClient() : m_client(new nlmfeature::Client()), m_factorType(0)
 {
 }
 
 NLMClient::~NLMClient()
 {
-  // sessions of other threads are freed with their threads; this thread's now
-  m_sessions.reset();
-  nlm_model_free(m_model);
+  delete m_client;
 }
 
 bool NLMClient::SetParameter(const std::string &key, const std::string &value)
 {
-  if (key == "path") m_path = value;
-  else if (key == "factor") m_factorType = Scan<FactorType>(value);
-  else if (key == "persistent-cache") m_persistentCache = value;
-  else if (key == "persistent-cache-max") m_persistentMaxBytes = ParseBytes(value);
-  else if (key == "cache-entries") m_cacheEntries = Scan<int64_t>(value);
-  else if (key == "ngram-cache-entries") m_ngramCacheEntries = Scan<int64_t>(value);
-  else if (key == "span-memo-entries") m_spanMemoEntries = Scan<int64_t>(value);
-  else if (key == "context-cache") m_contextCache = value == "auto" ? -1 : (Scan<bool>(value) ? 1 : 0);
-  else if (key == "verify") m_verify = Scan<bool>(value);
-  else if (key == "stats") m_stats = Scan<bool>(value);
-  else return false;
-  return true;
+  try {
+    if (key == "factor") {
+      m_factorType = static_cast<FactorType>(nlmfeature::ParseInt(key, value));
+      return true;
+    }
+    return m_client->SetParameter(key, value);
+  } catch (const std::runtime_error &e) {
+    UTIL_THROW2("nlmfeature: " << e.what());
+  }
 }
 
 void NLMClient::Load(const std::string &who, bool joint)
 {
-  UTIL_THROW_IF2(nlm_abi_version() != NLM_ABI_VERSION,
-                 who << ": libnlmfeature has ABI " << nlm_abi_version() << " but Moses was built with "
-                 << NLM_ABI_VERSION << "; rebuild Moses against the installed nlmfeature");
-  nlm_load_options lo;
-  nlm_load_options_init(&lo);
-  lo.verify = m_verify ? 1 : 0;
-  int rc = nlm_model_load_ex(m_path.c_str(), &lo, &m_model);
-  UTIL_THROW_IF2(rc != NLM_OK, who << ": cannot load " << m_path << ": " << nlm_last_error());
-  FactorCollection &collection = FactorCollection::Instance();
-  const int32_t V = nlm_model_vocab_size(m_model);
-  for (int32_t v = 0; v < V; ++v) {
-    size_t len = 0;
-    const char *w = nlm_vocab_word(m_model, v, &len);
-    if (v == NLM_NULL) continue;  // <null> is padding, never a real word
-    size_t id = collection.AddFactor(StringPiece(w, len))->GetId();
-    if (id >= m_lookup.size()) m_lookup.resize(id + 1, NLM_UNK);
-    m_lookup[id] = v;
+  try {
+    m_client->Load(who, joint);
+  } catch (const std::runtime_error &e) {
+    UTIL_THROW2(e.what());
   }
-  // A missed n-gram of an unnormalised joint model (joint models have no direct features)
-  // adds its n-1 target rows to its source window's stored part; beside NLMFeature its n-gram
-  // table crowds the other's out of the CPU caches: Moses, KenLM + NLM + joint 2-10% faster
-  // without it (docs/joint.md).  (cdec asks its n-grams again and again: the
-  // library's own default, which keeps the table, stays there.)
-  if (joint && m_ngramCacheEntries < 0 && m_persistentCache.empty()
-      && nlm_model_output_type(m_model) == NLM_OUTPUT_UNNORMALISED)
-    m_ngramCacheEntries = 0;
-  Session(who);
+  FactorCollection &collection = FactorCollection::Instance();
+  struct AddWord {
+    FactorCollection &collection;
+    size_t operator()(const char *w, size_t len) const {
+      return collection.AddFactor(StringPiece(w, len))->GetId();
+    }
+  } add = {collection};
+  m_client->MapVocabulary(add, m_lookup);
+}
+
+nlm_model *NLMClient::Model() const
+{
+  return m_client->Model();
+}
+
+const std::string &NLMClient::Path() const
+{
+  return m_client->Path();
 }
 
 nlm_session *NLMClient::Session(const std::string &who) const
 {
-  ThreadSession *ts = m_sessions.get();
-  if (!ts) {
-    nlm_session_options o;
-    nlm_session_options_init(&o);
-    if (m_cacheEntries >= 0) o.cache_entries = m_cacheEntries;
-    if (m_ngramCacheEntries >= 0) o.ngram_cache_entries = m_ngramCacheEntries;
-    if (m_spanMemoEntries >= 0) o.span_memo_entries = m_spanMemoEntries;
-    if (!m_persistentCache.empty()) o.persistent_cache = m_persistentCache.c_str();
-    o.persistent_max_bytes = m_persistentMaxBytes;
-    o.context_cache = m_contextCache;
-    nlm_session *s = NULL;
-    int rc = nlm_session_new(m_model, &o, &s);
-    UTIL_THROW_IF2(rc != NLM_OK, who << ": " << nlm_last_error());
-    ts = new ThreadSession();
-    ts->session = s;
-    m_sessions.reset(ts);
+  try {
+    return m_client->Session(who);
+  } catch (const std::runtime_error &e) {
+    UTIL_THROW2(e.what());
   }
-  return ts->session;
 }
 
 void NLMClient::Begin(const std::string &who, long id, const std::vector<int32_t> *source) const
 {
-  nlm_session *s = Session(who);
-  int rc = source ? nlm_session_begin_source(s, id, source->empty() ? NULL : &(*source)[0],
-                                             static_cast<int>(source->size()))
-                  : nlm_session_begin(s, id);
-  if (rc != NLM_OK) {
-    std::cerr << who << ": error: " << nlm_last_error() << "\n";
-    std::exit(2);
-  }
+  m_client->Begin(who, id, source);
 }
 
-void NLMClient::End(const std::string &who, long id) const
+void NLMClient::End(const std::string &who, long /*id*/) const
 {
-  nlm_session *s = Session(who);
-  if (nlm_session_end(s) != NLM_OK)
-    std::cerr << who << ": warning: " << nlm_last_error() << "\n";
-  if (!m_stats) return;
-  ThreadSession *ts = m_sessions.get();
-  nlm_stats now;
-  now.struct_size = sizeof now;
-  nlm_session_stats(s, &now);
-  const nlm_stats &last = ts->last;
-  std::ostringstream msg;
-  msg << who << " sentence " << id
-      << " lookups=" << now.lookups - last.lookups
-      << " ngram_hits=" << now.ngram_hits - last.ngram_hits
-      << " context_hits=" << now.context_hits - last.context_hits
-      << " context_misses=" << now.context_misses - last.context_misses
-      << " class_hits=" << now.class_hits - last.class_hits
-      << " class_misses=" << now.class_misses - last.class_misses
-      << " persistent_hits=" << now.persistent_hits - last.persistent_hits
-      << " persistent_loaded=" << now.persistent_loaded - last.persistent_loaded
-      << " persistent_written=" << now.persistent_written - last.persistent_written
-      << " files_ignored=" << now.files_ignored - last.files_ignored
-      << " span_calls=" << now.span_calls - last.span_calls
-      << " span_hits=" << now.span_hits - last.span_hits
-      << " nlm_ns=" << now.nlm_ns - last.nlm_ns << "\n";
-  std::cerr << msg.str();
-  ts->last = now;
+  m_client->End(who);
 }
 
 // ---- NLMFeature ----------------------------------------------------------------------------

@@ -18,8 +18,6 @@
 #include <string>
 #include <vector>
 
-#include <boost/thread/tss.hpp>
-
 #include "moses/LM/Base.h"
 #include "moses/FF/StatelessFeatureFunction.h"
 #include "moses/FF/FFState.h"
@@ -27,17 +25,22 @@
 #include "moses/Word.h"
 #include "moses/Factor.h"
 
-// from nlmfeature.h (included by the .cpp files only, so Factory.cpp needs no include path)
+// from nlmfeature.h and nlmfeature_client.h (included by the .cpp files only, so Factory.cpp
+// needs no include path)
 struct nlm_model;
 struct nlm_session;
+namespace nlmfeature
+{
+class Client;
+}
 
 namespace Moses
 {
 
 //! What the two nlmfeature features (NLMFeature, NLMJointFeature) share: the model, one
-//! session per decoder thread, the session options of the feature line, the Moses factor ->
-//! model word table, the sentence start and end, and the per-sentence stats.  Defined in
-//! NLMFeature.cpp (which alone includes nlmfeature.h).
+//! session per decoder thread and the session options of the feature line (the package's
+//! nlmfeature_client.h, which the Moses2 features use too), the Moses factor -> model word
+//! table, the sentence start and end, and the per-sentence stats.  Defined in NLMFeature.cpp.
 class NLMClient
 {
 public:
@@ -53,8 +56,8 @@ public:
   //! feature's defaults (an unnormalised joint model goes without the n-gram cache unless
   //! ngram-cache-entries or persistent-cache is on the line)
   void Load(const std::string &who, bool joint = false);
-  nlm_model *Model() const { return m_model; }
-  const std::string &Path() const { return m_path; }
+  nlm_model *Model() const;
+  const std::string &Path() const;
   FactorType Factor() const { return m_factorType; }
   //! the model id of a Moses word (0 = <unk> for words the model does not know)
   int32_t Id(const Word &word) const {
@@ -71,21 +74,12 @@ public:
   void End(const std::string &who, long id) const;
 
 private:
-  struct ThreadSession;  // a session and its counters (NLMFeature.cpp)
+  NLMClient(const NLMClient &);
+  NLMClient &operator=(const NLMClient &);
 
-  std::string m_path;
-  std::string m_persistentCache;
-  int64_t m_persistentMaxBytes;
-  int64_t m_cacheEntries;
-  int64_t m_ngramCacheEntries;
-  int64_t m_spanMemoEntries;  // -1: the library's default
-  int m_contextCache;         // -1 auto, 0 off, 1 on
+  nlmfeature::Client *m_client;
   FactorType m_factorType;
-  bool m_verify;
-  bool m_stats;
-  nlm_model *m_model;
   std::vector<int32_t> m_lookup;  // Moses factor id -> model word id
-  mutable boost::thread_specific_ptr<ThreadSession> m_sessions;
 };
 
 //! Exact LM state: the last n-1 ids (fewer only right after <s>), oldest first.

@@ -161,6 +161,23 @@ def test_partial_contexts_use_null_and_bos_padding(binary, models):
 
 
 @pytest.mark.parametrize("kind", ["unnormalised", "class"])
+def test_batched_spans_equal_single_spans(binary, models, kind):
+    """nlm_score_spans (a batch of hypothesis expansions in one call) returns, for each span,
+    the very double of the per-word calls: with the memo on (the batch's second copy of each
+    span answered by the first's entries) and off; invalid spans among them come back NaN with
+    NLM_ERR_ARGUMENT while the rest are scored; an empty batch is NLM_OK, a NULL session an
+    error."""
+    words = "<s> the jury said it did find that the election".split()
+    out = subprocess.run([binary, "spans", models[kind], *words], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr + out.stdout
+    got = dict(kv.split("=") for kv in out.stdout.split())
+    assert int(got["bad"]) == 0
+    assert int(got["checked"]) > 600
+    assert int(got["nan"]) == 2 * 3
+    assert int(got["empty"]) == 0 and int(got["null"]) < 0
+
+
+@pytest.mark.parametrize("kind", ["unnormalised", "class"])
 def test_span_scores_equal_per_word_scores(binary, models, kind):
     """nlm_score_span (one call per hypothesis expansion, memoised per sentence) returns exactly
     the summed per-word scores, on a memo miss, on a hit, with the memo off and after

@@ -55,6 +55,12 @@ cdef extern from "../../src/nlmfeature/decoder/capi/nlm_vtable.h":
         int quiet
         int context_cache
         int persistent_policy
+    ctypedef struct nlm_vt_span:
+        const int32_t* hist
+        int nhist
+        int first
+        int count
+        int final
     ctypedef struct nlm_vtable:
         int32_t version
         int32_t stat_count
@@ -70,6 +76,12 @@ cdef extern from "../../src/nlmfeature/decoder/capi/nlm_vtable.h":
         double (*joint_score)(void*, const int32_t*, int, int, const int32_t*, int, int32_t) noexcept nogil
         double (*score_span)(void*, const int32_t*, int, int, int, int, const int32_t*, int, const int32_t*) noexcept nogil
         void (*prefetch_span)(void*, const int32_t*, int, int, int, int) noexcept nogil
+        void (*score_spans)(void*, const nlm_vt_span*, int, double*) noexcept nogil
+
+cdef enum:
+    # spans whose keys vt_score_spans builds (and whose cache slots it starts to load) ahead
+    # of the one it scores
+    SPANS_AHEAD = 4
 
 OUTPUT_CODES = {"unnormalised": 0, "softmax": 1, "class": 2, "tree": 3}
 
@@ -221,6 +233,45 @@ cdef void vt_prefetch_span(void* s, const int32_t* hist, int nhist, int first, i
     c.pend_k = k
 
 
+cdef void vt_score_spans(void* s, const nlm_vt_span* spans, int n, double* out) noexcept nogil:
+    """``out[i]`` = :c:func:`vt_score_span` of the target-only span ``spans[i]`` for i < ``n``
+    (arguments checked by the library), each the very double that call returns: the words
+    of a batch of hypothesis expansions through the same keys and caches.  The keys of the
+    span SPANS_AHEAD places on are built and their n-gram cache slots' loads started before
+    a span is scored, so the cache misses of several expansions overlap instead of queueing
+    (a key's hash does not depend on what the table holds, so keys built early stay valid)."""
+    cdef SessionC* c = <SessionC*>s
+    cdef int32_t lkey[SPANS_AHEAD][NLM_SPAN_BATCH][NLM_MAX_KEY + 1]
+    cdef uint64_t lhash[SPANS_AHEAD][NLM_SPAN_BATCH]
+    cdef int32_t dummy = 0
+    cdef int i, j, k, r, a
+    cdef double total
+    cdef const nlm_vt_span* sp
+    c.pend_k = 0
+    for i in range(n if n < SPANS_AHEAD else SPANS_AHEAD):
+        sp = &spans[i]
+        if sp.count + (1 if sp.final else 0) <= NLM_SPAN_BATCH:
+            span_keys(c, sp.hist, sp.nhist, sp.first, sp.count, sp.final, &dummy, 0, NULL,
+                      &lkey[i][0][0], &lhash[i][0])
+    for i in range(n):
+        sp = &spans[i]
+        r = i % SPANS_AHEAD
+        k = sp.count + (1 if sp.final else 0)
+        if k > NLM_SPAN_BATCH:
+            out[i] = vt_score_span(s, sp.hist, sp.nhist, sp.first, sp.count, sp.final, NULL, 0, NULL)
+        else:
+            total = 0
+            for j in range(k):
+                total += pc_lookup_clean(c, &lkey[r][j][0], lhash[r][j])
+            out[i] = total
+        a = i + SPANS_AHEAD
+        if a < n:
+            sp = &spans[a]
+            if sp.count + (1 if sp.final else 0) <= NLM_SPAN_BATCH:
+                span_keys(c, sp.hist, sp.nhist, sp.first, sp.count, sp.final, &dummy, 0, NULL,
+                          &lkey[r][0][0], &lhash[r][0])
+
+
 cdef int32_t vt_source_find(const nlm_vt_model* m, const char* word, size_t n) noexcept nogil:
     cdef int64_t w
     if m.src_window == 0:
@@ -261,6 +312,7 @@ _vtable.source_find = vt_source_find
 _vtable.joint_score = vt_joint_score
 _vtable.score_span = vt_score_span
 _vtable.prefetch_span = vt_prefetch_span
+_vtable.score_spans = vt_score_spans
 
 #: PyCapsule "nlmfeature._capi.vtable" holding the ``nlm_vtable*``
 VTABLE = PyCapsule_New(<void*>&_vtable, b"nlmfeature._capi.vtable", NULL)

@@ -422,6 +422,72 @@ static int cmd_span(const char* path, int argc, char** argv) {
     return bad ? 1 : 0;
 }
 
+/* nlm_score_spans (a batch of expansions in one call) against the per-word calls: every
+ * (first, count, final) span over the given words in one batch, twice over (the second copy
+ * hits the memo of the first when it is on), with the memo on and off, plus three invalid spans
+ * among them that must come back NaN with NLM_ERR_ARGUMENT while the others are scored. */
+static int cmd_spans(const char* path, int argc, char** argv) {
+    nlm_model* m;
+    nlm_session *on, *off, *ref;
+    nlm_session_options o;
+    nlm_span spans[4096];
+    double want[4096], got[4096];
+    int32_t ids[16];
+    int rc = nlm_model_load(path, &m), i, n = argc, first, count, final, k = 0, bad = 0, rep, nan_ok = 0;
+    if (rc != NLM_OK) die("load", rc);
+    nlm_session_options_init(&o);
+    o.span_memo_entries = 16384;
+    if ((rc = nlm_session_new(m, &o, &on)) != NLM_OK) die("session", rc);
+    o.span_memo_entries = 0;
+    if ((rc = nlm_session_new(m, &o, &off)) != NLM_OK) die("session", rc);
+    if ((rc = nlm_session_new(m, &o, &ref)) != NLM_OK) die("session", rc);
+    if (n > 16) n = 16;
+    for (i = 0; i < n; i++) ids[i] = nlm_word_id(m, argv[i], strlen(argv[i]));
+    ids[0] = NLM_BOS;
+    nlm_session_begin(on, 0);
+    nlm_session_begin(off, 0);
+    nlm_session_begin(ref, 0);
+    for (rep = 0; rep < 2; rep++)
+        for (first = 0; first <= n; first++)
+            for (count = 0; first + count <= n; count++)
+                for (final = 0; final < 2; final++) {
+                    int nh;
+                    for (nh = first + count; nh <= n; nh++) {
+                        if (!final && nh != first + count) continue;
+                        if (k == 5 || k == 50 || k == 500) {  /* invalid: words past the history */
+                            spans[k].hist = ids; spans[k].nhist = 2; spans[k].first = 1;
+                            spans[k].count = 5; spans[k].final = 0; want[k++] = NAN;
+                        }
+                        want[k] = 0;
+                        for (i = 0; i < count; i++) want[k] += nlm_score(ref, ids, first + i, ids[first + i]);
+                        if (final) want[k] += nlm_score(ref, ids, nh, NLM_EOS);
+                        spans[k].hist = ids; spans[k].nhist = nh; spans[k].first = first;
+                        spans[k].count = count; spans[k].final = final;
+                        k++;
+                    }
+                }
+    for (rep = 0; rep < 2; rep++) {
+        nlm_session* s = rep ? off : on;
+        rc = nlm_score_spans(s, spans, k, got);
+        if (rc != NLM_ERR_ARGUMENT) { bad++; fprintf(stderr, "status %d\n", rc); }
+        for (i = 0; i < k; i++) {
+            if (isnan(want[i])) { nan_ok += isnan(got[i]) ? 1 : 0; continue; }
+            if (got[i] != want[i]) { if (bad++ < 5) fprintf(stderr, "batch span %d: %.17g != %.17g\n", i, got[i], want[i]); }
+        }
+    }
+    /* the same spans one by one on the memo session: the very doubles of the batch */
+    for (i = 0; i < k; i++)
+        if (!isnan(want[i]) && nlm_score_span(on, spans[i].hist, spans[i].nhist, spans[i].first,
+                                              spans[i].count, spans[i].final) != want[i]) bad++;
+    printf("checked=%d bad=%d nan=%d empty=%d null=%d\n", k, bad, nan_ok, nlm_score_spans(on, spans, 0, got),
+           nlm_score_spans(NULL, spans, 1, got));
+    nlm_session_free(on);
+    nlm_session_free(off);
+    nlm_session_free(ref);
+    nlm_model_free(m);
+    return bad ? 1 : 0;
+}
+
 int main(int argc, char** argv) {
     if (argc >= 4 && !strcmp(argv[1], "score")) return cmd_score(argc, argv);
     if (argc == 3 && !strcmp(argv[1], "load")) return cmd_load(argv[2]);
@@ -430,6 +496,7 @@ int main(int argc, char** argv) {
     if (argc == 3 && !strcmp(argv[1], "contracts")) return cmd_contracts(argv[2]);
     if (argc == 3 && !strcmp(argv[1], "replace")) return cmd_replace(argv[2]);
     if (argc >= 4 && !strcmp(argv[1], "span")) return cmd_span(argv[2], argc - 3, argv + 3);
-    fprintf(stderr, "usage: test_capi score|load|vocab|partial|contracts|replace|span MODEL ...\n");
+    if (argc >= 4 && !strcmp(argv[1], "spans")) return cmd_spans(argv[2], argc - 3, argv + 3);
+    fprintf(stderr, "usage: test_capi score|load|vocab|partial|contracts|replace|span|spans MODEL ...\n");
     return 2;
 }

@@ -23,6 +23,9 @@ CAPI_DIR = os.path.dirname(os.path.abspath(__file__))
 LIB_NAME = "libnlmfeature.so"
 SOURCES = ["nlmfeature.c"]
 HEADERS = ["nlmfeature.h", "nlm_vtable.h"]
+#: what decoders include (copied to the package's include/): the C API and the C++ client the
+#: Moses and Moses2 features share
+PUBLIC_HEADERS = ["nlmfeature.h", "nlmfeature_client.h"]
 
 
 #: Cython directives of every extension (setup.py; tests that compile a variant)
@@ -100,7 +103,8 @@ def build_library(package_dir: str, temp_dir: str, force: bool = False, verbose:
     inc_dir = os.path.join(package_dir, "include")
     os.makedirs(lib_dir, exist_ok=True)
     os.makedirs(inc_dir, exist_ok=True)
-    shutil.copy2(os.path.join(CAPI_DIR, "nlmfeature.h"), os.path.join(inc_dir, "nlmfeature.h"))
+    for header in PUBLIC_HEADERS:
+        shutil.copy2(os.path.join(CAPI_DIR, header), os.path.join(inc_dir, header))
     target = os.path.join(lib_dir, LIB_NAME)
     sources = [os.path.join(CAPI_DIR, s) for s in SOURCES + HEADERS]
     # the library embeds the interpreter that builds it: another one (a venv) or other

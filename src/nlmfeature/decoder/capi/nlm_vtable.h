@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define NLM_VTABLE_VERSION 5
+#define NLM_VTABLE_VERSION 6
 #define NLM_VT_ERRLEN 1024
 #define NLM_VT_MAX_ORDER 16 /* NLM_MAX_ORDER of the scorer */
 
@@ -73,6 +73,16 @@ enum {
     NLM_VT_STAT_COUNT
 };
 
+/* One target-only span of score_spans (the arguments of one score_span call; the same layout
+ * as nlm_span of nlmfeature.h). */
+typedef struct nlm_vt_span {
+    const int32_t* hist;
+    int nhist;
+    int first;
+    int count;
+    int final;
+} nlm_vt_span;
+
 typedef struct nlm_vtable {
     int32_t version;              /* NLM_VTABLE_VERSION */
     int32_t stat_count;           /* NLM_VT_STAT_COUNT */
@@ -102,6 +112,10 @@ typedef struct nlm_vtable {
     /* a target-only span's keys built and their cache slots' loads started, kept by the
        session: the next score_span with the same arguments (aff NULL) scores from them */
     void (*prefetch_span)(void* s, const int32_t* hist, int nhist, int first, int count, int final);
+    /* out[i] = score_span of spans[i] (target-only, arguments checked) for i < n, each the very
+       double score_span gives; the keys of the spans a few places ahead are built and their
+       cache slots' loads started while a span is scored (nlm_score_spans) */
+    void (*score_spans)(void* s, const nlm_vt_span* spans, int n, double* out);
 } nlm_vtable;
 
 #endif

@@ -76,6 +76,11 @@ struct nlm_session {
     int32_t* src;      /* joint models: the source sentence of nlm_session_begin_source */
     int nsrc;
     int src_cap;
+    /* nlm_score_spans: the spans the memo did not answer, their places and scores */
+    nlm_vt_span* miss_spans;
+    int* miss_index;
+    double* miss_out;
+    int miss_cap;
 };
 
 static __thread char g_error[2048];
@@ -613,6 +618,9 @@ NLM_API void nlm_session_free(nlm_session* session) {
     free(session->memo.slots);
     m = (struct nlm_model*)session->model;
     free(session->src);
+    free(session->miss_spans);
+    free(session->miss_index);
+    free(session->miss_out);
     free(session);
     pthread_mutex_lock(&g_model_lock);
     release = --m->sessions == 0 && m->freed;
@@ -760,10 +768,35 @@ static int check_span(const char* who, const int32_t** hist, int nhist, int firs
     return 1;
 }
 
+/* the memo key of a span (nlm_score_span): the ids before `first` that the first word's context
+ * sees (up to n-1; all of them when fewer, so the <s>/<null> padding is determined), the scored
+ * words and, with `final`, every id after them (the </s> context); its length, or 0 when it is
+ * longer than a slot holds */
+static int span_memo_key(const nlm_session* session, const int32_t* hist, int nhist, int first, int count,
+                         int final, int32_t* key) {
+    int c = session->model->vm->order - 1;
+    int lead = first < c ? first : c;
+    int end = final ? nhist : first + count;
+    int n = 1 + lead + (end - first);
+    if (n > session->memo.max_key) return 0;
+    key[0] = lead | (count << 8) | (final << 16);
+    memcpy(key + 1, hist + first - lead, sizeof(int32_t) * (size_t)(end - first + lead));
+    return n;
+}
+
+static void span_memo_store(memo_table* t, const int32_t* key, int n, double v) {
+    int found;
+    int32_t* slot = memo_probe(t, key, n, &found);
+    slot[0] = (int32_t)t->generation;
+    slot[1] = n;
+    memcpy(slot + 2, key, sizeof(int32_t) * (size_t)n);
+    memcpy(slot + 2 + t->max_key, &v, sizeof v);
+}
+
 NLM_API double nlm_score_span(nlm_session* session, const int32_t* hist, int nhist, int first, int count,
                               int final) {
     int32_t key[2 + NLM_VT_MAX_ORDER + NLM_SPAN_MAX_WORDS];
-    int c, lead, end, n, found;
+    int n, found;
     int32_t* slot;
     double v;
     memo_table* t;
@@ -771,17 +804,8 @@ NLM_API double nlm_score_span(nlm_session* session, const int32_t* hist, int nhi
     if (!check_span("nlm_score_span", &hist, nhist, first, count, &final)) return NAN;
     if (!count && !final) return 0;
     t = &session->memo;
-    if (!t->capacity) return span_compute(session, hist, nhist, first, count, final);
-    /* the key: the ids before `first` that the first word's context sees (up to n-1; all of
-       them when fewer, so the <s>/<null> padding is determined), the scored words and, with
-       `final`, every id after them (the </s> context) */
-    c = session->model->vm->order - 1;
-    lead = first < c ? first : c;
-    end = final ? nhist : first + count;
-    n = 1 + lead + (end - first);
-    if (n > t->max_key) return span_compute(session, hist, nhist, first, count, final);
-    key[0] = lead | (count << 8) | (final << 16);
-    memcpy(key + 1, hist + first - lead, sizeof(int32_t) * (size_t)(end - first + lead));
+    if (!t->capacity || !(n = span_memo_key(session, hist, nhist, first, count, final, key)))
+        return span_compute(session, hist, nhist, first, count, final);
     t->calls++;
     slot = memo_probe(t, key, n, &found);
     if (found) {
@@ -790,11 +814,82 @@ NLM_API double nlm_score_span(nlm_session* session, const int32_t* hist, int nhi
         return v;
     }
     v = span_compute(session, hist, nhist, first, count, final);
-    slot[0] = (int32_t)t->generation;
-    slot[1] = n;
-    memcpy(slot + 2, key, sizeof(int32_t) * (size_t)n);
-    memcpy(slot + 2 + t->max_key, &v, sizeof v);
+    span_memo_store(t, key, n, v);
     return v;
+}
+
+static int spans_compute(nlm_session* session, const nlm_vt_span* spans, int n, double* out) {
+    NLM_TIMED(session, int, (g_vt->score_spans(session->cs, spans, n, out), 0));
+}
+
+NLM_API int nlm_score_spans(nlm_session* session, const nlm_span* spans, int n, double* out) {
+    int32_t key[2 + NLM_VT_MAX_ORDER + NLM_SPAN_MAX_WORDS];
+    int i, j, m = 0, klen, found, status = NLM_OK, first_bad = -1;
+    memo_table* t;
+    if (!session) return fail(NLM_ERR_ARGUMENT, "nlm_score_spans: NULL session");
+    if (n < 0) return fail(NLM_ERR_ARGUMENT, "nlm_score_spans: negative count n = %d", n);
+    if (n == 0) return NLM_OK;
+    if (!spans || !out) return fail(NLM_ERR_ARGUMENT, "nlm_score_spans: NULL spans or out with n = %d", n);
+    if (n > session->miss_cap) {
+        int cap = n > 2 * session->miss_cap ? n : 2 * session->miss_cap;
+        nlm_vt_span* a = (nlm_vt_span*)realloc(session->miss_spans, sizeof(nlm_vt_span) * (size_t)cap);
+        int* b;
+        double* c;
+        if (a) session->miss_spans = a;
+        b = a ? (int*)realloc(session->miss_index, sizeof(int) * (size_t)cap) : NULL;
+        if (b) session->miss_index = b;
+        c = b ? (double*)realloc(session->miss_out, sizeof(double) * (size_t)cap) : NULL;
+        if (c) session->miss_out = c;
+        if (!c) {
+            for (i = 0; i < n; i++) out[i] = NAN;
+            return fail(NLM_ERR_MEMORY, "nlm_score_spans: out of memory for %d spans", n);
+        }
+        session->miss_cap = cap;
+    }
+    t = &session->memo;
+    for (i = 0; i < n; i++) {
+        const int32_t* hist = spans[i].hist;
+        int final = spans[i].final;
+        if (!check_span("nlm_score_spans", &hist, spans[i].nhist, spans[i].first, spans[i].count, &final)) {
+            out[i] = NAN;
+            if (first_bad < 0) first_bad = i;
+            continue;
+        }
+        if (!spans[i].count && !final) { out[i] = 0; continue; }
+        if (t->capacity) {
+            klen = span_memo_key(session, hist, spans[i].nhist, spans[i].first, spans[i].count, final, key);
+            if (klen) {
+                int32_t* slot;
+                t->calls++;
+                slot = memo_probe(t, key, klen, &found);
+                if (found) {
+                    t->hits++;
+                    memcpy(&out[i], slot + 2 + t->max_key, sizeof(double));
+                    continue;
+                }
+            }
+        }
+        session->miss_spans[m].hist = hist;
+        session->miss_spans[m].nhist = spans[i].nhist;
+        session->miss_spans[m].first = spans[i].first;
+        session->miss_spans[m].count = spans[i].count;
+        session->miss_spans[m].final = final;
+        session->miss_index[m++] = i;
+    }
+    if (m) (void)spans_compute(session, session->miss_spans, m, session->miss_out);
+    for (j = 0; j < m; j++) {
+        const nlm_vt_span* sp = &session->miss_spans[j];
+        out[session->miss_index[j]] = session->miss_out[j];
+        if (t->capacity && (klen = span_memo_key(session, sp->hist, sp->nhist, sp->first, sp->count, sp->final, key)))
+            span_memo_store(t, key, klen, session->miss_out[j]);
+    }
+    if (first_bad >= 0) {
+        /* (check_span wrote the reason; name the span) */
+        char reason[sizeof g_error];
+        snprintf(reason, sizeof reason, "%s", g_error);
+        status = fail(NLM_ERR_ARGUMENT, "span %d: %s", first_bad, reason);
+    }
+    return status;
 }
 
 static int prefetch_compute(nlm_session* session, const int32_t* hist, int nhist, int first, int count,

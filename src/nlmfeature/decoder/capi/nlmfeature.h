@@ -294,6 +294,27 @@ double nlm_score_sequence(nlm_session* session, const int32_t* context, int nctx
 double nlm_score_span(nlm_session* session, const int32_t* hist, int nhist, int first, int count,
                       int final);
 
+/** One hypothesis expansion of nlm_score_spans: the arguments of one nlm_score_span call. */
+typedef struct nlm_span {
+    const int32_t* hist;  /* the state's ids, then the new words (nhist ids, oldest first) */
+    int nhist;
+    int first;            /* the first word scored (the state's length) */
+    int count;            /* words scored from `first` on */
+    int final;            /* 1: and </s> after all of hist */
+} nlm_span;
+
+/** The scores of a batch of hypothesis expansions in one call (a decoder that evaluates a
+ *  whole stack's new hypotheses at once: Moses2's EvaluateWhenAppliedBatch):
+ *  out[i] = nlm_score_span(session, spans[i].hist, spans[i].nhist, spans[i].first,
+ *  spans[i].count, spans[i].final), the very double that call returns, for i < n.  The
+ *  per-sentence memo is consulted first; then the remaining spans' n-gram keys are built
+ *  and their cache slots' loads started a few spans ahead of the one being scored, so the
+ *  cache misses of different hypotheses overlap.  Returns NLM_OK; NLM_ERR_ARGUMENT for a
+ *  NULL session, n < 0 or a NULL spans/out with n > 0 (nothing scored), or when a span's
+ *  arguments are invalid (as nlm_score_span checks them): its out[i] is NaN, the others are
+ *  scored, and nlm_last_error names the first such span. */
+int nlm_score_spans(nlm_session* session, const nlm_span* spans, int n, double* out);
+
 /** Start the work of the nlm_score_span call with these arguments that comes next on this
  *  session (same thread): its lookups' keys are built and the loads of their n-gram cache
  *  slots started, so that they overlap what the decoder does in between (Moses: the
