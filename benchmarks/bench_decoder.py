@@ -377,6 +377,86 @@ def bench_cdec(args, models: Dict[str, str], extras: Dict[str, str], shared: str
     return res
 
 
+def bench_moses2(args, models: Dict[str, str], extras: Dict[str, str], base: str, weights: Weights, work: str,
+                 src: str, refs: List[str], moses_res: Optional[Dict]) -> Dict:
+    """Moses2 with KenLM alone and KenLM + each NLM, each with Moses2's normal search
+    (per-hypothesis evaluation) and the batch search (``search-algorithm 4``: a stack's new
+    hypotheses evaluated at once, the NLM scoring them in one ``nlm_score_spans`` call), on
+    each thread count: CPU and wall time minus loading, ratios to KenLM alone on the same
+    search, BLEU, whether the two searches and the thread counts give the same translations,
+    and (with the Moses part run too) the CPU time against Moses' with the same model."""
+    moses2 = args.moses2 or mo.find_program("moses2")
+    if not moses2:
+        sys.exit("no moses2: give --moses2 or MOSES_ROOT (a tree with moses2 built, moses_ff/README.md)")
+    moses2 = mo.find_moses(moses2, features=("NLMFeature",) if models else ())
+    d = os.path.join(work, "moses2")
+    os.makedirs(d, exist_ok=True)
+    configs: Dict[str, str] = {}
+    for search, algo in (("normal", "0"), ("batch", "4")):
+        for name in ["kenlm"] + list(models):
+            ini = write_ini(os.path.join(d, f"{name}.{search}.ini"), base, weights,
+                            models.get(name), args.nlm_weight, extras.get(name, ""))
+            with open(ini, "a", encoding="utf-8") as f:
+                f.write(f"\n[search-algorithm]\n{algo}\n")
+            configs[f"{name}/{search}"] = ini
+    threads = [int(t) for t in args.threads.split(",")]
+    n = len(refs)
+    empty = write_lines(os.path.join(d, "empty.src"), [])
+    print(f"moses2: {moses2}\nthreads {threads}, {args.repeats} repeats", flush=True)
+    runs = Runs()
+    for rep in range(args.repeats):
+        for key, ini in configs.items():
+            runs.add_load(key, timed(mo.command(moses2, ini, empty)))
+            for t in threads:
+                runs.add((key, t), timed(mo.command(moses2, ini, src, t)))
+        print(f"  moses2 repeat {rep + 1}/{args.repeats} done", flush=True)
+    res: Dict = {"moses2": moses2, "sentences": n, "configs": {}}
+    print(f"\nMoses2 ({n} sentences; 'cpu' = the process's CPU time minus that of loading (an empty input); "
+          f"ratios to KenLM alone with the same search; paired = median over repeats of back-to-back ratios; "
+          f"'vs moses' = CPU time over Moses' with the same model and threads)\n"
+          f"{'config':22s} {'thr':>3s} {'cpu ms/s':>9s} {'ratio':>6s} {'paired':>6s} {'wall ms/s':>9s} "
+          f"{'BLEU':>6s} {'same':>5s} {'vs moses':>8s}")
+    for key in configs:
+        name, search = key.split("/")
+        base_key = f"kenlm/{search}"
+        b = bleu(runs.outputs[(key, threads[0])], refs)
+        same = all(runs.outputs[(key, t)] == runs.outputs[(f"{name}/normal", threads[0])] for t in threads)
+        c = res["configs"].setdefault(key, {"bleu": b, "load_seconds": runs.load[key], "threads": {},
+                                            "same_translations_as_normal_search_one_thread": same})
+        for t in threads:
+            k, kb = (key, t), (base_key, t)
+            cper, cratio, cpaired = figures(runs.cpus[k], runs.load_cpu[key], runs.cpus[kb], runs.load_cpu[base_key], n)
+            wper, wratio, _ = figures(runs.walls[k], runs.load[key], runs.walls[kb], runs.load[base_key], n)
+            vs = None
+            if moses_res and name in moses_res["configs"] and t in moses_res["configs"][name].get("threads", {}):
+                vs = cper / moses_res["configs"][name]["threads"][t]["cpu_ms_per_sentence"]
+            c["threads"][t] = {"cpu_ms_per_sentence": cper, "cpu_ratio_to_kenlm": cratio,
+                               "cpu_paired_ratio_median": cpaired, "wall_ms_per_sentence": wper,
+                               "wall_ratio_to_kenlm": wratio, "cpu_seconds_all": runs.cpus[k],
+                               "cpu_ratio_to_moses": vs}
+            print(f"{key:22s} {t:3d} {cper:9.1f} {cratio:6.2f} {cpaired:6.2f} {wper:9.1f} {b:6.2f} "
+                  f"{str(same):>5s} {('%.2f' % vs) if vs else '-':>8s}", flush=True)
+    for name in ["kenlm"] + list(models):
+        # the batch path's gain: CPU of the normal search over the batch search's, same threads
+        for t in threads:
+            nb, bb = (f"{name}/normal", t), (f"{name}/batch", t)
+            gain = median([(a - runs.load_cpu[nb[0]]) / (b - runs.load_cpu[bb[0]])
+                           for a, b in zip(runs.cpus[nb], runs.cpus[bb])])
+            res["configs"][f"{name}/batch"]["threads"][t]["normal_over_batch_cpu_paired"] = gain
+            print(f"batch search gain {name}, {t} thread(s): normal/batch CPU = {gain:.3f} (paired median)")
+    for name in ["kenlm"] + list(models):
+        # thread scaling: CPU and wall of the most threads against one thread
+        if len(threads) > 1:
+            for search in ("normal", "batch"):
+                key = f"{name}/{search}"
+                c = res["configs"][key]["threads"]
+                c[threads[-1]]["wall_speedup_over_one_thread"] = c[threads[0]]["wall_ms_per_sentence"] / \
+                    c[threads[-1]]["wall_ms_per_sentence"]
+                print(f"thread scaling {key}: wall {threads[0]} -> {threads[-1]} threads "
+                      f"{c[threads[-1]]['wall_speedup_over_one_thread']:.2f}x")
+    return res
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -401,7 +481,9 @@ def main(argv=None) -> int:
     ap.add_argument("--binary", action="append", default=[], metavar="NAME=MOSES",
                     help="run configuration NAME (kenlm or a --model name) with this moses executable instead "
                          "of MOSES_ROOT's (e.g. a build of another nlmfeature version, to compare in one run)")
-    ap.add_argument("--decoder", default="moses", help="comma-separated: moses, cdec (default moses)")
+    ap.add_argument("--decoder", default="moses", help="comma-separated: moses, moses2, cdec (default moses)")
+    ap.add_argument("--moses2", default=None, help="the moses2 executable for --decoder moses2 (default: "
+                    "MOSES_ROOT/bin/moses2, else the newest moses2 build under MOSES_ROOT)")
     ap.add_argument("--shared", default=None, help="the shared folder holding data/ (default: $NLMFEATURE_SHARED "
                     "or ../shared beside the repository)")
     ap.add_argument("--system", default=None, help="directory of the Moses system (default: "
@@ -484,6 +566,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"workdir: {work}\nsystem: {system}\n{n} test sentences", flush=True)
 
     lm = None
+    if "moses2" in decoders and "moses" not in decoders:
+        inputs = [src]
+        base, weights, sysinfo = prepare_moses_system(system, args.ini, inputs, work, args.kenlm_bin,
+                                                      not args.no_filter)
     if "moses" in decoders:
         moses = mo.find_moses(args.moses, features=("NLMFeature",) + (("NLMJointFeature",) if joints else ()))
         inputs = [src] + ([write_lines(os.path.join(work, "dev.src"), read_lines(args.tune_src, args.tune_sentences))]
@@ -682,6 +768,10 @@ def run(args: argparse.Namespace) -> int:
                       f"{t['persistent_cache']:.2f} s; NLM cost {cost_no:.2f} s -> {cost_pc:.2f} s "
                       f"({results['tuning'][name]['cost_ratio']:.1f}x lower); persistent hit rate "
                       f"{results['tuning'][name]['persistent_hit_rate']:.3f}")
+
+    if "moses2" in decoders:
+        results["moses2"] = bench_moses2(args, models, extras, base, weights, work, src, refs,
+                                         results.get("moses"))
 
     if "cdec" in decoders:
         if lm is None:

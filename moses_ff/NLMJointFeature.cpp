@@ -21,6 +21,7 @@
 #include "util/exception.hh"
 
 #include <nlmfeature.h>
+#include <nlmfeature_client.h>
 
 namespace Moses
 {
@@ -98,51 +99,8 @@ inline nlm_session *NLMJointFeature::Session() const
 
 void NLMJointFeature::Affiliations(const TargetPhrase &phrase, size_t start, size_t srcLen, int *out)
 {
-  // Called for every hypothesis expansion: no allocation (AlignmentInfo's
-  // GetAlignmentsForTarget builds a std::set per word, which was a tenth of a decode in
-  // malloc and free).  The alignment is a set of (source, target) pairs ordered by source,
-  // so the k-th pair seen with target j holds j's k-th source position in increasing order.
-  const size_t n = phrase.GetSize();
-  const size_t kStack = 64;
-  int stackBuf[3 * kStack];
-  std::vector<int> heapBuf;
-  int *buf = stackBuf;
-  if (n > kStack) {
-    heapBuf.resize(3 * n);
-    buf = &heapBuf[0];
-  }
-  int *own = buf, *count = buf + n, *seen = buf + 2 * n;
-  for (size_t j = 0; j < n; ++j) {
-    own[j] = -1;
-    count[j] = 0;
-    seen[j] = 0;
-  }
   const AlignmentInfo &ai = phrase.GetAlignTerm();
-  for (AlignmentInfo::const_iterator it = ai.begin(); it != ai.end(); ++it)
-    if (it->second < n) ++count[it->second];
-  bool any = false;
-  for (AlignmentInfo::const_iterator it = ai.begin(); it != ai.end(); ++it) {
-    const size_t j = it->second;
-    if (j >= n) continue;
-    if (seen[j]++ == count[j] / 2) {  // the middle one; the right one of two middle ones
-      own[j] = static_cast<int>(start + it->first);
-      any = true;
-    }
-  }
-  for (size_t j = 0; j < n; ++j) {
-    out[j] = -1;
-    if (!any) {  // no alignment point: proportional position in the source span
-      size_t p = srcLen ? std::min(srcLen - 1, j * srcLen / n) : 0;
-      out[j] = static_cast<int>(start + p);
-    } else if (own[j] >= 0) {
-      out[j] = own[j];
-    } else {     // nearest aligned word, the right one on ties
-      for (size_t d = 1; d < n; ++d) {
-        if (j + d < n && own[j + d] >= 0) { out[j] = own[j + d]; break; }
-        if (j >= d && own[j - d] >= 0) { out[j] = own[j - d]; break; }
-      }
-    }
-  }
+  nlmfeature::Affiliations(ai.begin(), ai.end(), phrase.GetSize(), start, srcLen, out);
 }
 
 void NLMJointFeature::MemoAffiliations(const TargetPhrase &phrase, size_t start, size_t srcLen, int *out)

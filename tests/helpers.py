@@ -207,6 +207,124 @@ def build_moses_with_shim(root: str, joint: bool = False) -> str:
     return exe
 
 
+def moses2_binaries(root: str) -> List[str]:
+    """The moses2 executables bjam built in the mosesdecoder tree ``root``."""
+    import glob
+
+    return [p for p in glob.glob(os.path.join(root, "moses2", "bin", "*", "*", "*", "*", "moses2"))
+            + glob.glob(os.path.join(root, "moses2", "bin", "*", "*", "*", "moses2"))
+            if os.path.isfile(p) and os.access(p, os.X_OK)]
+
+
+def build_moses2_with_shim(root: str) -> str:
+    """Copy ``moses_ff/moses2/NLMFeature.{h,cpp}`` into the mosesdecoder tree ``root``'s
+    ``moses2/LM`` (applying ``moses_ff/moses2.patch`` once), relink Moses2 with bjam
+    (:func:`moses_bjam_args`) against the installed package's library and return the newest
+    moses2 binary, checked to register NLMFeature.  Skips the test when the tree has no
+    built Moses2."""
+    import filecmp
+    import shlex
+    import shutil
+    import subprocess
+
+    import pytest
+    from nlmfeature.commands import config as nlmconfig
+    from nlmfeature.mt.moses import missing_features
+
+    if not moses2_binaries(root):
+        pytest.skip(f"{root} has no built moses2 binary; build Moses first")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for name in ("NLMFeature.h", "NLMFeature.cpp"):
+        src, dst = os.path.join(repo, "moses_ff", "moses2", name), os.path.join(root, "moses2", "LM", name)
+        if not os.path.exists(dst) or not filecmp.cmp(src, dst, shallow=False):
+            shutil.copy(src, dst)
+    registry = os.path.join(root, "moses2", "FF", "FeatureRegistry.cpp")
+    if "LM_NLMFEATURE" not in open(registry, encoding="utf-8").read():
+        subprocess.run(["patch", "-p1", "--forward", "-i", os.path.join(repo, "moses_ff", "moses2.patch")],
+                       cwd=root, check=True, capture_output=True)
+    pkg = os.path.dirname(nlmconfig.paths()["libdir"])
+    args = shlex.split(moses_bjam_args(root))
+    p = subprocess.run([os.path.join(root, "bjam"), *args, f"--with-nlmfeature={pkg}", "moses2//moses2"],
+                       cwd=root, capture_output=True, text=True)
+    assert p.returncode == 0, "bjam failed:\n" + p.stdout[-5000:] + p.stderr[-2000:]
+    exe = max(moses2_binaries(root), key=os.path.getmtime)
+    assert not missing_features(exe, ["NLMFeature"]), f"{exe} was built without NLMFeature"
+    return exe
+
+
+#: the fr->en phrase-based system of the decoder tests (phrase table, reordering table, input)
+DECODER_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "decoder")
+
+
+def phrase_table_models(directory) -> dict:
+    """Random-weight models over the target side of the decoder tests' phrase table: an
+    order-5 unnormalised and an order-4 class-factored LBL; {kind: path}."""
+    import gzip
+
+    with gzip.open(os.path.join(DECODER_DATA, "phrase-table.gz"), "rt", encoding="utf-8") as f:
+        counts = count_words([line.split(" ||| ")[1] for line in f])
+    vocab = Vocabulary.from_counts(counts, min_count=1)
+    c = np.array([counts.get(w, 1) for w in vocab], dtype=np.float64)
+    out = {}
+    for name, spec in [
+        ("unnormalised", ModelSpec(arch="lbl", order=5, word_width=32, diagonal_contexts=True,
+                                   output="unnormalised")),
+        ("class", ModelSpec(arch="lbl", order=4, word_width=32, diagonal_contexts=True, output="class",
+                            classes=25)),
+    ]:
+        header, arrays = random_model(spec, vocab, c, seed=11)
+        precompute_tables(header, arrays)
+        out[name] = os.path.join(str(directory), f"{name}.nlm")
+        nlmfeature.save(out[name], header, arrays)
+    return out
+
+
+def write_ini(path, nlm_line=None, weight=0.2, extra=()):
+    """A moses.ini (Moses and Moses2 read the same) for the decoder tests' system, with the
+    feature line ``nlm_line`` (labelled NLM0) at ``weight`` if given; ``extra``: more lines
+    at the top (e.g. ``[search-algorithm]``, ``4``)."""
+    data = DECODER_DATA
+    lines = list(extra) + [
+        "[input-factors]", "0", "[mapping]", "T 0", "[distortion-limit]", "6", "[feature]",
+        "Distortion",
+        "LexicalReordering type=msd-bidirectional-fe input-factor=0 output-factor=0 num-features=6 "
+        f"path={data}/reordering-table.gz",
+        "WordPenalty", "UnknownWordPenalty",
+        "PhraseDictionaryMemory input-factor=0 output-factor=0 "
+        f"path={data}/phrase-table.gz num-features=5 table-limit=20",
+    ]
+    if nlm_line:
+        lines.append(nlm_line)
+    lines += ["[weight]", "WordPenalty0= -1", "Distortion0= 0.5", "LexicalReordering0= 0.3 0.3 0.3 0.3 0.3 0.3",
+              "PhraseDictionaryMemory0= 0.2 0.2 0.2 0.2 0.2", "UnknownWordPenalty0= 1"]
+    if nlm_line:
+        lines.append(f"NLM0= {weight}")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return str(path)
+
+
+def feature(feats: str, label: str) -> float:
+    """The value of the dense feature ``label`` in an n-best line's feature field."""
+    import re
+
+    m = re.search(rf"(?:^| ){re.escape(label)}= (\S+)", feats)
+    assert m, f"{label} not in {feats}"
+    return float(m.group(1))
+
+
+def check_nbest(entries, model_path):
+    """Every (sid, words, feats) n-best entry's NLM0 value equals the Python scorer's sentence
+    log-probability of its words."""
+    m = nlmfeature.load(model_path)
+    assert entries
+    for sid, words, feats in entries:
+        v = feature(feats, "NLM0")
+        want = m.sentence_logprob(words.split())
+        # the n-best list prints 6 significant digits; the decoder sums floats
+        assert abs(v - want) <= 1e-3 + 1e-5 * abs(want), (sid, words, v, want)
+
+
 def fake_moses(path, *features: str) -> str:
     """An executable whose bytes look like a Moses build registering ``features`` (for
     :func:`nlmfeature.mt.moses.missing_features`); returns its path."""

@@ -12,20 +12,16 @@ to link without it).
 """
 from __future__ import annotations
 
-import gzip
 import os
-import re
 import shutil
 import subprocess
 
-import numpy as np
 import pytest
 
 import nlmfeature
-from nlmfeature.core.architecture import ModelSpec, precompute_tables, random_model
-from nlmfeature.core.vocab import Vocabulary, count_words
 
-from helpers import build_moses_with_shim, decode_while_model_changes, stats_totals
+from helpers import (build_moses_with_shim, check_nbest, decode_while_model_changes, phrase_table_models,
+                     stats_totals, write_ini)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -44,51 +40,10 @@ def moses() -> str:
     return build_moses_with_shim(MOSES_ROOT)
 
 
-def target_vocabulary():
-    with gzip.open(os.path.join(DATA, "phrase-table.gz"), "rt", encoding="utf-8") as f:
-        return [line.split(" ||| ")[1] for line in f]
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """Random-weight order-5 models over the target side of the phrase table."""
-    d = tmp_path_factory.mktemp("moses_models")
-    counts = count_words(target_vocabulary())
-    vocab = Vocabulary.from_counts(counts, min_count=1)
-    c = np.array([counts.get(w, 1) for w in vocab], dtype=np.float64)
-    out = {}
-    for name, spec in [
-        ("unnormalised", ModelSpec(arch="lbl", order=5, word_width=32, diagonal_contexts=True,
-                                   output="unnormalised")),
-        ("class", ModelSpec(arch="lbl", order=4, word_width=32, diagonal_contexts=True, output="class",
-                            classes=25)),
-    ]:
-        header, arrays = random_model(spec, vocab, c, seed=11)
-        precompute_tables(header, arrays)
-        out[name] = str(d / f"{name}.nlm")
-        nlmfeature.save(out[name], header, arrays)
-    return out
-
-
-def write_ini(path, nlm_line=None, weight=0.2):
-    lines = [
-        "[input-factors]", "0", "[mapping]", "T 0", "[distortion-limit]", "6", "[feature]",
-        "Distortion",
-        "LexicalReordering type=msd-bidirectional-fe input-factor=0 output-factor=0 num-features=6 "
-        f"path={DATA}/reordering-table.gz",
-        "WordPenalty", "UnknownWordPenalty",
-        "PhraseDictionaryMemory input-factor=0 output-factor=0 "
-        f"path={DATA}/phrase-table.gz num-features=5 table-limit=20",
-    ]
-    if nlm_line:
-        lines.append(nlm_line)
-    lines += ["[weight]", "WordPenalty0= -1", "Distortion0= 0.5", "LexicalReordering0= 0.3 0.3 0.3 0.3 0.3 0.3",
-              "PhraseDictionaryMemory0= 0.2 0.2 0.2 0.2 0.2", "UnknownWordPenalty0= 1"]
-    if nlm_line:
-        lines.append(f"NLM0= {weight}")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    return str(path)
+    return phrase_table_models(tmp_path_factory.mktemp("moses_models"))
 
 
 def decode(moses, ini, tmp_path, *extra, nbest=20, tag="run"):
@@ -102,22 +57,6 @@ def decode(moses, ini, tmp_path, *extra, nbest=20, tag="run"):
             sid, words, feats, total = line.rstrip("\n").split(" ||| ")
             entries.append((int(sid), words.strip(), feats))
     return p.stdout.splitlines(), entries, p.stderr
-
-
-def feature(feats: str, label: str) -> float:
-    m = re.search(rf"(?:^| ){re.escape(label)}= (\S+)", feats)
-    assert m, f"{label} not in {feats}"
-    return float(m.group(1))
-
-
-def check_nbest(entries, model_path):
-    m = nlmfeature.load(model_path)
-    assert entries
-    for sid, words, feats in entries:
-        v = feature(feats, "NLM0")
-        want = m.sentence_logprob(words.split())
-        # the n-best list prints 6 significant digits; Moses sums floats
-        assert abs(v - want) <= 1e-3 + 1e-5 * abs(want), (sid, words, v, want)
 
 
 @pytest.mark.parametrize("kind", ["unnormalised", "class"])

@@ -14,6 +14,7 @@
 
 #include <stdint.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -84,6 +85,59 @@ inline bool ParseBool(const std::string &key, const std::string &value)
   if (value == "true" || value == "1" || value == "yes" || value == "on") return true;
   if (value == "false" || value == "0" || value == "no" || value == "off") return false;
   throw std::runtime_error(key + "=" + value + ": not true or false");
+}
+
+/** The affiliations of a target phrase's n words (joint models, Devlin et al. 2014's heuristic,
+ *  the same as nlmfeature.joint.affiliations): out[j] = the source position of word j, given the
+ *  phrase's word alignment as (source, target) pairs in [begin, end) ordered by source position
+ *  (Moses' and Moses2's AlignmentInfo), its source span's first position `start` and length
+ *  `srcLen`.  The aligned source word (the middle one of several, the right one of two); an
+ *  unaligned word takes the nearest aligned word's (right first); a phrase without any
+ *  alignment point spreads its words proportionally over its source span.  No allocation for
+ *  phrases of up to 64 words (it runs for every hypothesis expansion). */
+template <class It>
+void Affiliations(It begin, It end, size_t n, size_t start, size_t srcLen, int *out)
+{
+  const size_t kStack = 64;
+  int stackBuf[3 * kStack];
+  std::vector<int> heapBuf;
+  int *buf = stackBuf;
+  if (n > kStack) {
+    heapBuf.resize(3 * n);
+    buf = &heapBuf[0];
+  }
+  int *own = buf, *count = buf + n, *seen = buf + 2 * n;
+  for (size_t j = 0; j < n; ++j) {
+    own[j] = -1;
+    count[j] = 0;
+    seen[j] = 0;
+  }
+  // the k-th pair seen with target j holds j's k-th source position in increasing order
+  for (It it = begin; it != end; ++it)
+    if (it->second < n) ++count[it->second];
+  bool any = false;
+  for (It it = begin; it != end; ++it) {
+    const size_t j = it->second;
+    if (j >= n) continue;
+    if (seen[j]++ == count[j] / 2) {  // the middle one; the right one of two middle ones
+      own[j] = static_cast<int>(start + it->first);
+      any = true;
+    }
+  }
+  for (size_t j = 0; j < n; ++j) {
+    out[j] = -1;
+    if (!any) {  // no alignment point: proportional position in the source span
+      size_t p = srcLen ? std::min(srcLen - 1, j * srcLen / n) : 0;
+      out[j] = static_cast<int>(start + p);
+    } else if (own[j] >= 0) {
+      out[j] = own[j];
+    } else {     // nearest aligned word, the right one on ties
+      for (size_t d = 1; d < n; ++d) {
+        if (j + d < n && own[j + d] >= 0) { out[j] = own[j + d]; break; }
+        if (j >= d && own[j - d] >= 0) { out[j] = own[j - d]; break; }
+      }
+    }
+  }
 }
 
 /** The model, the session options and one session per decoder thread of one feature. */

@@ -1,0 +1,190 @@
+"""The Moses2 feature (moses_ff/moses2/), built into the Moses2 of the mosesdecoder tree at
+$MOSES_ROOT and decoding real fr->en sentences with a real phrase table: every n-best
+entry's NLM feature value equals the Python scorer's sentence log-probability of its
+output, with the per-hypothesis search and with the batch search (search-algorithm 4,
+which moses_ff/moses2.patch implements), which gives the same translations.
+
+Skipped unless MOSES_ROOT points at a mosesdecoder tree with a built moses2.  The test
+copies moses_ff/moses2/NLMFeature.{h,cpp} into $MOSES_ROOT/moses2/LM, applies
+moses_ff/moses2.patch if it is not applied yet and relinks moses2 with bjam (the options of
+helpers.moses_bjam_args, which must match the tree's build).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+import nlmfeature
+
+from helpers import (DECODER_DATA, build_moses2_with_shim, check_nbest, decode_while_model_changes,
+                     phrase_table_models, stats_totals, write_ini)
+
+MOSES_ROOT = os.environ.get("MOSES_ROOT")
+
+pytestmark = pytest.mark.skipif(
+    not MOSES_ROOT or not os.path.exists(os.path.join(MOSES_ROOT or "/", "moses2", "Jamfile")),
+    reason="set MOSES_ROOT to a mosesdecoder tree with a built moses2 to test the Moses2 feature")
+pytestmark = [pytest.mark.decoder, pytestmark]
+
+BATCH = ("[search-algorithm]", "4")
+
+
+@pytest.fixture(scope="module")
+def moses2() -> str:
+    """The moses2 binary of $MOSES_ROOT with NLMFeature compiled in."""
+    return build_moses2_with_shim(MOSES_ROOT)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return phrase_table_models(tmp_path_factory.mktemp("moses2_models"))
+
+
+def decode(moses2, ini, tmp_path, *extra, nbest=20, tag="run"):
+    """Translate the test sentences; (1-best lines, n-best entries (sid, words, feats), stderr)."""
+    nb = str(tmp_path / f"{tag}.nbest")
+    with open(os.path.join(DECODER_DATA, "fr.txt"), encoding="utf-8") as src:
+        p = subprocess.run([moses2, "-f", ini, "-n-best-list", nb, str(nbest), *extra], stdin=src,
+                           capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    entries = []
+    with open(nb, encoding="utf-8") as f:
+        for line in f:
+            sid, words, feats, _total = line.rstrip("\n").split(" ||| ")
+            entries.append((int(sid), words.strip(), feats.strip()))
+    return p.stdout.splitlines(), entries, p.stderr
+
+
+@pytest.mark.parametrize("kind", ["unnormalised", "class"])
+@pytest.mark.parametrize("search", ["normal", "batch"])
+def test_nbest_feature_equals_python_sentence_score(moses2, models, tmp_path, kind, search):
+    extra = BATCH if search == "batch" else ()
+    ini = write_ini(tmp_path / "nlm.ini", f"NLMFeature name=NLM0 path={models[kind]} factor=0", extra=extra)
+    out, entries, _ = decode(moses2, ini, tmp_path)
+    assert len(out) == 10 and all(out)
+    assert len({sid for sid, _, _ in entries}) == 10
+    check_nbest(entries, models[kind])
+
+
+@pytest.mark.parametrize("kind", ["unnormalised", "class"])
+def test_batch_search_and_threads_give_the_same_translations(moses2, models, tmp_path, kind):
+    """The batch search (each stack's new hypotheses scored in one nlm_score_spans call)
+    finds exactly what the per-hypothesis search finds, n-best scores included, on 1 and 2
+    threads; a heavy weight on a random model changes the translations."""
+    line = f"NLMFeature name=NLM0 path={models[kind]} order={nlmfeature.load(models[kind]).order}"
+    normal = write_ini(tmp_path / "normal.ini", line, weight=1.0)
+    batch = write_ini(tmp_path / "batch.ini", line, weight=1.0, extra=BATCH)
+    out_n, e_n, _ = decode(moses2, normal, tmp_path, tag="normal")
+    out_b, e_b, _ = decode(moses2, batch, tmp_path, tag="batch")
+    out_2, e_2, _ = decode(moses2, batch, tmp_path, "-threads", "2", tag="two")
+    assert out_n == out_b == out_2
+    assert e_n == e_b and sorted(e_n) == sorted(e_2)
+    base, _, _ = decode(moses2, write_ini(tmp_path / "base.ini"), tmp_path, tag="base")
+    assert len(base) == 10 and base != out_n
+
+
+def test_persistent_cache_second_run(moses2, models, tmp_path):
+    d = tmp_path / "pc"
+    ini = write_ini(tmp_path / "nlm.ini", f"NLMFeature name=NLM0 path={models['class']} "
+                                          f"persistent-cache={d} stats=true", extra=BATCH)
+    first, e1, err1 = decode(moses2, ini, tmp_path, tag="p1")
+    second, e2, err2 = decode(moses2, ini, tmp_path, "-threads", "2", tag="p2")
+    assert first == second and sorted(e1) == sorted(e2)
+    t1, t2 = stats_totals(err1, "NLMFeature NLM0 sentence"), stats_totals(err2, "NLMFeature NLM0 sentence")
+    assert t1["persistent_hits"] == 0 and t1["persistent_written"] > 0
+    assert t2["persistent_loaded"] > 0 and t2["persistent_hits"] == t2["lookups"]
+    assert len(os.listdir(d / nlmfeature.load(models["class"]).checksum)) >= 10
+
+
+@pytest.mark.parametrize("line, message", [
+    ("NLMFeature name=NLM0 path={tmp}/missing.nlm", "missing.nlm: cannot open model file"),
+    ("NLMFeature name=NLM0 path={model} order=3", "is an order-5 model"),
+    ("NLMFeature name=NLM0 path={model} persistent-cache-max=lots", "persistent-cache-max=lots: not a size"),
+    ("NLMFeature name=NLM0 path={model} colour=blue", "unknown key colour=blue"),
+    ("NLMFeature name=NLM0", "needs path="),
+])
+def test_bad_feature_lines_are_clean_errors(moses2, models, tmp_path, line, message):
+    ini = write_ini(tmp_path / "bad.ini", line.format(tmp=tmp_path, model=models["unnormalised"]))
+    with open(os.path.join(DECODER_DATA, "fr.txt"), encoding="utf-8") as src:
+        p = subprocess.run([moses2, "-f", ini], stdin=src, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert message in p.stderr
+    assert "NLMFeature NLM0: error:" in p.stderr or "NLMFeature : error:" in p.stderr
+
+
+def test_model_overwritten_in_place_stops_moses2_with_the_reason(moses2, models, tmp_path):
+    live = str(tmp_path / "live.nlm")
+    shutil.copyfile(models["unnormalised"], live)
+    ini = write_ini(tmp_path / "live.ini", f"NLMFeature name=NLM0 path={live} stats=true")
+    sentences = open(os.path.join(DECODER_DATA, "fr.txt"), encoding="utf-8").read().splitlines()
+    status, out, err = decode_while_model_changes([moses2, "-f", ini], sentences, live, models["class"],
+                                                  ended="NLM0 sentence 0 lookups=")
+    assert status == 2, err[-2000:]
+    assert f"{live}: the model file was changed in place" in err
+
+
+@pytest.fixture(scope="module")
+def joint_model(tmp_path_factory) -> str:
+    """A random-weight joint model over the two sides of the Multi30k phrase-table slice."""
+    from test_moses_joint import slice_vocabs
+    from nlmfeature.core.architecture import ModelSpec, precompute_tables, random_model
+
+    out = slice_vocabs()
+    spec = ModelSpec(arch="nplm", order=4, word_width=24, hidden=32, output="class", classes=20,
+                     source_window=5)
+    header, arrays = random_model(spec, out[1][0], out[1][1], seed=5, scale=0.5,
+                                  source_vocab=out[0][0], source_counts=out[0][1])
+    precompute_tables(header, arrays)
+    path = str(tmp_path_factory.mktemp("moses2_joint") / "joint.nlm")
+    nlmfeature.save(path, header, arrays)
+    return path
+
+
+def test_joint_feature_equals_python_joint_score(moses2, joint_model, tmp_path):
+    """NLMJointFeature in Moses2, on a monotone system of one-word phrases (Moses2's n-best
+    lists carry no word alignment, so the affiliations must follow from the output: word j
+    from source word j): every n-best entry's NNJM0 value equals the Python joint scorer's."""
+    import gzip
+
+    import numpy as np
+    from nlmfeature.core.joint import joint_ngrams
+
+    data = os.path.join(DECODER_DATA, "multi30k")
+    table = tmp_path / "pt.gz"
+    with gzip.open(os.path.join(data, "phrase-table.gz"), "rt", encoding="utf-8") as f, \
+            gzip.open(table, "wt", encoding="utf-8") as out:
+        for line in f:
+            fields = line.split(" ||| ")
+            if len(fields[0].split()) == 1 and len(fields[1].split()) == 1:
+                out.write(" ||| ".join([fields[0], fields[1], fields[2], "0-0"] + fields[4:]))
+    lines = ["[input-factors]", "0", "[mapping]", "0 T 0", "[distortion-limit]", "0", "[feature]",
+             "UnknownWordPenalty", "WordPenalty", "PhrasePenalty",
+             f"PhraseDictionaryMemory name=TranslationModel0 num-features=4 path={table} input-factor=0 "
+             "output-factor=0 table-limit=20",
+             "Distortion", f"NLMJointFeature name=NNJM0 path={joint_model}",
+             "[weight]", "Distortion0= 0.014", "WordPenalty0= -0.15", "PhrasePenalty0= 0.05",
+             "TranslationModel0= 0.07 0.05 0.1 0.05", "UnknownWordPenalty0= 1", "NNJM0= 0.5"]
+    ini = tmp_path / "joint.ini"
+    ini.write_text("\n".join(lines) + "\n")
+    nb = str(tmp_path / "joint.nbest")
+    with open(os.path.join(data, "de.txt"), encoding="utf-8") as src:
+        p = subprocess.run([moses2, "-f", str(ini), "-n-best-list", nb, "20"], stdin=src,
+                           capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    jm = nlmfeature.load(joint_model)
+    sources = [line.split() for line in open(os.path.join(data, "de.txt"), encoding="utf-8")]
+    checked = 0
+    for line in open(nb, encoding="utf-8"):
+        sid, text, feats, _ = [x.strip() for x in line.split(" ||| ")]
+        words, src_words = text.split(), sources[int(sid)]
+        assert len(words) == len(src_words)          # monotone, one word per phrase
+        aff = np.array(list(range(len(words))) + [len(src_words)], dtype=np.int32)
+        d = joint_ngrams([src_words], [words], [aff], jm.vocab, jm.source_vocab, jm.order, jm.window)
+        want = float(jm.score_batch(d.contexts, d.words).sum())
+        v = float(feats.split("NNJM0= ")[1].split()[0])
+        assert abs(v - want) <= 1e-3 + 1e-5 * abs(want), (sid, text, v, want)
+        checked += 1
+    assert checked >= 20
