@@ -27,6 +27,13 @@ $NLMFEATURE_SHARED point elsewhere; 100 test2016 sentences):
 * optionally (``--tune-sentences N``) a second tuning iteration with and without the
   persistent cache.
 
+``--decoder moses2`` (alone or beside ``moses``) decodes the same prepared system with Moses2
+(``--moses2`` or MOSES_ROOT's, built with moses_ff/moses2): KenLM alone and KenLM + each NLM,
+each with Moses2's normal search and its batch search (``search-algorithm 4``, the NLM scoring a
+stack's hypotheses in one ``nlm_score_spans`` call), on each thread count: CPU time minus
+loading, ratios to KenLM alone, the batch search's gain, thread scaling, and with ``moses`` too
+the CPU time against Moses' with the same model.
+
 ``--decoder cdec`` does the same in cdec (1 thread) with hiero grammars extracted per
 sentence by cdec's suffix-array extractor (``run_extractor``) from the system's training
 pairs and word alignment (kept in the workdir), untuned hand-set weights.

@@ -258,21 +258,28 @@ DECODER_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", 
 
 def phrase_table_models(directory) -> dict:
     """Random-weight models over the target side of the decoder tests' phrase table: an
-    order-5 unnormalised and an order-4 class-factored LBL; {kind: path}."""
+    order-5 unnormalised and an order-4 class-factored LBL, and ("large") an order-5
+    class-factored LBL whose vocabulary has 100,000 more words (V = 100,502, 316 classes: the
+    vocabulary size of large-corpus models); {kind: path}."""
     import gzip
 
     with gzip.open(os.path.join(DECODER_DATA, "phrase-table.gz"), "rt", encoding="utf-8") as f:
         counts = count_words([line.split(" ||| ")[1] for line in f])
     vocab = Vocabulary.from_counts(counts, min_count=1)
     c = np.array([counts.get(w, 1) for w in vocab], dtype=np.float64)
+    big_counts = dict(counts, **{f"x{i:06d}": 1 for i in range(100000)})
+    big = Vocabulary.from_counts(big_counts, min_count=1)
+    big_c = np.array([big_counts.get(w, 1) for w in big], dtype=np.float64)
     out = {}
-    for name, spec in [
+    for name, spec, v, vc in [
         ("unnormalised", ModelSpec(arch="lbl", order=5, word_width=32, diagonal_contexts=True,
-                                   output="unnormalised")),
+                                   output="unnormalised"), vocab, c),
         ("class", ModelSpec(arch="lbl", order=4, word_width=32, diagonal_contexts=True, output="class",
-                            classes=25)),
+                            classes=25), vocab, c),
+        ("large", ModelSpec(arch="lbl", order=5, word_width=32, diagonal_contexts=True, output="class",
+                            classes=316), big, big_c),
     ]:
-        header, arrays = random_model(spec, vocab, c, seed=11)
+        header, arrays = random_model(spec, v, vc, seed=11)
         precompute_tables(header, arrays)
         out[name] = os.path.join(str(directory), f"{name}.nlm")
         nlmfeature.save(out[name], header, arrays)

@@ -21,7 +21,7 @@ import nlmfeature
 from nlmfeature.core.architecture import ModelSpec, precompute_tables, random_model
 from nlmfeature.core.vocab import Vocabulary, count_words
 
-from helpers import decode_while_model_changes, stats_totals
+from helpers import decode_while_model_changes, phrase_table_models, stats_totals
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -83,6 +83,8 @@ def models(tmp_path_factory):
         precompute_tables(header, arrays)
         out[name] = str(d / f"{name}.nlm")
         nlmfeature.save(out[name], header, arrays)
+    # a large-corpus vocabulary (V = 100,502, class-factored): the same model as the Moses tests'
+    out["large"] = phrase_table_models(d)["large"]
     return out
 
 
@@ -117,7 +119,7 @@ def check_kbest(entries, model_path):
         assert abs(v - want) <= 1e-3 + 1e-5 * abs(want), (sid, words, v, want)
 
 
-@pytest.mark.parametrize("kind", ["unnormalised", "class"])
+@pytest.mark.parametrize("kind", ["unnormalised", "class", "large"])
 def test_kbest_feature_equals_python_sentence_score(shim, grammar, models, tmp_path, kind):
     entries, _ = decode(tmp_path, grammar, f"External {shim} --model {models[kind]} --name NLM")
     assert len({sid for sid, _, _ in entries}) == 10

@@ -58,7 +58,7 @@ def decode(moses2, ini, tmp_path, *extra, nbest=20, tag="run"):
     return p.stdout.splitlines(), entries, p.stderr
 
 
-@pytest.mark.parametrize("kind", ["unnormalised", "class"])
+@pytest.mark.parametrize("kind", ["unnormalised", "class", "large"])
 @pytest.mark.parametrize("search", ["normal", "batch"])
 def test_nbest_feature_equals_python_sentence_score(moses2, models, tmp_path, kind, search):
     extra = BATCH if search == "batch" else ()

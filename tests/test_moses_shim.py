@@ -59,7 +59,7 @@ def decode(moses, ini, tmp_path, *extra, nbest=20, tag="run"):
     return p.stdout.splitlines(), entries, p.stderr
 
 
-@pytest.mark.parametrize("kind", ["unnormalised", "class"])
+@pytest.mark.parametrize("kind", ["unnormalised", "class", "large"])
 def test_nbest_feature_equals_python_sentence_score(moses, models, tmp_path, kind):
     ini = write_ini(tmp_path / "nlm.ini", f"NLMFeature name=NLM0 path={models[kind]} factor=0")
     out, entries, _ = decode(moses, ini, tmp_path)

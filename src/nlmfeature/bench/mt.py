@@ -916,7 +916,7 @@ def run(args: argparse.Namespace) -> int:
     args.data = os.path.abspath(args.data)
     if not os.path.isdir(args.system):
         raise InputError(args.system, 0, "no such Moses system folder (--system)")
-    with_moses = args.decoder in ("moses", "both")
+    with_moses = args.decoder in ("moses", "moses2", "both")
     with_cdec = args.decoder in ("cdec", "both")
     from nlmfeature import load
 
@@ -939,6 +939,13 @@ def run(args: argparse.Namespace) -> int:
     if with_moses:
         # the decoding part's joint side needs NLMJointFeature in Moses: fail now, not after
         # the other sides' tunings
+        if args.decoder == "moses2" and not args.moses:
+            from nlmfeature.mt.moses import find_program
+
+            args.moses = find_program("moses2")
+            if not args.moses:
+                raise NLMFeatureError("--decoder moses2: no moses2 under $MOSES_ROOT; give --moses "
+                                      "PATH/moses2 (built with moses_ff/moses2, moses_ff/README.md)")
         args.moses = find_moses(args.moses, features=("NLMFeature",) + (
             ("NLMJointFeature",) if direct and not args.no_decoding else ()))
         args.moses_root = os.environ.get("MOSES_ROOT") or os.path.dirname(os.path.dirname(args.moses))
@@ -958,7 +965,7 @@ def run(args: argparse.Namespace) -> int:
         raise NLMFeatureError("--tunings must be at least 1")
     work = os.path.abspath(args.workdir)
     os.makedirs(work, exist_ok=True)
-    decoders = {"moses": "Moses", "cdec": "cdec", "both": "Moses + cdec"}[args.decoder]
+    decoders = {"moses": "Moses", "moses2": "Moses2", "cdec": "cdec", "both": "Moses + cdec"}[args.decoder]
     label = (f"{decoders} {os.path.basename(args.system)}, {args.algorithm} x{args.tunings} "
              f"(<= {args.max_iterations} iterations), "
              + (f"QUICK: tuned on the first {args.quick_sentences} {args.dev} sentences"
@@ -1111,14 +1118,17 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--test", action="append", default=None,
                    help="test set name, repeatable (default test: Multi30k test2016); no "
                         "choice is made on it")
-    p.add_argument("--decoder", default="moses", choices=("moses", "cdec", "both"),
+    p.add_argument("--decoder", default="moses", choices=("moses", "moses2", "cdec", "both"),
                    help="which decoder's system is tuned and decoded with and without the NLM: "
                         "Moses' phrase-based system (and the k-best rescoring part, which "
-                        "reranks Moses' lists), cdec's hiero system made from the same training "
+                        "reranks Moses' lists), the same system in Moses2 (moses2: the Moses "
+                        "part run with the moses2 executable, --moses or $MOSES_ROOT's; the "
+                        "tuning loop is the same), cdec's hiero system made from the same training "
                         "pairs, alignment and LM (labelled cdec in every output; KenLM and "
                         "KenLM + NLM only, no --joint), or both (default moses)")
     p.add_argument("--moses", default=None,
-                   help="Moses executable built with NLMFeature (default $MOSES_ROOT/bin/moses, else "
+                   help="Moses (or, with --decoder moses2, Moses2) executable built with NLMFeature "
+                        "(default $MOSES_ROOT/bin/moses, else "
                         "the newest moses-cmd build under $MOSES_ROOT)")
     p.add_argument("--cdec-root", default=None,
                    help="a built cdec tree for --decoder cdec/both: its build/decoder/cdec and "
