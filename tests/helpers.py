@@ -171,12 +171,10 @@ def build_moses_with_shim(root: str, joint: bool = False) -> str:
     only where the tree already has them (it builds against NLMFeature.h: an old copy beside a
     new NLMFeature.h would not compile).  Skips the test when the tree was never built."""
     import filecmp
-    import shlex
     import shutil
     import subprocess
 
     import pytest
-    from nlmfeature.commands import config as nlmconfig
 
     if not moses_binaries(root):
         pytest.skip(f"{root} has no built moses-cmd binary; build Moses first")
@@ -194,15 +192,26 @@ def build_moses_with_shim(root: str, joint: bool = False) -> str:
         if marker not in open(factory, encoding="utf-8").read():
             subprocess.run(["patch", "-p1", "--forward", "-i", os.path.join(repo, "moses_ff", patch)],
                            cwd=root, check=True, capture_output=True)
-    pkg = os.path.dirname(nlmconfig.paths()["libdir"])
-    args = shlex.split(moses_bjam_args(root))
-    p = subprocess.run([os.path.join(root, "bjam"), *args, f"--with-nlmfeature={pkg}", "moses-cmd//moses"],
-                       cwd=root, capture_output=True, text=True)
-    assert p.returncode == 0, "bjam failed:\n" + p.stdout[-5000:] + p.stderr[-2000:]
-    exe = max(moses_binaries(root), key=os.path.getmtime)
+    return _relink(root, "moses-cmd//moses", moses_binaries, ["NLMFeature"] + (["NLMJointFeature"] if joint else []))
+
+
+def _relink(root: str, target: str, binaries, features: List[str]) -> str:
+    """bjam ``target`` in the tree ``root`` (:func:`moses_bjam_args` and --with-nlmfeature =
+    the installed package) and return the newest of ``binaries(root)``, checked to register
+    ``features``."""
+    import shlex
+    import subprocess
+
+    from nlmfeature.commands import config as nlmconfig
     from nlmfeature.mt.moses import missing_features
 
-    missing = missing_features(exe, ["NLMFeature"] + (["NLMJointFeature"] if joint else []))
+    pkg = os.path.dirname(nlmconfig.paths()["libdir"])
+    args = shlex.split(moses_bjam_args(root))
+    p = subprocess.run([os.path.join(root, "bjam"), *args, f"--with-nlmfeature={pkg}", target],
+                       cwd=root, capture_output=True, text=True)
+    assert p.returncode == 0, "bjam failed:\n" + p.stdout[-5000:] + p.stderr[-2000:]
+    exe = max(binaries(root), key=os.path.getmtime)
+    missing = missing_features(exe, features)
     assert not missing, f"{exe} was built without {' and '.join(missing)}"
     return exe
 
@@ -223,13 +232,10 @@ def build_moses2_with_shim(root: str) -> str:
     moses2 binary, checked to register NLMFeature.  Skips the test when the tree has no
     built Moses2."""
     import filecmp
-    import shlex
     import shutil
     import subprocess
 
     import pytest
-    from nlmfeature.commands import config as nlmconfig
-    from nlmfeature.mt.moses import missing_features
 
     if not moses2_binaries(root):
         pytest.skip(f"{root} has no built moses2 binary; build Moses first")
@@ -242,14 +248,7 @@ def build_moses2_with_shim(root: str) -> str:
     if "LM_NLMFEATURE" not in open(registry, encoding="utf-8").read():
         subprocess.run(["patch", "-p1", "--forward", "-i", os.path.join(repo, "moses_ff", "moses2.patch")],
                        cwd=root, check=True, capture_output=True)
-    pkg = os.path.dirname(nlmconfig.paths()["libdir"])
-    args = shlex.split(moses_bjam_args(root))
-    p = subprocess.run([os.path.join(root, "bjam"), *args, f"--with-nlmfeature={pkg}", "moses2//moses2"],
-                       cwd=root, capture_output=True, text=True)
-    assert p.returncode == 0, "bjam failed:\n" + p.stdout[-5000:] + p.stderr[-2000:]
-    exe = max(moses2_binaries(root), key=os.path.getmtime)
-    assert not missing_features(exe, ["NLMFeature"]), f"{exe} was built without NLMFeature"
-    return exe
+    return _relink(root, "moses2//moses2", moses2_binaries, ["NLMFeature", "NLMJointFeature"])
 
 
 #: the fr->en phrase-based system of the decoder tests (phrase table, reordering table, input)
@@ -284,6 +283,34 @@ def phrase_table_models(directory) -> dict:
         out[name] = os.path.join(str(directory), f"{name}.nlm")
         nlmfeature.save(out[name], header, arrays)
     return out
+
+
+def joint_slice_vocabs() -> dict:
+    """{0: source, 1: target} (vocabulary, counts) of the two sides of the Multi30k
+    phrase-table slice of the decoder tests (``multi30k/``), words seen twice or more."""
+    import gzip
+
+    with gzip.open(os.path.join(DECODER_DATA, "multi30k", "phrase-table.gz"), "rt", encoding="utf-8") as f:
+        entries = [line.split(" ||| ") for line in f]
+    sides = {}
+    for side in (0, 1):
+        counts = count_words(e[side] for e in entries)
+        vocab = Vocabulary.from_counts(counts, min_count=2)
+        sides[side] = (vocab, np.array([counts.get(w, 1) for w in vocab], dtype=np.float64))
+    return sides
+
+
+def joint_slice_model(path: str, spec: Optional[ModelSpec] = None) -> str:
+    """A random-weight joint model over :func:`joint_slice_vocabs` (default: order 4, a 5-word
+    source window, an NPLM with class output), written to ``path``."""
+    sides = joint_slice_vocabs()
+    spec = spec or ModelSpec(arch="nplm", order=4, word_width=24, hidden=32, output="class", classes=20,
+                             source_window=5)
+    header, arrays = random_model(spec, sides[1][0], sides[1][1], seed=5, scale=0.5,
+                                  source_vocab=sides[0][0], source_counts=sides[0][1])
+    precompute_tables(header, arrays)
+    nlmfeature.save(path, header, arrays)
+    return path
 
 
 def write_ini(path, nlm_line=None, weight=0.2, extra=()):

@@ -20,7 +20,7 @@ import pytest
 import nlmfeature
 
 from helpers import (DECODER_DATA, build_moses2_with_shim, check_nbest, decode_while_model_changes,
-                     phrase_table_models, stats_totals, write_ini)
+                     joint_slice_model, phrase_table_models, stats_totals, write_ini)
 
 MOSES_ROOT = os.environ.get("MOSES_ROOT")
 
@@ -105,6 +105,7 @@ def test_persistent_cache_second_run(moses2, models, tmp_path):
     ("NLMFeature name=NLM0 path={model} persistent-cache-max=lots", "persistent-cache-max=lots: not a size"),
     ("NLMFeature name=NLM0 path={model} colour=blue", "unknown key colour=blue"),
     ("NLMFeature name=NLM0", "needs path="),
+    ("NLMJointFeature name=NLM0 path={model}", "is a target-only model: use NLMFeature"),
 ])
 def test_bad_feature_lines_are_clean_errors(moses2, models, tmp_path, line, message):
     ini = write_ini(tmp_path / "bad.ini", line.format(tmp=tmp_path, model=models["unnormalised"]))
@@ -112,7 +113,7 @@ def test_bad_feature_lines_are_clean_errors(moses2, models, tmp_path, line, mess
         p = subprocess.run([moses2, "-f", ini], stdin=src, capture_output=True, text=True, timeout=300)
     assert p.returncode == 2, p.stderr[-2000:]
     assert message in p.stderr
-    assert "NLMFeature NLM0: error:" in p.stderr or "NLMFeature : error:" in p.stderr
+    assert "Feature NLM0: error:" in p.stderr or "Feature : error:" in p.stderr
 
 
 def test_model_overwritten_in_place_stops_moses2_with_the_reason(moses2, models, tmp_path):
@@ -128,19 +129,7 @@ def test_model_overwritten_in_place_stops_moses2_with_the_reason(moses2, models,
 
 @pytest.fixture(scope="module")
 def joint_model(tmp_path_factory) -> str:
-    """A random-weight joint model over the two sides of the Multi30k phrase-table slice."""
-    from test_moses_joint import slice_vocabs
-    from nlmfeature.core.architecture import ModelSpec, precompute_tables, random_model
-
-    out = slice_vocabs()
-    spec = ModelSpec(arch="nplm", order=4, word_width=24, hidden=32, output="class", classes=20,
-                     source_window=5)
-    header, arrays = random_model(spec, out[1][0], out[1][1], seed=5, scale=0.5,
-                                  source_vocab=out[0][0], source_counts=out[0][1])
-    precompute_tables(header, arrays)
-    path = str(tmp_path_factory.mktemp("moses2_joint") / "joint.nlm")
-    nlmfeature.save(path, header, arrays)
-    return path
+    return joint_slice_model(str(tmp_path_factory.mktemp("moses2_joint") / "joint.nlm"))
 
 
 def test_joint_feature_equals_python_joint_score(moses2, joint_model, tmp_path):

@@ -10,7 +10,6 @@ moses_ff/moses.patch and moses_ff/moses-joint.patch if needed and runs bjam (MOS
 """
 from __future__ import annotations
 
-import gzip
 import os
 import re
 import subprocess
@@ -19,14 +18,14 @@ import numpy as np
 import pytest
 
 import nlmfeature
-from nlmfeature.core.architecture import ModelSpec, precompute_tables, random_model
+from nlmfeature.core.architecture import ModelSpec, random_model
 from nlmfeature.core.joint import affiliations, joint_ngrams
 from nlmfeature.core.vocab import Vocabulary, count_words
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 DATA = os.path.join(HERE, "data", "decoder", "multi30k")
-from helpers import build_moses_with_shim  # noqa: E402
+from helpers import build_moses_with_shim, joint_slice_model  # noqa: E402
 from test_moses_shim import MOSES_ROOT, pytestmark  # noqa: F401
 
 
@@ -36,30 +35,10 @@ def moses() -> str:
     return build_moses_with_shim(MOSES_ROOT, joint=True)
 
 
-def slice_vocabs():
-    """{0: source, 1: target} (vocabulary, counts) of the phrase-table slice's two sides."""
-    with gzip.open(os.path.join(DATA, "phrase-table.gz"), "rt", encoding="utf-8") as f:
-        entries = [line.split(" ||| ") for line in f]
-    out = {}
-    for side in (0, 1):
-        counts = count_words(e[side] for e in entries)
-        vocab = Vocabulary.from_counts(counts, min_count=2)
-        out[side] = (vocab, np.array([counts.get(w, 1) for w in vocab], dtype=np.float64))
-    return out
-
-
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> str:
     """A random-weight joint model over the two sides of the phrase-table slice."""
-    out = slice_vocabs()
-    spec = ModelSpec(arch="nplm", order=4, word_width=24, hidden=32, output="class", classes=20,
-                     source_window=5)
-    header, arrays = random_model(spec, out[1][0], out[1][1], seed=5, scale=0.5,
-                                  source_vocab=out[0][0], source_counts=out[0][1])
-    precompute_tables(header, arrays)
-    path = str(tmp_path_factory.mktemp("moses_joint") / "joint.nlm")
-    nlmfeature.save(path, header, arrays)
-    return path
+    return joint_slice_model(str(tmp_path_factory.mktemp("moses_joint") / "joint.nlm"))
 
 
 def write_ini(path, feature_line=None, weight=0.5):
@@ -173,13 +152,9 @@ def test_unnormalised_joint_model_goes_without_the_ngram_cache_by_default(moses,
     # beside NLMFeature an unnormalised joint model's n-gram table crowds the other's out of the
     # CPU caches (Moses, KenLM + NLM + joint 4-6% faster without it): NLMJointFeature leaves
     # it off unless ngram-cache-entries is on the line; the same n-best lists either way
-    vocabs = slice_vocabs()
     spec = ModelSpec(arch="lbl", order=4, word_width=64, diagonal_contexts=True, output="unnormalised",
                      source_window=5)
-    header, arrays = random_model(spec, vocabs[1][0], vocabs[1][1], seed=5, scale=0.5,
-                                  source_vocab=vocabs[0][0], source_counts=vocabs[0][1])
-    path = str(tmp_path / "lbl-joint.nlm")
-    nlmfeature.save(path, header, arrays)
+    path = joint_slice_model(str(tmp_path / "lbl-joint.nlm"), spec)
     runs = {}
     for tag, extra in (("default", ""), ("asked", " ngram-cache-entries=65536")):
         ini = write_ini(tmp_path / f"{tag}.ini", f"NLMJointFeature name=NNJM0 path={path} stats=true{extra}")

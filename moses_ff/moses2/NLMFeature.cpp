@@ -322,7 +322,7 @@ void NLMJointFeature::Load(System &system)
 {
   LoadModel(system, true);
   if (nlm_model_source_window(m_client->Model()) <= 0)
-    Fatal(Who(), m_client->Path() + " is not a joint model (no source window): use NLMFeature for it");
+    Fatal(Who(), m_client->Path() + " is a target-only model: use NLMFeature for it");
 }
 
 void NLMJointFeature::EvaluateInIsolation(MemPool &pool, const System &system, const Phrase<Moses2::Word> &source,
