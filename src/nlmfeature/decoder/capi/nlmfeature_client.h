@@ -32,8 +32,8 @@ namespace nlmfeature
 {
 
 /** "500M", "2G", "4096" as bytes: digits with an optional fraction, then an optional K, M,
- *  G or T (powers of 1024, either case) and an optional B or iB -- the rule of nlmfeature's
- *  Python size options (nlmfeature.decoder.pcache.parse_size), at most 2^62; throws
+ *  G or T (powers of 1024, either case) and an optional B (iB after a unit) -- the rule of
+ *  nlmfeature's Python size options, at most 2^62; throws
  *  std::runtime_error naming `key` for anything else. */
 inline int64_t ParseSize(const std::string &key, const std::string &value)
 {
@@ -59,7 +59,7 @@ inline int64_t ParseSize(const std::string &key, const std::string &value)
     case 't': case 'T': mult = 1099511627776.0; ++p; break;
     default: break;
   }
-  if (*p == 'i' && (p[1] == 'b' || p[1] == 'B')) p += 2;
+  if (mult > 1 && *p == 'i' && (p[1] == 'b' || p[1] == 'B')) p += 2;  // KiB ... TiB
   else if (*p == 'b' || *p == 'B') ++p;
   while (*p == ' ' || *p == '\t') ++p;
   if (!ok || *p || v * mult > 4611686018427387904.0)
