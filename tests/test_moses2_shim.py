@@ -95,7 +95,9 @@ def test_persistent_cache_second_run(moses2, models, tmp_path):
     assert first == second and sorted(e1) == sorted(e2)
     t1, t2 = stats_totals(err1, "NLMFeature NLM0 sentence"), stats_totals(err2, "NLMFeature NLM0 sentence")
     assert t1["persistent_hits"] == 0 and t1["persistent_written"] > 0
-    assert t2["persistent_loaded"] > 0 and t2["persistent_hits"] == t2["lookups"]
+    # Moses2's search on another thread count can ask a sentence a few n-grams the first run
+    # did not (seen: 1 of 2.9M, with identical n-best lists); those are computed and added
+    assert t2["persistent_loaded"] > 0 and t2["lookups"] - 10 <= t2["persistent_hits"] <= t2["lookups"]
     assert len(os.listdir(d / nlmfeature.load(models["class"]).checksum)) >= 10
 
 
