@@ -61,7 +61,7 @@ from nlmfeature import cli  # noqa: E402
 from nlmfeature.bench import shared_data  # noqa: E402
 from nlmfeature.io.atomicfile import atomic_write_text  # noqa: E402
 from nlmfeature.io.textio import iter_lines  # noqa: E402
-from nlmfeature.decoder.pcache import size_option  # noqa: E402
+from nlmfeature.cli import size_bytes  # noqa: E402
 from nlmfeature.mt import moses as mo  # noqa: E402
 from nlmfeature.mt.weights import Weights, format_weights, read_weights  # noqa: E402
 SHARED = shared_data()
@@ -212,7 +212,7 @@ def main(argv=None) -> int:
                     help="decode each iteration's three configurations this many times, interleaved, each "
                          "cached repeat from the cache as the iteration found it, and report the least CPU "
                          "time of each (default 1; 3 on a shared machine, where one run cannot resolve 10%%)")
-    ap.add_argument("--max-bytes", default=None, metavar="SIZE", type=size_option,
+    ap.add_argument("--max-bytes", default=None, metavar="SIZE", type=size_bytes,
                     help="bound of the cache directory (persistent-cache-max: 500M, 2G, ...; default: the "
                          "feature's own, 4G); a bound below the dev set's files shows what a tuning loop keeps")
     ap.add_argument("--workdir", default=None, help="keep files here (default: a temporary directory)")

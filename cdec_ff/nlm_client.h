@@ -31,21 +31,40 @@ const char* const kCommonUsage =
     "  --cache-entries N         per-sentence context cache bound (default " NLM_STR(NLM_DEFAULT_CACHE_ENTRIES) ")\n"
     "  --stats                   print cache statistics per sentence to stderr\n";
 
-//! "500M", "2G", ... in bytes; -1 if malformed
-inline int64_t ParseBytes(const std::string& s) {
-  char* end = NULL;
-  double v = strtod(s.c_str(), &end);
-  int64_t m = 1;
-  if (end && *end) {
-    switch (*end) {
-      case 'k': case 'K': m = 1LL << 10; break;
-      case 'm': case 'M': m = 1LL << 20; break;
-      case 'g': case 'G': m = 1LL << 30; break;
-      case 't': case 'T': m = 1LL << 40; break;
-      default: return -1;
-    }
+//! a size in bytes, by the rule of nlmfeature.io.sizes.parse_size (tests/test_sizes.py compares
+//! them): digits with an optional decimal fraction, then optionally K, M, G or T (powers of
+//! 1024, any case, optionally followed by B or iB) or B alone, spaces around; at most 2^62.
+//! -1 if malformed.
+inline int64_t ParseBytes(const std::string& value) {
+  const char *p = value.c_str(), *end = p + value.size(), *num;
+  double v = 0, mult = 1;
+  bool ok;
+  while (p < end && (*p == ' ' || (*p >= '\t' && *p <= '\r'))) ++p;
+  for (num = p; p < end && *p >= '0' && *p <= '9'; ++p) {}
+  ok = p > num;
+  if (ok && p < end && *p == '.') {
+    const char *frac = ++p;
+    while (p < end && *p >= '0' && *p <= '9') ++p;
+    ok = p > frac;
   }
-  return static_cast<int64_t>(v * m);
+  if (ok) v = strtod(std::string(num, p).c_str(), NULL);
+  while (p < end && (*p == ' ' || (*p >= '\t' && *p <= '\r'))) ++p;
+  if (ok && p < end && (*p | 0x20) != 'b') {
+    switch (*p++ | 0x20) {
+      case 'k': mult = 1024.0; break;
+      case 'm': mult = 1048576.0; break;
+      case 'g': mult = 1073741824.0; break;
+      case 't': mult = 1099511627776.0; break;
+      default: ok = false;
+    }
+    if (ok && p < end && (*p | 0x20) == 'i') ok = ++p < end && (*p | 0x20) == 'b';
+  }
+  if (ok && p < end && (*p | 0x20) == 'b') ++p;
+  while (p < end && (*p == ' ' || (*p >= '\t' && *p <= '\r'))) ++p;
+  v *= mult;
+  if (!ok || p != end || v > 4611686018427387904.0)   // 2^62
+    return -1;
+  return static_cast<int64_t>(v);
 }
 
 class NLMClient {

@@ -36,22 +36,40 @@ struct NLMClient::ThreadSession {
   ~ThreadSession() { nlm_session_free(session); }
 };
 
-//! "500M", "2G", ... in bytes (persistent-cache-max)
+//! persistent-cache-max: a size in bytes, by the rule of nlmfeature.io.sizes.parse_size
+//! (tests/test_sizes.py compares them): digits with an optional decimal fraction, then optionally K, M, G or T (powers of
+//! 1024, any case, optionally followed by B or iB) or B alone, spaces around; at most 2^62.
 static int64_t ParseBytes(const std::string &value)
 {
-  char *end = NULL;
-  double v = std::strtod(value.c_str(), &end);
-  std::string unit = end ? std::string(end) : std::string();
-  int64_t mult = 1;
-  if (!unit.empty()) {
-    char u = unit[0];
-    if (u == 'k' || u == 'K') mult = 1LL << 10;
-    else if (u == 'm' || u == 'M') mult = 1LL << 20;
-    else if (u == 'g' || u == 'G') mult = 1LL << 30;
-    else if (u == 't' || u == 'T') mult = 1LL << 40;
-    else UTIL_THROW2("nlmfeature: bad size '" << value << "' (use e.g. 500M or 2G)");
+  const char *p = value.c_str(), *end = p + value.size(), *num;
+  double v = 0, mult = 1;
+  bool ok;
+  while (p < end && (*p == ' ' || (*p >= '\t' && *p <= '\r'))) ++p;
+  for (num = p; p < end && *p >= '0' && *p <= '9'; ++p) {}
+  ok = p > num;
+  if (ok && p < end && *p == '.') {
+    const char *frac = ++p;
+    while (p < end && *p >= '0' && *p <= '9') ++p;
+    ok = p > frac;
   }
-  return static_cast<int64_t>(v * mult);
+  if (ok) v = std::strtod(std::string(num, p).c_str(), NULL);
+  while (p < end && (*p == ' ' || (*p >= '\t' && *p <= '\r'))) ++p;
+  if (ok && p < end && (*p | 0x20) != 'b') {
+    switch (*p++ | 0x20) {
+      case 'k': mult = 1024.0; break;
+      case 'm': mult = 1048576.0; break;
+      case 'g': mult = 1073741824.0; break;
+      case 't': mult = 1099511627776.0; break;
+      default: ok = false;
+    }
+    if (ok && p < end && (*p | 0x20) == 'i') ok = ++p < end && (*p | 0x20) == 'b';
+  }
+  if (ok && p < end && (*p | 0x20) == 'b') ++p;
+  while (p < end && (*p == ' ' || (*p >= '\t' && *p <= '\r'))) ++p;
+  v *= mult;
+  if (!ok || p != end || v > 4611686018427387904.0)   // 2^62
+    UTIL_THROW2("nlmfeature: bad size '" << value << "' (use e.g. 500M or 2G)");
+  return static_cast<int64_t>(v);
 }
 
 NLMClient::NLMClient()

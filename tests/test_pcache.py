@@ -18,7 +18,7 @@ from nlmfeature.errors import ModelFileError
 from helpers import BROWN_VALID, in_threads, make_model, read_lines
 from nlmfeature.errors import NLMFeatureError
 from nlmfeature.decoder.pcache import (MAX_DELTA_FILES, CachedScorer, bound_report, cache_files, clear,
-                                      directory_stats, parse_size, prune, read_cache_file, read_sentence,
+                                      directory_stats, prune, read_cache_file, read_sentence,
                                       sentence_files)
 
 LINES = read_lines(BROWN_VALID, 80)
@@ -668,13 +668,7 @@ def test_unwritable_directory_is_an_error(model_paths, tmp_path):
         CachedScorer(m, f / "sub")
 
 
-def test_parse_size():
-    assert parse_size("500M") == 500 << 20
-    assert parse_size("2G") == 2 << 30
-    assert parse_size("1024") == 1024
-    assert parse_size("1.5KiB") == 1536
-    with pytest.raises(NLMFeatureError):
-        parse_size("lots")
+def test_clear_of_a_missing_directory_deletes_nothing():
     assert clear(os.devnull + "-nonexistent-dir") == 0
 
 

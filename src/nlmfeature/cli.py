@@ -127,6 +127,18 @@ class Number:
 #: ``type=`` of a thread or worker-process count
 THREADS = Number(int, 1, MAX_THREADS)
 
+
+def size_bytes(text: str) -> str:
+    """``type=`` of a size flag (``500M``, ``4G``; :func:`nlmfeature.io.sizes.parse_size`):
+    the bytes as a decimal string, the way the Moses and cdec features'
+    ``persistent-cache-max`` takes them; a bad size is a usage error."""
+    from nlmfeature.io.sizes import parse_size
+
+    try:
+        return str(parse_size(text))
+    except NLMFeatureError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
 #: destinations of the flags that name outputs, besides every ``-o``
 OUTPUT_DESTS = frozenset({"output", "out", "model_out", "one_best", "save_pool", "output_1best",
                           "json", "plot", "json_out"})

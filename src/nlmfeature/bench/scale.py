@@ -86,8 +86,8 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
 # helpers
 # ---------------------------------------------------------------------------------------
 
-def parse_size(text: str) -> Optional[int]:
-    """'10M' -> 10_000_000; 'all' -> None."""
+def parse_count(text: str) -> Optional[int]:
+    """A token count: '10M' -> 10_000_000 (K, M, B or G are powers of 1000, unlike byte sizes); 'all' -> None."""
     t = text.strip().lower()
     if t == "all":
         return None
@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
 
     for f in (args.train, args.valid, args.test):
         check_input(f)
-    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    sizes = [parse_count(s) for s in args.sizes.split(",") if s.strip()]
     repeats = _ints(args.repeat, "--repeat") if args.repeat.strip() else []
     threads = _ints(args.threads, "--threads")
     parts = {x.strip() for x in args.parts.split(",") if x.strip()}

@@ -1,1 +1,1 @@
-"""The one text reader and the one atomic writer."""
+"""The one text reader, the one atomic writer and the one size rule."""

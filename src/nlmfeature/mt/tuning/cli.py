@@ -16,7 +16,7 @@ from typing import List, Optional
 import numpy as np
 
 from nlmfeature.mt.bleu import DEFAULT_TOKENIZE, TOKENIZERS, References, bleu_summary
-from nlmfeature.decoder.pcache import size_option
+from nlmfeature.cli import size_bytes
 from nlmfeature.errors import NLMFeatureError
 from nlmfeature.cli import MAX_INT, Number
 from nlmfeature.commands import DEFAULT_THREADS
@@ -162,7 +162,7 @@ def _driver_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--persistent-cache", metavar="DIR",
                    help="add persistent-cache=DIR to the NLM feature lines of the config, so "
                         "later iterations reuse n-gram scores cached by earlier ones")
-    p.add_argument("--persistent-cache-max", metavar="SIZE", type=size_option,
+    p.add_argument("--persistent-cache-max", metavar="SIZE", type=size_bytes,
                    help="with --persistent-cache: its disk bound (500M, 2G, ...; default: the "
                         "feature's own, 4G).  At the bound the first dev sentences keep their files "
                         "and the others get none: a Multi30k sentence takes ~2 MB after one "
