@@ -48,7 +48,7 @@ import numpy as np  # noqa: E402
 
 import nlmfeature  # noqa: E402
 from nlmfeature.decoder import querylog  # noqa: E402
-from nlmfeature.cli import size_bytes  # noqa: E402
+from nlmfeature.commands.base import size_bytes  # noqa: E402
 
 
 def _digest(scores: np.ndarray) -> str:

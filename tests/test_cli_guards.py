@@ -22,6 +22,8 @@ from nlmfeature.training.corpusfile import open_corpus
 from helpers import (BROWN_TRAIN, BROWN_VALID, CLI_ENV as ENV, DATA, ROOT, make_model, one_line_error,
                      read_lines, run_cli)
 from nlmfeature import cli
+from nlmfeature.commands import base
+from nlmfeature.io.jsonout import dumps_json
 
 KBEST = os.path.join(DATA, "kbest", "moses-multi30k-dev10.100best.gz")
 KBEST_REF = os.path.join(DATA, "kbest", "multi30k-dev10.ref.en")
@@ -40,7 +42,7 @@ def in_process(argv, capsys):
 
 
 def leaves():
-    return [(path, sp) for path, _, sp in cli.leaves(cli.build_parser())]
+    return [(path, sp) for path, _, sp in base.leaves(cli.build_parser())]
 
 
 def _flag(a: argparse.Action) -> str:
@@ -50,7 +52,7 @@ def _flag(a: argparse.Action) -> str:
 def numeric_flags():
     for path, sp in leaves():
         for a in sp._actions:
-            if isinstance(a.type, cli.Number) or a.type in (int, float):
+            if isinstance(a.type, base.Number) or a.type in (int, float):
                 yield path, sp, a
 
 
@@ -58,7 +60,7 @@ def test_every_numeric_flag_has_a_finite_range():
     found = list(numeric_flags())
     assert len(found) > 80
     for path, _, a in found:
-        assert isinstance(a.type, cli.Number), (path, a.option_strings)
+        assert isinstance(a.type, base.Number), (path, a.option_strings)
         if a.type.kind is int:
             assert a.type.lo is not None and a.type.hi is not None, (path, a.option_strings)
             assert a.type.hi <= 1 << 62
@@ -141,8 +143,8 @@ def _with(argv, a, value):
 
 def output_cases():
     for path, sp in leaves():
-        outs = [a for a in sp._actions if _is_path_like(a) and cli.is_output(a)]
-        others = [a for a in sp._actions if _is_path_like(a) and not cli.is_output(a)]
+        outs = [a for a in sp._actions if _is_path_like(a) and base.is_output(a)]
+        others = [a for a in sp._actions if _is_path_like(a) and not base.is_output(a)]
         if any(x.option_strings for x in outs):   # optional positional outputs beside -o: the flag is tried
             outs = [x for x in outs if x.option_strings or x.required]
         for o in outs:
@@ -315,7 +317,7 @@ def test_json_never_holds_nan(tmp_path):
 
     doc = json.loads(p.stdout, parse_constant=refuse)
     assert doc["best_perplexity"] is None or math.isfinite(doc["best_perplexity"])
-    assert cli.dumps_json({"a": [float("nan"), 1.5, float("-inf")]}) == '{"a": [null, 1.5, null]}'
+    assert dumps_json({"a": [float("nan"), 1.5, float("-inf")]}) == '{"a": [null, 1.5, null]}'
 
 
 def test_perplexity_of_an_empty_file_is_an_error(tmp_path):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from nlmfeature.errors import InputError
-from nlmfeature.cli import size_bytes
+from nlmfeature.commands.base import size_bytes
 from nlmfeature.bench import shared_data
 from nlmfeature.cli import tune_main
 from nlmfeature.mt.moses import moses_ini_lines, rewrite_moses_ini

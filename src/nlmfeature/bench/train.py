@@ -34,9 +34,8 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from nlmfeature.cli import dumps_json
+from nlmfeature.io.jsonout import dumps_json
 from nlmfeature.bench import shared_data
-from nlmfeature.commands import DEFAULT_THREADS
 
 DEFAULT_DATA = shared_data("mono", "brown")
 
@@ -62,41 +61,6 @@ WARMUP_UPDATES = 20
 #: held-out evaluations per epoch (the best one is kept)
 EVALS_PER_EPOCH = 4
 QUICK_SHRINK = dict(word_width=48, hidden=128, hidden_layers=[48], classes=32, hash_space=1 << 18)
-
-
-def register(bench_sub: argparse._SubParsersAction) -> None:
-    """Add ``nlmfeature bench train``."""
-    p = bench_sub.add_parser("train", help="training speed and perplexity on Brown (vs KenLM)",
-                             description="Train each configuration on Brown train (valid picks the best "
-                                         "epoch) and report training words/s with 1 and 2 threads, "
-                                         "epochs to best, valid/test perplexity, the KenLM 5-gram test "
-                                         "perplexity, the interpolated perplexity and the model size, "
-                                         "against the targets (neural <= 0.85 x KenLM, interpolated "
-                                         "<= 0.80 x, class NCE >= 50k words/s).",
-                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default=DEFAULT_DATA,
-                   help="folder with train.txt.gz, valid.txt.gz, test.txt.gz (default: the shared Brown corpus)")
-    p.add_argument("-o", "--output", "--out", dest="out", default=None,
-                   help="output folder for the models and logs (default: a temporary folder, removed afterwards)")
-    p.add_argument("--configs", default=",".join(CONFIGS),
-                   help=f"comma-separated configurations to run (default all: {', '.join(CONFIGS)})")
-    p.add_argument("--iterations", type=int, default=6, help="at most this many epochs per configuration (default 6)")
-    p.add_argument("--patience", type=int, default=4,
-                   help=f"stop a configuration after this many held-out evaluations without improvement "
-                        f"({EVALS_PER_EPOCH} per epoch; default 4)")
-    p.add_argument("--minutes", type=float, default=5.0,
-                   help="time cap of each configuration's training (default 5)")
-    p.add_argument("--speed-updates", type=int, default=300,
-                   help="timed minibatches of each 1-/2-thread speed run (default 300, after 20 untimed)")
-    p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
-                   help=f"threads of the main training runs (default {DEFAULT_THREADS}; the speed runs always measure 1 and 2)")
-    p.add_argument("--lambda-lbl", type=float, default=None, help="override the L2 strength of every configuration")
-    p.add_argument("--quick", action="store_true",
-                   help="small models on slices (5k training sentences, 2 epochs): checks the benchmark runs")
-    p.add_argument("--no-kenlm", dest="kenlm", action="store_false",
-                   help="skip the KenLM baseline and interpolation")
-    p.add_argument("--json", action="store_true", help="print the results as JSON")
-    p.set_defaults(func=run)
 
 
 # ---------------------------------------------------------------------------------------

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from nlmfeature.cli import dumps_json
-from nlmfeature.cli import size_bytes
+from nlmfeature.io.jsonout import dumps_json
+from nlmfeature.commands.base import size_bytes
 from nlmfeature.errors import NLMFeatureError
 
 

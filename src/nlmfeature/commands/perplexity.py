@@ -9,7 +9,8 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from nlmfeature.errors import InputError, NLMFeatureError
-from nlmfeature.cli import MAX_INT, Number, dumps_json
+from nlmfeature.commands.base import MAX_INT, Number
+from nlmfeature.io.jsonout import dumps_json
 from nlmfeature.training.kenlm_baseline import (KENLM_MAX_ORDER, VOCAB_MISMATCH_WARN, KenLMScorer, LogLinear, exactly_normalised,
                               interpolate, is_arpa,
                               mixture_logprob, nlm_ngrams, nlm_token_scores, spaced_subset, train_kenlm,
