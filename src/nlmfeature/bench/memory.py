@@ -72,15 +72,14 @@ def _ppl(lp: np.ndarray) -> float:
 
 
 def neural_scores(path: str, sentences: List[List[str]]) -> np.ndarray:
-    """Exactly normalised per-token natural-log probabilities of a model file (an
-    unnormalised model is renormalised by a softmax over its vocabulary)."""
-    from nlmfeature.core.model import load
+    """Exactly normalised per-token natural-log probabilities of a model file
+    (:func:`nlmfeature.core.model.exactly_normalised`)."""
+    from nlmfeature.core.model import exactly_normalised, load
     from nlmfeature.training.corpus import ngrams
-    from nlmfeature.training.trainer import heldout_logprob
 
     m = load(path)
     data = ngrams([s[::-1] for s in sentences] if m.reverse else sentences, m.vocab, m.order)
-    return heldout_logprob(m.header, m.arrays, data, "softmax" if m.output_type == "unnormalised" else None)
+    return exactly_normalised(m).score_batch(data.contexts, data.words)
 
 
 def run(args: argparse.Namespace) -> int:

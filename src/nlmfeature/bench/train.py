@@ -99,24 +99,15 @@ def _probe(fields: Dict[str, Any]) -> float:
     return (tr.trained_words - w0) / max(1e-9, tr.train_seconds - s0)
 
 
-def normalised_logprob(tr, data, rows: Optional[np.ndarray] = None, chunk: int = 2048) -> np.ndarray:
-    """Exactly normalised natural-log probabilities (softmax over the vocabulary, direct
-    features included) of held-out n-grams (or of the n-grams ``rows``) under a trainer's
-    current parameters."""
-    from nlmfeature.training.estimators import softmax_rows
+def normalised_logprob(model, data, rows: Optional[np.ndarray] = None) -> np.ndarray:
+    """Exactly normalised natural-log probabilities
+    (:func:`nlmfeature.core.model.exactly_normalised`) of held-out n-grams (or of the n-grams
+    ``rows``) under a model."""
+    from nlmfeature.core.model import exactly_normalised
 
     rows = np.arange(len(data)) if rows is None else rows
-    out = np.empty(len(rows), dtype=np.float64)
-    net, layer = tr.objective.net, tr.objective.out
-    for s in range(0, len(rows), chunk):
-        r = rows[s:s + chunk]
-        ctx = np.ascontiguousarray(data.contexts[r])
-        w = data.words[r]
-        H = net.forward(ctx).H
-        z = layer.dense_logits("word", H, ctx)
-        _, lz = softmax_rows(z)
-        out[s:s + chunk] = z[np.arange(len(w)), w] - lz
-    return out
+    return exactly_normalised(model).score_batch(np.ascontiguousarray(data.contexts[rows]),
+                                                 np.ascontiguousarray(data.words[rows]))
 
 
 #: with direct features the exact normaliser costs V hashed look-ups per token: sample this many
@@ -131,8 +122,8 @@ def run_config(name: str, fields: Dict[str, Any], paths: Dict[str, str], out_dir
                kenlm: Optional[Dict[str, np.ndarray]], log) -> Dict[str, Any]:
     """Train one configuration and measure it."""
     import nlmfeature
-    from nlmfeature.training.corpus import read_heldout
-    from nlmfeature.training.trainer import TrainConfig, Trainer, heldout_logprob
+    from nlmfeature.training.corpusfile import heldout_ngrams
+    from nlmfeature.training.trainer import TrainConfig, Trainer
 
     model_out = os.path.join(out_dir, name + ".nlm")
     cfg = TrainConfig(**dict(fields, train=paths["train"], test_set=paths["valid"], model_out=model_out,
@@ -143,11 +134,8 @@ def run_config(name: str, fields: Dict[str, Any], paths: Dict[str, str], out_dir
     tr.cfg.eval_every = max(1, tr.batches_per_epoch // EVALS_PER_EPOCH)
     res = tr.run()
     train_minutes = (time.time() - t0) / 60
-    test, _ = read_heldout(paths["test"], tr.vocab, cfg.order)
-    model = nlmfeature.load(model_out)
-    # the best parameters (as written) back into the trainer for exact normalisation
-    for n in tr.params:
-        tr.params[n][...] = model.arrays[n] if n in model.arrays else tr.params[n]
+    test, _ = heldout_ngrams(paths["test"], tr.vocab, cfg.order)
+    model = nlmfeature.load(model_out)        # the best parameters, as written
     test_raw = model.score_batch(test.contexts, test.words)
     row: Dict[str, Any] = {
         "config": name, "estimator": res.estimator, "epochs_run": res.epochs, "epochs_to_best": res.best_epoch,
@@ -157,8 +145,8 @@ def run_config(name: str, fields: Dict[str, Any], paths: Dict[str, str], out_dir
     }
     test_lp, valid_lp = test_raw, None
     if model.output_type == "unnormalised" and not model.header.get("direct"):
-        test_lp = normalised_logprob(tr, test)
-        valid_lp = normalised_logprob(tr, tr.heldout)
+        test_lp = normalised_logprob(model, test)
+        valid_lp = normalised_logprob(model, tr.heldout)
         lz = test_raw - test_lp
         row.update(test_ppl_normalised=round(_ppl(test_lp), 2),
                    valid_ppl_normalised=round(_ppl(valid_lp), 2),
@@ -166,7 +154,7 @@ def run_config(name: str, fields: Dict[str, Any], paths: Dict[str, str], out_dir
     elif model.output_type == "unnormalised":
         # exact normalisation on evenly spaced test tokens; interpolation uses the raw scores
         rows = np.unique(np.linspace(0, len(test) - 1, min(NORMALISER_SAMPLE, len(test))).astype(np.int64))
-        norm = normalised_logprob(tr, test, rows)
+        norm = normalised_logprob(model, test, rows)
         lz = test_raw[rows] - norm
         row.update(test_ppl_normalised_sample=round(_ppl(norm), 2), test_ppl_raw_sample=round(_ppl(test_raw[rows]), 2),
                    normaliser_sample_tokens=len(rows), interpolation_uses="raw scores",
@@ -175,8 +163,7 @@ def run_config(name: str, fields: Dict[str, Any], paths: Dict[str, str], out_dir
         from nlmfeature.training.kenlm_baseline import interpolate
 
         if valid_lp is None:
-            h, a = tr.model_arrays()
-            valid_lp = heldout_logprob(h, a, tr.heldout)
+            valid_lp = model.score_batch(tr.heldout.contexts, tr.heldout.words)
         inter, w = interpolate(test_lp, kenlm["test"], valid_lp, kenlm["valid"])
         row.update(kenlm_test_ppl=round(_ppl(kenlm["test"]), 2), interpolated_test_ppl=round(_ppl(inter), 2),
                    interpolation_weight=round(w, 3))
