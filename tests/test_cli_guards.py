@@ -11,10 +11,10 @@ import functools
 import json
 import math
 import os
-import resource
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -219,40 +219,48 @@ def test_the_reported_commands_keep_their_input(tmp_path, args):
 
 
 # -- errors that came too late or as tracebacks --------------------------------------------------------
-def _small_files(limit):
-    def setup():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)     # EFBIG instead of being killed
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    return setup
+def _cli_with_file_limit(argv, limit):
+    """``nlmfeature ARGV`` in a subprocess that may write no file larger than ``limit`` bytes
+    (set in the child before the package loads; EFBIG instead of SIGXFSZ)."""
+    code = ("import resource, runpy, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+            f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit})); "
+            "sys.argv[0] = 'nlmfeature'; runpy.run_module('nlmfeature.cli', run_name='__main__')")
+    return subprocess.run([sys.executable, "-c", code, *map(str, argv)], capture_output=True, text=True,
+                          cwd=ROOT, env=ENV, timeout=300)
 
 
 def test_a_full_disk_is_one_line_and_the_old_output_survives(tmp_path):
     """Every writer under a file-size limit (what a full disk looks like to a writer: the write
     fails part way): exit 2, one line naming the reason, the previous output intact, no
-    temporary file left."""
+    temporary file left.  The commands run side by side, each with its own output folder."""
     a = make_model(tmp_path, "a.nlm", seed=1)
     b = make_model(tmp_path, "b.nlm", seed=2)
     text = tmp_path / "text.txt"
     text.write_text("\n".join(read_lines(BROWN_TRAIN, 300)) + "\n", encoding="utf-8")
-    out = tmp_path / "out" / "result"
-    out.parent.mkdir()
     corpora = tmp_path / "corpora"
     open_corpus(str(text), str(corpora))     # train's compiled text exists: the model write is what fails
     commands = [
-        ["ensemble", a, b, "-o", out],
-        ["convert", a, out, "--float16"],
-        ["rescore", "-m", a, "-i", KBEST, "-o", out],
-        ["cluster", "--text", text, "-o", out, "--classes", "5"],
-        ["train", "--train", text, "-o", out, "--iterations", "1", "--word-width", "8",
+        ["ensemble", a, b, "-o", "{out}"],
+        ["convert", a, "{out}", "--float16"],
+        ["rescore", "-m", a, "-i", KBEST, "-o", "{out}"],
+        ["cluster", "--text", text, "-o", "{out}", "--classes", "5"],
+        ["train", "--train", text, "-o", "{out}", "--iterations", "1", "--word-width", "8",
          "--order", "3", "--no-progress", "--corpus-dir", corpora],
         ["tune", "optimise", "--nbest", KBEST, "--ref", KBEST_REF, "-o", tmp_path / "w.txt",
-         "--save-pool", out, "--algorithm", "mira", "--epochs", "2",
+         "--save-pool", "{out}", "--algorithm", "mira", "--epochs", "2",
          "--init", os.path.join(DATA, "kbest", "multi30k-dev.iter2.moses.ini")],
-        ["prepare", "-l", "en", "-i", text, "-o", out],
+        ["prepare", "-l", "en", "-i", text, "-o", "{out}"],
     ]
-    for argv in commands:
+    outs = []
+    for i in range(len(commands)):
+        out = tmp_path / f"out{i}" / "result"
+        out.parent.mkdir()
         out.write_bytes(b"old output\n")
-        p = run_cli(*argv, preexec_fn=_small_files(8192))
+        outs.append(out)
+    argvs = [[out if a == "{out}" else a for a in argv] for argv, out in zip(commands, outs)]
+    with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+        done = list(pool.map(lambda argv: _cli_with_file_limit(argv, 8192), argvs))
+    for argv, out, p in zip(argvs, outs, done):
         assert p.returncode == 2 and "Traceback" not in p.stderr, (argv, p.stderr)
         errors = [l for l in p.stderr.splitlines() if ": error: " in l]
         assert len(errors) == 1 and p.stderr.rstrip().endswith(errors[0]), p.stderr
