@@ -11,6 +11,11 @@ from nlmfeature.core.architecture import ModelSpec, precompute_tables, random_mo
 from nlmfeature.core.vocab import Vocabulary, count_words
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
+
+#: slow builds started when the session starts (conftest.py), by test module name: a test
+#: module with ``start_build(directory) -> Popen`` gets its build run beside the other tests,
+#: and its fixture waits for it (or starts it itself when it is not there)
+BACKGROUND: dict = {}
 BROWN_TRAIN = os.path.join(DATA, "brown", "train.2k.txt")
 BROWN_VALID = os.path.join(DATA, "brown", "valid.300.txt")
 
