@@ -374,9 +374,6 @@ def test_linear_outputs_sum_position_terms(tmp_path, case, monkeypatch):
         arrays["output.bias"][::7] += 95.0
     path = str(tmp_path / f"{case}.nlm")
     nlmfeature.save(path, header, arrays)
-    monkeypatch.setenv("NLMFEATURE_LINEAR_OUTPUT", "0")
-    hidden_path = nlmfeature.load(path)
-    monkeypatch.delenv("NLMFEATURE_LINEAR_OUTPUT")
     model = nlmfeature.load(path)
     lines = [l.split() for l in read_lines(BROWN_VALID, 25)]
     if case.startswith("joint"):
@@ -389,10 +386,10 @@ def test_linear_outputs_sum_position_terms(tmp_path, case, monkeypatch):
     for other in (model.session(0, position_terms=True), model.session(2, 0, position_terms=True),
                   model.session(1 << 12, 0, position_terms=True)):
         assert np.array_equal(other.score_padded(ctx, w), got)
-    hid = hidden_path.session(position_terms=True).score_padded(ctx, w)
-    assert np.allclose(got, hid, atol=2e-5) and not np.array_equal(got, hid)
     # sessions that do not ask for position terms (a sentence scored once) take the hidden path
-    assert np.array_equal(model.session().score_padded(ctx, w), hid)
+    hid = model.session().score_padded(ctx, w)
+    assert np.allclose(got, hid, atol=2e-5) and not np.array_equal(got, hid)
+    assert np.array_equal(model.session(0, 0).score_padded(ctx, w), hid)
     if not case.startswith("joint"):
         want = np.array([logprob(model.header, model.arrays, [int(x) for x in c], int(x))
                          for c, x in zip(ctx[:300], w[:300])])
@@ -408,7 +405,7 @@ def test_linear_outputs_sum_position_terms(tmp_path, case, monkeypatch):
 def test_float16_rows_are_read_as_stored(tmp_path, case, monkeypatch):
     """A model stored with ``storage: float16`` has its embeddings (source ones too) and output
     rows read by the scorer as stored, half the bytes of their float32 widening: the same
-    scores, bit for bit, as with ``NLMFEATURE_HALF_ROWS=0`` (the widened rows), in decoder
+    scores, bit for bit, as with ``half_rows=False`` (the widened rows), in decoder
     and one-off sessions with their caches on and off, and within float16's rounding of the
     float32 model's.  A model whose header says float16 but whose values are not all halves (built
     in memory) reads its float32 rows."""
@@ -434,9 +431,10 @@ def test_float16_rows_are_read_as_stored(tmp_path, case, monkeypatch):
     nlmfeature.save(half, header, arrays, half=True)
     lines = [l.split() for l in read_lines(BROWN_VALID, 30)]
 
-    def scores(path, env):
-        monkeypatch.setenv("NLMFEATURE_HALF_ROWS", env)
+    def scores(path, half_rows):
         model = nlmfeature.load(path)
+        if not half_rows:      # the same model reading the float32 widening of its rows
+            model.native = NativeModel(model.header, model.arrays, True, half_rows=False)
         if case == "joint":
             grams = [model.sentence_ngrams(l[::-1], l, " ".join(f"{i}-{i}" for i in range(len(l)))) for l in lines]
         else:
@@ -447,18 +445,17 @@ def test_float16_rows_are_read_as_stored(tmp_path, case, monkeypatch):
                for t in (True, False) for e, n in ((1 << 16, -1), (0, 0), (1 << 16, 0))]
         return model, out
 
-    from nlmfeature._scorer import HALF_ROWS
+    from nlmfeature._scorer import HALF_ROWS, NativeModel
 
-    model, got = scores(half, "1")
+    model, got = scores(half, True)
     assert model.native.half_rows == HALF_ROWS  # (a build without F16C: float rows)
-    widened, want = scores(half, "0")
+    widened, want = scores(half, False)
     assert not widened.native.half_rows
     for a, b in zip(got, want):
         assert np.array_equal(a, b)
-    _, f32 = scores(full, "1")
+    _, f32 = scores(full, True)
     assert np.allclose(got[0], f32[0], atol=0.05) and not np.array_equal(got[0], f32[0])
     # float16 in the header, float32 values that are not halves: the float32 rows
-    monkeypatch.setenv("NLMFEATURE_HALF_ROWS", "1")
     assert not nlmfeature.Model(half, dict(header, storage="float16"), arrays, "0" * 16).native.half_rows
 
 
