@@ -257,6 +257,15 @@ def run_cli(*args, timeout=300, **kw):
                           **kw)
 
 
+def run_clis(*argvs, timeout=300):
+    """``nlmfeature ARGV`` for each of ``argvs``, side by side (one process per core); the
+    finished processes in the order given."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+        return list(pool.map(lambda argv: run_cli(*argv, timeout=timeout), argvs))
+
+
 def one_line_error(p, needle: str = "") -> str:
     """Assert that the finished command ``p`` made a user error: exit 2, one line on standard
     error (containing ``needle``), no traceback.  Returns the line."""
