@@ -257,6 +257,20 @@ def run_cli(*args, timeout=300, **kw):
                           **kw)
 
 
+def cli_in_process(argv, capsys):
+    """(exit status, standard output, standard error) of ``nlmfeature ARGV`` run in this
+    process (``capsys``: pytest's fixture), as the console script would exit."""
+    from nlmfeature.cli import main
+
+    capsys.readouterr()
+    try:
+        status = main([str(a) for a in argv])
+    except SystemExit as exc:
+        status = exc.code
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
 def run_clis(*argvs, timeout=300):
     """``nlmfeature ARGV`` for each of ``argvs``, side by side (one process per core); the
     finished processes in the order given."""
