@@ -161,7 +161,12 @@ def test_interrupt_exits_130_and_leaves_no_output(tmp_path):
                          stderr=subprocess.PIPE, text=True)
     import time
 
-    time.sleep(4)
+    deadline = time.time() + 60          # the signal comes while the output is being written
+    while time.time() < deadline and p.poll() is None and \
+            not [f for f in os.listdir(tmp_path) if f.startswith(".out") and f.endswith(".tmp")]:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    assert p.poll() is None, "the run ended before the signal"
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=120)
     assert p.returncode == 130, err
