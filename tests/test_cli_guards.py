@@ -402,11 +402,11 @@ def test_a_killed_rescore_worker_is_a_clear_error(tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "nlmfeature.cli", "rescore", "-m", model, "-i",
                           str(fifo), "-o", str(out), "-j", "2", "--chunk-size", "20"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=ENV)
-    lines = gzip.open(KBEST, "rt", encoding="utf-8").read().splitlines(keepends=True)
+    lines = gzip.open(KBEST, "rb").read().splitlines(keepends=True)
     try:
-        with open(fifo, "w", encoding="utf-8") as f:
-            f.writelines(lines[:300])
-            f.flush()
+        # unbuffered: once the command stops reading, nothing is left to flush at close
+        with open(fifo, "wb", buffering=0) as f:
+            f.write(b"".join(lines[:300]))
             deadline = time.time() + 120
             while not _workers(p.pid) and time.time() < deadline:
                 time.sleep(0.05)
@@ -414,7 +414,7 @@ def test_a_killed_rescore_worker_is_a_clear_error(tmp_path):
             assert workers, "no worker process started"
             os.kill(workers[0], signal.SIGKILL)
             try:
-                f.writelines(lines[300:])
+                f.write(b"".join(lines[300:]))
             except BrokenPipeError:
                 pass
         _, err = p.communicate(timeout=120)
