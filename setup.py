@@ -44,6 +44,7 @@ def _extensions() -> list:
         exts,
         include_path=["cython"],
         compiler_directives=_capi_build().CYTHON_DIRECTIVES,
+        nthreads=os.cpu_count() or 1,
     )
 
 
@@ -64,6 +65,8 @@ setup(
     packages=find_packages(where="src", include=["nlmfeature", "nlmfeature.*"]),
     package_data={"nlmfeature": ["data/*", "data/**/*", "decoder/capi/*.c", "decoder/capi/*.h", "decoder/capi/*.py", "lib/*.so", "include/*.h"]},
     cmdclass={"build_ext": _build_ext()},
+    # the extensions compile side by side, one per core
+    options={"build_ext": {"parallel": os.cpu_count() or 1}},
     ext_modules=_extensions(),
     python_requires=">=3.9",
     install_requires=["numpy>=1.24", "sacrebleu>=2.0", "sacremoses>=0.1", "tqdm>=4.0"],

@@ -58,7 +58,7 @@ import sys
 import tempfile
 from typing import Dict, List, Optional, Tuple
 
-from nlmfeature import cli
+from nlmfeature.commands import base
 from nlmfeature.errors import DecoderError
 from nlmfeature.io import textio
 from nlmfeature.io.atomicfile import atomic_write_text
@@ -532,7 +532,7 @@ def main(argv=None) -> int:
                     "and grammars of an earlier run (default: a temporary directory)")
     ap.add_argument("--json", default=None, help="write all figures to this JSON file")
     ap.set_defaults(func=run)
-    return cli.run(ap, argv)     # the package's one error handler: bad input gives a message, no traceback
+    return base.run(ap, argv)     # the package's one error handler: bad input gives a message, no traceback
 
 
 def run(args: argparse.Namespace) -> int:

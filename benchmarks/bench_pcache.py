@@ -57,11 +57,11 @@ from typing import Dict, List, Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "src"))  # this checkout's package (the one the measured Moses loads)
-from nlmfeature import cli  # noqa: E402
+from nlmfeature.commands import base  # noqa: E402
 from nlmfeature.bench import shared_data  # noqa: E402
 from nlmfeature.io.atomicfile import atomic_write_text  # noqa: E402
 from nlmfeature.io.textio import iter_lines  # noqa: E402
-from nlmfeature.decoder.pcache import size_option  # noqa: E402
+from nlmfeature.commands.base import size_bytes  # noqa: E402
 from nlmfeature.mt import moses as mo  # noqa: E402
 from nlmfeature.mt.weights import Weights, format_weights, read_weights  # noqa: E402
 SHARED = shared_data()
@@ -212,13 +212,13 @@ def main(argv=None) -> int:
                     help="decode each iteration's three configurations this many times, interleaved, each "
                          "cached repeat from the cache as the iteration found it, and report the least CPU "
                          "time of each (default 1; 3 on a shared machine, where one run cannot resolve 10%%)")
-    ap.add_argument("--max-bytes", default=None, metavar="SIZE", type=size_option,
+    ap.add_argument("--max-bytes", default=None, metavar="SIZE", type=size_bytes,
                     help="bound of the cache directory (persistent-cache-max: 500M, 2G, ...; default: the "
                          "feature's own, 4G); a bound below the dev set's files shows what a tuning loop keeps")
     ap.add_argument("--workdir", default=None, help="keep files here (default: a temporary directory)")
     ap.add_argument("--json", default=None, help="write all figures to this JSON file")
     ap.set_defaults(func=run)
-    return cli.run(ap, argv)     # the package's one error handler: bad input gives a message, no traceback
+    return base.run(ap, argv)     # the package's one error handler: bad input gives a message, no traceback
 
 
 def run(args: argparse.Namespace) -> int:

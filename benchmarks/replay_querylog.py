@@ -48,7 +48,7 @@ import numpy as np  # noqa: E402
 
 import nlmfeature  # noqa: E402
 from nlmfeature.decoder import querylog  # noqa: E402
-from nlmfeature.decoder.pcache import size_option  # noqa: E402
+from nlmfeature.commands.base import size_bytes  # noqa: E402
 
 
 def _digest(scores: np.ndarray) -> str:
@@ -211,7 +211,7 @@ def main(argv=None) -> int:
     ap.add_argument("--persistent-cache", default=None, metavar="DIR",
                     help="replay the streams as a tuning loop with and without the persistent cache in DIR "
                          "(emptied first)")
-    ap.add_argument("--max-bytes", default="0", metavar="SIZE", type=size_option,
+    ap.add_argument("--max-bytes", default="0", metavar="SIZE", type=size_bytes,
                     help="with --persistent-cache: bound of the cache directory (500M, 2G, ...; default 0: "
                          "the cache's own default, 4G)")
     ap.add_argument("--json", default=None, help="with --persistent-cache: write the figures to this file")

@@ -12,8 +12,12 @@
 
 #include <iostream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
+
+#define NLMFEATURE_CLIENT_PARSERS_ONLY  // the option rules the Moses features use; no Boost
+#include <nlmfeature_client.h>
 
 #define NLM_STR_(x) #x
 #define NLM_STR(x) NLM_STR_(x)
@@ -31,22 +35,6 @@ const char* const kCommonUsage =
     "  --cache-entries N         per-sentence context cache bound (default " NLM_STR(NLM_DEFAULT_CACHE_ENTRIES) ")\n"
     "  --stats                   print cache statistics per sentence to stderr\n";
 
-//! "500M", "2G", ... in bytes; -1 if malformed
-inline int64_t ParseBytes(const std::string& s) {
-  char* end = NULL;
-  double v = strtod(s.c_str(), &end);
-  int64_t m = 1;
-  if (end && *end) {
-    switch (*end) {
-      case 'k': case 'K': m = 1LL << 10; break;
-      case 'm': case 'M': m = 1LL << 20; break;
-      case 'g': case 'G': m = 1LL << 30; break;
-      case 't': case 'T': m = 1LL << 40; break;
-      default: return -1;
-    }
-  }
-  return static_cast<int64_t>(v * m);
-}
 
 class NLMClient {
  public:
@@ -82,8 +70,11 @@ class NLMClient {
       else if (key == "--name" || key == "-n") name_ = value;
       else if (key == "--persistent-cache") pcache = value;
       else if (key == "--persistent-cache-max") {
-        pmax = ParseBytes(value);
-        if (pmax < 0) Fail("bad size " + value + " (use e.g. 500M or 2G)");
+        try {
+          pmax = nlmfeature::ParseSize(key, value);
+        } catch (const std::runtime_error& e) {
+          Fail(e.what());
+        }
       } else if (key == "--cache-entries") cache_entries = atoll(value.c_str());
       else Fail("unknown option " + key);
     }

@@ -3,7 +3,7 @@
 run in a worker subprocess under a time limit, through the Python API and the C API.
 
     python3 tests/fuzz.py --minutes 20               # long run, all input kinds
-    python3 tests/fuzz.py --seconds 50 --seed 7      # the bounded run of tests/test_fuzz.py
+    python3 tests/fuzz.py --cases 80 --seed 7        # a bounded run, as tests/test_fuzz.py does
     python3 tests/fuzz.py --replay tests/data/fuzz   # re-run stored cases (fixtures)
 
 Input kinds and what a case checks:

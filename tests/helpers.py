@@ -11,6 +11,11 @@ from nlmfeature.core.architecture import ModelSpec, precompute_tables, random_mo
 from nlmfeature.core.vocab import Vocabulary, count_words
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
+
+#: slow builds started when the session starts (conftest.py), by test module name: a test
+#: module with ``start_build(directory) -> Popen`` gets its build run beside the other tests,
+#: and its fixture waits for it (or starts it itself when it is not there)
+BACKGROUND: dict = {}
 BROWN_TRAIN = os.path.join(DATA, "brown", "train.2k.txt")
 BROWN_VALID = os.path.join(DATA, "brown", "valid.300.txt")
 
@@ -402,6 +407,29 @@ def run_cli(*args, timeout=300, **kw):
     return subprocess.run([sys.executable, "-m", "nlmfeature.cli", *map(str, args)],
                           capture_output=True, text=True, cwd=ROOT, env=CLI_ENV, timeout=timeout,
                           **kw)
+
+
+def cli_in_process(argv, capsys):
+    """(exit status, standard output, standard error) of ``nlmfeature ARGV`` run in this
+    process (``capsys``: pytest's fixture), as the console script would exit."""
+    from nlmfeature.cli import main
+
+    capsys.readouterr()
+    try:
+        status = main([str(a) for a in argv])
+    except SystemExit as exc:
+        status = exc.code
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+def run_clis(*argvs, timeout=300):
+    """``nlmfeature ARGV`` for each of ``argvs``, side by side (one process per core); the
+    finished processes in the order given."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+        return list(pool.map(lambda argv: run_cli(*argv, timeout=timeout), argvs))
 
 
 def one_line_error(p, needle: str = "") -> str:

@@ -516,8 +516,13 @@ def test_several_recipes_train_one_ensemble_model(tmp_path):
     import nlmfeature
 
     tiny = "--order 3 --word-width 4 --direct-order 0 --iterations 1 --threads 1"
-    args = argparse.Namespace(system=SYSTEM, recipe=[tiny, tiny + " --output unnormalised "
-                                                     "--noise-samples 0 --self-normalise 0.1"])
+    system = tmp_path / "system"           # the system's English side, its first 3,000 sentences
+    system.mkdir()
+    with gzip.open(os.path.join(SYSTEM, "train.tok.lc.en.gz"), "rt", encoding="utf-8") as f, \
+            gzip.open(system / "train.tok.lc.en.gz", "wt", encoding="utf-8") as g:
+        g.writelines(line for _, line in zip(range(3000), f))
+    args = argparse.Namespace(system=str(system), recipe=[tiny, tiny + " --output unnormalised "
+                                                          "--noise-samples 0 --self-normalise 0.1"])
     path = bench_mt.train_model(args, str(tmp_path), REF)
     assert path == str(tmp_path / "nlm.ensemble.nlm")
     ens = nlmfeature.load(path)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import nlmfeature
-from helpers import BROWN_VALID, make_model, read_lines
+from helpers import BROWN_VALID, cli_in_process, make_model, read_lines
 from nlmfeature.commands import config as nlmconfig
 from nlmfeature.decoder.pcache import read_sentence
 
@@ -326,12 +326,17 @@ def test_library_exports_only_the_api():
     assert "nlm_model_load" in names and "nlm_score" in names
 
 
-def test_config_command():
-    inc = _config("--includedir")[0]
+def test_config_command(capsys):
+    def config(*flags):
+        status, out, err = cli_in_process(["config", *flags], capsys)
+        assert status == 0, err
+        return shlex.split(out)
+
+    inc = config("--includedir")[0]
     assert os.path.exists(os.path.join(inc, "nlmfeature.h"))
-    libs = _config("--libs")
+    libs = config("--libs")
     assert "-lnlmfeature" in libs
-    libdir = _config("--libdir")[0]
+    libdir = config("--libdir")[0]
     assert os.path.exists(os.path.join(libdir, "libnlmfeature.so"))
-    # several flags print in the order asked
-    assert _config("--libdir", "--includedir") == [libdir, inc]
+    # several flags print in the order asked, as in a process of their own
+    assert config("--libdir", "--includedir") == [libdir, inc] == _config("--libdir", "--includedir")

@@ -12,9 +12,10 @@ import pytest
 
 from helpers import BROWN_VALID, DATA, make_model
 from nlmfeature import cli
-from nlmfeature.mt import evaluate
-from nlmfeature.mt import rescore
-from nlmfeature.mt.tuning import cli as tune_cli
+from nlmfeature.commands import base
+from nlmfeature.commands import eval as evaluate
+from nlmfeature.commands import rescore
+from nlmfeature.commands import tune as tune_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
@@ -29,7 +30,7 @@ def run_cli(*args, stdin=None, **kw):
 
 
 def leaf_parsers():
-    return list(cli.leaves(cli.build_parser()))
+    return list(base.leaves(cli.build_parser()))
 
 
 # -- the registry ------------------------------------------------------------------------------
@@ -38,11 +39,11 @@ def test_rescore_tune_eval_are_subcommands_and_aliases_share_their_parsers():
     assert {("rescore",), ("eval",), ("tune", "optimise"), ("tune", "moses"), ("tune", "cdec"),
             ("tune", "bleu"), ("querylog", "pack"), ("querylog", "info")} <= names
     top = cli.build_parser()
-    sub = {tuple(p): sp for p, _, sp in cli.subparsers(top)}
+    sub = {tuple(p): sp for p, _, sp in base.subparsers(top)}
     for alias_parser, name in ((rescore.build_parser(), "rescore"), (evaluate.build_parser(), "eval")):
         flags = lambda p: sorted(o for a in p._actions for o in a.option_strings)  # noqa: E731
-        assert flags(cli.finish(alias_parser)) == flags(sub[(name,)])
-    alias_tune = {tuple(p) for p, _, _ in cli.leaves(tune_cli.build_parser())}
+        assert flags(base.finish(alias_parser)) == flags(sub[(name,)])
+    alias_tune = {tuple(p) for p, _, _ in base.leaves(tune_cli.build_parser())}
     assert {("tune",) + p for p in alias_tune} == {n for n in names if n[0] == "tune"}
 
 
@@ -160,7 +161,12 @@ def test_interrupt_exits_130_and_leaves_no_output(tmp_path):
                          stderr=subprocess.PIPE, text=True)
     import time
 
-    time.sleep(4)
+    deadline = time.time() + 60          # the signal comes while the output is being written
+    while time.time() < deadline and p.poll() is None and \
+            not [f for f in os.listdir(tmp_path) if f.startswith(".out") and f.endswith(".tmp")]:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    assert p.poll() is None, "the run ended before the signal"
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=120)
     assert p.returncode == 130, err

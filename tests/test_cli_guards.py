@@ -7,13 +7,14 @@ NaN, empty perplexity, stale temporary files, cache files that are not cache fil
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
-import resource
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -22,6 +23,8 @@ from nlmfeature.training.corpusfile import open_corpus
 from helpers import (BROWN_TRAIN, BROWN_VALID, CLI_ENV as ENV, DATA, ROOT, make_model, one_line_error,
                      read_lines, run_cli)
 from nlmfeature import cli
+from nlmfeature.commands import base
+from nlmfeature.io.jsonout import dumps_json
 
 KBEST = os.path.join(DATA, "kbest", "moses-multi30k-dev10.100best.gz")
 KBEST_REF = os.path.join(DATA, "kbest", "multi30k-dev10.ref.en")
@@ -29,18 +32,26 @@ KBEST_REF = os.path.join(DATA, "kbest", "multi30k-dev10.ref.en")
 BAD_NUMBERS = ("0", "-1", str(10 ** 30), "nan")
 
 
+@functools.lru_cache(maxsize=1)
+def parser() -> argparse.ArgumentParser:
+    """The ``nlmfeature`` parser, built once for the hundreds of command lines tried here (it
+    holds no state between parses)."""
+    return cli.build_parser()
+
+
 def in_process(argv, capsys):
-    """(exit status, standard error) of ``nlmfeature ARGV`` run in this process."""
+    """(exit status, standard error) of ``nlmfeature ARGV`` run in this process (as
+    ``cli.main``: the error handler on the whole parser)."""
     capsys.readouterr()
     try:
-        status = cli.main([str(a) for a in argv])
+        status = base.run(parser(), [str(a) for a in argv])
     except SystemExit as exc:
         status = exc.code
     return status, capsys.readouterr().err
 
 
 def leaves():
-    return [(path, sp) for path, _, sp in cli.leaves(cli.build_parser())]
+    return [(path, sp) for path, _, sp in base.leaves(parser())]
 
 
 def _flag(a: argparse.Action) -> str:
@@ -50,7 +61,7 @@ def _flag(a: argparse.Action) -> str:
 def numeric_flags():
     for path, sp in leaves():
         for a in sp._actions:
-            if isinstance(a.type, cli.Number) or a.type in (int, float):
+            if isinstance(a.type, base.Number) or a.type in (int, float):
                 yield path, sp, a
 
 
@@ -58,7 +69,7 @@ def test_every_numeric_flag_has_a_finite_range():
     found = list(numeric_flags())
     assert len(found) > 80
     for path, _, a in found:
-        assert isinstance(a.type, cli.Number), (path, a.option_strings)
+        assert isinstance(a.type, base.Number), (path, a.option_strings)
         if a.type.kind is int:
             assert a.type.lo is not None and a.type.hi is not None, (path, a.option_strings)
             assert a.type.hi <= 1 << 62
@@ -141,8 +152,8 @@ def _with(argv, a, value):
 
 def output_cases():
     for path, sp in leaves():
-        outs = [a for a in sp._actions if _is_path_like(a) and cli.is_output(a)]
-        others = [a for a in sp._actions if _is_path_like(a) and not cli.is_output(a)]
+        outs = [a for a in sp._actions if _is_path_like(a) and base.is_output(a)]
+        others = [a for a in sp._actions if _is_path_like(a) and not base.is_output(a)]
         if any(x.option_strings for x in outs):   # optional positional outputs beside -o: the flag is tried
             outs = [x for x in outs if x.option_strings or x.required]
         for o in outs:
@@ -208,40 +219,48 @@ def test_the_reported_commands_keep_their_input(tmp_path, args):
 
 
 # -- errors that came too late or as tracebacks --------------------------------------------------------
-def _small_files(limit):
-    def setup():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)     # EFBIG instead of being killed
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    return setup
+def _cli_with_file_limit(argv, limit):
+    """``nlmfeature ARGV`` in a subprocess that may write no file larger than ``limit`` bytes
+    (set in the child before the package loads; EFBIG instead of SIGXFSZ)."""
+    code = ("import resource, runpy, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+            f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit})); "
+            "sys.argv[0] = 'nlmfeature'; runpy.run_module('nlmfeature.cli', run_name='__main__')")
+    return subprocess.run([sys.executable, "-c", code, *map(str, argv)], capture_output=True, text=True,
+                          cwd=ROOT, env=ENV, timeout=300)
 
 
 def test_a_full_disk_is_one_line_and_the_old_output_survives(tmp_path):
     """Every writer under a file-size limit (what a full disk looks like to a writer: the write
     fails part way): exit 2, one line naming the reason, the previous output intact, no
-    temporary file left."""
+    temporary file left.  The commands run side by side, each with its own output folder."""
     a = make_model(tmp_path, "a.nlm", seed=1)
     b = make_model(tmp_path, "b.nlm", seed=2)
     text = tmp_path / "text.txt"
     text.write_text("\n".join(read_lines(BROWN_TRAIN, 300)) + "\n", encoding="utf-8")
-    out = tmp_path / "out" / "result"
-    out.parent.mkdir()
     corpora = tmp_path / "corpora"
     open_corpus(str(text), str(corpora))     # train's compiled text exists: the model write is what fails
     commands = [
-        ["ensemble", a, b, "-o", out],
-        ["convert", a, out, "--float16"],
-        ["rescore", "-m", a, "-i", KBEST, "-o", out],
-        ["cluster", "--text", text, "-o", out, "--classes", "5"],
-        ["train", "--train", text, "-o", out, "--iterations", "1", "--word-width", "8",
+        ["ensemble", a, b, "-o", "{out}"],
+        ["convert", a, "{out}", "--float16"],
+        ["rescore", "-m", a, "-i", KBEST, "-o", "{out}"],
+        ["cluster", "--text", text, "-o", "{out}", "--classes", "5"],
+        ["train", "--train", text, "-o", "{out}", "--iterations", "1", "--word-width", "8",
          "--order", "3", "--no-progress", "--corpus-dir", corpora],
         ["tune", "optimise", "--nbest", KBEST, "--ref", KBEST_REF, "-o", tmp_path / "w.txt",
-         "--save-pool", out, "--algorithm", "mira", "--epochs", "2",
+         "--save-pool", "{out}", "--algorithm", "mira", "--epochs", "2",
          "--init", os.path.join(DATA, "kbest", "multi30k-dev.iter2.moses.ini")],
-        ["prepare", "-l", "en", "-i", text, "-o", out],
+        ["prepare", "-l", "en", "-i", text, "-o", "{out}"],
     ]
-    for argv in commands:
+    outs = []
+    for i in range(len(commands)):
+        out = tmp_path / f"out{i}" / "result"
+        out.parent.mkdir()
         out.write_bytes(b"old output\n")
-        p = run_cli(*argv, preexec_fn=_small_files(8192))
+        outs.append(out)
+    argvs = [[out if a == "{out}" else a for a in argv] for argv, out in zip(commands, outs)]
+    with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+        done = list(pool.map(lambda argv: _cli_with_file_limit(argv, 8192), argvs))
+    for argv, out, p in zip(argvs, outs, done):
         assert p.returncode == 2 and "Traceback" not in p.stderr, (argv, p.stderr)
         errors = [l for l in p.stderr.splitlines() if ": error: " in l]
         assert len(errors) == 1 and p.stderr.rstrip().endswith(errors[0]), p.stderr
@@ -315,7 +334,7 @@ def test_json_never_holds_nan(tmp_path):
 
     doc = json.loads(p.stdout, parse_constant=refuse)
     assert doc["best_perplexity"] is None or math.isfinite(doc["best_perplexity"])
-    assert cli.dumps_json({"a": [float("nan"), 1.5, float("-inf")]}) == '{"a": [null, 1.5, null]}'
+    assert dumps_json({"a": [float("nan"), 1.5, float("-inf")]}) == '{"a": [null, 1.5, null]}'
 
 
 def test_perplexity_of_an_empty_file_is_an_error(tmp_path):
@@ -383,11 +402,11 @@ def test_a_killed_rescore_worker_is_a_clear_error(tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "nlmfeature.cli", "rescore", "-m", model, "-i",
                           str(fifo), "-o", str(out), "-j", "2", "--chunk-size", "20"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=ENV)
-    lines = gzip.open(KBEST, "rt", encoding="utf-8").read().splitlines(keepends=True)
+    lines = gzip.open(KBEST, "rb").read().splitlines(keepends=True)
     try:
-        with open(fifo, "w", encoding="utf-8") as f:
-            f.writelines(lines[:300])
-            f.flush()
+        # unbuffered: once the command stops reading, nothing is left to flush at close
+        with open(fifo, "wb", buffering=0) as f:
+            f.write(b"".join(lines[:300]))
             deadline = time.time() + 120
             while not _workers(p.pid) and time.time() < deadline:
                 time.sleep(0.05)
@@ -395,7 +414,7 @@ def test_a_killed_rescore_worker_is_a_clear_error(tmp_path):
             assert workers, "no worker process started"
             os.kill(workers[0], signal.SIGKILL)
             try:
-                f.writelines(lines[300:])
+                f.write(b"".join(lines[300:]))
             except BrokenPipeError:
                 pass
         _, err = p.communicate(timeout=120)

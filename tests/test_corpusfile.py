@@ -138,9 +138,10 @@ def test_kill_9_and_the_same_command_again_give_the_uninterrupted_model(tmp_path
     def cmd(out):
         return [sys.executable, "-m", "nlmfeature.cli", "train", "--train", BROWN_TRAIN, "-o", str(out),
                 "--order", "4", "--word-width", "16", "--iterations", "12", "--evals-per-epoch", "1",
-                "--threads", "1", "--checkpoint-minutes", "0.002", "--no-progress", "--corpus-dir", str(tmp_path)]
+                "--threads", "1", "--checkpoint-minutes", "0.002", "--no-progress", "--corpus-dir", str(tmp_path / out.stem)]
     ref = tmp_path / "ref.nlm"
-    subprocess.run(cmd(ref), check=True, capture_output=True, timeout=300)
+    # the uninterrupted run goes on beside the killed one (one thread each)
+    ref_run = subprocess.Popen(cmd(ref), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     out = tmp_path / "killed.nlm"
     proc = subprocess.Popen(cmd(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ck = str(out) + ".ckpt.npz"
@@ -155,6 +156,7 @@ def test_kill_9_and_the_same_command_again_give_the_uninterrupted_model(tmp_path
     r = subprocess.run(cmd(out), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "resuming from" in r.stderr
+    assert ref_run.wait(timeout=300) == 0, ref_run.stderr.read()
     a, b = nlmfeature.load(str(ref)), nlmfeature.load(str(out))
     for name in ("embeddings", "output.weight", "output.bias", "direct.weights", "branch0.weights"):
         assert np.array_equal(a.arrays[name], b.arrays[name]), name

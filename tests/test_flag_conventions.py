@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from helpers import DATA
+from nlmfeature.commands import base
 from nlmfeature import __version__, cli
 from nlmfeature.commands import DEFAULT_THREADS
 
@@ -22,14 +23,14 @@ REF = os.path.join(DATA, "kbest", "wmt21-de-en.200.ref.A.en")
 
 
 def leaf_parsers():
-    return list(cli.leaves(cli.build_parser()))
+    return list(base.leaves(cli.build_parser()))
 
 
 def test_threads_has_one_default_everywhere():
     # (a benchmark's --threads LIST of thread counts to time is a sweep, not a default)
     defaults = {" ".join(path): sp._option_string_actions["--threads"].default
                 for path, _, sp in leaf_parsers() if "--threads" in sp._option_string_actions
-                and sp._option_string_actions["--threads"].type in (int, cli.THREADS)}
+                and sp._option_string_actions["--threads"].type in (int, base.THREADS)}
     assert len(defaults) >= 6, defaults
     assert set(defaults.values()) == {DEFAULT_THREADS}, defaults
 

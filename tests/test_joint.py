@@ -22,6 +22,7 @@ from nlmfeature.core.joint import (JointModel, affiliations, joint_sentence_logp
                               read_parallel, source_windows)
 from nlmfeature.training.corpus import build_vocabulary
 from nlmfeature.training.trainer import TrainConfig, train
+from helpers import cli_in_process
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 M30K = os.path.join(HERE, "data", "multi30k")
@@ -211,32 +212,29 @@ def test_joint_model_beats_target_only_model_on_test2016(trained):
     assert pj.perplexity < 0.8 * pl.perplexity, (pj.perplexity, pl.perplexity)
 
 
-def test_perplexity_command_compares_joint_and_target_only(trained):
+def test_perplexity_command_compares_joint_and_target_only(trained, capsys):
     rj, rl = trained
-    out = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "perplexity", "--model", rj.model_out,
-                          "--test", TEST["en"], "--source", TEST["de"], "--alignment", TEST["align"],
-                          "--compare", rl.model_out, "--json"], capture_output=True, text=True, cwd=ROOT)
-    assert out.returncode == 0, out.stderr
-    res = json.loads(out.stdout)
+    status, out, err = cli_in_process(["perplexity", "--model", rj.model_out, "--test", TEST["en"], "--source",
+                                       TEST["de"], "--alignment", TEST["align"], "--compare", rl.model_out,
+                                       "--json"], capsys)
+    assert status == 0, err
+    res = json.loads(out)
     rows = {r["model"]: r for r in res["rows"]}
     assert rows["joint"]["perplexity"] == pytest.approx(rj.best_perplexity, rel=1e-4)
     assert res["ratio"] == pytest.approx(rows["joint"]["perplexity"] / rows["target-only"]["perplexity"])
-    missing = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "perplexity", "--model",
-                              rj.model_out, "--test", TEST["en"]], capture_output=True, text=True, cwd=ROOT)
-    assert missing.returncode == 2 and "--source" in missing.stderr
+    status, _, err = cli_in_process(["perplexity", "--model", rj.model_out, "--test", TEST["en"]], capsys)
+    assert status == 2 and "--source" in err
     # nlmfeature score: one total per line, as JointModel.sentence_logprob
-    out = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "score", "--model", rj.model_out, "--input",
-                          TEST["en"], "--source", TEST["de"], "--alignment", TEST["align"]],
-                         capture_output=True, text=True, cwd=ROOT)
-    assert out.returncode == 0, out.stderr
+    status, out, err = cli_in_process(["score", "--model", rj.model_out, "--input", TEST["en"], "--source",
+                                       TEST["de"], "--alignment", TEST["align"]], capsys)
+    assert status == 0, err
     jm = nlmfeature.load(rj.model_out)
-    totals = [float(x) for x in out.stdout.split()]
+    totals = [float(x) for x in out.split()]
     assert len(totals) == 200
     for (s, t, a), v in list(zip(zip(open(TEST["de"]), open(TEST["en"]), open(TEST["align"])), totals))[:20]:
         assert v == pytest.approx(jm.sentence_logprob(s, t, a.strip()), abs=1e-4)
-    out = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "score", "--model", rj.model_out, "--input",
-                          TEST["en"]], capture_output=True, text=True, cwd=ROOT)
-    assert out.returncode == 2 and "is a joint model" in out.stderr
+    status, _, err = cli_in_process(["score", "--model", rj.model_out, "--input", TEST["en"]], capsys)
+    assert status == 2 and "is a joint model" in err
 
 
 # -- C API ------------------------------------------------------------------------------------

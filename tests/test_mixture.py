@@ -13,7 +13,8 @@ from helpers import BROWN_TRAIN, BROWN_VALID, read_lines
 from test_kenlm_baseline import _kenlm_ready
 from nlmfeature.cli import main
 from nlmfeature.io.textio import read_tokens
-from nlmfeature.training.kenlm_baseline import (exactly_normalised, linear_logprob, mixture_logprob,
+from nlmfeature.core.model import exactly_normalised
+from nlmfeature.training.kenlm_baseline import (linear_logprob, mixture_logprob,
                                                 nlm_log_distribution, nlm_ngrams, nlm_token_scores,
                                                 tune_linear, tune_mixture)
 from nlmfeature.training.trainer import TrainConfig, train

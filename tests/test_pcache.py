@@ -15,10 +15,10 @@ import pytest
 
 import nlmfeature
 from nlmfeature.errors import ModelFileError
-from helpers import BROWN_VALID, in_threads, make_model, read_lines
+from helpers import BROWN_VALID, cli_in_process, in_threads, make_model, read_lines
 from nlmfeature.errors import NLMFeatureError
 from nlmfeature.decoder.pcache import (MAX_DELTA_FILES, CachedScorer, bound_report, cache_files, clear,
-                                      directory_stats, parse_size, prune, read_cache_file, read_sentence,
+                                      directory_stats, prune, read_cache_file, read_sentence,
                                       sentence_files)
 
 LINES = read_lines(BROWN_VALID, 80)
@@ -634,30 +634,29 @@ def test_a_tuning_run_is_told_when_the_cache_is_at_its_bound(model_paths, tmp_pa
     assert bound_report(str(d), 40, str(log)) is None
 
 
-def test_cache_command(model_paths, tmp_path):
+def test_cache_command(model_paths, tmp_path, capsys):
     d = tmp_path / "pc"
     m = nlmfeature.load(model_paths["unnormalised"])
     run_pass(CachedScorer(m, d, policy="always"), LINES[:10])
     other = nlmfeature.load(model_paths["class"])
     run_pass(CachedScorer(other, d), LINES[:4])
     (d / "README.keep").write_text("not ours")
-    out = subprocess.run(NLM + ["cache", str(d), "--verify"], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert "files            14" in out.stdout and m.checksum in out.stdout and other.checksum in out.stdout
+    status, out, err = cli_in_process(["cache", d, "--verify"], capsys)
+    assert status == 0, err
+    assert "files            14" in out and m.checksum in out and other.checksum in out
     bad = os.path.join(str(d), m.checksum, "2.nlmc")
     open(bad, "ab").write(b"x")
-    out = subprocess.run(NLM + ["cache", str(d), "--verify"], capture_output=True, text=True)
-    assert out.returncode == 1 and "2.nlmc" in out.stdout
-    out = subprocess.run(NLM + ["cache", str(d), "--clear", "--model", model_paths["class"]],
-                         capture_output=True, text=True)
-    assert out.returncode == 0 and "deleted 4 cache files" in out.stdout
+    status, out, _ = cli_in_process(["cache", d, "--verify"], capsys)
+    assert status == 1 and "2.nlmc" in out
+    status, out, _ = cli_in_process(["cache", d, "--clear", "--model", model_paths["class"]], capsys)
+    assert status == 0 and "deleted 4 cache files" in out
     assert not os.path.exists(os.path.join(str(d), other.checksum))
-    out = subprocess.run(NLM + ["cache", str(d), "--clear"], capture_output=True, text=True)
-    assert "deleted 10 cache files" in out.stdout
+    status, out, _ = cli_in_process(["cache", d, "--clear"], capsys)
+    assert "deleted 10 cache files" in out
     assert sorted(os.listdir(d)) == ["README.keep"]
     assert directory_stats(str(d)).files == 0
-    out = subprocess.run(NLM + ["cache", str(tmp_path / "missing")], capture_output=True, text=True)
-    assert out.returncode == 2 and "no such cache directory" in out.stderr
+    status, _, err = cli_in_process(["cache", tmp_path / "missing"], capsys)
+    assert status == 2 and "no such cache directory" in err
 
 
 def test_unwritable_directory_is_an_error(model_paths, tmp_path):
@@ -668,13 +667,7 @@ def test_unwritable_directory_is_an_error(model_paths, tmp_path):
         CachedScorer(m, f / "sub")
 
 
-def test_parse_size():
-    assert parse_size("500M") == 500 << 20
-    assert parse_size("2G") == 2 << 30
-    assert parse_size("1024") == 1024
-    assert parse_size("1.5KiB") == 1536
-    with pytest.raises(NLMFeatureError):
-        parse_size("lots")
+def test_clear_of_a_missing_directory_deletes_nothing():
     assert clear(os.devnull + "-nonexistent-dir") == 0
 
 

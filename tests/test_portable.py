@@ -1,11 +1,13 @@
 """An ``NLMFEATURE_PORTABLE=1`` build (no -march=native) keeps exact log-probabilities:
 normalised outputs still sum to one (a float running sum in the
 softmax normaliser lost 2e-6 without wide vectors).  Builds the scorer extension with the
-portable flags of nlmfeature/decoder/capi/build.py into a copy of the package (~30 s)."""
+portable flags of nlmfeature/decoder/capi/build.py into a copy of the package, in the
+background from the start of the session (conftest.py)."""
 from __future__ import annotations
 
 import importlib.util
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -13,6 +15,8 @@ import sysconfig
 
 import numpy as np
 import pytest
+
+from helpers import BACKGROUND
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -26,32 +30,40 @@ def _build_mod():
     return mod
 
 
-@pytest.fixture(scope="module")
-def portable_package(tmp_path_factory):
-    from Cython.Build import cythonize
+def start_build(directory: str) -> subprocess.Popen:
+    """Start building the portable scorer into a copy of the package in ``directory``: Cython
+    (as setup.py runs it) then the C compiler, in one background process.  conftest.py starts
+    it when the session starts, so that it runs beside the other tests."""
     build = _build_mod()
-    d = tmp_path_factory.mktemp("portable")
-    shutil.copytree(os.path.join(ROOT, "src", "nlmfeature"), d / "nlmfeature",
+    d = os.path.join(directory, "portable")
+    shutil.copytree(os.path.join(ROOT, "src", "nlmfeature"), os.path.join(d, "nlmfeature"),
                     ignore=shutil.ignore_patterns("__pycache__"))
-    from Cython.Compiler.Main import compile as cython_compile
-    from Cython.Compiler.Options import CompilationOptions, default_options
-    opts = CompilationOptions(default_options, output_file=str(d / "_scorer.c"),
-                              compiler_directives=build.CYTHON_DIRECTIVES,
-                              include_path=[os.path.join(ROOT, "cython")])
+    generated = os.path.join(d, "_scorer.c")
     # compiled as the module nlmfeature._scorer (its pxd lives under cython/nlmfeature)
-    res = cython_compile(os.path.join(ROOT, "cython", "nlmfeature", "_scorer.pyx"), opts)
-    assert res.num_errors == 0
-    suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    target = d / "nlmfeature" / f"_scorer{suffix}"
+    cython = [sys.executable, "-m", "cython", "-3", "-I", os.path.join(ROOT, "cython"), "-o", generated,
+              *[a for k, v in build.CYTHON_DIRECTIVES.items() if k != "language_level"
+                for a in ("-X", f"{k}={v}")],
+              os.path.join(ROOT, "cython", "nlmfeature", "_scorer.pyx")]
     flags = build.compile_args(portable=True)
     assert "-march=native" not in flags
-    cc = os.environ.get("CC", "cc")
-    subprocess.run([cc, "-shared", "-fPIC", *flags, "-DNPY_NO_DEPRECATED_API=NPY_1_7_API_VERSION",
-                    f"-I{sysconfig.get_paths()['include']}", f"-I{np.get_include()}",
-                    f"-I{os.path.join(ROOT, 'cython')}", f"-I{os.path.join(ROOT, 'cython', 'nlmfeature')}",
-                    str(d / "_scorer.c"), "-o", str(target) + ".tmp", *build.link_args()], check=True)
-    os.replace(str(target) + ".tmp", target)
-    return str(d)
+    target = os.path.join(d, "nlmfeature", f"_scorer{sysconfig.get_config_var('EXT_SUFFIX')}")
+    cc = shlex.split(os.environ.get("CC", "cc")) + [
+        "-shared", "-fPIC", *flags, "-DNPY_NO_DEPRECATED_API=NPY_1_7_API_VERSION",
+        f"-I{sysconfig.get_paths()['include']}", f"-I{np.get_include()}",
+        f"-I{os.path.join(ROOT, 'cython')}", f"-I{os.path.join(ROOT, 'cython', 'nlmfeature')}",
+        generated, "-o", target + ".tmp", *build.link_args()]
+    script = f"{shlex.join(cython)} && {shlex.join(cc)} && mv {shlex.quote(target + '.tmp')} {shlex.quote(target)}"
+    proc = subprocess.Popen(["sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc.package = d
+    return proc
+
+
+@pytest.fixture(scope="module")
+def portable_package(tmp_path_factory):
+    proc = BACKGROUND.get(__name__) or start_build(str(tmp_path_factory.mktemp("portable")))
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-3000:]
+    return proc.package
 
 
 CHECK = r'''

@@ -18,7 +18,7 @@ import pytest
 
 import nlmfeature
 from helpers import (BROWN_VALID, CLI_ENV as ENV, DATA, in_threads, make_model, one_line_error,
-                     read_lines, run_cli)
+                     read_lines, run_cli, run_clis)
 from nlmfeature.core import modelfile
 from nlmfeature.errors import ModelFileError
 
@@ -307,21 +307,21 @@ def test_a_byte_order_mark_is_not_text(tmp_path):
     plain, bom = tmp_path / "plain.txt", tmp_path / "bom.txt"
     plain.write_text("\n".join(lines) + "\n", encoding="utf-8")
     bom.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
-    for args in (["score", "-m", model_path, "--per-word", "-i"],
-                 ["perplexity", "-m", model_path, "--json", "--test"]):
-        a, b = cli(*args, plain), cli(*args, bom)
-        assert a.returncode == 0 and a.stdout.replace(str(plain), "X") == \
-            b.stdout.replace(str(bom), "X"), (b.stderr, a.stdout[:200], b.stdout[:200])
     ref = tmp_path / "ref.txt"
     ref.write_text("\n".join(lines[::-1]) + "\n", encoding="utf-8")
-    a, b = cli("eval", "--ref", ref, plain, "--json"), cli("eval", "--ref", ref, bom, "--json")
-    assert a.returncode == 0 and a.stdout.replace(str(plain), "X") == b.stdout.replace(str(bom), "X")
     prepared = [tmp_path / "prepared-plain.txt", tmp_path / "prepared-bom.txt"]
-    for src, dst in zip((plain, bom), prepared):
-        assert cli("prepare", "-l", "en", "-i", src, "-o", dst).returncode == 0
-    assert prepared[0].read_bytes() == prepared[1].read_bytes()
     paths = tmp_path / "paths"
-    assert cli("cluster", "--text", bom, "-o", paths, "--classes", "5").returncode == 0
+    pairs = [["score", "-m", model_path, "--per-word", "-i"], ["perplexity", "-m", model_path, "--json", "--test"],
+             ["eval", "--json", "--ref", ref]]
+    done = run_clis(*[args + [f] for args in pairs for f in (plain, bom)],
+                    *[["prepare", "-l", "en", "-i", src, "-o", dst] for src, dst in zip((plain, bom), prepared)],
+                    ["cluster", "--text", bom, "-o", paths, "--classes", "5"])
+    for k in range(len(pairs)):
+        a, b = done[2 * k], done[2 * k + 1]
+        assert a.returncode == 0 and a.stdout.replace(str(plain), "X") == \
+            b.stdout.replace(str(bom), "X"), (b.stderr, a.stdout[:200], b.stdout[:200])
+    assert all(p.returncode == 0 for p in done[2 * len(pairs):]), [p.stderr for p in done]
+    assert prepared[0].read_bytes() == prepared[1].read_bytes()
     assert "\ufeff" not in paths.read_text(encoding="utf-8")
     assert nlmfeature.load(model_path).perplexity(str(bom)).log_prob == \
         nlmfeature.load(model_path).perplexity(str(plain)).log_prob

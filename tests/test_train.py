@@ -222,7 +222,7 @@ def test_nce_unnormalised_is_approximately_self_normalised(tmp_path):
     tr.run()
     h, a = tr.model_arrays()
     raw = heldout_logprob(h, a, tr.heldout)
-    exact = heldout_logprob(h, a, tr.heldout, output_type="softmax")
+    exact = heldout_logprob(h, a, tr.heldout, exact=True)
     logz = raw - exact
     print(f"NCE log Z on held-out contexts: mean {logz.mean():.3f} sd {logz.std():.3f}")
     assert abs(logz.mean()) < 0.3 and logz.std() < 0.6
@@ -240,7 +240,7 @@ def test_self_normalisation_penalty_pulls_log_z_to_zero(tmp_path):
         tr.run()
         h, a = tr.model_arrays()
         h["output"]["type"] = "unnormalised"
-        logz = heldout_logprob(h, a, tr.heldout) - heldout_logprob(h, a, tr.heldout, output_type="softmax")
+        logz = heldout_logprob(h, a, tr.heldout) - heldout_logprob(h, a, tr.heldout, exact=True)
         spreads[alpha] = (abs(logz.mean()), logz.std())
     print("log Z |mean|, sd without / with the penalty:", spreads)
     assert spreads[1.0][0] < 0.2 and spreads[1.0][0] < spreads[0.0][0] / 3
@@ -326,21 +326,32 @@ def test_cli_train(tmp_path, capsys):
 
 
 def test_bench_train_quick_runs(tmp_path, capsys):
-    """`nlmfeature bench train --quick` end to end on the test slices (no KenLM)."""
+    """`nlmfeature bench train --quick` end to end on the test slices (no KenLM): the held-out
+    text is read through its compiled corpus, and the exactly normalised perplexities it reports
+    are the package's one exact path (nlmfeature.core.model.exactly_normalised)."""
+    from nlmfeature.bench.memory import neural_scores
     from nlmfeature.cli import main
 
     data = tmp_path / "data"
     data.mkdir()
-    for name, src in (("train", BROWN_TRAIN), ("valid", BROWN_VALID), ("test", BROWN_VALID)):
+    valid = read_lines(BROWN_VALID)
+    for name, lines in (("train", read_lines(BROWN_TRAIN)), ("valid", valid[:150]), ("test", valid[150:])):
         with gzip.open(data / f"{name}.txt.gz", "wt", encoding="utf-8") as f:
-            f.write("\n".join(read_lines(src)) + "\n")
-    rc = main(["bench", "train", "--quick", "--data", str(data), "--configs", "lbl-d200-class-nce,lbl-d200-nce",
-               "--no-kenlm", "--json", "--speed-updates", "5", "--out", str(tmp_path / "out")])
+            f.write("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    rc = main(["bench", "train", "--quick", "--data", str(data), "--configs",
+               "lbl-d200-class-nce,lbl-d200-nce,lbl-d200-nce+direct", "--no-kenlm", "--json",
+               "--speed-updates", "5", "--out", str(out)])
     assert rc == 0
     res = json.loads(capsys.readouterr().out)
     rows = {r["config"]: r for r in res["rows"]}
     assert rows["lbl-d200-class-nce"]["estimator"] == "class-nce"
-    assert rows["lbl-d200-nce"]["test_ppl_normalised"] > 1 and "log_z_sd" in rows["lbl-d200-nce"]
+    row = rows["lbl-d200-nce"]
+    assert row["test_ppl_normalised"] > 1 and "log_z_sd" in row
+    exact = math.exp(-neural_scores(str(out / "lbl-d200-nce.nlm"), [l.split() for l in valid[150:]]).mean())
+    assert row["test_ppl_normalised"] == pytest.approx(exact, abs=0.01) and row["test_ppl"] != exact
+    direct = rows["lbl-d200-nce+direct"]            # direct features: a sample of test tokens
+    assert 0 < direct["normaliser_sample_tokens"] <= 10000 and direct["test_ppl_normalised_sample"] > 1
     assert all(r["words_per_s_1_thread"] > 0 and r["words_per_s_2_threads"] > 0 for r in rows.values())
     assert res["summary"]["best_neural"] in rows
 

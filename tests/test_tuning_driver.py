@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from nlmfeature.errors import InputError
-from nlmfeature.decoder.pcache import size_option
+from nlmfeature.commands.base import size_bytes
 from nlmfeature.bench import shared_data
 from nlmfeature.cli import tune_main
 from nlmfeature.mt.moses import moses_ini_lines, rewrite_moses_ini
@@ -208,7 +208,7 @@ def test_driver_refuses_other_settings_and_reports_decoder_failure(tmp_path):
     cache = tmp_path / "cache"
     with pytest.raises(DecoderError):
         Driver(settings_for(wd3, binary=shutil.which("false"), max_iterations=3,
-                            persistent_cache=str(cache), persistent_cache_max=size_option("2G"),
+                            persistent_cache=str(cache), persistent_cache_max=size_bytes("2G"),
                             nlm_features=["KENLM"]),
                log=lambda m: None).run()
     assert read_weights(str(wd3 / "run2.moses.ini")) == read_weights(str(wd3 / "run1.weights.out"))

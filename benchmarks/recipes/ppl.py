@@ -1,9 +1,8 @@
 """ppl.py MODEL TEST VALID TRAIN: exactly normalised NLM perplexity on TEST (and VALID), the KenLM 5-gram of TRAIN (same vocabulary) and their linear interpolation (weight tuned on VALID); a right-to-left model: its own perplexity only."""
 import sys, os, math, json, numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src"))
-from nlmfeature.core.model import load
+from nlmfeature.core.model import exactly_normalised, load
 from nlmfeature.training.corpus import read_lines, ngrams
-from nlmfeature.training.trainer import heldout_logprob
 from nlmfeature.training.kenlm_baseline import KenLMScorer, train_kenlm, interpolate
 mp, test, valid, train = sys.argv[1:5]
 m = load(mp)
@@ -12,8 +11,7 @@ def scores(path):
     s = read_lines(path)
     if rev: s = [x[::-1] for x in s]
     d = ngrams(s, m.vocab, m.order)
-    out = m.header["output"]["type"]
-    return heldout_logprob(m.header, m.arrays, d, "softmax" if out == "unnormalised" else None), s
+    return exactly_normalised(m).score_batch(d.contexts, d.words), s
 t, ts = scores(test); v, vs = scores(valid)
 ppl = lambda x: math.exp(-x.sum() / len(x))
 res = {"model": os.path.basename(mp), "nlm_test": ppl(t), "nlm_valid": ppl(v)}

@@ -130,7 +130,7 @@ ctypedef struct ModelC:
     int linear_out
     # float16 rows (a model stored with `storage: float16`): its word logits take the dot
     # product in one fixed order (nlm_dot_rh / nlm_dot_rf), reading the half rows where the
-    # build has F16C (and NLMFEATURE_HALF_ROWS is not 0), as the diagonal context layer reads
+    # build has F16C (unless the model was made with half_rows=False), as the diagonal context layer reads
     # half embeddings: the same bits as on the float32 widening, half the bytes from memory
     int half
     const uint16_t* embeddings_h       # (V, E) or NULL: read the float32 embeddings

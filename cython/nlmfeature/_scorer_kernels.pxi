@@ -248,7 +248,7 @@ cdef extern from *:
        arithmetic as on their float32 widening -- a half converts to float exactly -- with half
        the bytes loaded from memory, where a decoder's lookups find the rows evicted.  Each
        kernel is written once over a row-loading macro, for half rows and for float rows (the
-       twin a build without F16C, or NLMFEATURE_HALF_ROWS=0, runs): both give the same bits. */
+       twin a build without F16C, or a model made with half_rows=False, runs): both give the same bits. */
     #if defined(__F16C__)
     #define NLM_HAVE_HALF 1
     #define NLM_H1(p) _cvtsh_ss(*(p))

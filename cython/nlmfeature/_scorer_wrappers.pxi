@@ -95,7 +95,9 @@ cdef class NativeModel:
         self.copied_bytes += n
         return q
 
-    def __init__(self, dict header, dict arrays, bint use_tables=True):
+    def __init__(self, dict header, dict arrays, bint use_tables=True, bint half_rows=True):
+        """``half_rows=False`` reads a float16 model's float32 widening instead of its half
+        rows (the same bits, the tests compare the two)."""
         cdef int k
         cdef ModelC* m = &self.m
         self._arrays = arrays
@@ -173,12 +175,11 @@ cdef class NativeModel:
             m.path_start = <const int64_t*>rawptr(arrays, "tree.path_start", np.int64)
             m.path_node = <const int32_t*>rawptr(arrays, "tree.path_node", np.int32)
             m.path_sign = <const int8_t*>rawptr(arrays, "tree.path_sign", np.int8)
-        # log-bilinear normalised outputs: normalisers from per-sentence position terms
-        # (ModelC.linear_out; NLMFEATURE_LINEAR_OUTPUT=0 in the environment turns it off, to
-        # compare with the hidden-vector path)
+        # log-bilinear normalised outputs: normalisers from per-sentence position terms in
+        # sessions that ask for them (ModelC.linear_out; other sessions take the hidden-vector
+        # path, which the tests compare with it)
         m.linear_out = (m.n_branches == 1 and m.n_layers == 0 and m.branches[0].activation == ACT_IDENTITY
-                        and (m.output_type == OUT_SOFTMAX or m.output_type == OUT_CLASS)
-                        and os.environ.get("NLMFEATURE_LINEAR_OUTPUT", "1") != "0")
+                        and (m.output_type == OUT_SOFTMAX or m.output_type == OUT_CLASS))
         if m.output_type == OUT_CLASS:
             starts = np.asarray(arrays["class.start"], dtype=np.int64)
             members = np.asarray(arrays["class.members"], dtype=np.int64)
@@ -243,7 +244,7 @@ cdef class NativeModel:
             m.key_len = m.ctx_len + m.src_window
         # float16 rows: read as stored (ModelC.half)
         m.half = header.get("storage") == "float16"
-        if m.half and NLM_HAVE_HALF and os.environ.get("NLMFEATURE_HALF_ROWS", "1") != "0":
+        if m.half and NLM_HAVE_HALF and half_rows:
             m.embeddings_h = self.hot_half(arrays, "embeddings")
             m.out_weight_h = self.hot_half(arrays, "output.weight")
             if source:

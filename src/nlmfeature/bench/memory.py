@@ -41,9 +41,8 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from nlmfeature.cli import dumps_json
+from nlmfeature.io.jsonout import dumps_json
 from nlmfeature.bench import shared_data
-from nlmfeature.commands import DEFAULT_THREADS
 
 _SHARED = shared_data("nbest", "moses-multi30k-de-en")
 DEFAULT_TRAIN = os.path.join(_SHARED, "train.tok.lc.en.gz")
@@ -57,50 +56,6 @@ KENLM_VARIANTS = [
     ("kenlm-trie-q8", (), ["-q", "8", "-b", "8", "trie"]),
     ("kenlm-pruned-trie-q8", ("--prune", "0", "0", "1"), ["-q", "8", "-b", "8", "trie"]),
 ]
-
-
-def register(bench_sub: argparse._SubParsersAction) -> None:
-    """Add ``nlmfeature bench memory``."""
-    p = bench_sub.add_parser("memory", help="perplexity and BLEU against model size (widths, float16, pruned "
-                                            "direct features; KenLM probing/trie/quantised/pruned)",
-                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--train", default=DEFAULT_TRAIN,
-                   help="training text (default: the English side of the shared Multi30k system)")
-    p.add_argument("--valid", default=DEFAULT_VALID, help="held-out text for early stopping and "
-                                                          "interpolation weights (default: Multi30k dev)")
-    p.add_argument("--test", default=DEFAULT_TEST, help="test text (default: Multi30k test2016)")
-    p.add_argument("--widths", default="50,100,200",
-                   help="embedding widths of the neural models without direct features (default 50,100,200)")
-    p.add_argument("--direct-hash-spaces", default="4194304,524288",
-                   help="hashed-store sizes of the width-200 models with direct features of orders 1-3 "
-                        "(default 4194304,524288: the train default and a store pruned 8x)")
-    p.add_argument("--iterations", type=int, default=20, help="epochs at most per model (default 20)")
-    p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
-                   help=f"training threads (default {DEFAULT_THREADS})")
-    p.add_argument("-o", "--output", "--out", dest="out", default=None,
-                   help="output folder for the models (default: a temporary folder, removed afterwards)")
-    p.add_argument("--plot", metavar="PNG", default=None,
-                   help="also draw perplexity against size into this PNG (needs matplotlib: "
-                        "pip install 'nlmfeature[plot]')")
-    p.add_argument("--quick", action="store_true",
-                   help="tiny models for one epoch on the first 2000 training sentences: checks the "
-                        "benchmark runs, the figures mean nothing")
-    p.add_argument("--no-bleu", action="store_true",
-                   help="skip BLEU against size (the k-best rescoring with each model as the only LM)")
-    p.add_argument("--nbest-dir", default=_SHARED,
-                   help="real Moses k-best lists for BLEU: DEV_NBEST, test.tuned.100best.gz, "
-                        "dev.ref.en.gz, test.ref.en.gz and moses.tuned.ini (default: "
-                        "../shared/data/nbest/moses-multi30k-de-en)")
-    p.add_argument("--dev-nbest", default="dev.iter4.100best.gz",
-                   help="the dev k-best list in --nbest-dir that weights are tuned on (default: "
-                        "the last MERT iteration's, dev.iter4.100best.gz)")
-    p.add_argument("--tunings", type=int, default=3,
-                   help="MERT runs (seeds 1..N) per model for BLEU (default 3)")
-    p.add_argument("--jobs", type=int, default=2, help="processes for MERT's restarts (default 2)")
-    p.add_argument("--json", action="store_true", help="print the results as JSON")
-    p.add_argument("--markdown", action="store_true",
-                   help="print the results as one markdown table (the table of docs/training.md)")
-    p.set_defaults(func=run)
 
 
 def _ints(text: str, flag: str) -> List[int]:
@@ -117,15 +72,14 @@ def _ppl(lp: np.ndarray) -> float:
 
 
 def neural_scores(path: str, sentences: List[List[str]]) -> np.ndarray:
-    """Exactly normalised per-token natural-log probabilities of a model file (an
-    unnormalised model is renormalised by a softmax over its vocabulary)."""
-    from nlmfeature.core.model import load
+    """Exactly normalised per-token natural-log probabilities of a model file
+    (:func:`nlmfeature.core.model.exactly_normalised`)."""
+    from nlmfeature.core.model import exactly_normalised, load
     from nlmfeature.training.corpus import ngrams
-    from nlmfeature.training.trainer import heldout_logprob
 
     m = load(path)
     data = ngrams([s[::-1] for s in sentences] if m.reverse else sentences, m.vocab, m.order)
-    return heldout_logprob(m.header, m.arrays, data, "softmax" if m.output_type == "unnormalised" else None)
+    return exactly_normalised(m).score_batch(data.contexts, data.words)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -78,14 +78,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from nlmfeature.cli import dumps_json
+from nlmfeature.io.jsonout import dumps_json
 from nlmfeature.errors import InputError, NLMFeatureError
 from nlmfeature.io.textio import read_lines as _read
 from nlmfeature.mt.moses import add_features, decode, find_moses, prepare_system, rewrite_moses_ini
 
-from nlmfeature.bench import shared_data
 from nlmfeature.mt.weights import new_feature_weight
-from nlmfeature.commands import DEFAULT_THREADS
 
 DEFAULT_SYSTEM = os.path.join("..", "shared", "data", "moses", "multi30k-de-en")
 DEFAULT_DATA = os.path.join("..", "shared", "data", "parallel", "multi30k")
@@ -233,7 +231,8 @@ def train_model(args: argparse.Namespace, work: str, dev_ref: str) -> str:
     train`` options; each kept as ``WORK/nlmI.nlm`` with the recipe that made it), and with
     several recipes their ensemble as one model file (``nlmfeature ensemble``:
     ``WORK/nlm.ensemble.nlm``).  Finished models are reused."""
-    from nlmfeature import cli
+    from nlmfeature.commands import train as train_command
+    from nlmfeature.commands.base import command
     from nlmfeature.core.ensemble import write_ensemble
 
     recipes = args.recipe or list(DEFAULT_RECIPES)
@@ -245,7 +244,7 @@ def train_model(args: argparse.Namespace, work: str, dev_ref: str) -> str:
             _log(f"training {path}: nlmfeature train {recipe}")
             argv = ["train", "-i", train, "--test-set", dev_ref, "-o", path,
                     "--no-progress"] + shlex.split(recipe)
-            _quiet_call(cli.main, argv, "nlmfeature")
+            _quiet_call(command(train_command), argv, "nlmfeature")
             _write(path + ".recipe", [recipe])
         paths.append(path)
     if len(paths) == 1:
@@ -328,7 +327,7 @@ def tune(args: argparse.Namespace, dec, ini: str, dev: dict, tdir: str, seed: in
     :class:`CdecDecoding`); returns its iterations and candidate final weights.
     ``cache_features``: the NLM feature names (Moses classes, cdec library file names) that
     get the persistent cache (none: no cache)."""
-    from nlmfeature.cli import tune_main
+    from nlmfeature.commands.tune import main as tune_main
     from nlmfeature.mt.tuning.driver import DriverState, best_decoded, decoded_weights
 
     argv = dec.tune_argv(ini) + [
@@ -650,7 +649,7 @@ def append_features(kbest: str, out: str, models: Sequence[str], names: Sequence
     """``out``: the k-best list ``kbest`` with one feature per model (named ``names``)
     appended by ``nlmfeature-rescore`` (joint models given the ``source`` sentences), written
     once; returns ``out``."""
-    from nlmfeature.cli import rescore_main
+    from nlmfeature.commands.rescore import main as rescore_main
 
     if not os.path.exists(out):
         argv = ["-i", kbest, "-o", out, "-q", "-j", str(jobs)]
@@ -670,7 +669,7 @@ def rerank(args: argparse.Namespace, rdir: str, tag: str, lists: Dict[str, str],
     ``rdir/TAG.ALGORITHM.SEED.weights``, and every set's list reranked with them; returns
     {set: 1-best path}.  ``matrices`` keeps the lists read, by path, for the next seed;
     ``log`` shows progress (default: this benchmark's log)."""
-    from nlmfeature.cli import tune_main
+    from nlmfeature.commands.tune import main as tune_main
     from nlmfeature.mt.weights import read_weights
 
     tag = f"{tag}.{args.algorithm}{seed}"
@@ -910,7 +909,7 @@ def plot(path: str, doc: dict) -> Optional[str]:
 
 
 # -- main ---------------------------------------------------------------------------------------
-def run(args: argparse.Namespace) -> int:
+def _bench(args: argparse.Namespace) -> int:
     t_start = time.time()
     args.system = os.path.abspath(args.system)
     args.data = os.path.abspath(args.data)
@@ -1098,140 +1097,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(bench_sub: argparse._SubParsersAction) -> None:
-    from nlmfeature.mt.tuning.driver import FINAL_WEIGHTS, FINAL_WEIGHTS_DEFAULT
-
-    p = bench_sub.add_parser("mt", help="BLEU with and without NLMs in a real Moses (and cdec) "
-                                        "system",
-                             description=__doc__,
-                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--system", default=shared_data("moses", "multi30k-de-en"),
-                   help="Moses system folder: moses.{tuned,untuned}.ini with MODEL_DIR/ paths, "
-                        "tables, ARPA LM, train.tok.lc.en.gz (default: " + DEFAULT_SYSTEM +
-                        " beside the repository)")
-    p.add_argument("--data", default=shared_data("parallel", "multi30k"),
-                   help="raw parallel text: NAME.LANG.gz per set (default: " + DEFAULT_DATA +
-                        " beside the repository)")
-    p.add_argument("--src-lang", default="de", help="source language (default de)")
-    p.add_argument("--tgt-lang", default="en", help="target language (default en)")
-    p.add_argument("--dev", default="dev", help="tuning set name (default dev)")
-    p.add_argument("--test", action="append", default=None,
-                   help="test set name, repeatable (default test: Multi30k test2016); no "
-                        "choice is made on it")
-    p.add_argument("--decoder", default="moses", choices=("moses", "moses2", "cdec", "both"),
-                   help="which decoder's system is tuned and decoded with and without the NLM: "
-                        "Moses' phrase-based system (and the k-best rescoring part, which "
-                        "reranks Moses' lists), the same system in Moses2 (moses2: the Moses "
-                        "part run with the moses2 executable, --moses or $MOSES_ROOT's; the "
-                        "tuning loop is the same), cdec's hiero system made from the same training "
-                        "pairs, alignment and LM (labelled cdec in every output; KenLM and "
-                        "KenLM + NLM only, no --joint), or both (default moses)")
-    p.add_argument("--moses", default=None,
-                   help="Moses (or, with --decoder moses2, Moses2) executable built with NLMFeature "
-                        "(default $MOSES_ROOT/bin/moses, else "
-                        "the newest moses-cmd build under $MOSES_ROOT)")
-    p.add_argument("--cdec-root", default=None,
-                   help="a built cdec tree for --decoder cdec/both: its build/decoder/cdec and "
-                        "build/extractor/run_extractor (default $CDEC_ROOT)")
-    p.add_argument("--cdec", default=None,
-                   help="the cdec executable, if not the --cdec-root one")
-    p.add_argument("--cdec-ff", default=None, metavar="LIB",
-                   help="nlmfeature's cdec feature library (default cdec_ff/libcdec_ff_nlm.so "
-                        "of this repository: make -C cdec_ff CDEC_ROOT=..., cdec_ff/README.md)")
-    p.add_argument("--model", "-m", action="append", default=[],
-                   help="NLM model file; repeat for several NLM features in one system "
-                        "(default: train one with --recipe)")
-    p.add_argument("--joint", action="append", default=[], metavar="MODEL",
-                   help="a joint model (nlmfeature train --source, docs/joint.md); repeat for "
-                        "several: adds a third system, KenLM + NLM + joint, tuned --tunings "
-                        "times beside the other two and compared with both.  Decoding: one "
-                        "NLMJointFeature line per model (NNJM0, NNJM1, ...; weights start at "
-                        "half the LM's).  Rescoring: the 1000-best lists carry Moses' word "
-                        "alignments (-print-alignment-info-in-n-best), each joint model adds "
-                        "one feature NNJMi (given the dev / test source) to the NLM side's "
-                        "features.  An inverse model (train --target-to-source, log p(source | "
-                        "hypothesis)) is a rescoring feature only: in the rescoring part, and "
-                        "with --second-pass on the decoder's k-best lists, never in the "
-                        "decoder (refused with the decoding part and no --second-pass). "
-                        "Default: none")
-    p.add_argument("--rescore-model", action="append", default=[], metavar="MODEL",
-                   help="a target-only NLM used only in the rescoring part, beside the --model "
-                        "ones (features NLM<n>, NLM<n+1>, ... after theirs): e.g. a "
-                        "right-to-left model (train --reverse), which a left-to-right decoder "
-                        "cannot use; repeatable. Default: none")
-    p.add_argument("--second-pass", action="store_true",
-                   help="decode, then rescore: every KenLM + NLM tuning of the Moses decoding "
-                        "part writes --kbest lists of dev and test with word alignments, the "
-                        "--rescore-model NLMs are appended and the weights tuned on dev (MERT, "
-                        "the tuning's seed); with --joint, every KenLM + NLM + joint tuning "
-                        "(or, with only inverse joint models, every KenLM + NLM tuning) the "
-                        "same with the --rescore-model NLMs and the inverse joint models "
-                        "appended; reported against KenLM-only decoding and each other as the "
-                        "part 'decoding + rescoring' (the best translations the package gives: "
-                        "left-to-right NLM and joint model in the search, right-to-left and "
-                        "inverse models on its k-best).  Needs --rescore-model or an inverse "
-                        "--joint model")
-    p.add_argument("--rescore-restarts", type=int, default=20,
-                   help="MERT random restarts of each rescoring tuning (default 20, as "
-                        "mert-moses.pl)")
-    p.add_argument("--recipe", action="append", default=None, metavar="OPTIONS",
-                   help="nlmfeature train options of a model to train when no --model is "
-                        "given; repeated: one model each, their ensemble (nlmfeature "
-                        "ensemble) is the feature.  Default: '%s' and '%s', i.e. the order-8 "
-                        "LBL of nlmfeature train's defaults and the same by self-normalised "
-                        "maximum likelihood, as one ensemble: the feature of README's bench mt "
-                        "figures (+1.66 BLEU in Moses decoding)" % DEFAULT_RECIPES)
-    p.add_argument("--init", default="tuned", choices=("tuned", "untuned"),
-                   help="starting weights of the Moses part: the system's moses.tuned.ini "
-                        "(KenLM-only MERT weights; the NLM weight starts at half the LM's) or "
-                        "moses.untuned.ini (default tuned); the cdec part starts from hand-set "
-                        "weights (nlmfeature.mt.cdec.BASE_WEIGHTS)")
-    p.add_argument("--tunings", type=int, default=3,
-                   help="tuning runs per system, seeds 1..N (default 3)")
-    p.add_argument("--algorithm", default="mert", choices=("mert", "mira"),
-                   help="optimiser of nlmfeature-tune (default mert)")
-    p.add_argument("--max-iterations", type=int, default=None,
-                   help="decoding iterations per tuning at most (default 10; 6 with --quick)")
-    p.add_argument("--nbest-size", type=int, default=100, help="k-best size while tuning (100)")
-    p.add_argument("--final-weights", choices=FINAL_WEIGHTS, default=FINAL_WEIGHTS_DEFAULT,
-                   help="which weights of a tuning the headline scores use (both are always "
-                        "measured; default %(default)s, nlmfeature-tune's default)")
-    p.add_argument("--kbest", type=int, default=1000,
-                   help="k-best size of the rescoring lists (default 1000)")
-    p.add_argument("--distinct", action="store_true",
-                   help="distinct k-best strings for rescoring (Moses 'distinct': on Multi30k "
-                        "40-80 s per sentence for 1000 on a loaded 2-core machine, against about "
-                        "1 s without)")
-    p.add_argument("--quick", action="store_true",
-                   help="tune on the first --quick-sentences dev sentences (labelled QUICK)")
-    p.add_argument("--quick-sentences", type=int, default=300, help="(default 300)")
-    p.add_argument("--test-sentences", type=int, default=0,
-                   help="translate only the first N sentences of each test set (default 0: "
-                        "all; for smoke tests, labelled)")
-    p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
-                   help=f"Moses threads (default {DEFAULT_THREADS}; cdec decodes on one)")
-    p.add_argument("--jobs", type=int, default=1,
-                   help="processes of the optimiser and the rescorer (default 1)")
-    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (1000)")
-    p.add_argument("--no-decoding", action="store_true",
-                   help="skip the decoder-in-the-loop parts (Moses' and cdec's)")
-    p.add_argument("--no-rescoring", action="store_true", help="skip the k-best rescoring part")
-    p.add_argument("--workdir", default="nlmfeature-bench-mt",
-                   help="work directory; rerunning reuses finished steps (default "
-                        "./nlmfeature-bench-mt)")
-    p.add_argument("--plot", default=None, help="PNG plot path (default WORKDIR/bench-mt.png)")
-    p.add_argument("--json", action="store_true", help="print the JSON report instead of tables")
-    p.add_argument("--markdown", action="store_true",
-                   help="print the scores as one markdown table instead (the tables of README "
-                        "and docs/joint.md)")
-    p.set_defaults(func=_run, test=None)
-
-
 def _interrupted(signum, frame):
     raise KeyboardInterrupt
 
 
-def _run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    """Run ``nlmfeature bench mt`` on parsed arguments."""
     import signal
 
     if threading_main():
@@ -1241,4 +1112,4 @@ def _run(args: argparse.Namespace) -> int:
         args.test = ["test"]
     if args.max_iterations is None:
         args.max_iterations = 6 if args.quick else 10
-    return run(args)
+    return _bench(args)

@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from nlmfeature.cli import dumps_json
+from nlmfeature.io.jsonout import dumps_json
 from nlmfeature.bench import shared_data
 
 from nlmfeature.mt.kbest import sentence_id
@@ -257,39 +257,3 @@ def _print_table(rows: List[Dict[str, Any]]) -> None:
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     for r in table:
         print("  ".join(v.rjust(w) if i > 1 else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths))))
-
-
-def register(bench_sub: argparse._SubParsersAction) -> None:
-    p = bench_sub.add_parser("query", help="native lookup speed of each model x output layer",
-                             description=__doc__)
-    p.add_argument("--data", default=DEFAULT_DATA,
-                   help="the shared data folder (default: ../shared/data beside the repository)")
-    p.add_argument("--text", default="test", choices=["train", "valid", "test"],
-                   help="Brown split whose n-grams are streamed (default test)")
-    p.add_argument("--order", type=int, default=5, help="n-gram order of the models (default 5)")
-    p.add_argument("--min-count", type=int, default=1,
-                   help="vocabulary: training words seen at least this often (default 1: all)")
-    p.add_argument("--max-vocab", type=int, default=None, help="cap the vocabulary size")
-    p.add_argument("--classes", type=int, default=0, help="classes of class-factored models "
-                   "(default round(sqrt(V)))")
-    p.add_argument("--models", default="", help=f"comma-separated subset of {','.join(MODELS)}")
-    p.add_argument("--outputs", default="", help=f"comma-separated subset of {','.join(OUTPUTS)}")
-    p.add_argument("--seconds", type=float, default=2.0,
-                   help="minimum timing per measurement, after one untimed warm-up pass (default 2)")
-    p.add_argument("--cache-entries", type=int, default=DEFAULT_CACHE_ENTRIES,
-                   help="per-sentence cache bound per session; 0 disables caching (default "
-                        f"{DEFAULT_CACHE_ENTRIES}, the library's NLM_DEFAULT_CACHE_ENTRIES)")
-    p.add_argument("--max-lookups", type=int, default=2000,
-                   help="softmax rows only: stream prefix length (exact softmax is slow; default 2000)")
-    p.add_argument("--decoder-stream", default="moses",
-                   help="the decoder-like stream for the cache figures: 'moses' (default: the bundled "
-                        "real Moses query log, nlmfeature/data/streams), 'nbest' (the n-grams of a real Moses "
-                        "100-best list), a .qlog.xz file (nlmfeature querylog pack), or 'none'")
-    p.add_argument("--stream-sentences", type=int, default=0,
-                   help="replay only the first N sentences of the query log (default all)")
-    p.add_argument("--nbest-lines", type=int, default=20000,
-                   help="with --decoder-stream nbest: hypotheses of the 100-best list used")
-    p.add_argument("--workdir", default="", help="where model files are written (default: a temp dir)")
-    p.add_argument("--keep", action="store_true", help="keep the model files")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.set_defaults(func=run)

@@ -35,59 +35,12 @@ from typing import Any, Dict, List, Optional, Tuple
 from nlmfeature.errors import NLMFeatureError
 
 
-def register(bench_sub: argparse._SubParsersAction) -> None:
-    p = bench_sub.add_parser("scale", help="training at corpus scale: memory, words/s, perplexity vs KenLM",
-                             description=__doc__.split("\n\n")[0].split(": ", 1)[1],
-                             epilog="Example (the Gutenberg corpus of 'nlmfeature corpus gutenberg'):\n"
-                                    "  nlmfeature bench scale --train gb/train.txt --valid gb/valid.txt "
-                                    "--test gb/test.txt --workdir scale --markdown --png scale.png",
-                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--train", required=True, metavar="TEXT", help="tokenised training text")
-    p.add_argument("--valid", required=True, metavar="TEXT", help="held-out text for early stopping and tuning")
-    p.add_argument("--test", required=True, metavar="TEXT", help="test text (never trained on)")
-    p.add_argument("--workdir", required=True, metavar="DIR", help="where corpora and models are written")
-    p.add_argument("--sizes", default="10M,50M,all", metavar="LIST",
-                   help="corpus sizes in tokens (K/M/B suffixes; 'all' is the whole text); default 10M,50M,all")
-    p.add_argument("--repeat", default="4", metavar="LIST",
-                   help="also measure memory on the largest corpus repeated this many times "
-                        "(comma-separated; default 4; e.g. 32 for about 1B tokens from 30M)")
-    p.add_argument("--threads", default="1,2", metavar="LIST", help="thread counts to time (default 1,2)")
-    p.add_argument("--max-vocab", type=int, default=100000, metavar="V",
-                   help="vocabulary size of every model (default 100000)")
-    p.add_argument("--hash-space", type=int, default=1 << 22, metavar="H",
-                   help="direct-feature hash space of the memory runs (fixed so only the corpus "
-                        "changes; default 4194304)")
-    p.add_argument("--memory-updates", type=int, default=200, metavar="N",
-                   help="minibatches of each memory run (default 200)")
-    p.add_argument("--speed-updates", type=int, default=400, metavar="N",
-                   help="timed minibatches of each speed run (default 400)")
-    p.add_argument("--train-minutes", type=float, default=30.0, metavar="M",
-                   help="training time of the quality model (default 30; 0 skips the quality part)")
-    p.add_argument("--test-tokens", type=int, default=20000, metavar="N",
-                   help="test tokens scored (exact normalisation costs a pass over the vocabulary "
-                        "per token; default 20000)")
-    p.add_argument("--kenlm-order", type=int, default=5, metavar="N", help="KenLM order (default 5)")
-    p.add_argument("--order", type=int, default=None, metavar="N", help="NLM order (default: train's)")
-    p.add_argument("--parts", default="corpus,speed,quality,memory", metavar="LIST",
-                   help="what to measure (default corpus,speed,quality,memory); a run of some parts "
-                        "reuses the workdir's corpora and keeps the other parts' figures from its "
-                        "earlier bench-scale.json, e.g. --parts speed to time again on an idle machine")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--markdown", action="store_true", help="print markdown tables (the default without --json)")
-    p.add_argument("--png", metavar="FILE", help="plot memory and perplexity against corpus size")
-    p.add_argument("--results", metavar="MD",
-                   help="write the tables, with this command, the date, commit and machine, into this "
-                        "markdown file between its bench-scale markers (appended when it has none), "
-                        "e.g. docs/results.md")
-    p.set_defaults(func=run)
-
-
 # ---------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------
 
-def parse_size(text: str) -> Optional[int]:
-    """'10M' -> 10_000_000; 'all' -> None."""
+def parse_count(text: str) -> Optional[int]:
+    """A token count: '10M' -> 10_000_000 (K, M, B or G are powers of 1000, unlike byte sizes); 'all' -> None."""
     t = text.strip().lower()
     if t == "all":
         return None
@@ -185,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
 
     for f in (args.train, args.valid, args.test):
         check_input(f)
-    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    sizes = [parse_count(s) for s in args.sizes.split(",") if s.strip()]
     repeats = _ints(args.repeat, "--repeat") if args.repeat.strip() else []
     threads = _ints(args.threads, "--threads")
     parts = {x.strip() for x in args.parts.split(",") if x.strip()}

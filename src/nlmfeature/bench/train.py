@@ -34,9 +34,8 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from nlmfeature.cli import dumps_json
+from nlmfeature.io.jsonout import dumps_json
 from nlmfeature.bench import shared_data
-from nlmfeature.commands import DEFAULT_THREADS
 
 DEFAULT_DATA = shared_data("mono", "brown")
 
@@ -62,41 +61,6 @@ WARMUP_UPDATES = 20
 #: held-out evaluations per epoch (the best one is kept)
 EVALS_PER_EPOCH = 4
 QUICK_SHRINK = dict(word_width=48, hidden=128, hidden_layers=[48], classes=32, hash_space=1 << 18)
-
-
-def register(bench_sub: argparse._SubParsersAction) -> None:
-    """Add ``nlmfeature bench train``."""
-    p = bench_sub.add_parser("train", help="training speed and perplexity on Brown (vs KenLM)",
-                             description="Train each configuration on Brown train (valid picks the best "
-                                         "epoch) and report training words/s with 1 and 2 threads, "
-                                         "epochs to best, valid/test perplexity, the KenLM 5-gram test "
-                                         "perplexity, the interpolated perplexity and the model size, "
-                                         "against the targets (neural <= 0.85 x KenLM, interpolated "
-                                         "<= 0.80 x, class NCE >= 50k words/s).",
-                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default=DEFAULT_DATA,
-                   help="folder with train.txt.gz, valid.txt.gz, test.txt.gz (default: the shared Brown corpus)")
-    p.add_argument("-o", "--output", "--out", dest="out", default=None,
-                   help="output folder for the models and logs (default: a temporary folder, removed afterwards)")
-    p.add_argument("--configs", default=",".join(CONFIGS),
-                   help=f"comma-separated configurations to run (default all: {', '.join(CONFIGS)})")
-    p.add_argument("--iterations", type=int, default=6, help="at most this many epochs per configuration (default 6)")
-    p.add_argument("--patience", type=int, default=4,
-                   help=f"stop a configuration after this many held-out evaluations without improvement "
-                        f"({EVALS_PER_EPOCH} per epoch; default 4)")
-    p.add_argument("--minutes", type=float, default=5.0,
-                   help="time cap of each configuration's training (default 5)")
-    p.add_argument("--speed-updates", type=int, default=300,
-                   help="timed minibatches of each 1-/2-thread speed run (default 300, after 20 untimed)")
-    p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
-                   help=f"threads of the main training runs (default {DEFAULT_THREADS}; the speed runs always measure 1 and 2)")
-    p.add_argument("--lambda-lbl", type=float, default=None, help="override the L2 strength of every configuration")
-    p.add_argument("--quick", action="store_true",
-                   help="small models on slices (5k training sentences, 2 epochs): checks the benchmark runs")
-    p.add_argument("--no-kenlm", dest="kenlm", action="store_false",
-                   help="skip the KenLM baseline and interpolation")
-    p.add_argument("--json", action="store_true", help="print the results as JSON")
-    p.set_defaults(func=run)
 
 
 # ---------------------------------------------------------------------------------------
@@ -135,24 +99,15 @@ def _probe(fields: Dict[str, Any]) -> float:
     return (tr.trained_words - w0) / max(1e-9, tr.train_seconds - s0)
 
 
-def normalised_logprob(tr, data, rows: Optional[np.ndarray] = None, chunk: int = 2048) -> np.ndarray:
-    """Exactly normalised natural-log probabilities (softmax over the vocabulary, direct
-    features included) of held-out n-grams (or of the n-grams ``rows``) under a trainer's
-    current parameters."""
-    from nlmfeature.training.estimators import softmax_rows
+def normalised_logprob(model, data, rows: Optional[np.ndarray] = None) -> np.ndarray:
+    """Exactly normalised natural-log probabilities
+    (:func:`nlmfeature.core.model.exactly_normalised`) of held-out n-grams (or of the n-grams
+    ``rows``) under a model."""
+    from nlmfeature.core.model import exactly_normalised
 
     rows = np.arange(len(data)) if rows is None else rows
-    out = np.empty(len(rows), dtype=np.float64)
-    net, layer = tr.objective.net, tr.objective.out
-    for s in range(0, len(rows), chunk):
-        r = rows[s:s + chunk]
-        ctx = np.ascontiguousarray(data.contexts[r])
-        w = data.words[r]
-        H = net.forward(ctx).H
-        z = layer.dense_logits("word", H, ctx)
-        _, lz = softmax_rows(z)
-        out[s:s + chunk] = z[np.arange(len(w)), w] - lz
-    return out
+    return exactly_normalised(model).score_batch(np.ascontiguousarray(data.contexts[rows]),
+                                                 np.ascontiguousarray(data.words[rows]))
 
 
 #: with direct features the exact normaliser costs V hashed look-ups per token: sample this many
@@ -167,8 +122,8 @@ def run_config(name: str, fields: Dict[str, Any], paths: Dict[str, str], out_dir
                kenlm: Optional[Dict[str, np.ndarray]], log) -> Dict[str, Any]:
     """Train one configuration and measure it."""
     import nlmfeature
-    from nlmfeature.training.corpus import read_heldout
-    from nlmfeature.training.trainer import TrainConfig, Trainer, heldout_logprob
+    from nlmfeature.training.corpusfile import heldout_ngrams
+    from nlmfeature.training.trainer import TrainConfig, Trainer
 
     model_out = os.path.join(out_dir, name + ".nlm")
     cfg = TrainConfig(**dict(fields, train=paths["train"], test_set=paths["valid"], model_out=model_out,
@@ -179,11 +134,8 @@ def run_config(name: str, fields: Dict[str, Any], paths: Dict[str, str], out_dir
     tr.cfg.eval_every = max(1, tr.batches_per_epoch // EVALS_PER_EPOCH)
     res = tr.run()
     train_minutes = (time.time() - t0) / 60
-    test, _ = read_heldout(paths["test"], tr.vocab, cfg.order)
-    model = nlmfeature.load(model_out)
-    # the best parameters (as written) back into the trainer for exact normalisation
-    for n in tr.params:
-        tr.params[n][...] = model.arrays[n] if n in model.arrays else tr.params[n]
+    test, _ = heldout_ngrams(paths["test"], tr.vocab, cfg.order)
+    model = nlmfeature.load(model_out)        # the best parameters, as written
     test_raw = model.score_batch(test.contexts, test.words)
     row: Dict[str, Any] = {
         "config": name, "estimator": res.estimator, "epochs_run": res.epochs, "epochs_to_best": res.best_epoch,
@@ -193,8 +145,8 @@ def run_config(name: str, fields: Dict[str, Any], paths: Dict[str, str], out_dir
     }
     test_lp, valid_lp = test_raw, None
     if model.output_type == "unnormalised" and not model.header.get("direct"):
-        test_lp = normalised_logprob(tr, test)
-        valid_lp = normalised_logprob(tr, tr.heldout)
+        test_lp = normalised_logprob(model, test)
+        valid_lp = normalised_logprob(model, tr.heldout)
         lz = test_raw - test_lp
         row.update(test_ppl_normalised=round(_ppl(test_lp), 2),
                    valid_ppl_normalised=round(_ppl(valid_lp), 2),
@@ -202,7 +154,7 @@ def run_config(name: str, fields: Dict[str, Any], paths: Dict[str, str], out_dir
     elif model.output_type == "unnormalised":
         # exact normalisation on evenly spaced test tokens; interpolation uses the raw scores
         rows = np.unique(np.linspace(0, len(test) - 1, min(NORMALISER_SAMPLE, len(test))).astype(np.int64))
-        norm = normalised_logprob(tr, test, rows)
+        norm = normalised_logprob(model, test, rows)
         lz = test_raw[rows] - norm
         row.update(test_ppl_normalised_sample=round(_ppl(norm), 2), test_ppl_raw_sample=round(_ppl(test_raw[rows]), 2),
                    normaliser_sample_tokens=len(rows), interpolation_uses="raw scores",
@@ -211,8 +163,7 @@ def run_config(name: str, fields: Dict[str, Any], paths: Dict[str, str], out_dir
         from nlmfeature.training.kenlm_baseline import interpolate
 
         if valid_lp is None:
-            h, a = tr.model_arrays()
-            valid_lp = heldout_logprob(h, a, tr.heldout)
+            valid_lp = model.score_batch(tr.heldout.contexts, tr.heldout.words)
         inter, w = interpolate(test_lp, kenlm["test"], valid_lp, kenlm["valid"])
         row.update(kenlm_test_ppl=round(_ppl(kenlm["test"]), 2), interpolated_test_ppl=round(_ppl(inter), 2),
                    interpolation_weight=round(w, 3))

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from nlmfeature.cli import dumps_json
-from nlmfeature.decoder.pcache import size_option
+from nlmfeature.io.jsonout import dumps_json
+from nlmfeature.commands.base import size_bytes
 from nlmfeature.errors import NLMFeatureError
 
 
@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="print files, bytes and entries per model checksum (default action)")
     act.add_argument("--clear", action="store_true",
                      help="delete all cache files (or only those of --model)")
-    act.add_argument("--prune", metavar="SIZE", type=size_option,
+    act.add_argument("--prune", metavar="SIZE", type=size_bytes,
                      help="delete least recently used files until the directory is under 80%% of "
                           "SIZE, if it exceeds SIZE (e.g. 500M, 2G)")
     p.add_argument("--model", "-m", metavar="MODEL",
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"deleted {n} cache files from {args.directory}")
         return 0
     if args.prune:
-        left, n = pcache.prune(args.directory, pcache.parse_size(args.prune))
+        left, n = pcache.prune(args.directory, int(args.prune))
         print(f"deleted {n} cache files; {left} bytes left in {args.directory}")
         return 0
     if not os.path.isdir(args.directory):

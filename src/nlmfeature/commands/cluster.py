@@ -7,7 +7,8 @@ import time
 from nlmfeature.training.clusters import brown_clusters, frequency_binning_ami, write_paths
 from nlmfeature.io.atomicfile import check_output
 from nlmfeature.io.textio import read_tokens
-from nlmfeature.cli import MAX_INT, Number, dumps_json
+from nlmfeature.commands.base import MAX_INT, Number
+from nlmfeature.io.jsonout import dumps_json
 from nlmfeature.errors import NLMFeatureError
 from nlmfeature.commands import DEFAULT_THREADS
 

@@ -89,7 +89,9 @@ def _after_bleu(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from nlmfeature import cli
+    from nlmfeature.commands import eval as eval_command
+    from nlmfeature.commands import perplexity, rescore, train, tune
+    from nlmfeature.commands.base import command
     from nlmfeature.bench.memory import neural_scores
     from nlmfeature.training.kenlm_baseline import perplexity as ppl_of
     from nlmfeature.training.corpus import read_lines
@@ -120,16 +122,16 @@ def run(args: argparse.Namespace) -> int:
     steps = _Steps()
     q = ["-q"] if args.quiet else []
     jobs = str(args.jobs)
-    main = cli.main
     models = [w("l2r.nlm")] + ([w("r2l.nlm")] if args.right_to_left else [])
     for model in models:
         rev = model.endswith("r2l.nlm")
         steps.run(f"train a {'right-to-left' if rev else 'left-to-right'} neural LM on the system's "
-                  "English text (the train defaults: the best measured recipe)", "nlmfeature", main,
+                  "English text (the train defaults: the best measured recipe)", "nlmfeature", command(train),
                   ["train", "-i", train_text, "--test-set", d("dev.ref.en.gz"), "-o", model,
                    "--iterations", str(args.iterations), "--threads", "1", "--seed", "1", "--no-resume"]
                   + (["--reverse"] if rev else []) + (["--no-progress"] if args.quiet else []))
-    out = steps.run("perplexity on test: neural model, KenLM 5-gram, linear interpolation", "nlmfeature", main,
+    out = steps.run("perplexity on test: neural model, KenLM 5-gram, linear interpolation", "nlmfeature",
+                    command(perplexity),
                     ["perplexity", "--model", models[0], "--test", test_ref, "--valid", dev_ref,
                      "--kenlm-train", train_text, "--kenlm", w("kenlm5.arpa"), "--no-loglinear",
                      "--json"] + q, echo=False)
@@ -142,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     mflags = [a for m in models for a in ("-m", m)]
     names = [f"NLM{i}" for i in range(len(models))]
     steps.run(f"add the {' and '.join(names)} features to the dev 100-best list", "nlmfeature-rescore",
-              cli.rescore_main, mflags + ["-i", dev_kbest, "-o", w("dev.nlm.100best.gz"), "-j", jobs,
+              rescore.main, mflags + ["-i", dev_kbest, "-o", w("dev.nlm.100best.gz"), "-j", jobs,
                                       "--batch-size", "32768"] + q)
     init = read_weights(d("dev.init.ini"))
     write_weights(w("init.base.weights"), init)
@@ -154,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     for name, kbest, start in (("base", dev_kbest, "init.base.weights"),
                                ("nlm", w("dev.nlm.100best.gz"), "init.nlm.weights")):
         label = "without" if name == "base" else "with"
-        out = steps.run(f"tune on dev (MERT) {label} the neural features", "nlmfeature-tune", cli.tune_main,
+        out = steps.run(f"tune on dev (MERT) {label} the neural features", "nlmfeature-tune", tune.main,
                         ["optimise", "--nbest", kbest, "--ref", dev_ref, "--init", w(start),
                          "--algorithm", "mert", "--restarts", str(args.restarts), "--seed", "1",
                          "--jobs", jobs, "--out", w(f"{name}.weights")] + (["--quiet"] if args.quiet else []))
@@ -162,10 +164,10 @@ def run(args: argparse.Namespace) -> int:
     for name in ("base", "nlm"):
         note = " (the NLM features have no weight there: the baseline)" if name == "base" else ""
         steps.run(f"translate test: rerank its 100-best with the {name} weights{note}",
-                  "nlmfeature-rescore", cli.rescore_main,
+                  "nlmfeature-rescore", rescore.main,
                   mflags + ["-i", test_kbest, "--weights", w(f"{name}.weights"),
                             "--one-best", w(f"test.{name}.1best"), "-j", jobs, "--batch-size", "32768"] + q)
-    out = steps.run("BLEU on test: baseline vs. + neural LMs (paired bootstrap)", "nlmfeature-eval", cli.eval_main,
+    out = steps.run("BLEU on test: baseline vs. + neural LMs (paired bootstrap)", "nlmfeature-eval", eval_command.main,
                     ["--ref", test_ref, "--tokenize", "none", "--bootstrap", str(args.bootstrap), "--json",
                      w("test.base.1best"), w("test.nlm.1best")], echo=False)
     cmp_ = next(c for c in json.loads(out)["comparisons"] if c["metric"] == "bleu")

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from nlmfeature.core.ensemble import write_ensemble
-from nlmfeature.cli import Number
+from nlmfeature.commands.base import Number
 
 
 def register(sub: argparse._SubParsersAction) -> None:

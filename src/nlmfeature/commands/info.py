@@ -5,7 +5,7 @@ import argparse
 import os
 import sys
 
-from nlmfeature.cli import dumps_json
+from nlmfeature.io.jsonout import dumps_json
 from nlmfeature.core.model import load
 
 

@@ -9,14 +9,15 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from nlmfeature.errors import InputError, NLMFeatureError
-from nlmfeature.cli import MAX_INT, Number, dumps_json
-from nlmfeature.training.kenlm_baseline import (KENLM_MAX_ORDER, VOCAB_MISMATCH_WARN, KenLMScorer, LogLinear, exactly_normalised,
+from nlmfeature.commands.base import MAX_INT, Number
+from nlmfeature.io.jsonout import dumps_json
+from nlmfeature.training.kenlm_baseline import (KENLM_MAX_ORDER, VOCAB_MISMATCH_WARN, KenLMScorer, LogLinear,
                               interpolate, is_arpa,
                               mixture_logprob, nlm_ngrams, nlm_token_scores, spaced_subset, train_kenlm,
                               tune_mixture)
 from nlmfeature.io.atomicfile import check_output
 from nlmfeature.io.textio import read_tokens
-from nlmfeature.core.model import load
+from nlmfeature.core.model import exactly_normalised, load
 
 OOV_NOTE = ("Tokens: every word plus one </s> per sentence. OOV = word outside the neural "
             "vocabulary; both models score it as the unknown word ({}).")

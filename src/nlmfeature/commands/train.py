@@ -5,7 +5,8 @@ import argparse
 import os
 import sys
 
-from nlmfeature.cli import MAX_INT, THREADS, Number, dumps_json
+from nlmfeature.commands.base import MAX_INT, THREADS, Number
+from nlmfeature.io.jsonout import dumps_json
 from nlmfeature.core.modelfile import MAX_BRANCHES, MAX_LAYERS, MAX_ORDER, MAX_SOURCE_WINDOW
 from nlmfeature.errors import NLMFeatureError
 

@@ -18,6 +18,7 @@ and a sequence of strings is taken as it is; anything else raises :class:`TypeEr
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import threading
@@ -537,6 +538,22 @@ def _probe(model: Model) -> None:
         raise modelfile.ModelFileError(
             f"{model.path}: the model scores {scores.tolist()} (p(</s> | <s>), p(<unk> | <s>)): "
             "its weights hold NaN or infinite values; train or write it again")
+
+
+def exactly_normalised(model: Model) -> Model:
+    """The one exactly normalised scorer of the package: ``model`` itself if its scores are
+    log-probabilities; for an unnormalised (NCE or self-normalised) model, a view of the same
+    arrays whose scores are renormalised by a softmax over the whole vocabulary (direct
+    features included): true log-probabilities, at the cost of a pass over the vocabulary per
+    scored token.  Perplexities with ``--exact``, the benchmarks' and the trainer's exact
+    held-out scores all come from it."""
+    if model.normalised:
+        return model
+    header = json.loads(json.dumps(model.header))
+    header["output"]["type"] = "softmax"
+    # the same class (a joint model stays one: its contexts hold the source window)
+    return type(model)(model.path, header, model.arrays, model.checksum,
+                       use_tables=bool(header.get("precomputed")))
 
 
 def save(path: str, header: Dict[str, Any], arrays: Dict[str, np.ndarray], half: bool = False) -> str:

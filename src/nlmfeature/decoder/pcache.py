@@ -26,7 +26,6 @@ This module also reads, inspects, prunes and clears such directories (``nlmfeatu
 """
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import stat
@@ -42,7 +41,7 @@ from nlmfeature._pcache import prune as _prune
 from nlmfeature.errors import NLMFeatureError
 
 __all__ = ["CachedScorer", "CacheFile", "DirectoryStats", "read_cache_file", "read_sentence",
-           "cache_files", "directory_stats", "clear", "prune", "parse_size", "DEFAULT_MAX_BYTES",
+           "cache_files", "directory_stats", "clear", "prune", "DEFAULT_MAX_BYTES",
            "DEFAULT_NGRAM_ENTRIES", "POLICIES"]
 
 MAGIC = b"NLMPCAC2"
@@ -255,9 +254,6 @@ def prune(directory: str, max_bytes: int) -> Tuple[int, int]:
     return _prune(directory, int(max_bytes))
 
 
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
 #: the line a decoder's session prints on stderr when its cache directory reaches its bound
 BOUND_LINE = "is at its bound"
 
@@ -290,25 +286,3 @@ def bound_report(directory: str, sentences: int, decoder_log: str) -> Optional[s
             f"--persistent-cache-max {max(1, int(need * 2 / 2**30 + 0.999))}G")
 
 
-def parse_size(text: str) -> int:
-    """``"500M"`` -> bytes (suffixes K, M, G, T are powers of 1024; optional ``B``/``iB``)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(?:i?[bB])?\s*", str(text))
-    if not m:
-        raise NLMFeatureError(f"bad size {text!r}: use a number with an optional K, M, G or T suffix")
-    size = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if size > MAX_SIZE:
-        raise NLMFeatureError(f"bad size {text!r}: larger than {MAX_SIZE >> 60} EiB")
-    return size
-
-
-#: largest size :func:`parse_size` accepts (the library keeps sizes in int64)
-MAX_SIZE = 1 << 62
-
-
-def size_option(text: str) -> str:
-    """An argparse type: a size (:func:`parse_size`) as bytes, the way the Moses and cdec
-    features' ``persistent-cache-max`` takes it; a bad one is a usage error."""
-    try:
-        return str(parse_size(text))
-    except NLMFeatureError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None

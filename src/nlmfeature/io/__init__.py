@@ -1,1 +1,1 @@
-"""The one text reader and the one atomic writer."""
+"""The one text reader, the one atomic writer, strict JSON output and the one size rule."""

@@ -1,4 +1,5 @@
-"""``nlmfeature prepare``: raw text to the tokenised, lowercased text Moses systems are trained on.
+"""Raw text to the tokenised, lowercased text Moses systems are trained on
+(the work of ``nlmfeature prepare``; its flags are :mod:`nlmfeature.commands.prepare`'s).
 
 The Moses pipeline ``normalize-punctuation.perl -l L | tokenizer.perl -a -l L | lowercase.perl``
 (then ``clean-corpus-n.perl``'s white-space clean-up), done with sacremoses so no Perl is needed.
@@ -113,36 +114,6 @@ def detokenise(lines: Iterable[str], lang: str = "en") -> Iterator[str]:
 
 
 # -- command line ------------------------------------------------------------------------------
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "prepare", help="raw text -> normalised, tokenised (-a), lowercased text, as Moses' Perl",
-        description="Prepare raw text as the Moses Perl pipeline does (normalize-punctuation.perl "
-                    "| tokenizer.perl -a | lowercase.perl, white space collapsed), with sacremoses; "
-                    "identical to the Perl output on Multi30k.  Use it for dev/test sources and "
-                    "references and for NLM training text.",
-        epilog="Example: nlmfeature prepare -l de -i test.de.gz -o test.tok.lc.de")
-    p.add_argument("--lang", "-l", required=True,
-                   help="language code of the text (en, de, fr, ...): picks the non-breaking "
-                        "prefixes, apostrophe and quotation rules")
-    p.add_argument("--input", "-i", default="-",
-                   help="raw text, one sentence per line (plain, .gz, or - for standard input; "
-                        "default -)")
-    p.add_argument("--output", "-o", default="-",
-                   help="where to write (plain, .gz, or - for standard output; default -); a "
-                        "file is replaced only when all of it is written")
-    p.add_argument("--no-aggressive", action="store_true",
-                   help="do not split hyphens inside words (tokenizer.perl without -a)")
-    p.add_argument("--no-lowercase", action="store_true", help="keep the case")
-    p.add_argument("--no-escape", action="store_true",
-                   help="do not escape & < > ' \" [ ] | (tokenizer.perl -no-escape)")
-    p.add_argument("--no-normalise", action="store_true",
-                   help="skip the punctuation normalisation (normalize-punctuation.perl)")
-    p.add_argument("--detokenise", action="store_true",
-                   help="instead: detokenise tokenised text (sacremoses' Moses detokenizer, "
-                        "undoing @-@ and the escaping)")
-    p.set_defaults(func=run)
-
-
 def run(args: argparse.Namespace) -> int:
     from nlmfeature.io.atomicfile import check_output, open_output
     from nlmfeature.io.textio import iter_lines

@@ -109,26 +109,5 @@ def read_corpus(path: str) -> List[List[str]]:
     return sents
 
 
-def read_heldout(path: str, vocab: Vocabulary, order: int, reverse: bool = False) -> Tuple[NgramData, int]:
-    """N-grams of a held-out text (of its sentences read backwards if ``reverse``) and the
-    number of out-of-vocabulary tokens.
-
-    Raises :class:`InputError` when the file is empty or holds only unknown words (its
-    perplexity would say nothing about the model)."""
-    sents = read_lines(path)
-    if not sents:
-        raise InputError(path, 0, "the test set is empty (no tokens)")
-    check_special_tokens(path, sents)
-    n_tok = sum(len(s) for s in sents)
-    oov = sum(1 for s in sents for t in s if t not in vocab or t == "<unk>")
-    if oov == n_tok:
-        raise InputError(path, 0, f"every one of the {n_tok} test-set tokens is outside the "
-                         f"{len(vocab)}-word vocabulary: is this the right file (same language, "
-                         "same tokenisation)?")
-    if reverse:
-        sents = [s[::-1] for s in sents]
-    return ngrams(sents, vocab, order), oov
-
-
-__all__ = ["read_sentences", "read_lines", "read_corpus", "read_heldout", "build_vocabulary",
+__all__ = ["read_sentences", "read_lines", "read_corpus", "build_vocabulary",
            "ngrams", "NgramData", "check_special_tokens", "SPECIALS"]

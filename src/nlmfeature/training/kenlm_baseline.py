@@ -32,7 +32,6 @@ the table reports how many tokens KenLM did not know.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -47,6 +46,7 @@ from nlmfeature.io.atomicfile import check_output, install
 from nlmfeature.io.textio import iter_lines, read_head, split_tokens
 from nlmfeature.errors import InputError, NLMFeatureError
 from nlmfeature.core.forward import vocab_log_scores
+from nlmfeature.core.model import exactly_normalised
 from nlmfeature.core.vocab import Vocabulary
 
 #: what words outside the neural vocabulary become in KenLM's training text and queries
@@ -209,20 +209,6 @@ def nlm_token_scores(model, sentences: Sequence[Sequence[str]], batch: int = 819
     for s in range(0, len(words), batch):
         out[s:s + batch] = scorer.score_batch(ctx[s:s + batch], words[s:s + batch])
     return TokenScores(out, oov_mask(sentences, model.vocab), len(sentences))
-
-
-def exactly_normalised(model):
-    """The model itself if its scores are log-probabilities; for an unnormalised (NCE or
-    self-normalised) model, a view of the same arrays whose scores are renormalised by a
-    softmax over the whole vocabulary (direct features included): true log-probabilities, at
-    the cost of a pass over the vocabulary per scored token."""
-    if model.normalised:
-        return model
-    header = json.loads(json.dumps(model.header))
-    header["output"]["type"] = "softmax"
-    # the same class (a joint model stays one: its contexts hold the source window)
-    return type(model)(model.path, header, model.arrays, model.checksum,
-                       use_tables=bool(header.get("precomputed")))
 
 
 def nlm_ngrams(model, sentences: Sequence[Sequence[str]]) -> Tuple[np.ndarray, np.ndarray]:

@@ -47,7 +47,7 @@ from nlmfeature.core import modelfile
 from nlmfeature.core.architecture import ModelSpec, precompute_tables, random_model, set_null_embedding
 from nlmfeature.io.atomicfile import atomic_open, check_output
 from nlmfeature.errors import InputError, NLMFeatureError
-from nlmfeature.core.model import Model
+from nlmfeature.core.model import Model, exactly_normalised
 from nlmfeature.core.vocab import Vocabulary
 from nlmfeature.training.corpus import NgramData, build_vocabulary
 from nlmfeature.training.estimators import OutputSpec
@@ -300,14 +300,12 @@ def export_arrays(header: Dict[str, Any], template: Dict[str, np.ndarray], param
 
 
 def heldout_logprob(header: Dict[str, Any], arrays: Dict[str, np.ndarray], data: NgramData,
-                    output_type: Optional[str] = None) -> np.ndarray:
-    """Per-n-gram natural-log scores of held-out data by the scorer, over in-memory arrays.
-    ``output_type`` overrides the header's (``softmax`` renormalises an unnormalised model)."""
-    h = json.loads(json.dumps(header))
-    if output_type:
-        h["output"]["type"] = output_type
-    model = Model("<in-memory>", h, arrays, "", use_tables=bool(h.get("precomputed")))
-    return model.score_batch(data.contexts, data.words)
+                    exact: bool = False) -> np.ndarray:
+    """Per-n-gram natural-log scores of held-out data by the scorer, over in-memory arrays;
+    ``exact`` renormalises an unnormalised model exactly
+    (:func:`nlmfeature.core.model.exactly_normalised`)."""
+    model = Model("<in-memory>", header, arrays, "", use_tables=bool(header.get("precomputed")))
+    return (exactly_normalised(model) if exact else model).score_batch(data.contexts, data.words)
 
 
 def _atomic_savez(path: str, arrays: Dict[str, np.ndarray]) -> None:

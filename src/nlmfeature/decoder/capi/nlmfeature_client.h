@@ -5,6 +5,10 @@
  * for the per-thread sessions, as Moses and Moses2 use); the Moses and Moses2 features of
  * moses_ff/ share it, so a key means the same on both decoders' feature lines.
  *
+ * With NLMFEATURE_CLIENT_PARSERS_ONLY defined before it is included, only the option rules
+ * (ParseSize, ParseInt, ParseBool) and the affiliation heuristic: no Boost (the cdec
+ * features, single-threaded, keep their own client and share these rules).
+ *
  * Errors (a bad value on the feature line, a model that does not load, an unwritable
  * persistent cache) are thrown as std::runtime_error with a message naming the feature and
  * the file; the decoder's feature turns them into its own exception type.
@@ -24,48 +28,52 @@
 #include <string>
 #include <vector>
 
+#ifndef NLMFEATURE_CLIENT_PARSERS_ONLY
 #include <boost/thread/tss.hpp>
+#endif
 
 #include "nlmfeature.h"
 
 namespace nlmfeature
 {
 
-/** "500M", "2G", "4096" as bytes: digits with an optional fraction, then an optional K, M,
- *  G or T (powers of 1024, either case) and an optional B (iB after a unit) -- the rule of
- *  nlmfeature's Python size options, at most 2^62; throws
- *  std::runtime_error naming `key` for anything else. */
+/** "500M", "2G", "4096" as bytes, by the rule of nlmfeature.io.sizes.parse_size
+ *  (tests/test_sizes.py compares them): digits with an optional decimal fraction, then
+ *  optionally K, M, G or T (powers of 1024, any case, optionally followed by B or iB) or B
+ *  alone, white space around; at most 2^62.  Throws std::runtime_error naming `key` for
+ *  anything else. */
 inline int64_t ParseSize(const std::string &key, const std::string &value)
 {
-  const char *p = value.c_str();
-  const char *num;
-  int ok = 1;
-  double mult = 1;
-  while (*p == ' ' || *p == '\t') ++p;
-  num = p;
-  while (*p >= '0' && *p <= '9') ++p;
-  if (p == num) ok = 0;
-  if (ok && *p == '.') {
+  const char *p = value.c_str(), *end = p + value.size(), *num;
+  double v = 0, mult = 1;
+  bool ok;
+  while (p < end && (*p == ' ' || (*p >= '\t' && *p <= '\r'))) ++p;
+  for (num = p; p < end && *p >= '0' && *p <= '9'; ++p) {}
+  ok = p > num;
+  if (ok && p < end && *p == '.') {
     const char *frac = ++p;
-    while (*p >= '0' && *p <= '9') ++p;
-    if (p == frac) ok = 0;
+    while (p < end && *p >= '0' && *p <= '9') ++p;
+    ok = p > frac;
   }
-  const double v = ok ? std::strtod(std::string(num, p).c_str(), NULL) : 0;
-  while (*p == ' ' || *p == '\t') ++p;
-  switch (*p) {
-    case 'k': case 'K': mult = 1024.0; ++p; break;
-    case 'm': case 'M': mult = 1048576.0; ++p; break;
-    case 'g': case 'G': mult = 1073741824.0; ++p; break;
-    case 't': case 'T': mult = 1099511627776.0; ++p; break;
-    default: break;
+  if (ok) v = std::strtod(std::string(num, p).c_str(), NULL);
+  while (p < end && (*p == ' ' || (*p >= '\t' && *p <= '\r'))) ++p;
+  if (ok && p < end && (*p | 0x20) != 'b') {
+    switch (*p++ | 0x20) {
+      case 'k': mult = 1024.0; break;
+      case 'm': mult = 1048576.0; break;
+      case 'g': mult = 1073741824.0; break;
+      case 't': mult = 1099511627776.0; break;
+      default: ok = false;
+    }
+    if (ok && p < end && (*p | 0x20) == 'i') ok = ++p < end && (*p | 0x20) == 'b';
   }
-  if (mult > 1 && *p == 'i' && (p[1] == 'b' || p[1] == 'B')) p += 2;  // KiB ... TiB
-  else if (*p == 'b' || *p == 'B') ++p;
-  while (*p == ' ' || *p == '\t') ++p;
-  if (!ok || *p || v * mult > 4611686018427387904.0)
+  if (ok && p < end && (*p | 0x20) == 'b') ++p;
+  while (p < end && (*p == ' ' || (*p >= '\t' && *p <= '\r'))) ++p;
+  v *= mult;
+  if (!ok || p != end || v > 4611686018427387904.0)  // 2^62
     throw std::runtime_error(key + "=" + value + ": not a size (use a number with an optional K, M, G or T "
                              "suffix, e.g. 500M or 2G)");
-  return static_cast<int64_t>(v * mult);
+  return static_cast<int64_t>(v);
 }
 
 /** An integer option; throws std::runtime_error naming `key` unless all of `value` is one. */
@@ -140,7 +148,9 @@ void Affiliations(It begin, It end, size_t n, size_t start, size_t srcLen, int *
   }
 }
 
-/** The model, the session options and one session per decoder thread of one feature. */
+#ifndef NLMFEATURE_CLIENT_PARSERS_ONLY
+/** The model, the session options and one session per decoder thread of one feature (left
+ *  out with NLMFEATURE_CLIENT_PARSERS_ONLY defined: the option rules alone, no Boost). */
 class Client
 {
 public:
@@ -311,6 +321,7 @@ private:
   nlm_model *m_model;
   mutable boost::thread_specific_ptr<ThreadSession> m_sessions;
 };
+#endif  // NLMFEATURE_CLIENT_PARSERS_ONLY
 
 }  // namespace nlmfeature
 
