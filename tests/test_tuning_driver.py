@@ -298,3 +298,45 @@ def test_driver_with_real_cdec(tmp_path):
     assert final["LanguageModel"] == [1.0] and "PhraseModel_0" in final
     pool = KbestPool.load(str(tmp_path / "work" / "pool.npz"), Driver(s).refs)
     assert ("PhraseModel_0", 1) in pool.labels
+
+
+def test_moses2_lists_are_oversampled_and_cut_to_distinct_strings(tmp_path):
+    """Moses2 prints a string several times despite `distinct`: the loop asks it for ten times
+    the k-best size and keeps each sentence's first nbest_size distinct strings, as Moses'
+    distinct lists are (a fake Moses2 that prints every line of a real list twice)."""
+    import gzip
+    import stat
+    import sys
+
+    from nlmfeature.mt.moses import distinct_kbest, is_moses2
+
+    asked = tmp_path / "asked"
+    fake = tmp_path / "moses2"
+    fake.write_text(f"""#!{sys.executable}
+# N6Moses2: the RTTI name is_moses2 looks for
+import gzip, sys
+a = sys.argv
+out, size = a[a.index("-n-best-list") + 1], a[a.index("-n-best-list") + 2]
+open({str(asked)!r}, "w").write(size)
+lines = gzip.open({IT[1]!r}, "rt", encoding="utf-8").read().splitlines()
+with open(out, "w", encoding="utf-8") as f:
+    for line in lines:
+        f.write(line + "\\n" + line + "\\n")
+last = None
+for line in lines:
+    sid = line.split(" ||| ")[0]
+    if sid != last:
+        print(line.split(" ||| ")[1].strip())
+        last = sid
+""")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    assert is_moses2(str(fake)) and not is_moses2(INI1)
+    wd = tmp_path / "work"
+    Driver(settings_for(wd, binary=str(fake), nbest_size=30, distinct=True), log=lambda m: None).run()
+    assert asked.read_text() == "300"
+    kept = [tuple(l.split(" ||| ")[:2]) for l in gzip.open(wd / "run1.kbest.gz", "rt", encoding="utf-8")]
+    assert len(kept) == len(set(kept))
+    original = [tuple(l.split(" ||| ")[:2]) for l in gzip.open(IT[1], "rt", encoding="utf-8")]
+    assert kept == list(dict.fromkeys(original))  # each sentence's strings, first copy, in order
+    assert list(distinct_kbest(["0 ||| a ||| x", "0 ||| a ||| y", "0 ||| b ||| z", "1 ||| a ||| w"], 1)) == \
+        ["0 ||| a ||| x", "1 ||| a ||| w"]
