@@ -39,7 +39,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from nlmfeature.errors import DecoderError, InputError, NLMFeatureError
 from nlmfeature.io.atomicfile import atomic_write_text, open_output, remove_stale, temp_prefix
@@ -74,32 +74,6 @@ _FEATURE_BUILD = {
     "NLMFeature": "build it with moses_ff/moses.patch and bjam --with-nlmfeature",
     "NLMJointFeature": "rebuild it with moses_ff/moses-joint.patch applied after moses.patch",
 }
-
-
-def is_moses2(exe: str) -> bool:
-    """Whether the executable ``exe`` is Moses2 (its RTTI names the ``Moses2`` namespace, kept
-    in stripped binaries too).  Moses2 takes Moses' command line, but accepts ``distinct`` on
-    ``-n-best-list`` and still prints the same string several times (seen: a 100-best list of
-    Multi30k held 13 distinct strings a sentence), which starves MERT of diverse hypotheses."""
-    try:
-        with open(exe, "rb") as f:
-            return b"N6Moses2" in f.read()
-    except OSError:
-        return False
-
-
-def distinct_kbest(lines: Iterable[str], size: int) -> Iterator[str]:
-    """The k-best lines (``sid ||| words ||| ...``, each sentence's in score order) of the
-    first ``size`` distinct strings of every sentence: what Moses' ``distinct`` keeps, for
-    a decoder that prints a string more than once (Moses2)."""
-    seen: Dict[str, set] = {}
-    for line in lines:
-        sid, _, rest = line.partition(" ||| ")
-        words = rest.partition(" ||| ")[0].strip()
-        have = seen.setdefault(sid.strip(), set())
-        if len(have) < size and words not in have:
-            have.add(words)
-            yield line
 
 
 def missing_features(exe: str, names: Sequence[str]) -> List[str]:

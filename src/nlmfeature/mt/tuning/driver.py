@@ -157,11 +157,6 @@ def best_decoded(state: "DriverState", initial: Weights) -> tuple:
     return hist[best]["iteration"], float(hist[best].get("dev_bleu", float("nan"))), used[best]
 
 
-#: how many times the k-best size Moses2 is asked for (its 100-best lists of Multi30k hold ~13
-#: distinct strings a sentence; a 10x list gives MERT about as many as Moses' distinct 100-best)
-MOSES2_OVERSAMPLE = 10
-
-
 class Driver:
     """Runs (or resumes) a tuning job; see the module doc."""
 
@@ -177,10 +172,6 @@ class Driver:
         self.refs = References.from_files(settings.refs, tokenize=settings.tokenize,
                                           lowercase=settings.lowercase)
         self._pool: Optional[KbestPool] = None
-        #: Moses2 prints a string several times despite ``distinct``: asked for
-        #: MOSES2_OVERSAMPLE times the k-best size, its lists are cut to the first
-        #: ``nbest_size`` distinct strings of each sentence
-        self.moses2 = settings.decoder == "moses" and moses.is_moses2(settings.binary)
 
     # -- paths --------------------------------------------------------------------------
     def path(self, name: str) -> str:
@@ -236,11 +227,8 @@ class Driver:
         if self.s.decoder == "moses":
             ini = self.path(f"run{k}.moses.ini")
             moses.rewrite_moses_ini(self.s.config, ini, weights, opts)
-            size = self.s.nbest_size
-            if self.s.distinct and self.moses2:
-                size *= MOSES2_OVERSAMPLE  # (Moses2 repeats strings: decode() keeps the distinct)
             cmd = moses.command(self.s.binary, ini, os.path.abspath(self.s.source),
-                                self.s.threads, kbest_file, size, self.s.distinct)
+                                self.s.threads, kbest_file, self.s.nbest_size, self.s.distinct)
         else:
             ini = self.path(f"run{k}.cdec.ini")
             wfile = self.path(f"run{k}.weights")
@@ -276,13 +264,11 @@ class Driver:
                                    f"{err_path}")
             listing = tmp if self.s.decoder == "moses" else stdout_tmp
             n = 0
-            lines = (line for _, line in iter_lines(listing) if "|||" in line)  # cdec prints more
-            if self.s.distinct and self.moses2:
-                lines = moses.distinct_kbest(lines, self.s.nbest_size)
             with open_output(out) as dst:
-                for line in lines:
-                    dst.write(line + "\n")
-                    n += 1
+                for _, line in iter_lines(listing):
+                    if "|||" in line:      # cdec also prints other lines on stdout
+                        dst.write(line + "\n")
+                        n += 1
             if n == 0:
                 os.unlink(out)
                 raise DecoderError(f"{cmd[0]} produced no k-best lines; see {err_path}")
