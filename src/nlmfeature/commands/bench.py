@@ -5,7 +5,8 @@ import argparse
 import importlib
 
 #: modules that add a ``bench`` sub-subcommand through ``register(bench_subparsers)``
-BENCH_MODULES = ["..bench.query", "..bench.train", "..bench.mt", "..bench.memory", "..bench.scale"]
+BENCH_MODULES = ["..bench.query", "..bench.train", "..bench.mt", "..bench.memory", "..bench.scale",
+                 "..bench.systems"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
