@@ -31,7 +31,9 @@ by ``nlmfeature corpus gutenberg``) two more steps make a second system folder `
 that shares the tables and differs only in its LM:
 
 7. ``big-lm``: ``lmplz -o 5`` on those files plus the English training side
-   (``OUT/big/lm.en.5g.arpa.gz``; ``--big-lm-memory`` bounds lmplz's memory);
+   (``OUT/big/lm.en.5g.arpa``; ``--big-lm-memory`` bounds lmplz's memory) and its KenLM
+   binary ``lm.en.5g.bin``, which ``OUT/big/moses.untuned.ini`` loads (binarising an LM
+   of this size for every work folder would take minutes each time);
 8. ``big-tune``: step 6 on ``OUT/big``.
 
 Every step is skipped when its outputs exist (outputs are written whole or not at all), so a
@@ -78,6 +80,7 @@ LM_NAME = "lm.en.5g.arpa.gz"
 PHRASE_TABLE = "phrase-table.gz"
 REORDERING_TABLE = "reordering-table.wbe-msd-bidirectional-fe.gz"
 ALIGNMENT = "train.align.grow-diag-final-and.gz"
+BIG_LM_ARPA, BIG_LM_BIN = "lm.en.5g.arpa", "lm.en.5g.bin"
 
 
 def _log(msg: str) -> None:
@@ -409,7 +412,8 @@ def kenlm_dirs(args: argparse.Namespace) -> List[Optional[str]]:
 
 
 def build_lm(args: argparse.Namespace, texts: Sequence[str], dst: str, memory: str) -> dict:
-    """``lmplz -o 5`` on the concatenated ``texts`` (plain or .gz), ARPA gzipped to ``dst``."""
+    """``lmplz -o 5`` on the concatenated ``texts`` (plain or .gz): the ARPA file ``dst``
+    (gzipped when it ends with ``.gz``)."""
     from nlmfeature.io.textio import open_binary
     from nlmfeature.training.kenlm_baseline import find_tool
 
@@ -420,10 +424,13 @@ def build_lm(args: argparse.Namespace, texts: Sequence[str], dst: str, memory: s
     tmpdir = os.path.dirname(dst)
     log = dst + ".log"
     cmd = [lmplz, "-o", "5", "-S", memory, "-T", tmpdir]
-    _log("$ cat " + " ".join(shlex.quote(t) for t in texts) + " | " + " ".join(cmd) + " | gzip > " + dst)
+    compress = dst.endswith(".gz")
+    _log("$ cat " + " ".join(shlex.quote(t) for t in texts) + " | " + " ".join(cmd)
+         + (" | gzip" if compress else "") + " > " + dst)
     tmp = dst + ".tmp"
     with open(tmp, "wb") as raw, open(log, "wb") as err:
-        gz = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6)
+        gz = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) \
+            if compress else raw
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
         import threading
 
@@ -442,7 +449,8 @@ def build_lm(args: argparse.Namespace, texts: Sequence[str], dst: str, memory: s
         shutil.copyfileobj(proc.stdout, gz, 1 << 20)
         th.join()
         rc = proc.wait()
-        gz.close()
+        if compress:
+            gz.close()
     if rc:
         tail = open(log, "rb").read()[-3000:].decode("utf-8", "replace")
         raise NLMFeatureError(f"lmplz failed (status {rc}; log {log}):\n{tail}")
@@ -453,7 +461,8 @@ def build_lm(args: argparse.Namespace, texts: Sequence[str], dst: str, memory: s
 def arpa_counts(path: str) -> List[int]:
     """The n-gram counts of an ARPA file's header."""
     counts = []
-    with gzip.open(path, "rt", encoding="utf-8") as f:
+    with (gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz")
+          else open(path, encoding="utf-8")) as f:
         for line in f:
             if line.startswith("ngram "):
                 counts.append(int(line.split("=")[1]))
@@ -553,7 +562,6 @@ def tune_system(args: argparse.Namespace, system: str, out: str) -> dict:
     from nlmfeature.cli import tune_main
     from nlmfeature.mt import moses as m
     from nlmfeature.mt.tuning.driver import DriverState
-    from nlmfeature.mt.weights import read_weights
 
     exe = m.find_moses(args.moses, args.moses_root, features=())
     sets_dir = os.path.join(out, "sets")
@@ -610,23 +618,39 @@ def big_dir(out: str) -> str:
 
 
 def step_big_lm(args: argparse.Namespace, out: str) -> dict:
+    """The big LM (an ARPA file ``OUT/big/lm.en.5g.arpa`` and its KenLM probing binary
+    ``lm.en.5g.bin``, which the decoder loads) and the system folder ``OUT/big``: the small
+    system's tables and training text by relative links, its untuned config with this LM."""
+    from nlmfeature.io.textio import read_lines
+    from nlmfeature.mt.moses import binarise_lm
+
     big = big_dir(out)
     os.makedirs(big, exist_ok=True)
     untuned = os.path.join(out, "moses.untuned.ini")
     if not os.path.isfile(untuned):
         raise InputError(untuned, 0, "the big-LM system shares the step 'train''s tables: run it first")
-    texts = list(args.big_lm_text) + [os.path.join(out, f"train.tok.lc.{TGT}.gz")]
-    res = build_lm(args, texts, os.path.join(big, LM_NAME), args.big_lm_memory)
-    # the rest of the system: the small one's files, by relative links
+    texts = [os.path.abspath(t) for t in args.big_lm_text] + [os.path.join(out, f"train.tok.lc.{TGT}.gz")]
+    arpa = os.path.join(big, BIG_LM_ARPA)
+    res: dict = {}
+    if not os.path.exists(arpa):
+        t0 = time.time()
+        res = build_lm(args, texts, arpa, args.big_lm_memory)
+        res["lmplz_seconds"] = round(time.time() - t0)
+    else:
+        res["ngrams"] = arpa_counts(arpa)
+    t0 = time.time()
+    binarise_lm(arpa, os.path.join(big, BIG_LM_BIN), *kenlm_dirs(args))
+    res["build_binary_seconds"] = round(time.time() - t0)
+    res["bytes"] = {n: os.path.getsize(os.path.join(big, n)) for n in (BIG_LM_ARPA, BIG_LM_BIN)}
     for name in os.listdir(out):
-        if name in (PHRASE_TABLE, REORDERING_TABLE, ALIGNMENT, "moses.untuned.ini") or \
-                name.startswith("train.tok.lc."):
+        if name in (PHRASE_TABLE, REORDERING_TABLE, ALIGNMENT) or name.startswith("train.tok.lc."):
             link = os.path.join(big, name)
             if not os.path.lexists(link):
                 os.symlink(os.path.join("..", name), link)
-    if not os.path.lexists(os.path.join(big, "sets")):
-        os.symlink(os.path.join("..", "sets"), os.path.join(big, "sets"))
-    res["texts"] = [os.path.basename(t) for t in texts]
+    lines = [l.replace(f"path=MODEL_DIR/{LM_NAME}", f"path=MODEL_DIR/{BIG_LM_BIN}")
+             for l in read_lines(untuned)]
+    _write_lines(os.path.join(big, "moses.untuned.ini"), lines)
+    res["texts"] = texts
     return res
 
 
@@ -645,7 +669,7 @@ def outputs(step: str, out: str) -> List[str]:
         "lm": [os.path.join(out, LM_NAME)],
         "train": [os.path.join(out, n) for n in (PHRASE_TABLE, REORDERING_TABLE, "moses.untuned.ini")],
         "tune": [os.path.join(out, "moses.tuned.ini"), os.path.join(out, "results.json")],
-        "big-lm": [os.path.join(big, LM_NAME)],
+        "big-lm": [os.path.join(big, BIG_LM_BIN), os.path.join(big, "moses.untuned.ini")],
         "big-tune": [os.path.join(big, "moses.tuned.ini"), os.path.join(big, "results.json")],
     }[step]
 
