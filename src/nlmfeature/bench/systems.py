@@ -707,7 +707,7 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", choices=("tatoeba",),
                    help="the system: tatoeba (Tatoeba German-English, newstest2013/2014)")
-    p.add_argument("--output", "-o", required=True, help="folder the system is built in")
+    p.add_argument("--output", "-o", required=True, help="output folder: the system is built (and written) there")
     p.add_argument("--mirrors", default=None,
                    help="folder of fetched GitHub mirrors, OWNER+NAME/repo each (default "
                         "$NLMFEATURE_MIRRORS, else " + DEFAULT_MIRRORS + " beside the repository)")
