@@ -556,6 +556,20 @@ def bleu(hyp: str, ref: str) -> float:
     return float(corpus_bleu(refs.corpus_stats(read_lines(hyp)).sum(axis=0)))
 
 
+def requested_sets(args: argparse.Namespace, out: str) -> List[str]:
+    """The sets decoded with the tuned weights: dev, then ``--eval-sets`` (default every set)."""
+    if args.eval_sets:
+        return ["dev"] + [n for n in args.eval_sets if n != "dev"]
+    return eval_sets(out)
+
+
+def _results_cover(path: str, names: Sequence[str]) -> bool:
+    try:
+        return set(names) <= set(json.load(open(path))["bleu"])
+    except (OSError, ValueError, KeyError):
+        return False
+
+
 def tune_system(args: argparse.Namespace, system: str, out: str) -> dict:
     """MERT-tune ``system``'s ``moses.untuned.ini`` on dev (tables filtered to every set's
     source, the LM binarised), write ``system/moses.tuned.ini`` and decode every set."""
@@ -565,18 +579,19 @@ def tune_system(args: argparse.Namespace, system: str, out: str) -> dict:
 
     exe = m.find_moses(args.moses, args.moses_root, features=())
     sets_dir = os.path.join(out, "sets")
-    names = eval_sets(out)
-    if args.eval_sets:
-        names = ["dev"] + [n for n in args.eval_sets if n != "dev"]
-    srcs = {n: os.path.join(sets_dir, f"{n}.tok.lc.{SRC}") for n in names}
-    refs = {n: os.path.join(sets_dir, f"{n}.tok.lc.{TGT}") for n in names}
-    for p in list(srcs.values()) + list(refs.values()):
-        if not os.path.isfile(p):
-            raise InputError(p, 0, "no such prepared set (the step 'prepare' writes them; "
-                                   "--eval-sets names sets of OUT/data)")
+    every = eval_sets(out)
+    names = requested_sets(args, out)
+    srcs = {n: os.path.join(sets_dir, f"{n}.tok.lc.{SRC}") for n in every}
+    refs = {n: os.path.join(sets_dir, f"{n}.tok.lc.{TGT}") for n in every}
+    for n in names:
+        for p in (srcs.get(n, n), refs.get(n, n)):
+            if not os.path.isfile(p):
+                raise InputError(p, 0, "no such prepared set (the step 'prepare' writes them; "
+                                       "--eval-sets names sets of OUT/data)")
     work = os.path.join(system, "work", "tune")
+    # the tables are filtered to every set, so that decoding another set later reuses them
     prepared = m.prepare_system(os.path.join(system, "moses.untuned.ini"), os.path.join(work, "system"),
-                                [srcs[n] for n in names], system, kenlm_bin=kenlm_dirs(args), log=_log)
+                                [srcs[n] for n in every], system, kenlm_bin=kenlm_dirs(args), log=_log)
     tdir = os.path.join(work, f"mert.seed{args.seed}")
     argv = ["moses", "--moses", exe, "--config", prepared.ini, "--source", srcs["dev"],
             "--ref", refs["dev"], "--workdir", tdir, "--threads", str(args.threads),
@@ -592,19 +607,23 @@ def tune_system(args: argparse.Namespace, system: str, out: str) -> dict:
     weights = state.weights
     tuned_work = os.path.join(work, "tuned.moses.ini")
     m.rewrite_moses_ini(prepared.ini, tuned_work, weights)
+    res_path = os.path.join(system, "results.json")
+    earlier = json.load(open(res_path)) if os.path.exists(res_path) else {}
     res: dict = dict(iterations=[dict(iteration=h["iteration"], dev_bleu=h.get("dev_bleu"))
                                  for h in sorted(state.history, key=lambda h: h["iteration"])],
-                     stop_reason=state.stop_reason, tune_seconds=round(tune_seconds),
-                     weights=weights, bleu={}, decode_seconds={})
+                     stop_reason=state.stop_reason,
+                     tune_seconds=max(round(tune_seconds), earlier.get("tune_seconds", 0)),
+                     weights=weights, bleu=earlier.get("bleu", {}),
+                     decode_seconds=earlier.get("decode_seconds", {}))
+    m.rewrite_moses_ini(os.path.join(system, "moses.untuned.ini"),
+                        os.path.join(system, "moses.tuned.ini"), weights)
     for n in names:
         hyp = os.path.join(work, f"{n}.tuned.out")
         secs = m.decode(exe, tuned_work, srcs[n], hyp, threads=args.threads)
         res["bleu"][n] = round(bleu(hyp, refs[n]), 2)
         res["decode_seconds"][n] = round(secs, 1)
         _log(f"{os.path.basename(system)} {n}: BLEU {res['bleu'][n]:.2f} ({secs:.0f} s)")
-    untuned = os.path.join(system, "moses.untuned.ini")
-    m.rewrite_moses_ini(untuned, os.path.join(system, "moses.tuned.ini"), weights)
-    _write_json(os.path.join(system, "results.json"), res)
+        _write_json(res_path, res)
     return dict(bleu=res["bleu"], iterations=len(res["iterations"]), tune_seconds=res["tune_seconds"])
 
 
@@ -689,7 +708,11 @@ def build(args: argparse.Namespace) -> dict:
     for step in args.steps:
         if step.startswith("big-") and not args.big_lm_text and step == "big-lm":
             raise NLMFeatureError("the step 'big-lm' needs --big-lm-text")
-        if all(os.path.exists(p) for p in outputs(step, out)):
+        done = all(os.path.exists(p) for p in outputs(step, out))
+        if done and step in ("tune", "big-tune"):
+            system = out if step == "tune" else big_dir(out)
+            done = _results_cover(os.path.join(system, "results.json"), requested_sets(args, out))
+        if done:
             _log(f"{step}: done ({', '.join(os.path.relpath(p, out) for p in outputs(step, out))})")
             continue
         _log(f"{step} ...")
