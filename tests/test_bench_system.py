@@ -1,7 +1,7 @@
 """``nlmfeature bench system tatoeba``: the data steps on a slice of the real Tatoeba export
 (skipped without the fetched mirror), the held-out rule, the seeded split and
 ``clean-corpus-n.perl``'s rule; the whole build on 300 pairs with a real Moses tree
-(``MOSES_ROOT``) and fast_align (built from its mirror)."""
+(``MOSES_ROOT``) and fast_align (built from its mirror, or ``$FAST_ALIGN``: a build folder)."""
 from __future__ import annotations
 
 import gzip
@@ -175,6 +175,8 @@ def test_the_whole_system_on_300_pairs(tmp_path):
     argv = ["bench", "system", "tatoeba", "-o", str(out), "--mirrors", MIRRORS, "--heldout", HELDOUT,
             "--limit", "300", "--dev-size", "20", "--test-size", "20", "--no-newstest",
             "--moses-root", ROOT, "--max-iterations", "2", "--threads", "1"]
+    if os.environ.get("FAST_ALIGN"):          # a fast_align build folder: not built again here
+        argv += ["--fast-align", os.environ["FAST_ALIGN"]]
     assert cli_main(argv) == 0
     for name in ("phrase-table.gz", "reordering-table.wbe-msd-bidirectional-fe.gz", "lm.en.5g.arpa.gz",
                  "moses.untuned.ini", "moses.tuned.ini", "train.tok.lc.de.gz", "train.tok.lc.en.gz",
