@@ -34,7 +34,8 @@ that shares the tables and differs only in its LM:
    (``OUT/big/lm.en.5g.arpa``; ``--big-lm-memory`` bounds lmplz's memory) and its KenLM
    binary ``lm.en.5g.bin``, which ``OUT/big/moses.untuned.ini`` loads (binarising an LM
    of this size for every work folder would take minutes each time);
-8. ``big-tune``: step 6 on ``OUT/big``.
+8. ``big-tune``: step 6 on ``OUT/big`` (``--big-start small-tuned``: MERT starts from the small
+   system's tuned weights, which takes fewer iterations).
 
 Every step is skipped when its outputs exist (outputs are written whole or not at all), so a
 rerun continues where a stopped one ended; ``--steps`` runs a subset.  Each step's seconds go to
@@ -570,9 +571,10 @@ def _results_cover(path: str, names: Sequence[str]) -> bool:
         return False
 
 
-def tune_system(args: argparse.Namespace, system: str, out: str) -> dict:
+def tune_system(args: argparse.Namespace, system: str, out: str, start: Optional[str] = None) -> dict:
     """MERT-tune ``system``'s ``moses.untuned.ini`` on dev (tables filtered to every set's
-    source, the LM binarised), write ``system/moses.tuned.ini`` and decode every set."""
+    source, the LM binarised), from its weights or those of the config ``start``; write
+    ``system/moses.tuned.ini`` and decode every set."""
     from nlmfeature.cli import tune_main
     from nlmfeature.mt import moses as m
     from nlmfeature.mt.tuning.driver import DriverState
@@ -589,8 +591,16 @@ def tune_system(args: argparse.Namespace, system: str, out: str) -> dict:
                 raise InputError(p, 0, "no such prepared set (the step 'prepare' writes them; "
                                        "--eval-sets names sets of OUT/data)")
     work = os.path.join(system, "work", "tune")
+    untuned = os.path.join(system, "moses.untuned.ini")
+    if start:
+        from nlmfeature.mt.weights import read_weights
+
+        first = os.path.join(work, "start.moses.ini")
+        os.makedirs(work, exist_ok=True)
+        m.rewrite_moses_ini(untuned, first, read_weights(start))
+        untuned = first
     # the tables are filtered to every set, so that decoding another set later reuses them
-    prepared = m.prepare_system(os.path.join(system, "moses.untuned.ini"), os.path.join(work, "system"),
+    prepared = m.prepare_system(untuned, os.path.join(work, "system"),
                                 [srcs[n] for n in every], system, kenlm_bin=kenlm_dirs(args), log=_log)
     tdir = os.path.join(work, f"mert.seed{args.seed}")
     argv = ["moses", "--moses", exe, "--config", prepared.ini, "--source", srcs["dev"],
@@ -674,7 +684,14 @@ def step_big_lm(args: argparse.Namespace, out: str) -> dict:
 
 
 def step_big_tune(args: argparse.Namespace, out: str) -> dict:
-    return tune_system(args, big_dir(out), out)
+    start = None
+    if args.big_start == "small-tuned":
+        start = os.path.join(out, "moses.tuned.ini")
+        if not os.path.isfile(start):
+            raise InputError(start, 0, "--big-start small-tuned needs the step 'tune' first")
+    res = tune_system(args, big_dir(out), out, start)
+    res["start"] = args.big_start
+    return res
 
 
 # -- the driver ----------------------------------------------------------------------------------
@@ -765,6 +782,9 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--big-lm-text", action="append", default=[], metavar="FILE",
                    help="tokenised lowercased English text of the big LM (repeatable; the "
                         "English training side is added); makes OUT/big")
+    p.add_argument("--big-start", choices=("untuned", "small-tuned"), default="untuned",
+                   help="weights the big-LM system's MERT starts from: Moses' defaults "
+                        "(untuned) or the small system's tuned ones (default untuned)")
     p.add_argument("--big-lm-memory", default="40%", help="lmplz -S for the big LM (default 40%%)")
     p.add_argument("--json", action="store_true", help="print the build record as JSON")
     p.set_defaults(func=_main)
