@@ -192,4 +192,4 @@ def test_the_whole_system_on_300_pairs(tmp_path):
     n = sum(1 for _ in gzip.open(out / "train.tok.lc.en.gz"))
     assert sum(1 for _ in gzip.open(out / "train.align.grow-diag-final-and.gz")) == n
     record = json.loads((out / "build.json").read_text())
-    assert record["train"]["phrase_table_entries"] > 1000
+    assert record["train"]["phrase_table_entries"] > 500
