@@ -625,8 +625,12 @@ def tune_system(args: argparse.Namespace, system: str, out: str, start: Optional
                      tune_seconds=max(round(tune_seconds), earlier.get("tune_seconds", 0)),
                      weights=weights, bleu=earlier.get("bleu", {}),
                      decode_seconds=earlier.get("decode_seconds", {}))
-    m.rewrite_moses_ini(os.path.join(system, "moses.untuned.ini"),
-                        os.path.join(system, "moses.tuned.ini"), weights)
+    tuned = [l for l in m.moses_ini_lines(os.path.join(system, "moses.untuned.ini"), weights)
+             if not l.startswith(("# The default weights are NOT", "# Documentation for tuning"))]
+    tuned = [l if l.strip() != "[weight]" else
+             f"[weight]\n# MERT-tuned on dev (seed {args.seed}) by nlmfeature bench system; "
+             "BLEU in results.json" for l in tuned]
+    _write_lines(os.path.join(system, "moses.tuned.ini"), tuned)
     for n in names:
         hyp = os.path.join(work, f"{n}.tuned.out")
         secs = m.decode(exe, tuned_work, srcs[n], hyp, threads=args.threads)
