@@ -1,5 +1,5 @@
 """``nlmfeature bench``: benchmarks that print figures (query speed, training speed, BLEU in a
-decoder, memory against quality, training at scale).  The flags of each benchmark are here;
+decoder, memory against quality, training at scale) and the system they run on.  The flags of each benchmark are here;
 the work is its module's in :mod:`nlmfeature.bench`."""
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from nlmfeature.bench import mt as bench_mt
 from nlmfeature.bench import query as bench_query
 from nlmfeature.bench import scale as bench_scale
 from nlmfeature.bench import shared_data
+from nlmfeature.bench import systems as bench_systems
 from nlmfeature.bench import train as bench_train
 from nlmfeature.commands import DEFAULT_THREADS
 
@@ -21,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "(or JSON with --json).")
     bench_sub = p.add_subparsers(dest="bench", metavar="BENCHMARK")
     bench_sub.required = True
-    for add in (_query, _train, _mt, _memory, _scale):
+    for add in (_query, _train, _mt, _memory, _scale, _system):
         add(bench_sub)
 
 
@@ -317,3 +318,52 @@ def _scale(bench_sub: argparse._SubParsersAction) -> None:
                         "markdown file between its bench-scale markers (appended when it has none), "
                         "e.g. docs/results.md")
     p.set_defaults(func=bench_scale.run)
+
+
+def _system(bench_sub: argparse._SubParsersAction) -> None:
+    """``bench system``: build a realistic-size Moses system (:mod:`nlmfeature.bench.systems`)."""
+    p = bench_sub.add_parser("system", help="build a realistic-size Moses system from fetched mirrors",
+                             description=bench_systems.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("name", choices=("tatoeba",),
+                   help="the system: tatoeba (Tatoeba German-English, newstest2013/2014)")
+    p.add_argument("--output", "-o", required=True, help="output folder: the system is built (and written) there")
+    p.add_argument("--mirrors", default=None,
+                   help="folder of fetched GitHub mirrors, OWNER+NAME/repo each (default "
+                        "$NLMFEATURE_MIRRORS, else " + bench_systems.DEFAULT_MIRRORS + " beside the repository)")
+    p.add_argument("--heldout", default=shared_data("heldout", "tatoeba.sha256"),
+                   help="held-out list: SHA-256 keys of sentences kept out of training (default "
+                        "../shared/data/heldout/tatoeba.sha256 beside the repository)")
+    p.add_argument("--moses-root", default=None,
+                   help="a built Moses tree: scripts/training/train-model.perl, bin/extract, "
+                        "bin/score, bin/moses, bin/lmplz (default $MOSES_ROOT)")
+    p.add_argument("--moses", default=None, help="the Moses executable, if not MOSES_ROOT/bin/moses")
+    p.add_argument("--fast-align", default=None, metavar="DIR",
+                   help="a folder with fast_align and atools built (default: build them from the "
+                        "github:clab/fast_align mirror into OUT/tools)")
+    p.add_argument("--steps", default=None,
+                   help="comma-separated steps to run, of " + ",".join(bench_systems.STEPS) + " (default all; "
+                        "the big-* ones only with --big-lm-text)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the split and of MERT (default 1)")
+    p.add_argument("--dev-size", type=int, default=1000, help="dev pairs (default 1000)")
+    p.add_argument("--test-size", type=int, default=1000, help="test pairs (default 1000)")
+    p.add_argument("--limit", type=int, default=0,
+                   help="use only the first N pairs of the export (for smoke tests; default all)")
+    p.add_argument("--no-newstest", action="store_true",
+                   help="leave out newstest2013/2014 (no OPUS-MT-testsets mirror needed)")
+    p.add_argument("--eval-sets", default=None,
+                   help="comma-separated sets decoded after tuning (default: dev, test and the "
+                        "newstest sets)")
+    p.add_argument("--max-iterations", type=int, default=10,
+                   help="MERT decoding iterations at most (default 10)")
+    p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                   help="threads of train-model.perl, the fast_align build and Moses (default %(default)s)")
+    p.add_argument("--lm-memory", default="1G", help="lmplz -S for the small LM (default 1G)")
+    p.add_argument("--big-lm-text", action="append", default=[], metavar="FILE",
+                   help="tokenised lowercased English text of the big LM (repeatable; the "
+                        "English training side is added); makes OUT/big")
+    p.add_argument("--big-start", choices=("untuned", "small-tuned"), default="untuned",
+                   help="weights the big-LM system's MERT starts from: Moses' defaults "
+                        "(untuned) or the small system's tuned ones (default untuned)")
+    p.add_argument("--big-lm-memory", default="40%", help="lmplz -S for the big LM (default 40%%)")
+    p.add_argument("--json", action="store_true", help="print the build record as JSON")
+    p.set_defaults(func=bench_systems.run)
