@@ -574,7 +574,7 @@ def tune_system(args: argparse.Namespace, system: str, out: str, start: Optional
     """MERT-tune ``system``'s ``moses.untuned.ini`` on dev (tables filtered to every set's
     source, the LM binarised), from its weights or those of the config ``start``; write
     ``system/moses.tuned.ini`` and decode every set."""
-    from nlmfeature.cli import tune_main
+    from nlmfeature.commands.tune import main as tune_main
     from nlmfeature.mt import moses as m
     from nlmfeature.mt.tuning.driver import DriverState
 
@@ -747,7 +747,7 @@ def build(args: argparse.Namespace) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     """``nlmfeature bench system``: build the system (the steps asked), print the build record."""
-    from nlmfeature.cli import dumps_json
+    from nlmfeature.io.jsonout import dumps_json
 
     args.mirrors = os.path.abspath(args.mirrors or default_mirrors())
     args.moses_root = args.moses_root or os.environ.get("MOSES_ROOT") or None
