@@ -33,11 +33,11 @@ namespace
 {
 //! A bad feature line, a model that does not load, an unwritable cache: one line naming the
 //! feature and the file, and exit status 2 (Moses2's main catches no exception: a throw would
-//! abort the decoder with a core dump).
+//! abort the decoder with a core dump; nlmfeature::Stop is safe from a decoder thread).
 void Fatal(const std::string &who, const std::string &what)
 {
   std::cerr << who << ": error: " << what << std::endl;
-  std::exit(2);
+  nlmfeature::Stop(2);
 }
 
 //! this thread's buffers of EvaluateWhenAppliedBatch (a stack's expansions at a time)

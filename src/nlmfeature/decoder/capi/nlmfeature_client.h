@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -74,6 +75,17 @@ inline int64_t ParseSize(const std::string &key, const std::string &value)
     throw std::runtime_error(key + "=" + value + ": not a size (use a number with an optional K, M, G or T "
                              "suffix, e.g. 500M or 2G)");
   return static_cast<int64_t>(v);
+}
+
+/** End the decoder now with `status`, from any of its threads: the output written so far
+ *  flushed, no static destructors run (std::exit on one decoder thread while others still
+ *  decode tears objects down under them: seen as SIGSEGV in Moses2). */
+inline void Stop(int status)
+{
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(NULL);
+  std::_Exit(status);
 }
 
 /** An integer option; throws std::runtime_error naming `key` unless all of `value` is one. */
@@ -237,8 +249,8 @@ public:
                                                static_cast<int>(source->size()))
                     : nlm_session_begin(ts->session, id);
     if (rc != NLM_OK) {
-      std::cerr << who << ": error: " << nlm_last_error() << "\n";
-      std::exit(2);
+      std::cerr << who << ": error: " << nlm_last_error() << std::endl;
+      Stop(2);
     }
     ts->sentence = id;
   }
