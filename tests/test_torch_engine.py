@@ -141,10 +141,15 @@ def test_ddp_two_processes_identical_ranks(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--nnodes", "1",
-           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-           os.path.join(HERE, "torch_ddp_worker.py"), str(tmp_path), json.dumps(settings)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    for attempt in range(2):
+        # a second launch only when the first lost its gloo connection (a rank killed by the
+        # machine: seen once on a 2-core machine running other jobs); any other failure counts
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--nnodes", "1",
+               "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+               os.path.join(HERE, "torch_ddp_worker.py"), str(tmp_path), json.dumps(settings)]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        if proc.returncode == 0 or "Connection reset by peer" not in proc.stderr:
+            break
     assert proc.returncode == 0, proc.stderr[-3000:]
     r0, r1 = np.load(tmp_path / "rank0.npz"), np.load(tmp_path / "rank1.npz")
     assert sorted(r0.files) == sorted(r1.files)
