@@ -115,8 +115,9 @@ void NLMFeature::Load(System &system)
 void NLMFeature::LoadModel(System &system, bool joint)
 {
   if (!system.isPb) Fatal(Who(), "phrase-based decoding only (not Moses2's SCFG decoder)");
+  m_who = Who();
   try {
-    m_client->Load(Who(), joint);
+    m_client->Load(m_who, joint);
   } catch (const std::runtime_error &e) {
     Fatal(Who(), e.what());
   }
@@ -144,7 +145,7 @@ void NLMFeature::LoadModel(System &system, bool joint)
 inline nlm_session *NLMFeature::Session() const
 {
   try {
-    return m_client->Session(Who());
+    return m_client->Session(m_who);
   } catch (const std::runtime_error &e) {
     Fatal(Who(), e.what());
   }
@@ -354,7 +355,6 @@ void NLMJointFeature::EvaluateWhenApplied(const ManagerBase &mgr, const Hypothes
   const bool complete = hypo.GetBitmap().IsComplete();
   thread_local std::vector<int32_t> hist;
   thread_local std::vector<int32_t> aff;
-  thread_local std::vector<int> own;
   hist.assign(in.ids, in.ids + in.size);
   for (size_t j = 0; j < len; ++j) hist.push_back(Id(phrase[j]));
   const int nhist = static_cast<int>(hist.size());
@@ -364,10 +364,9 @@ void NLMJointFeature::EvaluateWhenApplied(const ManagerBase &mgr, const Hypothes
   // (affiliated with the source </s>, past the sentence) when the source is covered
   const Range &range = hypo.GetInputPath().range;
   const AlignmentInfo &ai = phrase.GetAlignTerm();
-  own.resize(len + 1);
-  nlmfeature::Affiliations(ai.begin(), ai.end(), len, range.GetStartPos(), range.GetNumWordsCovered(), own.data());
-  aff.assign(own.begin(), own.begin() + len);
-  aff.push_back(1 << 30);
+  aff.resize(len + 1);
+  nlmfeature::Affiliations(ai.begin(), ai.end(), len, range.GetStartPos(), range.GetNumWordsCovered(), aff.data());
+  aff[len] = 1 << 30;
   const double score = nlm_joint_score_span(Session(), hist.data(), nhist, in.size, static_cast<int>(len),
                                             complete ? 1 : 0, aff.data());
   scores.PlusEquals(mgr.system, *this, static_cast<SCORE>(score));

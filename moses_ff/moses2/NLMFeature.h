@@ -99,6 +99,7 @@ protected:
   void LoadModel(System &system, bool joint);
 
   std::string m_kind;          // "NLMFeature" or "NLMJointFeature": how messages name it
+  std::string m_who;           // Who() once the name is final (Load): Session() runs per expansion
   nlmfeature::Client *m_client;
   size_t m_order;             // 0: take the model's
   int m_context;              // n-1
