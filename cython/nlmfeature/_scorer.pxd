@@ -275,7 +275,13 @@ ctypedef struct SessionC:
     int32_t pend_key[NLM_SPAN_BATCH][NLM_MAX_KEY + 1]  # the cleaned keys (context, word)
     uint64_t pend_hash[NLM_SPAN_BATCH]
 
-cdef uint64_t splitmix64(uint64_t x) noexcept nogil
+cdef inline uint64_t splitmix64(uint64_t x) noexcept nogil:
+    # the one 64-bit mixer of the package (direct-feature buckets, counter-based random
+    # numbers); inline here so that every module that cimports it compiles it in place
+    x += 0x9E3779B97F4A7C15ULL
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL
+    return x ^ (x >> 31)
 cdef int64_t nlm_vocab_find(const int64_t* offsets, const unsigned char* data, const int32_t* table,
                             int64_t table_size, const char* word, int64_t length) noexcept nogil
 cdef void nlm_compute_hidden(const ModelC* m, const int32_t* ctx, float* out,

@@ -4,13 +4,6 @@
 # hashing: vocabulary lookup, direct n-gram features, cache keys
 # ---------------------------------------------------------------------------------------
 
-cdef uint64_t splitmix64(uint64_t x) noexcept nogil:
-    x += 0x9E3779B97F4A7C15ULL
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL
-    return x ^ (x >> 31)
-
-
 cdef inline uint64_t fnv1a(const char* s, int64_t n) noexcept nogil:
     cdef uint64_t h = 0xcbf29ce484222325ULL
     cdef int64_t i

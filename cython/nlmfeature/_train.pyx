@@ -555,12 +555,331 @@ cdef inline void adagrad_scalar(float* p, float* acc, float* g, double lr, doubl
     g[0] = 0
 
 
+cdef extern from "nlmfeature/dense.h":
+    void nlt_gemm_nn(int64_t i0, int64_t i1, int64_t N, int64_t K, const float* A, int64_t lda,
+                     const float* B, int64_t ldb, float* C, int64_t ldc) noexcept nogil
+    float nlt_nce_noise_row(const float* z, const float* add, float* g, int64_t n) noexcept nogil
+    void nlt_prefetch_row(const float* p, int64_t n) noexcept nogil
+    void nlt_prefetch_row_w(const float* p, int64_t n) noexcept nogil
+
+#: examples (or rows) ahead whose parameter rows are prefetched
+DEF AHEAD = 2
+
+#: rows of a matrix product one thread takes at a time (fixed, so that results do not depend
+#: on the thread count)
+# The scatters of a minibatch go row by row: the positions that name each distinct row are
+# grouped first (a counting sort, stable), then one thread sums a row's contributions in
+# position order in a buffer of its own and takes the AdaGrad step at once.  No gradient
+# matrix is read or written, every row is summed in the same order whatever the thread count
+# (results do not depend on it), and threads share the rows, not the scan.
+
+cdef struct Groups:
+    int64_t n            # distinct rows
+    int32_t* rows        # (n,) the rows, in order of first appearance
+    int64_t* start       # (n + 1,) row u's positions are order[start[u]:start[u + 1]]
+    int32_t* order       # (M,) positions, ascending within a row
+
+
+cdef inline void free_groups(Groups* g) noexcept nogil:
+    free(g.rows); free(g.start); free(g.order)
+    g.rows = NULL; g.start = NULL; g.order = NULL
+
+
+cdef int group_rows(const int32_t* rows, int64_t M, int64_t V, Groups* g) noexcept nogil:
+    """Group positions 0..M-1 by ``rows[i]`` (each in [0, V)).  Returns -1 when out of memory."""
+    cdef int32_t* slot = <int32_t*>malloc(max(1, V) * sizeof(int32_t))
+    cdef int64_t* fill = <int64_t*>malloc((M + 1) * sizeof(int64_t))
+    cdef int64_t i, u, nu = 0
+    cdef int32_t r
+    g.rows = <int32_t*>malloc((M + 1) * sizeof(int32_t))
+    g.start = <int64_t*>malloc((M + 2) * sizeof(int64_t))
+    g.order = <int32_t*>malloc((M + 1) * sizeof(int32_t))
+    if slot == NULL or fill == NULL or g.rows == NULL or g.start == NULL or g.order == NULL:
+        free(slot); free(fill); free_groups(g)
+        return -1
+    for i in range(V):
+        slot[i] = -1
+    for i in range(M):
+        r = rows[i]
+        if slot[r] < 0:
+            slot[r] = <int32_t>nu
+            g.rows[nu] = r
+            fill[nu] = 0
+            nu += 1
+        fill[slot[r]] += 1
+    g.start[0] = 0
+    for u in range(nu):
+        g.start[u + 1] = g.start[u] + fill[u]
+        fill[u] = g.start[u]
+    for i in range(M):
+        u = slot[rows[i]]
+        g.order[fill[u]] = <int32_t>i
+        fill[u] += 1
+    g.n = nu
+    free(slot); free(fill)
+    return 0
+
+
+cdef int output_rows_step(float[:, ::1] Q, float[::1] qb, float[:, ::1] aQ, float[::1] aqb,
+                          const int32_t* rows, int64_t M, const float* const* x, const float* a,
+                          const float* b, double lr, double l2, double eps, int T) noexcept nogil:
+    """AdaGrad on the output rows named at positions 0..M-1 of ``rows``: row r's gradient is the
+    sum over its positions i of ``a[i] * x[i]`` (x[i] an E-vector), its bias's the sum of ``b[i]``
+    (L2 ``l2`` on the rows, none on the biases).  Returns -1 when out of memory."""
+    cdef Groups g
+    cdef int64_t u, p, i, r
+    cdef int E = Q.shape[1], e
+    cdef float* buf
+    cdef float bsum, af
+    cdef const float* xrow
+    cdef int bad = 0
+    if group_rows(rows, M, Q.shape[0], &g) != 0:
+        return -1
+    with parallel(num_threads=T):
+        buf = <float*>calloc(E, sizeof(float))
+        for u in prange(g.n, schedule="static"):
+            if buf == NULL:
+                bad += 1
+                continue
+            if u + AHEAD < g.n:
+                nlt_prefetch_row_w(&Q[g.rows[u + AHEAD], 0], E)
+                nlt_prefetch_row_w(&aQ[g.rows[u + AHEAD], 0], E)
+            r = g.rows[u]
+            bsum = 0
+            for p in range(g.start[u], g.start[u + 1]):
+                i = g.order[p]
+                af = a[i]
+                xrow = x[i]
+                for e in range(E):
+                    buf[e] = buf[e] + af * xrow[e]
+                bsum = bsum + b[i]
+            adagrad_row(&Q[r, 0], &aQ[r, 0], buf, E, <float>lr, <float>l2, <float>eps)
+            adagrad_scalar(&qb[r], &aqb[r], &bsum, lr, 0.0, eps)
+        free(buf)
+    free_groups(&g)
+    return -1 if bad else 0
+
+
+cdef int lbl_context_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias,
+                          float[:, ::1] aR, float[:, ::1] aW, float[::1] abias,
+                          const int32_t[:, ::1] ctx, const float* dH,
+                          bint has_bias, double lr, double l2, double eps, int T) noexcept nogil:
+    """The context side of a diagonal LBL minibatch, given d(loss)/dh (``dH``, N x E): the
+    gradient of W_j, sum_n dH_n * R[ctx_nj] (with the old R), and of each embedding, the sum
+    of dH_n * W_j over its positions (n, j); then AdaGrad on the embeddings, W and the bias.
+    Returns -1 when out of memory."""
+    cdef int64_t N = ctx.shape[0], n, r, u, p, i
+    cdef int c = ctx.shape[1], E = R.shape[1], j, e, bad = 0
+    cdef float* gW = <float*>calloc((c + 1) * E, sizeof(float))
+    cdef float* wrow
+    cdef float* buf
+    cdef const float* drow
+    cdef const float* xrow
+    cdef Groups g
+    if gW == NULL:
+        return -1
+    if group_rows(&ctx[0, 0], N * c, R.shape[0], &g) != 0:
+        free(gW)
+        return -1
+    with parallel(num_threads=T):
+        for j in prange(c + 1, schedule="static"):
+            wrow = gW + j * E
+            if j < c:
+                for n in range(N):
+                    drow = dH + n * E
+                    xrow = &R[ctx[n, j], 0]
+                    for e in range(E):
+                        wrow[e] = wrow[e] + drow[e] * xrow[e]
+            elif has_bias:
+                for n in range(N):
+                    drow = dH + n * E
+                    for e in range(E):
+                        wrow[e] = wrow[e] + drow[e]
+    with parallel(num_threads=T):
+        buf = <float*>calloc(E, sizeof(float))
+        for u in prange(g.n, schedule="static"):
+            if buf == NULL:
+                bad += 1
+                continue
+            if u + AHEAD < g.n:
+                nlt_prefetch_row_w(&R[g.rows[u + AHEAD], 0], E)
+                nlt_prefetch_row_w(&aR[g.rows[u + AHEAD], 0], E)
+            r = g.rows[u]
+            for p in range(g.start[u], g.start[u + 1]):
+                i = g.order[p]
+                drow = dH + (i // c) * E
+                xrow = &W[i % c, 0]
+                for e in range(E):
+                    buf[e] = buf[e] + drow[e] * xrow[e]
+            adagrad_row(&R[r, 0], &aR[r, 0], buf, E, <float>lr, <float>l2, <float>eps)
+        free(buf)
+    for j in range(c):
+        adagrad_row(&W[j, 0], &aW[j, 0], gW + j * E, E, <float>lr, <float>l2, <float>eps)
+    if has_bias:
+        adagrad_row(&bias[0], &abias[0], gW + c * E, E, <float>lr, 0.0, <float>eps)
+    free(gW)
+    free_groups(&g)
+    return -1 if bad else 0
+
+
+DEF GEMM_ROWS = 64
+
+
+def nce_lbl_shared_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1] Q, float[::1] qb,
+                        float[:, ::1] aR, float[:, ::1] aW, float[::1] abias, float[:, ::1] aQ, float[::1] aqb,
+                        const int32_t[:, ::1] ctx, const int32_t[::1] target, const int32_t[::1] noise,
+                        const double[::1] logq, double lr, double l2, double eps, int threads=1):
+    """One AdaGrad minibatch of a diagonal log-bilinear model trained by NCE with the S noise
+    words ``noise`` shared by every n-gram of the minibatch (Zoph et al. 2016): the noise
+    logits, their gradient with respect to h and the noise rows' gradients are three matrix
+    products (N x E by E x S, N x S by S x E, S x N by N x E) instead of N x S row gathers.
+
+    s(w) = Q_w . h_n + qb_w; each n-gram's NCE loss takes its target as the data word and all S
+    noise words as its noise (k = S).  No direct features.  Threads take fixed blocks of rows
+    of each product and whole rows of the updates, so results do not depend on ``threads``.
+    Returns the summed loss."""
+    cdef int64_t N = ctx.shape[0], n, r, V = Q.shape[0], VR = R.shape[0], S = noise.shape[0], s, ib, i0, i1
+    cdef int c = ctx.shape[1], E = R.shape[1], j, e, T = max(1, threads), i
+    cdef bint has_bias = bias.shape[0] > 0
+    cdef double logS = log(<double>S) if S > 0 else 0.0, loss = 0, x, acc
+    cdef int64_t nbN = (N + GEMM_ROWS - 1) // GEMM_ROWS, nbS = (S + GEMM_ROWS - 1) // GEMM_ROWS
+    cdef float* H
+    cdef float* dH
+    cdef float* Z
+    cdef float* GT
+    cdef float* QS
+    cdef float* QT
+    cdef float* gQS
+    cdef float* add
+    cdef float* coef
+    cdef float* bcoef
+    cdef const float** xs
+    cdef int32_t* rows
+    cdef double* lossv
+    cdef float* hrow
+    cdef float* drow
+    cdef const float* wrow
+    cdef const float* xrow
+    cdef float gf
+    if W.shape[0] != c or W.shape[1] != E or Q.shape[1] != E or target.shape[0] != N:
+        raise ValueError("inconsistent shapes")
+    if S < 1:
+        raise ValueError("no noise words")
+    for s in range(S):
+        if noise[s] < 0 or noise[s] >= V:
+            raise ValueError("noise word out of range")
+    for n in range(N):
+        if target[n] < 0 or target[n] >= V:
+            raise ValueError("target word out of range")
+        for j in range(c):
+            if ctx[n, j] < 0 or ctx[n, j] >= VR:
+                raise ValueError("context word out of range")
+    if N == 0:
+        return 0.0
+    H = <float*>malloc(N * E * sizeof(float))
+    dH = <float*>calloc(N * E, sizeof(float))
+    Z = <float*>calloc(N * S, sizeof(float))
+    GT = <float*>malloc(N * S * sizeof(float))
+    QS = <float*>malloc(S * E * sizeof(float))
+    QT = <float*>malloc(S * E * sizeof(float))
+    gQS = <float*>calloc(S * E, sizeof(float))
+    add = <float*>malloc(S * sizeof(float))
+    coef = <float*>malloc((N + S) * sizeof(float))
+    bcoef = <float*>malloc((N + S) * sizeof(float))
+    xs = <const float**>malloc((N + S) * sizeof(float*))
+    rows = <int32_t*>malloc((N + S) * sizeof(int32_t))
+    lossv = <double*>malloc(N * sizeof(double))
+    if (H == NULL or dH == NULL or Z == NULL or GT == NULL or QS == NULL or QT == NULL or gQS == NULL
+            or add == NULL or coef == NULL or bcoef == NULL or xs == NULL or rows == NULL or lossv == NULL):
+        free(H); free(dH); free(Z); free(GT); free(QS); free(QT); free(gQS); free(add); free(coef)
+        free(bcoef); free(xs); free(rows); free(lossv)
+        raise MemoryError()
+    with nogil:
+        # the noise rows, row-major (S x E) and transposed (E x S); their logit offsets
+        for s in range(S):
+            r = noise[s]
+            for e in range(E):
+                QS[s * E + e] = Q[r, e]
+                QT[e * S + s] = Q[r, e]
+            add[s] = <float>(qb[r] - logq[r] - logS)
+    with nogil, parallel(num_threads=T):
+        # 1. h_n
+        for n in prange(N, schedule="static"):
+            hrow = H + n * E
+            if has_bias:
+                for e in range(E):
+                    hrow[e] = bias[e]
+            else:
+                for e in range(E):
+                    hrow[e] = 0
+            for j in range(c):
+                wrow = &W[j, 0]
+                xrow = &R[ctx[n, j], 0]
+                for e in range(E):
+                    hrow[e] = hrow[e] + wrow[e] * xrow[e]
+    with nogil, parallel(num_threads=T):
+        # 2. noise logits Z = H QT
+        for ib in prange(nbN, schedule="static"):
+            i0 = ib * GEMM_ROWS
+            i1 = min(N, i0 + GEMM_ROWS)
+            nlt_gemm_nn(i0, i1, S, E, H, E, QT, S, Z, S)
+    with nogil, parallel(num_threads=T):
+        # 3. NCE gradients of the logits (Z becomes G), the data words' part of dH
+        for n in prange(N, schedule="static"):
+            lossv[n] = nlt_nce_noise_row(Z + n * S, add, Z + n * S, S)
+            r = target[n]
+            hrow = H + n * E
+            x = <double>nlt_dotf(&Q[r, 0], hrow, E) + qb[r] - logq[r] - logS
+            lossv[n] = lossv[n] - log_sigmoid_d(x)
+            gf = <float>(sigmoid_d(x) - 1.0)
+            coef[n] = gf
+            bcoef[n] = gf
+            xs[n] = hrow
+            rows[n] = <int32_t>r
+            drow = dH + n * E
+            wrow = &Q[r, 0]
+            for e in range(E):
+                drow[e] = gf * wrow[e]
+    with nogil, parallel(num_threads=T):
+        # 4. dH += G QS
+        for ib in prange(nbN, schedule="static"):
+            i0 = ib * GEMM_ROWS
+            i1 = min(N, i0 + GEMM_ROWS)
+            nlt_gemm_nn(i0, i1, E, S, Z, S, QS, E, dH, E)
+        # 5. GT = G transposed; the noise biases' gradients
+        for s in prange(S, schedule="static"):
+            acc = 0
+            for n in range(N):
+                GT[s * N + n] = Z[n * S + s]
+                acc = acc + Z[n * S + s]
+            coef[N + s] = 1.0
+            bcoef[N + s] = <float>acc
+            xs[N + s] = gQS + s * E
+            rows[N + s] = noise[s]
+    with nogil, parallel(num_threads=T):
+        # 6. the noise rows' gradients gQS = GT H
+        for ib in prange(nbS, schedule="static"):
+            i0 = ib * GEMM_ROWS
+            i1 = min(S, i0 + GEMM_ROWS)
+            nlt_gemm_nn(i0, i1, E, N, GT, N, H, E, gQS, E)
+    for n in range(N):
+        loss += lossv[n]
+    with nogil:
+        # 7. the output rows (data words, then noise words), 8. the context side
+        i = output_rows_step(Q, qb, aQ, aqb, rows, N + S, xs, coef, bcoef, lr, l2, eps, T)
+        if i == 0:
+            i = lbl_context_step(R, W, bias, aR, aW, abias, ctx, dH, has_bias, lr, l2, eps, T)
+    free(H); free(dH); free(Z); free(GT); free(QS); free(QT); free(gQS); free(add); free(coef)
+    free(bcoef); free(xs); free(rows); free(lossv)
+    if i != 0:
+        raise MemoryError()
+    return loss
+
+
 def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1] Q, float[::1] qb,
                  float[::1] D,
                  float[:, ::1] aR, float[:, ::1] aW, float[::1] abias, float[:, ::1] aQ, float[::1] aqb,
-                 float[::1] aD,
-                 float[:, ::1] gR, float[:, ::1] gQ, float[::1] gqb, float[::1] gD,
-                 uint8_t[::1] mR, uint8_t[::1] mQ, uint8_t[::1] mD,
+                 float[::1] aD, float[::1] gD, uint8_t[::1] mD,
                  const int32_t[:, ::1] ctx, const int32_t[::1] target, const int32_t[:, ::1] noise,
                  const double[::1] logq, int direct_order, int64_t hash_space, const uint8_t[::1] allowed,
                  double lr, double l2, double eps, int threads=1):
@@ -573,10 +892,10 @@ def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1
     minibatch, then every touched row of R, Q, qb, D and the dense W (and ``bias``, when it
     has entries) take an AdaGrad step (L2 ``l2`` on R, Q, W).
 
-    Threads split the examples for the forward and backward passes, then the rows (row %
-    threads) for the scatters and updates, so every row's gradient is summed in the same order
-    whatever the thread count: results do not depend on ``threads``.  ``gR``/``gQ``/``gqb``/
-    ``gD`` and the marks ``m*`` are zero on entry and on exit.  Returns the summed loss."""
+    Threads split the examples for the forward and backward passes, then the rows for the
+    updates, and every row's gradient is summed in example order whatever the thread count:
+    results do not depend on ``threads``.  ``gD`` and the marks ``mD`` are zero on entry and
+    on exit.  Returns the summed loss."""
     cdef int64_t N = ctx.shape[0], n, r, b, V = Q.shape[0], VR = R.shape[0]
     cdef int c = ctx.shape[1], K = noise.shape[1] + 1, E = R.shape[1], j, e, t, T = max(1, threads), o, i
     cdef int DO = direct_order
@@ -587,12 +906,12 @@ def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1
     cdef int64_t* buckets
     cdef float* H
     cdef float* dH
-    cdef double* G
+    cdef float* G
+    cdef const float** xs
     cdef double* lossv
     cdef int32_t* cand
     cdef int32_t* touched
     cdef int64_t nt, cap
-    cdef int64_t* ntR
     cdef float* hrow
     cdef float* drow
     cdef float* wrow
@@ -604,24 +923,55 @@ def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1
         raise ValueError("inconsistent shapes")
     if DO and D.shape[0] < hash_space:
         raise ValueError("direct weights shorter than the hash space")
+    for n in range(N):
+        if target[n] < 0 or target[n] >= V:
+            raise ValueError("target word out of range")
+        for j in range(K - 1):
+            if noise[n, j] < 0 or noise[n, j] >= V:
+                raise ValueError("noise word out of range")
+        for j in range(c):
+            if ctx[n, j] < 0 or ctx[n, j] >= VR:
+                raise ValueError("context word out of range")
     if N == 0:
         return 0.0
     H = <float*>malloc(N * E * sizeof(float))
     dH = <float*>calloc(N * E, sizeof(float))
-    G = <double*>malloc(N * K * sizeof(double))
+    G = <float*>malloc(N * K * sizeof(float))
+    xs = <const float**>malloc(N * K * sizeof(float*))
     lossv = <double*>malloc(N * sizeof(double))
     cand = <int32_t*>malloc(N * K * sizeof(int32_t))
     buckets = <int64_t*>malloc(max(1, N * K * DO) * sizeof(int64_t))
-    cap = N * (K + c + K * DO) + 16
+    cap = N * K * DO + 16
     touched = <int32_t*>malloc(T * cap * sizeof(int32_t))
-    ntR = <int64_t*>calloc(T, sizeof(int64_t))
-    if ntR == NULL or H == NULL or dH == NULL or G == NULL or lossv == NULL or cand == NULL or buckets == NULL or touched == NULL:
-        free(H); free(dH); free(G); free(lossv); free(cand); free(buckets); free(touched); free(ntR)
+    if H == NULL or dH == NULL or G == NULL or xs == NULL or lossv == NULL or cand == NULL or buckets == NULL or touched == NULL:
+        free(H); free(dH); free(G); free(xs); free(lossv); free(cand); free(buckets); free(touched)
         raise MemoryError()
     with nogil, parallel(num_threads=T):
-        # 1. forward, logits, NCE gradient of the logits, d(loss)/dh -- by example
+        # 0. candidates and their direct-feature buckets
         st = <uint64_t*>malloc(16 * sizeof(uint64_t))
         for n in prange(N, schedule="static"):
+            cand[n * K] = target[n]
+            for j in range(1, K):
+                cand[n * K + j] = noise[n, j - 1]
+            if DO:
+                st[0] = splitmix64(<uint64_t>0)
+                for o in range(1, DO):
+                    st[o] = splitmix64(st[o - 1] ^ <uint64_t>ctx[n, c - o])
+                for j in range(K):
+                    tk = (<uint64_t>cand[n * K + j]) << 32
+                    for o in range(DO):
+                        buckets[(n * K + j) * DO + o] = <int64_t>(splitmix64(st[o] ^ tk) % <uint64_t>hash_space)
+        free(st)
+    with nogil, parallel(num_threads=T):
+        # 1. forward, logits, NCE gradient of the logits, d(loss)/dh -- by example
+        for n in prange(N, schedule="static"):
+            if n + AHEAD < N:
+                for j in range(c):
+                    nlt_prefetch_row(&R[ctx[n + AHEAD, j], 0], E)
+                for j in range(K):
+                    nlt_prefetch_row(&Q[cand[(n + AHEAD) * K + j], 0], E)
+                for o in range(K * DO):
+                    nlt_prefetch_row(&D[buckets[(n + AHEAD) * K * DO + o]], 1)
             hrow = H + n * E
             if has_bias:
                 for e in range(E):
@@ -635,24 +985,13 @@ def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1
                 xrow = &R[r, 0]
                 for e in range(E):
                     hrow[e] = hrow[e] + wrow[e] * xrow[e]
-            cand[n * K] = target[n]
-            for j in range(1, K):
-                cand[n * K + j] = noise[n, j - 1]
-            if DO:
-                st[0] = splitmix64(<uint64_t>0)
-                for o in range(1, DO):
-                    st[o] = splitmix64(st[o - 1] ^ <uint64_t>ctx[n, c - o])
             lossv[n] = 0
             drow = dH + n * E
             for j in range(K):
                 r = cand[n * K + j]
                 s = <double>nlt_dotf(&Q[r, 0], hrow, E) + qb[r]
-                if DO:
-                    tk = (<uint64_t>r) << 32
-                    for o in range(DO):
-                        b = <int64_t>(splitmix64(st[o] ^ tk) % <uint64_t>hash_space)
-                        buckets[(n * K + j) * DO + o] = b
-                        s = s + D[b]
+                for o in range(DO):
+                    s = s + D[buckets[(n * K + j) * DO + o]]
                 x = s - logq[r] - logk
                 if j == 0:
                     lossv[n] = lossv[n] - log_sigmoid_d(x)
@@ -660,61 +999,25 @@ def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1
                 else:
                     lossv[n] = lossv[n] - log_sigmoid_d(-x)
                     g = sigmoid_d(x)
-                G[n * K + j] = g
                 gf = <float>g
+                G[n * K + j] = gf
+                xs[n * K + j] = hrow
                 wrow = &Q[r, 0]
                 for e in range(E):
                     drow[e] = drow[e] + gf * wrow[e]
-        free(st)
     for n in range(N):
         loss += lossv[n]
-    with nogil, parallel(num_threads=T):
-        # 2. scatter and update, by row (row % T), each thread its own rows
-        for t in prange(T, schedule="static"):
-            # output rows and biases
-            nt = 0
-            for n in range(N):
-                for j in range(K):
-                    r = cand[n * K + j]
-                    if r % T != t:
-                        continue
-                    gf = <float>G[n * K + j]
-                    wrow = &gQ[r, 0]
-                    hrow = H + n * E
-                    for e in range(E):
-                        wrow[e] = wrow[e] + gf * hrow[e]
-                    gqb[r] += gf
-                    if not mQ[r]:
-                        mQ[r] = 1
-                        touched[t * cap + nt] = <int32_t>r
-                        nt = nt + 1
-            for i in range(nt):
-                r = touched[t * cap + i]
-                adagrad_row(&Q[r, 0], &aQ[r, 0], &gQ[r, 0], E, <float>lr, <float>l2, <float>eps)
-                adagrad_scalar(&qb[r], &aqb[r], &gqb[r], lr, 0.0, eps)
-                mQ[r] = 0
-            # embeddings: gR[ctx_nj] += dH_n * W_j
-            nt = 0
-            for n in range(N):
-                for j in range(c):
-                    r = ctx[n, j]
-                    if r % T != t:
-                        continue
-                    wrow = &gR[r, 0]
-                    drow = dH + n * E
-                    xrow = &W[j, 0]
-                    for e in range(E):
-                        wrow[e] = wrow[e] + drow[e] * xrow[e]
-                    if not mR[r]:
-                        mR[r] = 1
-                        touched[t * cap + nt] = <int32_t>r
-                        nt = nt + 1
-            ntR[t] = nt   # (their update waits for W's gradient, which reads the old rows)
-            # direct features
-            if DO:
+    if DO:
+        with nogil, parallel(num_threads=T):
+            # 2. direct features, by bucket (bucket % T)
+            for t in prange(T, schedule="static"):
                 nt = 0
                 for n in range(N * K):
-                    gf = <float>G[n]
+                    gf = G[n]
+                    if n + 8 < N * K:
+                        for o in range(DO):
+                            b = buckets[(n + 8) * DO + o]
+                            nlt_prefetch_row_w(&gD[b], 1)
                     for o in range(DO):
                         b = buckets[n * DO + o]
                         if b % T != t or (filt and not allowed[b]):
@@ -722,43 +1025,22 @@ def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1
                         gD[b] += gf
                         if not mD[b]:
                             mD[b] = 1
-                            touched[t * cap + N * (K + c) + nt] = <int32_t>b
+                            touched[t * cap + nt] = <int32_t>b
                             nt = nt + 1
                 for i in range(nt):
-                    b = touched[t * cap + N * (K + c) + i]
+                    if i + 8 < nt:
+                        b = touched[t * cap + i + 8]
+                        nlt_prefetch_row_w(&D[b], 1)
+                        nlt_prefetch_row_w(&aD[b], 1)
+                    b = touched[t * cap + i]
                     adagrad_scalar(&D[b], &aD[b], &gD[b], lr, 0.0, eps)
                     mD[b] = 0
-    # 3. dense W (and bias): gW_j = sum_n dH_n * R[ctx_nj] (old R), by position j
-    gWbuf = np.zeros((c + 1, E), dtype=np.float32)
-    cdef float[:, ::1] gW = gWbuf
-    with nogil, parallel(num_threads=T):
-        for j in prange(c + 1, schedule="static"):
-            if j < c:
-                for n in range(N):
-                    drow = dH + n * E
-                    xrow = &R[ctx[n, j], 0]
-                    wrow = &gW[j, 0]
-                    for e in range(E):
-                        wrow[e] = wrow[e] + drow[e] * xrow[e]
-            elif has_bias:
-                for n in range(N):
-                    drow = dH + n * E
-                    wrow = &gW[j, 0]
-                    for e in range(E):
-                        wrow[e] = wrow[e] + drow[e]
-    # 4. the embeddings' and W's steps
-    with nogil, parallel(num_threads=T):
-        for t in prange(T, schedule="static"):
-            for i in range(ntR[t]):
-                r = touched[t * cap + i]
-                adagrad_row(&R[r, 0], &aR[r, 0], &gR[r, 0], E, <float>lr, <float>l2, <float>eps)
-                mR[r] = 0
-            for j in range(c + 1):
-                if j % T != t:
-                    continue
-                if j < c:
-                    adagrad_row(&W[j, 0], &aW[j, 0], &gW[j, 0], E, <float>lr, <float>l2, <float>eps)
-                elif has_bias:
-                    adagrad_row(&bias[0], &abias[0], &gW[j, 0], E, <float>lr, 0.0, <float>eps)
-    free(H); free(dH); free(G); free(lossv); free(cand); free(buckets); free(touched); free(ntR)
+    with nogil:
+        # 3. the output rows and biases, 4. the context side: embeddings, W and the bias
+        i = output_rows_step(Q, qb, aQ, aqb, cand, N * K, xs, G, G, lr, l2, eps, T)
+        if i == 0:
+            i = lbl_context_step(R, W, bias, aR, aW, abias, ctx, dH, has_bias, lr, l2, eps, T)
+    free(H); free(dH); free(G); free(xs); free(lossv); free(cand); free(buckets); free(touched)
+    if i != 0:
+        raise MemoryError()
     return loss

@@ -186,6 +186,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--noise-samples", "-k", type=Number(int, 0, MAX_NOISE_SAMPLES), default=None,
                    help="NCE noise samples per word; 0 = maximum-likelihood SGD (default 0 for "
                         "--output softmax and tree and with --self-normalise, else 10)")
+    o.add_argument("--shared-noise", action="store_true",
+                   help="NCE: draw the --noise-samples K noise words once per minibatch and share them "
+                        "between all its n-grams (Zoph et al. 2016), so the noise side is three matrix "
+                        "products; K then defaults to 200.  Diagonal LBL without direct features "
+                        "(--direct-order 0); the fast recipe for large corpora (docs/training.md)")
     o.add_argument("--self-normalise", type=Number(float, 0), default=0.0, metavar="ALPHA",
                    help="ML penalty ALPHA*log(Z)^2 so unnormalised scores act as log-probabilities "
                         "(0.1 with --noise-samples 0: the rescoring recipe, docs/training.md)")

@@ -46,6 +46,8 @@ DATA_OFFSET = 1 << 16
 BLOCK_TOKENS = 1 << 15
 #: tokens of one shuffle window (training holds one window's n-grams at a time)
 WINDOW_TOKENS = 1 << 22
+#: minibatches gathered from a window at a time
+GATHER_BATCHES = 64
 #: tokens (with sentence ends) buffered by the compiler before they are written
 _FLUSH = 1 << 20
 RESERVED = ("<s>", "</s>", "<null>")
@@ -452,10 +454,16 @@ class NgramStream:
                     continue
                 yield carry_c, carry_w
                 carry_c = carry_w = None
-            while j + batch <= len(perm):
-                idx = np.sort(perm[j:j + batch])
-                yield ctx[idx], words[idx]
-                j += batch
+            full = (len(perm) - j) // batch
+            for k0 in range(0, full, GATHER_BATCHES):
+                # GATHER_BATCHES minibatches in one gather (each one's n-grams in corpus order);
+                # the minibatches are then slices of it
+                k1 = min(full, k0 + GATHER_BATCHES)
+                idx = np.sort(perm[j + k0 * batch:j + k1 * batch].reshape(k1 - k0, batch), axis=1).ravel()
+                gc, gw = ctx[idx], words[idx]
+                for k in range(k1 - k0):
+                    yield gc[k * batch:(k + 1) * batch], gw[k * batch:(k + 1) * batch]
+            j += full * batch
             if j < len(perm):
                 idx = np.sort(perm[j:])
                 carry_c, carry_w = ctx[idx], words[idx]

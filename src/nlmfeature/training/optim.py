@@ -18,6 +18,7 @@ from typing import Dict, Iterable, Optional
 import numpy as np
 
 from nlmfeature import _train
+from nlmfeature.training import arrays
 
 Params = Dict[str, np.ndarray]
 
@@ -39,9 +40,9 @@ class Gradients:
         self.full: Dict[str, bool] = {}
         for name in names:
             p = params[name]
-            self.g[name] = np.zeros_like(p)
+            self.g[name] = arrays.zeros_like(p)
             rows = p.shape[0]
-            self.mark[name] = np.zeros(rows, dtype=np.uint8)
+            self.mark[name] = arrays.zeros(rows, dtype=np.uint8)
             self.touched[name] = np.zeros(rows, dtype=np.int32)
             self.n_touched[name] = 0
             self.full[name] = False
@@ -110,7 +111,7 @@ class AdaGrad:
         self.lr = float(lr)
         self.eps = float(eps)
         self.threads = max(1, int(threads))
-        self.state: Dict[str, np.ndarray] = {n: np.zeros_like(params[n]) for n in self.names}
+        self.state: Dict[str, np.ndarray] = {n: arrays.zeros_like(params[n]) for n in self.names}
 
     def step(self, grads: Gradients, l2: float = 0.0) -> None:
         """Apply and clear the gradients in ``grads``."""

@@ -58,6 +58,10 @@ class UnigramNoise:
         blocks = np.zeros(len(targets), dtype=np.int32)
         return Noise(words=self.sampler.sample(blocks, self.k, seed, 2 * step, threads))
 
+    def draw_shared(self, seed: int, step: int) -> Noise:
+        """k noise words for a whole minibatch (``words`` of shape (k,)), shared by its n-grams."""
+        return Noise(words=self.sampler.sample(np.zeros(1, dtype=np.int32), self.k, seed, 2 * step)[0])
+
 
 class ClassNoise:
     """Class-factored noise: k classes from the class unigram distribution, and k words

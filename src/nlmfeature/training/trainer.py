@@ -53,10 +53,13 @@ from nlmfeature.training.corpus import NgramData, build_vocabulary
 from nlmfeature.training.estimators import OutputSpec
 from nlmfeature.training.objective import Objective, dropout_mask, trainable_names
 from nlmfeature.training.optim import AdaGrad, Gradients
+from nlmfeature.training import arrays
 from nlmfeature.training.sampling import ClassNoise, UnigramNoise
 from nlmfeature.training.threads import kernel_threads, set_blas_threads
 
 CHECKPOINT_VERSION = 1
+#: noise words per minibatch with --shared-noise and no --noise-samples
+SHARED_NOISE_SAMPLES = 200
 
 
 @dataclass
@@ -104,6 +107,7 @@ class TrainConfig:
     min_ngram_freq: int = 2
     # estimator and optimiser
     noise_samples: Optional[int] = None     # None: 0 (ML) for softmax / tree / --self-normalise, else 10 (NCE)
+    shared_noise: bool = False              # NCE noise drawn once per minibatch, shared by its n-grams
     self_normalise: float = 0.0
     minibatch_size: int = 250
     iterations: int = 20
@@ -129,7 +133,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if self.noise_samples is None:
-            self.noise_samples = 0 if self.output in ("softmax", "tree") or self.self_normalise else 10
+            self.noise_samples = (0 if self.output in ("softmax", "tree") or self.self_normalise
+                                  else SHARED_NOISE_SAMPLES if self.shared_noise else 10)
 
     def spec(self) -> ModelSpec:
         """The architecture to build."""
@@ -155,6 +160,8 @@ class TrainConfig:
         if self.self_normalise and k:
             raise ValueError("--self-normalise is a maximum-likelihood penalty: use it with "
                              "--noise-samples 0 (NCE self-normalises by itself)")
+        if self.shared_noise and not k:
+            raise ValueError("--shared-noise draws NCE noise: it needs --noise-samples K > 0")
         if out == "tree":
             if k:
                 raise ValueError("the tree output is trained by maximum likelihood: use --noise-samples 0")
@@ -386,10 +393,10 @@ class Trainer:
                                                   source_counts=self.source_counts)
         self.header.setdefault("metadata", {})
         names = trainable_names(self.header, self.template)
-        self.params = {n: np.ascontiguousarray(self.template[n], dtype=np.float32).copy() for n in names}
+        self.params = {n: arrays.copy(np.asarray(self.template[n], dtype=np.float32)) for n in names}
         train_header = self.header
         if spec.source_window:  # one input table, target rows then source rows; w + n-1 positions
-            self.params["embeddings"] = np.ascontiguousarray(np.concatenate(
+            self.params["embeddings"] = arrays.copy(np.concatenate(
                 [self.params["embeddings"], self.params.pop("source.embeddings")]))
             names = [n for n in names if n != "source.embeddings"]
             train_header = dict(self.header, order=cfg.order + spec.source_window)
@@ -420,6 +427,10 @@ class Trainer:
         self.grads = Gradients(self.params, names, threads=kt)
         self.opt = AdaGrad(self.params, names, cfg.step_size, threads=kt)
         self._fused = self.fused()
+        if cfg.shared_noise and not (self._fused and "direct.weights" not in self.params):
+            raise ValueError("--shared-noise trains the diagonal log-bilinear model with an unnormalised or "
+                             "softmax output by NCE, without direct features, dropout or hidden layers: "
+                             "add --direct-order 0 (or leave out --shared-noise)")
         # position
         self.epoch = 0
         self.batch = 0
@@ -502,7 +513,8 @@ class Trainer:
                          "epochs": round(self.epoch + self.batch / max(1, self.batches_per_epoch), 4),
                          "heldout_perplexity": None if math.isinf(self.best) else self.best,
                          "train": os.path.basename(self.cfg.train), "seed": self.cfg.seed,
-                         "noise_samples": self.cfg.noise_samples, "self_normalise": self.cfg.self_normalise,
+                         "noise_samples": self.cfg.noise_samples, "shared_noise": bool(self.cfg.shared_noise),
+                         "self_normalise": self.cfg.self_normalise,
                          "reverse": bool(self.cfg.reverse)}
         if self.cfg.source:
             h["metadata"].update({"source": os.path.basename(self.cfg.source),
@@ -648,7 +660,12 @@ class Trainer:
         """(NCE noise or None, dropout mask or None) of the current minibatch: functions of the
         seed and the minibatch number only."""
         cfg = self.cfg
-        noise = self.noise.draw(targets, cfg.seed, self.step, self.kernel_threads) if self.noise else None
+        if self.noise is None:
+            noise = None
+        elif cfg.shared_noise:
+            noise = self.noise.draw_shared(cfg.seed, self.step)
+        else:
+            noise = self.noise.draw(targets, cfg.seed, self.step, self.kernel_threads)
         mask = dropout_mask((len(targets), self.header["output"]["dim"]), cfg.dropout, cfg.seed,
                             self.step) if cfg.dropout else None
         return noise, mask
@@ -665,15 +682,22 @@ class Trainer:
             has_d = "direct.weights" in p
             has_b = "branch0.bias" in p
             spec = self.objective.out.s
+            ctx32 = np.ascontiguousarray(ctx, dtype=np.int32)
+            t32 = np.ascontiguousarray(targets, dtype=np.int32)
+            if self.cfg.shared_noise:
+                return _train.nce_lbl_shared_step(
+                    p["embeddings"], p["branch0.weights"], p["branch0.bias"] if has_b else e32,
+                    p["output.weight"], p["output.bias"],
+                    a["embeddings"], a["branch0.weights"], a["branch0.bias"] if has_b else e32,
+                    a["output.weight"], a["output.bias"],
+                    ctx32, t32, noise.words, spec.logq, self.opt.lr, l2, self.opt.eps, self.kernel_threads)
             return _train.nce_lbl_step(
                 p["embeddings"], p["branch0.weights"], p["branch0.bias"] if has_b else e32,
                 p["output.weight"], p["output.bias"], p["direct.weights"] if has_d else e32,
                 a["embeddings"], a["branch0.weights"], a["branch0.bias"] if has_b else e32,
                 a["output.weight"], a["output.bias"], a["direct.weights"] if has_d else e32,
-                g["embeddings"], g["output.weight"], g["output.bias"], g["direct.weights"] if has_d else e32,
-                m["embeddings"], m["output.weight"], m["direct.weights"] if has_d else e8,
-                np.ascontiguousarray(ctx, dtype=np.int32), np.ascontiguousarray(targets, dtype=np.int32),
-                noise.words, spec.logq, spec.direct_order if has_d else 0, max(1, spec.hash_space),
+                g["direct.weights"] if has_d else e32, m["direct.weights"] if has_d else e8,
+                ctx32, t32, noise.words, spec.logq, spec.direct_order if has_d else 0, max(1, spec.hash_space),
                 spec.allowed if spec.allowed is not None else e8,
                 self.opt.lr, l2, self.opt.eps, self.kernel_threads)
         loss = self.objective.loss_and_grads(ctx, targets, noise, self.grads, mask)

@@ -1,0 +1,120 @@
+"""The fused native training steps (diagonal LBL + NCE): one minibatch of the shared-noise
+step against a float64 reference, results that do not depend on the thread count, and a
+shared-noise run on real text that learns a good, nearly self-normalised model."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from helpers import BROWN_TRAIN, BROWN_VALID
+from nlmfeature import _train
+from nlmfeature.training.trainer import TrainConfig, Trainer, heldout_logprob
+
+
+def _params(rng, V, VR, E, c):
+    f = lambda *s: (rng.standard_normal(s) * 0.3).astype(np.float32)
+    return dict(R=f(VR, E), W=f(c, E), bias=f(E), Q=f(V, E), qb=f(V))
+
+
+def _reference_shared(p, acc, ctx, target, noise, logq, lr, l2, eps):
+    """float64 numpy: gradients of the shared-noise NCE loss, then AdaGrad on touched rows."""
+    P = {k: v.astype(np.float64) for k, v in p.items()}
+    S = len(noise)
+    H = P["bias"] + (P["W"][None, :, :] * P["R"][ctx]).sum(axis=1)            # (N, E)
+    x_t = (P["Q"][target] * H).sum(1) + P["qb"][target] - logq[target] - math.log(S)
+    x_n = H @ P["Q"][noise].T + P["qb"][noise] - logq[noise] - math.log(S)    # (N, S)
+    sig = lambda z: 1 / (1 + np.exp(-z))
+    loss = np.logaddexp(0, -x_t).sum() + np.logaddexp(0, x_n).sum()
+    g_t, g_n = sig(x_t) - 1, sig(x_n)
+    gQ, gqb = np.zeros_like(P["Q"]), np.zeros_like(P["qb"])
+    np.add.at(gQ, target, g_t[:, None] * H)
+    np.add.at(gqb, target, g_t)
+    np.add.at(gQ, noise, g_n.T @ H)
+    np.add.at(gqb, noise, g_n.sum(0))
+    dH = g_t[:, None] * P["Q"][target] + g_n @ P["Q"][noise]
+    gR = np.zeros_like(P["R"])
+    for j in range(ctx.shape[1]):
+        np.add.at(gR, ctx[:, j], dH * P["W"][j])
+    gW = np.stack([(dH * P["R"][ctx[:, j]]).sum(0) for j in range(ctx.shape[1])])
+    gbias = dH.sum(0)
+    out = {}
+    for name, g, decay, rows in (("Q", gQ, l2, np.unique(np.concatenate([target, noise]))),
+                                 ("qb", gqb, 0.0, np.unique(np.concatenate([target, noise]))),
+                                 ("R", gR, l2, np.unique(ctx)), ("W", gW, l2, None), ("bias", gbias, 0.0, None)):
+        new, a = P[name].copy(), acc[name].astype(np.float64).copy()
+        sel = slice(None) if rows is None else rows
+        gd = g[sel] + decay * new[sel]
+        a[sel] += gd * gd
+        new[sel] -= lr * gd / (np.sqrt(a[sel]) + eps)
+        out[name] = new
+    return loss, out
+
+
+def test_shared_noise_step_matches_a_float64_reference():
+    rng = np.random.default_rng(5)
+    V, VR, E, c, N, S = 300, 300, 40, 3, 97, 23     # widths that are not multiples of the blocks
+    p = _params(rng, V, VR, E, c)
+    acc = {k: (rng.random(v.shape) * 0.5).astype(np.float32) for k, v in p.items()}
+    ctx = rng.integers(0, VR, (N, c)).astype(np.int32)
+    target = rng.integers(0, V, N).astype(np.int32)
+    noise = rng.integers(0, V, S).astype(np.int32)
+    noise[:3] = target[:3]                          # a noise word that is also a data word
+    noise[5] = noise[4]                             # drawn twice
+    logq = np.log(rng.dirichlet(np.ones(V)))
+    lr, l2, eps = 0.05, 1e-3, 1e-8
+    want_loss, want = _reference_shared(p, acc, ctx, target, noise, logq, lr, l2, eps)
+    got = {k: v.copy() for k, v in p.items()}
+    a = {k: v.copy() for k, v in acc.items()}
+    loss = _train.nce_lbl_shared_step(got["R"], got["W"], got["bias"], got["Q"], got["qb"],
+                                      a["R"], a["W"], a["bias"], a["Q"], a["qb"],
+                                      ctx, target, noise, logq, lr, l2, eps, 1)
+    assert loss == pytest.approx(want_loss, rel=1e-5)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=2e-4, atol=2e-5, err_msg=k)
+
+
+def _run(tmp_path, name, threads, **kw):
+    base = dict(train=BROWN_TRAIN, test_set=BROWN_VALID, model_out=str(tmp_path / name), order=5,
+                word_width=32, output="unnormalised", iterations=1, minibatch_size=200, threads=threads,
+                progress=False, seed=4, max_updates=60, evals_per_epoch=1, patience=0)
+    base.update(kw)
+    tr = Trainer(TrainConfig(**base), lambda m: None)
+    assert tr._fused
+    tr.run()
+    return tr
+
+
+@pytest.mark.parametrize("kw", [dict(noise_samples=10, direct_order=3),
+                                dict(shared_noise=True, noise_samples=64, direct_order=0)],
+                         ids=["per-word-noise+direct", "shared-noise"])
+def test_fused_steps_do_not_depend_on_the_thread_count(tmp_path, kw):
+    one = _run(tmp_path, "one.nlm", 1, **kw)
+    two = _run(tmp_path, "two.nlm", 2, **kw)
+    assert two.kernel_threads == 2
+    for k in one.params:
+        np.testing.assert_array_equal(one.params[k], two.params[k], err_msg=k)
+
+
+def test_shared_noise_learns_a_nearly_self_normalised_model(tmp_path):
+    tr = _run(tmp_path, "s.nlm", 1, shared_noise=True, direct_order=0, max_updates=0, iterations=2)
+    assert tr.cfg.noise_samples == 200                   # the shared default
+    h, a = tr.model_arrays()
+    raw = heldout_logprob(h, a, tr.heldout)
+    exact = heldout_logprob(h, a, tr.heldout, exact=True)
+    unigram = tr.counts / tr.counts.sum()
+    ppl, ppl_unigram = math.exp(-exact.mean()), math.exp(-np.log(unigram[tr.heldout.words]).mean())
+    logz = raw - exact
+    print(f"shared-noise NCE: perplexity {ppl:.1f} (unigram {ppl_unigram:.1f}); log Z mean "
+          f"{logz.mean():.3f} sd {logz.std():.3f}")
+    assert ppl < 0.6 * ppl_unigram
+    assert abs(logz.mean()) < 0.3 and logz.std() < 0.6
+
+
+def test_shared_noise_is_refused_where_it_does_not_apply(tmp_path):
+    with pytest.raises(ValueError, match="--direct-order 0"):
+        _run(tmp_path, "x.nlm", 1, shared_noise=True, direct_order=3)
+    with pytest.raises(ValueError, match="--noise-samples K > 0"):
+        TrainConfig(train=BROWN_TRAIN, model_out=str(tmp_path / "y.nlm"), shared_noise=True,
+                    noise_samples=0, output="softmax").estimator()
