@@ -10,8 +10,10 @@ Every measurement runs in a fresh process (``python -m nlmfeature.cli ...``), so
 * **memory**: ``train`` for ``--memory-updates`` minibatches on each compiled corpus, and on
   the largest repeated ``--repeat`` times (concatenated ids, for the memory curve only), with
   the vocabulary and hash space held fixed so that only the corpus changes: peak RSS;
-* **speed**: words/s of the native trainer at each ``--threads`` count (after a warm-up) and,
-  when the torch engine is installed, of the torch engine; seconds per epoch follow;
+* **speed**: words/s of the native trainer at each ``--threads`` count (after a warm-up), for
+  the default recipe, the plain log-bilinear model without direct features and with
+  ``--shared-noise``, and, when the torch engine is installed, of the torch engine; seconds per
+  epoch follow;
 * **quality**: a model trained for ``--train-minutes`` on the whole text (early-stopped on
   ``--valid``), its exactly normalised perplexity on ``--test`` (at most ``--test-tokens``
   tokens) beside a KenLM ``--kenlm-order``-gram model of the same text with the same
@@ -201,13 +203,14 @@ def run(args: argparse.Namespace) -> int:
     fields = {"train": biggest, "max_vocab": args.max_vocab}
     if args.order:
         fields["order"] = args.order
-    for t in threads if "speed" in parts else []:
-        log(f"speed, native trainer, {t} thread(s)")
-        wps = speed_probe(fields, t, args.speed_updates)
-        result["speed"].append({"engine": "native", "workers": t, "words_per_s": round(wps),
-                                "epoch_minutes": round(all_tokens / wps / 60, 1)})
-        log(f"  {result['speed'][-1]}")
-        save(w, result)
+    for recipe, extra in SPEED_RECIPES if "speed" in parts else []:
+        for t in threads:
+            log(f"speed, native trainer, {recipe}, {t} thread(s)")
+            wps = speed_probe(dict(fields, **extra), t, args.speed_updates)
+            result["speed"].append({"engine": "native", "recipe": recipe, "workers": t, "words_per_s": round(wps),
+                                    "epoch_minutes": round(all_tokens / wps / 60, 1)})
+            log(f"  {result['speed'][-1]}")
+            save(w, result)
     try:
         from nlmfeature.training.torch_engine import torch_words_per_second  # optional extra
     except ImportError:
@@ -217,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
             log(f"speed, torch engine, {t} process(es)")
             extra = ["--max-vocab", str(args.max_vocab)] + (["--order", str(args.order)] if args.order else [])
             wps = torch_words_per_second(biggest, t, updates=args.speed_updates, extra_args=extra)
-            result["speed"].append({"engine": "torch (CPU)", "workers": t, "words_per_s": round(wps),
+            result["speed"].append({"engine": "torch (CPU)", "recipe": "default", "workers": t, "words_per_s": round(wps),
                                     "epoch_minutes": round(all_tokens / wps / 60, 1)})
             log(f"  {result['speed'][-1]}")
             save(w, result)
@@ -337,9 +340,11 @@ def format_markdown(r: Dict[str, Any]) -> str:
     out += ["", "| training corpus tokens | peak RSS of training MiB | |", "|---|---|---|"]
     for m in r["memory"]:
         out.append(f"| {m['tokens']:,} | {m['peak_rss_mib']} | {m['note'] and 'repeated ' + m['note']} |")
-    out += ["", "| engine | threads/processes | words/s | minutes per epoch (whole corpus) |", "|---|---|---|---|"]
+    out += ["", "| engine | recipe | threads/processes | words/s | minutes per epoch (whole corpus) |",
+            "|---|---|---|---|---|"]
     for s in r["speed"]:
-        out.append(f"| {s['engine']} | {s['workers']} | {s['words_per_s']:,} | {s['epoch_minutes']} |")
+        out.append(f"| {s['engine']} | {s.get('recipe', 'default')} | {s['workers']} | {s['words_per_s']:,} "
+                   f"| {s['epoch_minutes']} |")
     q = r.get("quality")
     if q:
         out += ["", f"Quality model: order {q['order']}, V = {q['vocab']:,}, {q['epochs']} epochs.", "",
@@ -351,6 +356,11 @@ def format_markdown(r: Dict[str, Any]) -> str:
             out.append(f"| {s['model']} | {s['mib']} |")
     return "\n".join(out)
 
+
+#: the native trainer's configurations timed by the speed part: (name, train settings)
+SPEED_RECIPES = (("default", {}), ("no direct features", {"direct_order": 0}),
+                 ("shared noise, no direct features", {"direct_order": 0, "shared_noise": True,
+                                                       "minibatch_size": 1000}))
 
 BEGIN = "<!-- bench-scale:begin: written by `nlmfeature bench scale --results`; do not edit by hand -->"
 END = "<!-- bench-scale:end -->"

@@ -1,0 +1,30 @@
+"""``nlmfeature bench scale`` on a real Brown slice: the corpus and speed parts, the speed rows of
+every recipe, the tables and the results block it writes."""
+from __future__ import annotations
+
+import json
+
+from helpers import BROWN_TRAIN, BROWN_VALID, run_cli
+from nlmfeature.bench.scale import BEGIN, END, SPEED_RECIPES
+
+
+def test_bench_scale_corpus_and_speed(tmp_path):
+    results = tmp_path / "results.md"
+    results.write_text("# Results\n\n## Something else\n\nkept\n", encoding="utf-8")
+    p = run_cli("bench", "scale", "--train", BROWN_TRAIN, "--valid", BROWN_VALID, "--test", BROWN_VALID,
+                "--workdir", tmp_path / "w", "--sizes", "10K,all", "--repeat", "", "--threads", "1",
+                "--speed-updates", "30", "--parts", "corpus,speed", "--max-vocab", "5000",
+                "--results", results, "--json", "-q", timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout)
+    tokens = [c["tokens"] for c in r["corpora"]]
+    assert len(tokens) == 2 and 10_000 <= tokens[0] < tokens[1]
+    native = [s for s in r["speed"] if s["engine"] == "native"]
+    assert [s["recipe"] for s in native] == [name for name, _ in SPEED_RECIPES]
+    assert all(s["words_per_s"] > 1000 and s["workers"] == 1 for s in r["speed"])
+    text = results.read_text(encoding="utf-8")
+    assert "kept" in text and text.count(BEGIN) == 1 and text.count(END) == 1
+    block = text[text.index(BEGIN):text.index(END)]
+    assert "nlmfeature bench scale" in block and r["commit"] in block
+    for s in native:
+        assert f"| native | {s['recipe']} | 1 | {s['words_per_s']:,} |" in block
