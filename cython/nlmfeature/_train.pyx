@@ -637,7 +637,7 @@ cdef int output_rows_step(float[:, ::1] Q, float[::1] qb, float[:, ::1] aQ, floa
         return -1
     with parallel(num_threads=T):
         buf = <float*>calloc(E, sizeof(float))
-        for u in prange(g.n, schedule="static"):
+        for u in prange(g.n, schedule="dynamic", chunksize=16):
             if buf == NULL:
                 bad += 1
                 continue
@@ -697,7 +697,7 @@ cdef int lbl_context_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias,
                         wrow[e] = wrow[e] + drow[e]
     with parallel(num_threads=T):
         buf = <float*>calloc(E, sizeof(float))
-        for u in prange(g.n, schedule="static"):
+        for u in prange(g.n, schedule="dynamic", chunksize=16):
             if buf == NULL:
                 bad += 1
                 continue
