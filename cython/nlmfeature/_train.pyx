@@ -567,7 +567,7 @@ DEF AHEAD = 2
 
 #: rows of a matrix product one thread takes at a time (fixed, so that results do not depend
 #: on the thread count)
-# The scatters of a minibatch go row by row: the positions that name each distinct row are
+# The updates of a minibatch go row by row: the positions that name each distinct row are
 # grouped first (a counting sort, stable), then one thread sums a row's contributions in
 # position order in a buffer of its own and takes the AdaGrad step at once.  No gradient
 # matrix is read or written, every row is summed in the same order whatever the thread count
@@ -620,20 +620,22 @@ cdef int group_rows(const int32_t* rows, int64_t M, int64_t V, Groups* g) noexce
     return 0
 
 
-cdef int output_rows_step(float[:, ::1] Q, float[::1] qb, float[:, ::1] aQ, float[::1] aqb,
-                          const int32_t* rows, int64_t M, const float* const* x, const float* a,
-                          const float* b, double lr, double l2, double eps, int T) noexcept nogil:
-    """AdaGrad on the output rows named at positions 0..M-1 of ``rows``: row r's gradient is the
-    sum over its positions i of ``a[i] * x[i]`` (x[i] an E-vector), its bias's the sum of ``b[i]``
-    (L2 ``l2`` on the rows, none on the biases).  Returns -1 when out of memory."""
+cdef int sparse_rows_step(float[:, ::1] P, float[:, ::1] A, float* pb, float* ab,
+                          const int32_t* rows, int64_t M, const float* const* x, const float* const* y,
+                          const float* a, const float* b, double lr, double l2, double eps, int T) noexcept nogil:
+    """AdaGrad on the rows of ``P`` (sums ``A``) named at positions 0..M-1 of ``rows``: row r's
+    gradient is the sum over its positions i of ``x[i] * y[i]`` (elementwise, E-vectors) when
+    ``y`` is given, else of ``a[i] * x[i]``; L2 ``l2`` on the rows.  With ``pb`` (biases, sums
+    ``ab``) the bias of row r takes the sum of ``b[i]`` (no L2).  Returns -1 when out of memory."""
     cdef Groups g
     cdef int64_t u, p, i, r
-    cdef int E = Q.shape[1], e
+    cdef int E = P.shape[1], e
     cdef float* buf
     cdef float bsum, af
     cdef const float* xrow
+    cdef const float* yrow
     cdef int bad = 0
-    if group_rows(rows, M, Q.shape[0], &g) != 0:
+    if group_rows(rows, M, P.shape[0], &g) != 0:
         return -1
     with parallel(num_threads=T):
         buf = <float*>calloc(E, sizeof(float))
@@ -642,19 +644,26 @@ cdef int output_rows_step(float[:, ::1] Q, float[::1] qb, float[:, ::1] aQ, floa
                 bad += 1
                 continue
             if u + AHEAD < g.n:
-                nlt_prefetch_row_w(&Q[g.rows[u + AHEAD], 0], E)
-                nlt_prefetch_row_w(&aQ[g.rows[u + AHEAD], 0], E)
+                nlt_prefetch_row_w(&P[g.rows[u + AHEAD], 0], E)
+                nlt_prefetch_row_w(&A[g.rows[u + AHEAD], 0], E)
             r = g.rows[u]
             bsum = 0
             for p in range(g.start[u], g.start[u + 1]):
                 i = g.order[p]
-                af = a[i]
                 xrow = x[i]
-                for e in range(E):
-                    buf[e] = buf[e] + af * xrow[e]
-                bsum = bsum + b[i]
-            adagrad_row(&Q[r, 0], &aQ[r, 0], buf, E, <float>lr, <float>l2, <float>eps)
-            adagrad_scalar(&qb[r], &aqb[r], &bsum, lr, 0.0, eps)
+                if y != NULL:
+                    yrow = y[i]
+                    for e in range(E):
+                        buf[e] = buf[e] + xrow[e] * yrow[e]
+                else:
+                    af = a[i]
+                    for e in range(E):
+                        buf[e] = buf[e] + af * xrow[e]
+                if pb != NULL:
+                    bsum = bsum + b[i]
+            adagrad_row(&P[r, 0], &A[r, 0], buf, E, <float>lr, <float>l2, <float>eps)
+            if pb != NULL:
+                adagrad_scalar(&pb[r], &ab[r], &bsum, lr, 0.0, eps)
         free(buf)
     free_groups(&g)
     return -1 if bad else 0
@@ -668,19 +677,20 @@ cdef int lbl_context_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias,
     gradient of W_j, sum_n dH_n * R[ctx_nj] (with the old R), and of each embedding, the sum
     of dH_n * W_j over its positions (n, j); then AdaGrad on the embeddings, W and the bias.
     Returns -1 when out of memory."""
-    cdef int64_t N = ctx.shape[0], n, r, u, p, i
+    cdef int64_t N = ctx.shape[0], n, i
     cdef int c = ctx.shape[1], E = R.shape[1], j, e, bad = 0
     cdef float* gW = <float*>calloc((c + 1) * E, sizeof(float))
+    cdef const float** xs = <const float**>malloc(max(1, N * c) * sizeof(float*))
+    cdef const float** ys = <const float**>malloc(max(1, N * c) * sizeof(float*))
     cdef float* wrow
-    cdef float* buf
     cdef const float* drow
     cdef const float* xrow
-    cdef Groups g
-    if gW == NULL:
+    if gW == NULL or xs == NULL or ys == NULL:
+        free(gW); free(xs); free(ys)
         return -1
-    if group_rows(&ctx[0, 0], N * c, R.shape[0], &g) != 0:
-        free(gW)
-        return -1
+    for i in range(N * c):
+        xs[i] = dH + (i // c) * E
+        ys[i] = &W[i % c, 0]
     with parallel(num_threads=T):
         for j in prange(c + 1, schedule="static"):
             wrow = gW + j * E
@@ -695,31 +705,14 @@ cdef int lbl_context_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias,
                     drow = dH + n * E
                     for e in range(E):
                         wrow[e] = wrow[e] + drow[e]
-    with parallel(num_threads=T):
-        buf = <float*>calloc(E, sizeof(float))
-        for u in prange(g.n, schedule="dynamic", chunksize=16):
-            if buf == NULL:
-                bad += 1
-                continue
-            if u + AHEAD < g.n:
-                nlt_prefetch_row_w(&R[g.rows[u + AHEAD], 0], E)
-                nlt_prefetch_row_w(&aR[g.rows[u + AHEAD], 0], E)
-            r = g.rows[u]
-            for p in range(g.start[u], g.start[u + 1]):
-                i = g.order[p]
-                drow = dH + (i // c) * E
-                xrow = &W[i % c, 0]
-                for e in range(E):
-                    buf[e] = buf[e] + drow[e] * xrow[e]
-            adagrad_row(&R[r, 0], &aR[r, 0], buf, E, <float>lr, <float>l2, <float>eps)
-        free(buf)
+    # (the embeddings' step reads W, so W's waits)
+    bad = sparse_rows_step(R, aR, NULL, NULL, &ctx[0, 0], N * c, xs, ys, NULL, NULL, lr, l2, eps, T)
     for j in range(c):
         adagrad_row(&W[j, 0], &aW[j, 0], gW + j * E, E, <float>lr, <float>l2, <float>eps)
     if has_bias:
         adagrad_row(&bias[0], &abias[0], gW + c * E, E, <float>lr, 0.0, <float>eps)
-    free(gW)
-    free_groups(&g)
-    return -1 if bad else 0
+    free(gW); free(xs); free(ys)
+    return bad
 
 
 DEF GEMM_ROWS = 64
@@ -866,7 +859,7 @@ def nce_lbl_shared_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float
         loss += lossv[n]
     with nogil:
         # 7. the output rows (data words, then noise words), 8. the context side
-        i = output_rows_step(Q, qb, aQ, aqb, rows, N + S, xs, coef, bcoef, lr, l2, eps, T)
+        i = sparse_rows_step(Q, aQ, &qb[0], &aqb[0], rows, N + S, xs, NULL, coef, bcoef, lr, l2, eps, T)
         if i == 0:
             i = lbl_context_step(R, W, bias, aR, aW, abias, ctx, dH, has_bias, lr, l2, eps, T)
     free(H); free(dH); free(Z); free(GT); free(QS); free(QT); free(gQS); free(add); free(coef)
@@ -1037,7 +1030,7 @@ def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1
                     mD[b] = 0
     with nogil:
         # 3. the output rows and biases, 4. the context side: embeddings, W and the bias
-        i = output_rows_step(Q, qb, aQ, aqb, cand, N * K, xs, G, G, lr, l2, eps, T)
+        i = sparse_rows_step(Q, aQ, &qb[0], &aqb[0], cand, N * K, xs, NULL, G, G, lr, l2, eps, T)
         if i == 0:
             i = lbl_context_step(R, W, bias, aR, aW, abias, ctx, dH, has_bias, lr, l2, eps, T)
     free(H); free(dH); free(G); free(xs); free(lossv); free(cand); free(buckets); free(touched)
