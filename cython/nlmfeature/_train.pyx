@@ -718,6 +718,42 @@ cdef int lbl_context_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias,
 DEF GEMM_ROWS = 64
 
 
+cdef inline void lbl_hidden(float* h, float[:, ::1] R, float[:, ::1] W, float[::1] bias, bint has_bias,
+                            const int32_t[:, ::1] ctx, int64_t n) noexcept nogil:
+    """h = bias + sum_j W_j * R[ctx[n, j]] (a diagonal LBL's hidden layer for n-gram n)."""
+    cdef int E = R.shape[1], e, j
+    cdef const float* wrow
+    cdef const float* xrow
+    if has_bias:
+        for e in range(E):
+            h[e] = bias[e]
+    else:
+        for e in range(E):
+            h[e] = 0
+    for j in range(ctx.shape[1]):
+        wrow = &W[j, 0]
+        xrow = &R[ctx[n, j], 0]
+        for e in range(E):
+            h[e] = h[e] + wrow[e] * xrow[e]
+
+
+cdef check_ngrams(const int32_t[:, ::1] ctx, const int32_t[::1] target, const int32_t* noise,
+                  int64_t n_noise, int64_t V, int64_t VR):
+    """ValueError unless every target and noise word is in [0, V) and every context word in
+    [0, VR)."""
+    cdef int64_t n
+    cdef int j
+    for n in range(n_noise):
+        if noise[n] < 0 or noise[n] >= V:
+            raise ValueError("noise word out of range")
+    for n in range(ctx.shape[0]):
+        if target[n] < 0 or target[n] >= V:
+            raise ValueError("target word out of range")
+        for j in range(ctx.shape[1]):
+            if ctx[n, j] < 0 or ctx[n, j] >= VR:
+                raise ValueError("context word out of range")
+
+
 def nce_lbl_shared_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1] Q, float[::1] qb,
                         float[:, ::1] aR, float[:, ::1] aW, float[::1] abias, float[:, ::1] aQ, float[::1] aqb,
                         const int32_t[:, ::1] ctx, const int32_t[::1] target, const int32_t[::1] noise,
@@ -758,15 +794,7 @@ def nce_lbl_shared_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float
         raise ValueError("inconsistent shapes")
     if S < 1:
         raise ValueError("no noise words")
-    for s in range(S):
-        if noise[s] < 0 or noise[s] >= V:
-            raise ValueError("noise word out of range")
-    for n in range(N):
-        if target[n] < 0 or target[n] >= V:
-            raise ValueError("target word out of range")
-        for j in range(c):
-            if ctx[n, j] < 0 or ctx[n, j] >= VR:
-                raise ValueError("context word out of range")
+    check_ngrams(ctx, target, &noise[0], S, V, VR)
     if N == 0:
         return 0.0
     H = <float*>malloc(N * E * sizeof(float))
@@ -799,17 +827,7 @@ def nce_lbl_shared_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float
         # 1. h_n
         for n in prange(N, schedule="static"):
             hrow = H + n * E
-            if has_bias:
-                for e in range(E):
-                    hrow[e] = bias[e]
-            else:
-                for e in range(E):
-                    hrow[e] = 0
-            for j in range(c):
-                wrow = &W[j, 0]
-                xrow = &R[ctx[n, j], 0]
-                for e in range(E):
-                    hrow[e] = hrow[e] + wrow[e] * xrow[e]
+            lbl_hidden(hrow, R, W, bias, has_bias, ctx, n)
     with nogil, parallel(num_threads=T):
         # 2. noise logits Z = H QT
         for ib in prange(nbN, schedule="static"):
@@ -916,15 +934,7 @@ def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1
         raise ValueError("inconsistent shapes")
     if DO and D.shape[0] < hash_space:
         raise ValueError("direct weights shorter than the hash space")
-    for n in range(N):
-        if target[n] < 0 or target[n] >= V:
-            raise ValueError("target word out of range")
-        for j in range(K - 1):
-            if noise[n, j] < 0 or noise[n, j] >= V:
-                raise ValueError("noise word out of range")
-        for j in range(c):
-            if ctx[n, j] < 0 or ctx[n, j] >= VR:
-                raise ValueError("context word out of range")
+    check_ngrams(ctx, target, &noise[0, 0] if N and K > 1 else NULL, N * (K - 1), V, VR)
     if N == 0:
         return 0.0
     H = <float*>malloc(N * E * sizeof(float))
@@ -966,18 +976,7 @@ def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1
                 for o in range(K * DO):
                     nlt_prefetch_row(&D[buckets[(n + AHEAD) * K * DO + o]], 1)
             hrow = H + n * E
-            if has_bias:
-                for e in range(E):
-                    hrow[e] = bias[e]
-            else:
-                for e in range(E):
-                    hrow[e] = 0
-            for j in range(c):
-                r = ctx[n, j]
-                wrow = &W[j, 0]
-                xrow = &R[r, 0]
-                for e in range(E):
-                    hrow[e] = hrow[e] + wrow[e] * xrow[e]
+            lbl_hidden(hrow, R, W, bias, has_bias, ctx, n)
             lossv[n] = 0
             drow = dH + n * E
             for j in range(K):
