@@ -190,7 +190,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="NCE: draw the --noise-samples K noise words once per minibatch and share them "
                         "between all its n-grams (Zoph et al. 2016), so the noise side is three matrix "
                         "products; K then defaults to 200.  Diagonal LBL without direct features "
-                        "(--direct-order 0); the fast recipe for large corpora (docs/training.md)")
+                        "(--direct-order 0), native or --engine torch; it pays where arithmetic is cheap "
+                        "(a GPU, many cores), not on a few CPU cores (docs/training.md)")
     o.add_argument("--self-normalise", type=Number(float, 0), default=0.0, metavar="ALPHA",
                    help="ML penalty ALPHA*log(Z)^2 so unnormalised scores act as log-probabilities "
                         "(0.1 with --noise-samples 0: the rescoring recipe, docs/training.md)")

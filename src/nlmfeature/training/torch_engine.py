@@ -321,15 +321,24 @@ class TorchLM(nn.Module):
 
     # -- losses -----------------------------------------------------------------------------
     def _nce(self, kind: str, H, ctx, target, noise, logq) -> "torch.Tensor":
+        """NCE loss with noise (N, k) per n-gram, or (k,) shared by the minibatch (--shared-noise:
+        the noise logits are one matrix product; no direct features)."""
+        k = noise.shape[-1]
+        if noise.dim() == 1:
+            xt = self.sparse_logits(kind, H, ctx, target[:, None])[:, 0].double() - logq[target] - math.log(k)
+            Wn = self._rows(f"{kind}.weight", noise)                               # (k, D)
+            xn = (H @ Wn.t() + self._rows(f"{kind}.bias", noise)[:, 0]).double() - logq[noise] - math.log(k)
+            return -(F.logsigmoid(xt).sum() + F.logsigmoid(-xn).sum())
         cand = torch.cat([target[:, None], noise], dim=1)
-        x = self.sparse_logits(kind, H, ctx, cand).double() - logq[cand] - math.log(noise.shape[1])
+        x = self.sparse_logits(kind, H, ctx, cand).double() - logq[cand] - math.log(k)
         return -(F.logsigmoid(x[:, 0]).sum() + F.logsigmoid(-x[:, 1:]).sum())
 
     def forward(self, ctx: "torch.Tensor", target: "torch.Tensor", noise_words: Optional["torch.Tensor"] = None,
                 noise_classes: Optional["torch.Tensor"] = None, mask: Optional["torch.Tensor"] = None
                 ) -> "torch.Tensor":
         """Summed loss (float64 scalar) of a minibatch: ``ctx`` (N, n-1), ``target`` (N,) long,
-        noise (N, k) for the NCE estimators, ``mask`` (N, D) an inverted-dropout mask."""
+        noise (N, k) for the NCE estimators (or (k,) shared by the minibatch), ``mask`` (N, D) an
+        inverted-dropout mask."""
         H = self.hidden(ctx)
         if mask is not None:
             H = H * mask
@@ -630,7 +639,8 @@ class TorchTrainer(Trainer):
         b = len(targets)
         lo, hi = b * self.rank // self.world, b * (self.rank + 1) // self.world
         args = [self._tensor(ctx[lo:hi]), self._tensor(targets[lo:hi]),
-                self._tensor(noise.words[lo:hi]) if noise is not None and noise.words is not None else None,
+                (self._tensor(noise.words if self.cfg.shared_noise else noise.words[lo:hi])
+                 if noise is not None and noise.words is not None else None),
                 self._tensor(noise.classes[lo:hi]) if noise is not None and noise.classes is not None else None,
                 self._tensor(mask[lo:hi], torch.float32) if mask is not None else None]
         loss = self.ddp(*args) * self.world
