@@ -13,7 +13,7 @@ def test_bench_scale_corpus_and_speed(tmp_path):
     results.write_text("# Results\n\n## Something else\n\nkept\n", encoding="utf-8")
     p = run_cli("bench", "scale", "--train", BROWN_TRAIN, "--valid", BROWN_VALID, "--test", BROWN_VALID,
                 "--workdir", tmp_path / "w", "--sizes", "10K,all", "--repeat", "", "--threads", "1",
-                "--speed-updates", "30", "--parts", "corpus,speed", "--max-vocab", "5000",
+                "--speed-updates", "30", "--parts", "corpus,speed", "--max-vocab", "5000", "--engines", "native",
                 "--results", results, "--json", "-q", timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(p.stdout)

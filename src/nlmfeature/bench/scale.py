@@ -12,8 +12,8 @@ Every measurement runs in a fresh process (``python -m nlmfeature.cli ...``), so
   the vocabulary and hash space held fixed so that only the corpus changes: peak RSS;
 * **speed**: words/s of the native trainer at each ``--threads`` count (after a warm-up), for
   the default recipe, the plain log-bilinear model without direct features and with
-  ``--shared-noise``, and, when the torch engine is installed, of the torch engine; seconds per
-  epoch follow;
+  ``--shared-noise``, and the same for the torch engine when it is installed (``--engines``; on
+  the GPU when there is one); seconds per epoch follow;
 * **quality**: a model trained for ``--train-minutes`` on the whole text (early-stopped on
   ``--valid``), its exactly normalised perplexity on ``--test`` (at most ``--test-tokens``
   tokens) beside a KenLM ``--kenlm-order``-gram model of the same text with the same
@@ -203,7 +203,11 @@ def run(args: argparse.Namespace) -> int:
     fields = {"train": biggest, "max_vocab": args.max_vocab}
     if args.order:
         fields["order"] = args.order
-    for recipe, extra in SPEED_RECIPES if "speed" in parts else []:
+    engines = {e.strip() for e in args.engines.split(",") if e.strip()}
+    if engines - {"native", "torch"}:
+        raise NLMFeatureError(f"--engines: unknown engine(s) {', '.join(sorted(engines - {'native', 'torch'}))}; "
+                              "choose from native, torch")
+    for recipe, extra in SPEED_RECIPES if "speed" in parts and "native" in engines else []:
         for t in threads:
             log(f"speed, native trainer, {recipe}, {t} thread(s)")
             wps = speed_probe(dict(fields, **extra), t, args.speed_updates)
@@ -212,15 +216,20 @@ def run(args: argparse.Namespace) -> int:
             log(f"  {result['speed'][-1]}")
             save(w, result)
     try:
+        import torch
         from nlmfeature.training.torch_engine import torch_words_per_second  # optional extra
+        engine = "torch (GPU)" if torch.cuda.is_available() else "torch (CPU)"
     except ImportError:
         torch_words_per_second = None
-    if torch_words_per_second is not None and "speed" in parts:
+    for recipe, extra in (SPEED_RECIPES if torch_words_per_second is not None and "speed" in parts
+                          and "torch" in engines else []):
+        flags = ["--max-vocab", str(args.max_vocab)] + (["--order", str(args.order)] if args.order else [])
+        for k, v in extra.items():
+            flags += [f"--{k.replace('_', '-')}"] if v is True else [f"--{k.replace('_', '-')}", str(v)]
         for t in threads:
-            log(f"speed, torch engine, {t} process(es)")
-            extra = ["--max-vocab", str(args.max_vocab)] + (["--order", str(args.order)] if args.order else [])
-            wps = torch_words_per_second(biggest, t, updates=args.speed_updates, extra_args=extra)
-            result["speed"].append({"engine": "torch (CPU)", "recipe": "default", "workers": t, "words_per_s": round(wps),
+            log(f"speed, torch engine, {recipe}, {t} process(es)")
+            wps = torch_words_per_second(biggest, t, updates=args.speed_updates, extra_args=flags)
+            result["speed"].append({"engine": engine, "recipe": recipe, "workers": t, "words_per_s": round(wps),
                                     "epoch_minutes": round(all_tokens / wps / 60, 1)})
             log(f"  {result['speed'][-1]}")
             save(w, result)

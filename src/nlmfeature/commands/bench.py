@@ -290,6 +290,9 @@ def _scale(bench_sub: argparse._SubParsersAction) -> None:
                    help="also measure memory on the largest corpus repeated this many times "
                         "(comma-separated; default 4; e.g. 32 for about 1B tokens from 30M)")
     p.add_argument("--threads", default="1,2", metavar="LIST", help="thread counts to time (default 1,2)")
+    p.add_argument("--engines", default="native,torch", metavar="LIST",
+                   help="training engines the speed part times (default native,torch; torch only when "
+                        "it is installed, on the GPU when there is one)")
     p.add_argument("--max-vocab", type=int, default=100000, metavar="V",
                    help="vocabulary size of every model (default 100000)")
     p.add_argument("--hash-space", type=int, default=1 << 22, metavar="H",
