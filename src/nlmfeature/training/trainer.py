@@ -393,7 +393,9 @@ class Trainer:
                                                   source_counts=self.source_counts)
         self.header.setdefault("metadata", {})
         names = trainable_names(self.header, self.template)
-        self.params = {n: arrays.copy(np.asarray(self.template[n], dtype=np.float32)) for n in names}
+        # the trained arrays move out of the template (which keeps the fixed ones: class tables,
+        # vocabulary), so that a run holds one copy of them, not the initial model besides
+        self.params = {n: arrays.copy(np.asarray(self.template.pop(n), dtype=np.float32)) for n in names}
         train_header = self.header
         if spec.source_window:  # one input table, target rows then source rows; w + n-1 positions
             self.params["embeddings"] = arrays.copy(np.concatenate(
