@@ -81,6 +81,25 @@ def test_score_batch_refuses_words_and_takes_sentence_ngrams(lm):
         lm.score_sentences("the jury said")
 
 
+def test_a_model_that_scored_a_batch_is_freed_when_dropped(tmp_path):
+    """No reference cycle keeps a model's arrays alive: a training run builds an in-memory
+    model at each held-out evaluation, and each must go as soon as it is dropped."""
+    import gc
+    import weakref
+
+    m = nlmfeature.load(make_model(tmp_path))
+    ctx, words = m.sentence_ngrams("the jury said")
+    m.score_batch(ctx, words)
+    m.hidden(ctx)
+    gone = weakref.ref(m)
+    gc.disable()
+    try:
+        del m
+        assert gone() is None
+    finally:
+        gc.enable()
+
+
 def test_state_scoring_as_kenlm(lm):
     """KenLM's shape: BeginSentenceWrite + BaseScore(in_state, word, out_state)."""
     for sent in read_lines(BROWN_VALID, 20):

@@ -95,9 +95,12 @@ cdef class NativeModel:
         self.copied_bytes += n
         return q
 
-    def __init__(self, dict header, dict arrays, bint use_tables=True, bint half_rows=True):
+    def __init__(self, dict header, dict arrays, bint use_tables=True, bint half_rows=True,
+                 bint hot_copies=True):
         """``half_rows=False`` reads a float16 model's float32 widening instead of its half
-        rows (the same bits, the tests compare the two)."""
+        rows (the same bits, the tests compare the two).  ``hot_copies=False`` reads the
+        arrays in place instead of huge-page copies (:meth:`hot`): for arrays already in
+        memory, such as a training run's parameters."""
         cdef int k
         cdef ModelC* m = &self.m
         self._arrays = arrays
@@ -108,7 +111,7 @@ cdef class NativeModel:
         memset(m, 0, sizeof(ModelC))
         m.file_fd = -1
         self._free_copies()
-        self._huge = os.environ.get("NLMFEATURE_HUGE_PAGES", "1") != "0"
+        self._huge = hot_copies and os.environ.get("NLMFEATURE_HUGE_PAGES", "1") != "0"
         m.order = header["order"]
         if not 1 <= m.order <= NLM_MAX_ORDER:
             raise ValueError(f"order {m.order} is outside 1..{NLM_MAX_ORDER}")

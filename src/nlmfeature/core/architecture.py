@@ -203,7 +203,11 @@ def set_null_embedding(arrays: Arrays, vocab: Vocabulary) -> None:
         if p.sum() <= 0:
             p[:] = 1.0
         emb = np.array(arrays[prefix + "embeddings"], dtype=np.float32)
-        emb[v.null] = (p / p.sum()) @ emb.astype(np.float64)
+        p /= p.sum()
+        mean = np.zeros(emb.shape[1], dtype=np.float64)
+        for s in range(0, len(emb), 8192):  # in float64, a block of rows at a time
+            mean += p[s:s + 8192] @ emb[s:s + 8192].astype(np.float64)
+        emb[v.null] = mean
         arrays[prefix + "embeddings"] = emb
 
 

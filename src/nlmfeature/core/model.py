@@ -151,13 +151,16 @@ class Model:
     its own :meth:`session`."""
 
     def __init__(self, path: str, header: Dict[str, Any], arrays: Dict[str, np.ndarray],
-                 checksum: str, use_tables: bool = True) -> None:
+                 checksum: str, use_tables: bool = True, hot_copies: bool = True) -> None:
+        """A model over ``arrays`` (those of a file, or in memory); ``hot_copies=False`` has
+        the scorer read them in place rather than from huge-page copies of the large tables
+        (arrays already in memory, such as a training run's parameters)."""
         self.path = path
         self.header = header
         self.arrays = arrays
         self.checksum = checksum
         self.vocab = Vocabulary.from_arrays(arrays["vocab.offsets"], arrays["vocab.bytes"])
-        self.native = NativeModel(header, arrays, use_tables)
+        self.native = NativeModel(header, arrays, use_tables, hot_copies=hot_copies)
         self._local = threading.local()   # the calling thread's own default session
         self._batch = None
 

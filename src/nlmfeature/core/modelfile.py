@@ -434,13 +434,13 @@ def write_model(path: str, header: Header, arrays: Mapping[str, np.ndarray],
         if arr.dtype.kind == "f":
             to_half = half and (name in HALF_ELIGIBLE or name.endswith(".tables"))
             with np.errstate(over="ignore", invalid="ignore"):
-                arr = arr.astype("<f2" if to_half else "<f4")
+                arr = arr.astype("<f2" if to_half else "<f4", copy=False)
             try:
                 check_finite(name, arr)
             except ValueError as exc:
                 raise ModelFileError(f"{path}: refusing to write the model: {exc}") from None
         else:
-            arr = arr.astype(arr.dtype.newbyteorder("<"))
+            arr = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
         arr = np.ascontiguousarray(arr)
         table[name] = {"dtype": arr.dtype.str, "shape": list(arr.shape), "offset": offset,
                        "nbytes": int(arr.nbytes)}

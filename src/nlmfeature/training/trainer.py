@@ -291,11 +291,15 @@ def export_arrays(header: Dict[str, Any], template: Dict[str, np.ndarray], param
     """(header, arrays) of a model file holding the current parameters, with the ``<null>``
     embedding set to the unigram-weighted average and, if ``tables``, precomputed tables.
     A joint model's combined training table ``embeddings`` (target rows, then source rows)
-    is split into ``embeddings`` and ``source.embeddings``."""
+    is split into ``embeddings`` and ``source.embeddings``.
+
+    The arrays are the parameters themselves where they can be (the embeddings are always a
+    copy): use them before the next update.  A copy of every parameter at each held-out
+    evaluation and each write was most of a large run's peak memory."""
     h = json.loads(json.dumps(header))
     arrays = {n: a for n, a in template.items() if not n.endswith(".tables")}
     for n, p in params.items():
-        arrays[n] = np.ascontiguousarray(p, dtype=np.float32).copy()
+        arrays[n] = np.ascontiguousarray(p, dtype=np.float32)
     if h.get("source") and arrays["embeddings"].shape[0] > len(vocab):
         arrays["source.embeddings"] = np.ascontiguousarray(arrays["embeddings"][len(vocab):])
         arrays["embeddings"] = np.ascontiguousarray(arrays["embeddings"][:len(vocab)])
@@ -311,7 +315,8 @@ def heldout_logprob(header: Dict[str, Any], arrays: Dict[str, np.ndarray], data:
     """Per-n-gram natural-log scores of held-out data by the scorer, over in-memory arrays;
     ``exact`` renormalises an unnormalised model exactly
     (:func:`nlmfeature.core.model.exactly_normalised`)."""
-    model = Model("<in-memory>", header, arrays, "", use_tables=bool(header.get("precomputed")))
+    model = Model("<in-memory>", header, arrays, "", use_tables=bool(header.get("precomputed")),
+                  hot_copies=False)
     return (exactly_normalised(model) if exact else model).score_batch(data.contexts, data.words)
 
 
