@@ -70,7 +70,7 @@ setup(
     ext_modules=_extensions(),
     python_requires=">=3.9",
     install_requires=["numpy>=1.24", "sacrebleu>=2.0", "sacremoses>=0.1", "tqdm>=4.0"],
-    extras_require={"test": ["pytest>=7", "Cython>=3.0"], "kenlm": ["kenlm"], "plot": ["matplotlib>=3"],
+    extras_require={"test": ["pytest>=7", "pytest-xdist>=3", "Cython>=3.0"], "kenlm": ["kenlm"], "plot": ["matplotlib>=3"],
                     # the PyTorch training engine (train --engine torch); pinned: this version's CPU wheel
                     "torch": ["torch==2.13.0"]},
     entry_points={
