@@ -347,6 +347,25 @@ static int cmd_replace(const char* path) {
     return 0;
 }
 
+/* Every (history length nh, first, count, final) span over n words, in a fixed order: a span
+ * of count words from position first, after which a final span also scores </s> after the
+ * first nh words (nh >= first + count; a span that is not final ends its history). */
+typedef struct { int nh, first, count, final; } span_case;
+
+static int span_cases(int n, span_case* out, int max) {
+    int first, count, final, nh, k = 0;
+    for (first = 0; first <= n; first++)
+        for (count = 0; first + count <= n; count++)
+            for (final = 0; final < 2; final++)
+                for (nh = first + count; nh <= n; nh++) {
+                    if (!final && nh != first + count) continue;
+                    if (k == max) die("span_cases", NLM_ERR_ARGUMENT);
+                    out[k].nh = nh; out[k].first = first; out[k].count = count; out[k].final = final;
+                    k++;
+                }
+    return k;
+}
+
 /* nlm_score_span against the per-word calls it replaces: every (first, count, final) over
  * the given words, each asked twice (a memo miss, then a hit), with the memo off, and on a
  * third session after nlm_prefetch_span of the same span (first pass) or of another one (second
@@ -358,8 +377,8 @@ static int cmd_span(const char* path, int argc, char** argv) {
     nlm_session_options o;
     nlm_stats st;
     int32_t ids[16];
-    int rc = nlm_model_load(path, &m), i, n = argc, first, count, final, rep, checked = 0, bad = 0,
-        prefetched = 0;
+    static span_case cases[2048];
+    int rc = nlm_model_load(path, &m), i, n = argc, c, ncases, rep, checked = 0, bad = 0, prefetched = 0;
     double want, got;
     if (rc != NLM_OK) die("load", rc);
     nlm_session_options_init(&o);
@@ -377,29 +396,25 @@ static int cmd_span(const char* path, int argc, char** argv) {
     nlm_session_begin(s, 0);
     nlm_session_begin(off, 0);
     nlm_session_begin(pf, 0);
+    ncases = span_cases(n, cases, 2048);
     for (rep = 0; rep < 2; rep++)
-        for (first = 0; first <= n; first++)
-            for (count = 0; first + count <= n; count++)
-                for (final = 0; final < 2; final++) {
-                    int nh;
-                    for (nh = first + count; nh <= n; nh++) {
-                        if (!final && nh != first + count) continue;
-                        want = 0;
-                        for (i = 0; i < count; i++) want += nlm_score(off, ids, first + i, ids[first + i]);
-                        if (final) want += nlm_score(off, ids, nh, NLM_EOS);
-                        got = nlm_score_span(s, ids, nh, first, count, final);
-                        if (got != want) { if (bad++ < 5) fprintf(stderr, "span %d %d %d %d: %.17g != %.17g\n", nh, first, count, final, got, want); }
-                        if (nlm_score_span(off, ids, nh, first, count, final) != want) bad++;
-                        if (rep == 0)
-                            nlm_prefetch_span(pf, ids, nh, first, count, final);
-                        else  /* another span: its keys must not be taken for this one */
-                            nlm_prefetch_span(pf, ids, nh, first, count, !final);
-                        prefetched++;
-                        got = nlm_score_span(pf, ids, nh, first, count, final);
-                        if (got != want) { if (bad++ < 5) fprintf(stderr, "prefetched span %d %d %d %d (pass %d): %.17g != %.17g\n", nh, first, count, final, rep, got, want); }
-                        checked++;
-                    }
-                }
+        for (c = 0; c < ncases; c++) {
+            int nh = cases[c].nh, first = cases[c].first, count = cases[c].count, final = cases[c].final;
+            want = 0;
+            for (i = 0; i < count; i++) want += nlm_score(off, ids, first + i, ids[first + i]);
+            if (final) want += nlm_score(off, ids, nh, NLM_EOS);
+            got = nlm_score_span(s, ids, nh, first, count, final);
+            if (got != want) { if (bad++ < 5) fprintf(stderr, "span %d %d %d %d: %.17g != %.17g\n", nh, first, count, final, got, want); }
+            if (nlm_score_span(off, ids, nh, first, count, final) != want) bad++;
+            if (rep == 0)
+                nlm_prefetch_span(pf, ids, nh, first, count, final);
+            else  /* another span: its keys must not be taken for this one */
+                nlm_prefetch_span(pf, ids, nh, first, count, !final);
+            prefetched++;
+            got = nlm_score_span(pf, ids, nh, first, count, final);
+            if (got != want) { if (bad++ < 5) fprintf(stderr, "prefetched span %d %d %d %d (pass %d): %.17g != %.17g\n", nh, first, count, final, rep, got, want); }
+            checked++;
+        }
     memset(&st, 0, sizeof st);
     st.struct_size = sizeof st;
     nlm_session_stats(s, &st);
@@ -433,7 +448,8 @@ static int cmd_spans(const char* path, int argc, char** argv) {
     nlm_span spans[4096];
     double want[4096], got[4096];
     int32_t ids[16];
-    int rc = nlm_model_load(path, &m), i, n = argc, first, count, final, k = 0, bad = 0, rep, nan_ok = 0;
+    static span_case cases[2040];
+    int rc = nlm_model_load(path, &m), i, n = argc, c, ncases, k = 0, bad = 0, rep, nan_ok = 0;
     if (rc != NLM_OK) die("load", rc);
     nlm_session_options_init(&o);
     o.span_memo_entries = 16384;
@@ -447,25 +463,21 @@ static int cmd_spans(const char* path, int argc, char** argv) {
     nlm_session_begin(on, 0);
     nlm_session_begin(off, 0);
     nlm_session_begin(ref, 0);
+    ncases = span_cases(n, cases, 2040);
     for (rep = 0; rep < 2; rep++)
-        for (first = 0; first <= n; first++)
-            for (count = 0; first + count <= n; count++)
-                for (final = 0; final < 2; final++) {
-                    int nh;
-                    for (nh = first + count; nh <= n; nh++) {
-                        if (!final && nh != first + count) continue;
-                        if (k == 5 || k == 50 || k == 500) {  /* invalid: words past the history */
-                            spans[k].hist = ids; spans[k].nhist = 2; spans[k].first = 1;
-                            spans[k].count = 5; spans[k].final = 0; want[k++] = NAN;
-                        }
-                        want[k] = 0;
-                        for (i = 0; i < count; i++) want[k] += nlm_score(ref, ids, first + i, ids[first + i]);
-                        if (final) want[k] += nlm_score(ref, ids, nh, NLM_EOS);
-                        spans[k].hist = ids; spans[k].nhist = nh; spans[k].first = first;
-                        spans[k].count = count; spans[k].final = final;
-                        k++;
-                    }
-                }
+        for (c = 0; c < ncases; c++) {
+            int nh = cases[c].nh, first = cases[c].first, count = cases[c].count, final = cases[c].final;
+            if (k == 5 || k == 50 || k == 500) {  /* invalid: words past the history */
+                spans[k].hist = ids; spans[k].nhist = 2; spans[k].first = 1;
+                spans[k].count = 5; spans[k].final = 0; want[k++] = NAN;
+            }
+            want[k] = 0;
+            for (i = 0; i < count; i++) want[k] += nlm_score(ref, ids, first + i, ids[first + i]);
+            if (final) want[k] += nlm_score(ref, ids, nh, NLM_EOS);
+            spans[k].hist = ids; spans[k].nhist = nh; spans[k].first = first;
+            spans[k].count = count; spans[k].final = final;
+            k++;
+        }
     for (rep = 0; rep < 2; rep++) {
         nlm_session* s = rep ? off : on;
         rc = nlm_score_spans(s, spans, k, got);
