@@ -94,7 +94,7 @@ def test_bench_mt_end_to_end_with_moses(tmp_path, capsys):
     argv = ["bench", "mt", "--quick", "--quick-sentences", "10", "--test-sentences", "10",
             "--tunings", "2", "--max-iterations", "1", "--kbest", "20", "--model", model,
             "--joint", joint, "--joint", inverse, "--rescore-model", second, "--second-pass", "--workdir",
-            str(work), "--threads", "1", "--bootstrap", "100", "--moses", moses_bin]
+            str(work), "--threads", "1", "--bootstrap", "100", "--moses", moses_bin, "--nlm-alone"]
     assert cli_main(argv) == 0
     out = capsys.readouterr().out
     assert "QUICK" in out and "== Moses decoding" in out and "rescoring" in out
@@ -112,6 +112,14 @@ def test_bench_mt_end_to_end_with_moses(tmp_path, capsys):
         assert len(e["joint"]["runs"]) == 2 and 0 < e["joint_p_value"] <= 1
         assert 0 < e["joint_vs_nlm_p_value"] <= 1
     assert doc["decoding"]["scores"]["test"]["seconds_per_sentence"]["joint_ratio"] > 0
+    # the NLM-only side: decoded without KenLM, compared with KenLM only
+    assert "NLM only (no KenLM)" in out
+    for name in ("dev", "test"):
+        e = doc["decoding"]["scores"][name]["bleu"]
+        assert len(e["alone"]["runs"]) == 2 and 0 < e["alone_p_value"] <= 1
+    alone = list(work.glob("tuning.*/alone*/run1.moses.ini"))
+    assert len(alone) == 2 and all("KENLM" not in t.read_text() and "\nLM0=" not in t.read_text()
+                                   and "NLMFeature name=NLM0" in t.read_text() for t in alone)
     # the inverse model is not in the decoder: only the direct one is
     tuned = list(work.glob("tuning.*/joint*/run1.moses.ini"))
     assert len(tuned) == 2 and all(f"NLMJointFeature name=NNJM0 path={joint}" in t.read_text()
@@ -152,7 +160,7 @@ def test_bench_mt_end_to_end_with_moses(tmp_path, capsys):
             [one] = list(sdir.glob(f"test.rescored*.mert{seed}.1best"))
             assert len(open(one).read().splitlines()) == 10
     rows = doc["decoding"]["final_weights_rule"]
-    assert len(rows) == 6 and all(r["iterations"] == 1 for r in rows)
+    assert len(rows) == 8 and all(r["iterations"] == 1 for r in rows)
     assert os.path.getsize(work / "bench-mt.png") > 1000
     # rerunning reuses every finished step and reports the same scores
     assert cli_main(argv + ["--json"]) == 0
@@ -296,6 +304,26 @@ def test_joint_ini_adds_the_joint_feature_to_the_nlm_system(tmp_path):
     assert lm in str(e.value)
 
 
+def test_drop_features_removes_the_lm_and_its_weight(tmp_path):
+    from nlmfeature.errors import InputError
+
+    dst = str(tmp_path / "alone.ini")
+    assert moses.drop_features(INI, dst, ("KENLM",)) == ["LM0"]
+    src, out = open(INI, encoding="utf-8").read().splitlines(), open(dst, encoding="utf-8").read().splitlines()
+    assert [l for l in src if not l.startswith(("KENLM", "LM0="))] == out
+    assert "LM0" not in read_weights(dst) and set(read_weights(dst)) == set(read_weights(INI)) - {"LM0"}
+    # a class the file lacks: an error naming the file, nothing written
+    with pytest.raises(InputError, match="no NLMFeature feature line") as e:
+        moses.drop_features(INI, str(tmp_path / "x.ini"), ("NLMFeature",))
+    assert INI in str(e.value) and not (tmp_path / "x.ini").exists()
+    # a feature line without name= gets Moses' default label (class and index)
+    nameless = tmp_path / "nameless.ini"
+    nameless.write_text("[feature]\nKENLM factor=0 path=a.bin order=5\nKENLM factor=0 path=b.bin order=5\n"
+                        "WordPenalty\n[weight]\nKENLM0= 0.5\nKENLM1= 0.25\nWordPenalty0= -1\n", encoding="utf-8")
+    assert moses.drop_features(str(nameless), dst, ("KENLM",)) == ["KENLM0", "KENLM1"]
+    assert open(dst, encoding="utf-8").read() == "[feature]\nWordPenalty\n[weight]\nWordPenalty0= -1\n"
+
+
 def test_collect_compares_the_joint_side_with_both_others(tmp_path):
     refs = [l.rstrip("\n") for l in open(REF, encoding="utf-8")]
     ref = tmp_path / "ref"
@@ -328,6 +356,18 @@ def test_collect_compares_the_joint_side_with_both_others(tmp_path):
     assert sp["ratio"] == pytest.approx(1.5) and sp["joint_ratio"] == pytest.approx(2.25)
     table = bench_mt.format_table("t", {"dev": res})
     assert "KenLM + NLM + joint" in table and f"{b['joint_difference']:+7.2f}" in table and "x2.25" in table
+    # the NLM-only side: compared with KenLM only, in both tables
+    three = dict(runs, alone=[{"dev": outs["long"]}] * 2)
+    seconds["dev"]["alone"] = [1.0, 1.0]
+    ra = bench_mt.collect({"dev": scorer}, three, 200, seconds, {"dev": 200})["dev"]
+    assert ra["bleu"]["alone_difference"] == pytest.approx(s["long"] - s["best"])
+    assert 0 < ra["bleu"]["alone_p_value"] <= 1 and ra["seconds_per_sentence"]["alone_ratio"] == pytest.approx(0.5)
+    table = bench_mt.format_table("t", {"dev": ra})
+    assert "NLM only (no KenLM)" in table and f"{ra['bleu']['alone_difference']:+7.2f}" in table
+    md = bench_mt.format_markdown({"decoding": {"scores": {"dev": ra}}})
+    head = md.splitlines()[0]
+    assert "NLM only (no KenLM) | diff (p) | KenLM + NLM + joint" in head
+    assert all(l.count("|") == head.count("|") for l in md.splitlines())
     # two sides: no joint entries, the table as before
     two = bench_mt.collect({"dev": scorer}, {k: runs[k] for k in ("base", "nlm")}, 50)["dev"]
     assert "joint" not in two["bleu"] and "joint_p_value" not in two["bleu"]

@@ -81,7 +81,8 @@ import numpy as np
 from nlmfeature.io.jsonout import dumps_json
 from nlmfeature.errors import InputError, NLMFeatureError
 from nlmfeature.io.textio import read_lines as _read
-from nlmfeature.mt.moses import add_features, decode, find_moses, prepare_system, rewrite_moses_ini
+from nlmfeature.mt.moses import (add_features, decode, drop_features, find_moses, prepare_system,
+                                 rewrite_moses_ini)
 
 from nlmfeature.mt.weights import new_feature_weight
 
@@ -95,9 +96,14 @@ DEFAULT_RECIPES = ("--threads 1",
                    "--output unnormalised --noise-samples 0 --self-normalise 0.1 --threads 1")
 
 
-#: the systems compared, in the order they are tuned for each seed ('joint' only with --joint)
-SIDES = ("base", "nlm", "joint")
-SIDE_LABELS = {"base": "KenLM only", "nlm": "KenLM + NLM", "joint": "KenLM + NLM + joint"}
+#: the systems compared, in the order they are tuned for each seed ('alone' only with
+#: --nlm-alone, 'joint' only with --joint)
+SIDES = ("base", "nlm", "alone", "joint")
+SIDE_LABELS = {"base": "KenLM only", "nlm": "KenLM + NLM", "alone": "NLM only (no KenLM)",
+               "joint": "KenLM + NLM + joint"}
+#: the comparisons of :func:`collect`: (key prefix, side, against); '' is KenLM + NLM vs KenLM
+PAIRS = (("", "nlm", "base"), ("alone_", "alone", "base"), ("joint_", "joint", "base"),
+         ("joint_vs_nlm_", "joint", "nlm"))
 
 
 def threading_main() -> bool:
@@ -754,13 +760,15 @@ def second_pass(args: argparse.Namespace, root: str, sets: Dict[str, dict], tags
 def collect(scorers: Dict[str, Scorer], runs: Dict[str, List[Dict[str, str]]], samples: int,
             seconds: Optional[Dict[str, Dict[str, List[float]]]] = None,
             sizes: Optional[Dict[str, int]] = None) -> dict:
-    """Scores of every run of 'base' and 'nlm' (and 'joint' when ``runs`` has it) per set,
-    their summaries and p-values: 'difference' / 'p_value' of nlm vs base, 'joint_difference'
-    / 'joint_p_value' of joint vs base, 'joint_vs_nlm_difference' / 'joint_vs_nlm_p_value'."""
+    """Scores of every run of 'base' and 'nlm' (and 'alone' and 'joint' when ``runs`` has
+    them) per set, their summaries and p-values (:data:`PAIRS`): 'difference' / 'p_value' of
+    nlm vs base, 'alone_difference' / 'alone_p_value' of alone vs base, 'joint_difference' /
+    'joint_p_value' of joint vs base, 'joint_vs_nlm_difference' / 'joint_vs_nlm_p_value'.
+    With ``seconds``: 'seconds_per_sentence' of each side, 'ratio' (nlm over base),
+    'alone_ratio' and 'joint_ratio'."""
     res: dict = {}
     names = [side for side in SIDES if runs.get(side)]
-    pairs = [("", "nlm", "base"), ("joint_", "joint", "base"), ("joint_vs_nlm_", "joint", "nlm")]
-    pairs = [p for p in pairs if p[1] in names and p[2] in names]
+    pairs = [p for p in PAIRS if p[1] in names and p[2] in names]
     for name, scorer in scorers.items():
         stats = {side: [scorer.stats(r[name]) for r in runs[side]] for side in names}
         entry: dict = {}
@@ -778,37 +786,59 @@ def collect(scorers: Dict[str, Scorer], runs: Dict[str, List[Dict[str, str]]], s
                    for side in names if seconds[name].get(side)}
             if "base" in per and "nlm" in per and per["base"] > 0:
                 entry["seconds_per_sentence"] = dict(per, ratio=per["nlm"] / per["base"])
-                if "joint" in per:
-                    entry["seconds_per_sentence"]["joint_ratio"] = per["joint"] / per["base"]
+                for side in ("alone", "joint"):
+                    if side in per:
+                        entry["seconds_per_sentence"][side + "_ratio"] = per[side] / per["base"]
         res[name] = entry
     return res
 
 
+def _extra_sides(entries) -> List[str]:
+    """The sides besides KenLM only and KenLM + NLM that any of ``entries`` (score entries of
+    :func:`collect`) has, in :data:`SIDES` order."""
+    entries = list(entries)
+    return [side for side in ("alone", "joint") if any(side in e for e in entries)]
+
+
+def _comparisons(side: str) -> List[str]:
+    """Key prefixes of :data:`PAIRS` that compare ``side`` with another side."""
+    return [prefix for prefix, b, _ in PAIRS if b == side]
+
+
 def format_table(title: str, res: dict) -> str:
-    joint = any("joint" in entry["bleu"] for entry in res.values())
+    extra = _extra_sides(entry["bleu"] for entry in res.values())
     head = (f"{'set':<8} {'metric':<11} {'KenLM only':>25} {'KenLM + NLM':>25} {'diff':>7} "
             f"{'p':>6}")
-    if joint:
-        head += (f" {'KenLM + NLM + joint':>25} {'diff':>7} {'p':>6} {'-NLM':>7} {'p':>6}"
-                 "   (joint: diff/p vs KenLM only, then vs KenLM + NLM)")
+    for side in extra:
+        head += f" {SIDE_LABELS[side]:>25} {'diff':>7} {'p':>6}"
+        if side == "joint":
+            head += f" {'-NLM':>7} {'p':>6}"
+    if extra:
+        head += "   (" + "; ".join(
+            f"{side}: diff/p vs KenLM only" + (", then vs KenLM + NLM" if side == "joint" else "")
+            for side in extra) + ")"
     lines = [title, head]
+    cell = lambda s: f"{s['mean']:.2f} ± {s['sd']:.2f} ({s['min']:.2f}-{s['max']:.2f})"  # noqa: E731
     for name, entry in res.items():
         for metric in ("bleu", "detok_bleu", "chrf"):
             e = entry[metric]
-            cell = lambda s: f"{s['mean']:.2f} ± {s['sd']:.2f} ({s['min']:.2f}-{s['max']:.2f})"  # noqa: E731
             line = (f"{name:<8} {metric:<11} {cell(e['base']):>25} {cell(e['nlm']):>25} "
                     f"{e['difference']:+7.2f} {e['p_value']:6.3f}")
-            if "joint" in e:
-                line += (f" {cell(e['joint']):>25} {e['joint_difference']:+7.2f} "
-                         f"{e['joint_p_value']:6.3f} {e['joint_vs_nlm_difference']:+7.2f} "
-                         f"{e['joint_vs_nlm_p_value']:6.3f}")
+            for side in extra:
+                if side not in e:
+                    line += f" {'':>25} {'':>7} {'':>6}" + (f" {'':>7} {'':>6}" if side == "joint" else "")
+                    continue
+                line += f" {cell(e[side]):>25}"
+                for prefix in _comparisons(side):
+                    line += f" {e[prefix + 'difference']:+7.2f} {e[prefix + 'p_value']:6.3f}"
             lines.append(line)
         if "seconds_per_sentence" in entry:
             s = entry["seconds_per_sentence"]
             line = (f"{name:<8} {'s/sentence':<11} {s['base']:>25.4f} {s['nlm']:>25.4f} "
                     f"{'x' + format(s['ratio'], '.2f'):>7}")
-            if "joint" in s:
-                line += f" {'':6} {s['joint']:>25.4f} {'x' + format(s['joint_ratio'], '.2f'):>7}"
+            for side in extra:
+                if side in s:
+                    line += f" {'':6} {s[side]:>25.4f} {'x' + format(s[side + '_ratio'], '.2f'):>7}"
             lines.append(line)
     return "\n".join(lines)
 
@@ -828,13 +858,13 @@ def _parts(doc: dict) -> List[Tuple[str, str]]:
 
 def format_markdown(doc: dict) -> str:
     """The scores of every part of a report (``bench-mt.json``) as one markdown table: mean ±
-    sd over the tunings per side, the difference of the means and its p-value (the joint side
-    against KenLM only and against KenLM + NLM)."""
+    sd over the tunings per side, the difference of the means and its p-value (the NLM-only
+    and joint sides against KenLM only, the joint side also against KenLM + NLM)."""
     parts = [(label, doc[key]["scores"]) for key, label in _parts(doc)]
-    joint = any("joint" in e["bleu"] for _, res in parts for e in res.values())
+    extra = _extra_sides(e["bleu"] for _, res in parts for e in res.values())
     head = "| part | set | metric | KenLM only | KenLM + NLM | diff (p) |"
-    if joint:
-        head += " KenLM + NLM + joint | diff (p) | vs KenLM + NLM (p) |"
+    for side in extra:
+        head += f" {SIDE_LABELS[side]} | diff (p) |" + (" vs KenLM + NLM (p) |" if side == "joint" else "")
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     cell = lambda s: f"{s['mean']:.2f} ± {s['sd']:.2f}"  # noqa: E731
     for label, res in parts:
@@ -843,12 +873,13 @@ def format_markdown(doc: dict) -> str:
                 e = entry[metric]
                 row = (f"| {label} | {name} | {metric} | {cell(e['base'])} | {cell(e['nlm'])} | "
                        f"{e['difference']:+.2f} ({e['p_value']:.3f}) |")
-                if "joint" in e:
-                    row += (f" {cell(e['joint'])} | {e['joint_difference']:+.2f} "
-                            f"({e['joint_p_value']:.3f}) | {e['joint_vs_nlm_difference']:+.2f} "
-                            f"({e['joint_vs_nlm_p_value']:.3f}) |")
-                elif joint:
-                    row += " | | |"
+                for side in extra:
+                    if side not in e:
+                        row += " | |" + (" |" if side == "joint" else "")
+                        continue
+                    row += f" {cell(e[side])} |" + "".join(
+                        f" {e[prefix + 'difference']:+.2f} ({e[prefix + 'p_value']:.3f}) |"
+                        for prefix in _comparisons(side))
                 rows.append(row)
     return "\n".join(rows)
 
@@ -890,7 +921,7 @@ def plot(path: str, doc: dict) -> Optional[str]:
     for key, prefix in (("decoding", ""), ("cdec", "cdec ")):
         if not isinstance(doc.get(key), dict):
             continue
-        for side, style in zip(SIDES, ("-", "--", ":")):
+        for side, style in zip(SIDES, ("-", "--", "-.", ":")):
             for run in doc[key].get("tunings", {}).get(side, []):
                 its = [i["iteration"] for i in run["iterations"]]
                 ax.plot(its, [i["dev_bleu"] for i in run["iterations"]], style, marker="o",
@@ -962,6 +993,9 @@ def _bench(args: argparse.Namespace) -> int:
         cdec.find_shim(args.cdec_ff)
     if args.tunings < 1:
         raise NLMFeatureError("--tunings must be at least 1")
+    if args.nlm_alone and (not with_moses or args.no_decoding):
+        raise NLMFeatureError("--nlm-alone adds a system to the Moses decoding part: it needs "
+                              "--decoder moses, moses2 or both and the decoding part (no --no-decoding)")
     work = os.path.abspath(args.workdir)
     os.makedirs(work, exist_ok=True)
     decoders = {"moses": "Moses", "moses2": "Moses2", "cdec": "cdec", "both": "Moses + cdec"}[args.decoder]
@@ -997,6 +1031,10 @@ def _bench(args: argparse.Namespace) -> int:
         nlm_weights = nlm_ini(base_ini, nlm_ini_path, models, base_weights)
         sides = [("base", base_ini, "base", ()),
                  ("nlm", nlm_ini_path, "nlm" + mkey, ("NLMFeature",))]
+        if args.nlm_alone:
+            alone_ini_path = os.path.join(work, f"alone{mkey}.{key}.moses.ini")
+            drop_features(nlm_ini_path, alone_ini_path, ("KENLM",))
+            sides.append(("alone", alone_ini_path, "alone" + mkey, ("NLMFeature",)))
         if direct:
             jkey = _key(models + direct)
             joint_ini_path = os.path.join(work, f"joint{jkey}.{key}.moses.ini")

@@ -155,6 +155,11 @@ def _mt(bench_sub: argparse._SubParsersAction) -> None:
                         "with --second-pass on the decoder's k-best lists, never in the "
                         "decoder (refused with the decoding part and no --second-pass). "
                         "Default: none")
+    p.add_argument("--nlm-alone", action="store_true",
+                   help="also a system with the NLM(s) as its only language model: the KenLM "
+                        "feature lines and weights removed from the KenLM + NLM system, tuned "
+                        "--tunings times beside the others and compared with KenLM only (the "
+                        "Moses decoding part; Baltescu and Blunsom 2015's comparison)")
     p.add_argument("--rescore-model", action="append", default=[], metavar="MODEL",
                    help="a target-only NLM used only in the rescoring part, beside the --model "
                         "ones (features NLM<n>, NLM<n+1>, ... after theirs): e.g. a "

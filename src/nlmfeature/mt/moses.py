@@ -447,6 +447,50 @@ def rewrite_moses_ini(src: str, dst: str, weights: Weights,
     return dst
 
 
+def feature_label(line: str, index: int) -> str:
+    """The weight label of a ``[feature]`` line: its ``name=`` option, else Moses' default
+    (the feature class and ``index``, its count among earlier lines of the same class)."""
+    toks = line.split("#", 1)[0].split()
+    for tok in toks[1:]:
+        if tok.startswith("name="):
+            return tok[5:]
+    return f"{toks[0]}{index}"
+
+
+def drop_features(src: str, dst: str, classes: Sequence[str]) -> List[str]:
+    """Write moses.ini ``src`` to ``dst`` (atomically) without its feature lines of the
+    classes ``classes`` (``KENLM``, ...) and their ``[weight]`` lines; returns the dropped
+    labels.  A class ``src`` lacks is an error naming the file."""
+    lines = read_lines(src)
+    section, seen, dropped, gone = None, {}, [], set()
+    for i, line in enumerate(lines):
+        m = _SECTION.match(line)
+        if m:
+            section = m.group(1).strip()
+        elif section == "feature":
+            toks = line.split("#", 1)[0].split()
+            if toks:
+                k = seen.get(toks[0], 0)
+                seen[toks[0]] = k + 1
+                if toks[0] in classes:
+                    dropped.append(feature_label(line, k))
+                    gone.add(i)
+    section = None
+    for i, line in enumerate(lines):
+        m = _SECTION.match(line)
+        if m:
+            section = m.group(1).strip()
+        elif section == "weight" and _label_of(line) in dropped:
+            gone.add(i)
+    keep = [line for i, line in enumerate(lines) if i not in gone]
+    missing = [c for c in classes if c not in seen]
+    if missing:
+        raise InputError(src, 0, f"no {', '.join(missing)} feature line to remove")
+    with open_output(dst) as f:
+        f.write("\n".join(keep) + "\n")
+    return dropped
+
+
 def add_features(src: str, dst: str, features: Sequence[str], weights: Weights,
                  first: bool = False) -> str:
     """``src`` plus the feature lines ``features`` (at the start of the ``[feature]`` section
