@@ -79,11 +79,10 @@ def test_context_normalisers_are_reused_for_new_ngrams(model_paths, tmp_path, ki
     """A second pass over changed sentences (as after a tuning step): n-grams never scored
     before get their context's normalisers (class: also within-class ones, which are written
     on request) from the files, and every score is still exact."""
-    monkeypatch.setenv("NLMFEATURE_PERSISTENT_CACHE_CLASS", "1")
     m = nlmfeature.load(model_paths[kind])
-    run_pass(CachedScorer(m, tmp_path), LINES)
+    run_pass(CachedScorer(m, tmp_path, class_normalisers=True), LINES)
     changed = [" ".join(reversed(l.split()[:3])) + " " + l for l in LINES]
-    s = CachedScorer(m, tmp_path)
+    s = CachedScorer(m, tmp_path, class_normalisers=True)
     got = run_pass(s, changed)
     for g, line in zip(got, changed):
         np.testing.assert_allclose(g, m.score_sentence(line), atol=1e-6, rtol=0)
@@ -99,7 +98,7 @@ def test_context_normalisers_are_reused_for_new_ngrams(model_paths, tmp_path, ki
     for i in range(len(LINES)):
         assert len(sentence_files(s.directory, i)) == (2 if i in new else 1)
     # the third pass finds everything on disk
-    s3 = CachedScorer(m, tmp_path)
+    s3 = CachedScorer(m, tmp_path, class_normalisers=True)
     run_pass(s3, changed)
     assert s3.stats()["persistent_hits"] == s3.stats()["lookups"] and s3.stats()["files_written"] == 0
 
@@ -108,7 +107,7 @@ def test_context_normalisers_are_reused_for_new_ngrams(model_paths, tmp_path, ki
 def test_files_copied_into_the_table_at_begin_change_nothing(model_paths, tmp_path, kind, monkeypatch, capfd):
     """The n-grams of a sentence's files are copied into its n-gram table at sentence begin
     (no probe of the files at each n-gram's first lookup); probing the files lazily
-    (NLMFEATURE_PERSISTENT_PRELOAD=0) is the same cache: over a tuning-like loop (passes over
+    (``preload=False``) is the same cache: over a tuning-like loop (passes over
     changed sentences, deltas, a merge) the same scores, counters, per-sentence stats lines
     (n-grams found on disk) and file contents."""
     m = nlmfeature.load(model_paths[kind])
@@ -116,11 +115,10 @@ def test_files_copied_into_the_table_at_begin_change_nothing(model_paths, tmp_pa
     passes = [LINES[:30]] + [[" ".join(l.split()[k:] + l.split()[:k]) for l in LINES[:30]] for k in (1, 2, 2)]
     runs = {}
     for preload in ("1", "0"):
-        monkeypatch.setenv("NLMFEATURE_PERSISTENT_PRELOAD", preload)
         d = tmp_path / preload
         scores, stats = [], []
         for lines in passes:
-            s = CachedScorer(m, d)
+            s = CachedScorer(m, d, preload=preload == "1")
             scores.append(run_pass(s, lines))
             stats.append(s.stats())
         lines = [l for l in capfd.readouterr().err.splitlines() if l.startswith("nlmfeature: cache sentence")]
@@ -187,8 +185,7 @@ def test_base_file_unpacks_into_the_session_table(model_paths, tmp_path, monkeyp
     assert s.score_sentence(big).tolist() == run_pass(CachedScorer(m, None), [big])[0].tolist()
     s.end()
     assert s.stats()["persistent_hits"] == s.stats()["lookups"] and s.stats()["files_written"] == 0
-    monkeypatch.setenv("NLMFEATURE_PERSISTENT_PRELOAD", "0")
-    s = CachedScorer(m, tmp_path)
+    s = CachedScorer(m, tmp_path, preload=False)
     s.begin(0)
     assert s.ngram_table()[1] == 0
     assert s.score_sentence(longer).tolist() == got.tolist()
@@ -220,8 +217,7 @@ def test_file_contents_are_exact(model_paths, tmp_path, monkeypatch):
     s = CachedScorer(m, tmp_path)
     run_pass(s, LINES[:2], ids=[20, 21])
     assert not len(read_cache_file(os.path.join(s.directory, "20.nlmc")).class_keys)  # by default
-    monkeypatch.setenv("NLMFEATURE_PERSISTENT_CACHE_CLASS", "1")
-    s = CachedScorer(m, tmp_path)
+    s = CachedScorer(m, tmp_path, class_normalisers=True)
     run_pass(s, LINES[:5], ids=[10, 11, 12, 13, 14])
     for i, line in enumerate(LINES[:5]):
         cf = read_cache_file(os.path.join(str(tmp_path), m.checksum, f"{10 + i}.nlmc"))

@@ -232,9 +232,9 @@ ctypedef struct PStore:
     int off                   # the model file changed: no reading or writing any more
     int dirty                 # a file was ignored: rewrite the base at the end
     int files_loaded          # files of the current sentence
-    int keep_class            # also write within-class normalisers (NLMFEATURE_PERSISTENT_CACHE_CLASS=1)
+    int keep_class            # also write within-class normalisers (CachedScorer(class_normalisers=True))
     int preload               # copy the files' n-grams into the session's table at sentence begin
-                              # (NLMFEATURE_PERSISTENT_PRELOAD=0: probe the files lazily instead)
+                              # (CachedScorer(preload=False): probe the files lazily instead)
     int64_t sentence_id
     int64_t est_bytes         # estimate of the directory's size (-1: unknown)
     long long since_ns        # when the session started: files touched since are this run's
@@ -1297,10 +1297,8 @@ cdef SessionC* pc_session_new(const ModelC* m, const unsigned char* checksum, co
     # Within-class normalisers are read when a file has them but written only on request:
     # in Moses tuning loops only 5-8% of the (context, class) pairs a sentence still needs
     # were on disk, while they made up ~40% of the files (benchmarks/bench_pcache.py)
-    ps.keep_class = getenv("NLMFEATURE_PERSISTENT_CACHE_CLASS") != NULL and \
-        strcmp(getenv("NLMFEATURE_PERSISTENT_CACHE_CLASS"), "1") == 0
-    ps.preload = not (getenv("NLMFEATURE_PERSISTENT_PRELOAD") != NULL and
-                      strcmp(getenv("NLMFEATURE_PERSISTENT_PRELOAD"), "0") == 0)
+    ps.keep_class = 0   # CachedScorer(class_normalisers=True) sets it
+    ps.preload = 1      # CachedScorer(preload=False) clears it
     n = strlen(persistent_dir)
     if n + 64 >= PATH_MAX_LEN:
         set_err(err, errlen, "persistent cache directory path is too long: ", persistent_dir, 0)
@@ -1872,7 +1870,12 @@ cdef class CachedScorer:
     ``"auto"`` uses the directory only for models whose lookups cost more than a probe
     (one line on stderr says when it is skipped), ``"always"``, ``"never"``; None reads
     ``NLMFEATURE_PERSISTENT_CACHE`` (default auto).  ``position_terms=True`` scores as the
-    decoders' sessions do (:meth:`Model.session`).  One scorer per thread; scores are
+    decoders' sessions do (:meth:`Model.session`).  ``class_normalisers=True`` also writes
+    within-class normalisers (read whenever a file has them; off in the decoders: in Moses
+    tuning loops only 5-8% of the pairs a sentence needed again were on disk, while they were
+    ~40% of the files).  ``preload=False`` probes a sentence's files at each n-gram's first
+    lookup instead of copying their n-grams into its table at :meth:`begin` (the path taken
+    when they would fill more than half of it; the same scores and files).  One scorer per thread; scores are
     natural logs, identical to :meth:`Model.score_sentence` (to a session's of the same
     ``position_terms``).
     """
@@ -1882,7 +1885,7 @@ cdef class CachedScorer:
 
     def __cinit__(self, model, directory=None, int64_t max_bytes=0, int64_t cache_entries=NLM_DEFAULT_CACHE_ENTRIES,
                   int64_t ngram_entries=-1, bint quiet=False, int context_cache=-1, policy=None,
-                  bint position_terms=False):
+                  bint position_terms=False, bint class_normalisers=False, bint preload=True):
         cdef char err[1024]
         cdef const ModelC* m
         cdef int pol = -1
@@ -1913,6 +1916,9 @@ cdef class CachedScorer:
                                 context_cache, pol, position_terms, err, sizeof(err))
         if self.s == NULL:
             raise OSError(err.decode("utf-8", "replace"))
+        if self.s.store != NULL:
+            (<PStore*>self.s.store).keep_class = class_normalisers
+            (<PStore*>self.s.store).preload = preload
 
     def __dealloc__(self):
         if self.s != NULL:
