@@ -40,21 +40,21 @@ resuming: a checkpoint MODEL_OUT.ckpt.npz is written at every evaluation, every
   (--no-resume starts afresh); a finished run removes it.  The same --seed and --threads
   give the same model.
 
-defaults: the recipe measured best for decoding (docs/training.md, "Choosing the defaults"):
+defaults: the recipe measured best for decoding (docs/training.md, "Choosing a recipe"):
   8-gram log-bilinear, diagonal contexts, 200-wide embeddings, NCE with 10 noise samples
   (self-normalised output: one dot product per decoder query), direct n-gram features of
   orders 1-3, minibatch 250, L2 20, 4 held-out evaluations per epoch, early stop after 4
   without improvement.  So:
   nlmfeature train --train train.txt.gz --test-set valid.txt.gz --model-out lm.nlm
-  The lowest perplexity (docs/training.md, "Stronger models"; Multi30k 0.79x KenLM against
-  0.84x) comes from a softmax output trained by maximum likelihood, for rescoring and
+  The lowest perplexity (docs/training.md, "Choosing a recipe"; the figures are in
+  docs/results.md) comes from a softmax output trained by maximum likelihood, for rescoring and
   perplexity (a decoder would pay a pass over the vocabulary per query; training takes
   several times longer):
   nlmfeature train --train train.txt.gz --test-set valid.txt.gz --model-out ml.nlm --output softmax
   The token-level mixture of the two beats either (nlmfeature perplexity -m ml.nlm -m lm.nlm).
-  For k-best rescoring the best measured (Multi30k 1000-best, beside a right-to-left model:
-  +1.62 BLEU against +1.48 with the default) is maximum likelihood with self-normalisation,
-  whose raw scores are close to log-probabilities (perplexity 0.81x KenLM), so a decoder can use it:
+  For k-best rescoring the best measured (Multi30k 1000-best, beside a right-to-left model)
+  is maximum likelihood with self-normalisation, whose raw scores are close to
+  log-probabilities, so a decoder can use it too:
   nlmfeature train ... --model-out mlsn.nlm --noise-samples 0 --self-normalise 0.1
   A right-to-left model for k-best rescoring beside it (nlmfeature-rescore -m lm.nlm -m r2l.nlm):
   nlmfeature train --train train.txt.gz --test-set valid.txt.gz --model-out r2l.nlm --reverse

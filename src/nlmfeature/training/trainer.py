@@ -66,12 +66,12 @@ SHARED_NOISE_SAMPLES = 200
 class TrainConfig:
     """Every setting of a training run (the ``nlmfeature train`` flags, whose defaults are
     these).  The defaults are the recipe measured best for the product's use, decoding
-    (docs/training.md, "Choosing the defaults" and "Stronger models"): an 8-gram log-bilinear
+    (docs/training.md, "Choosing a recipe"; figures in docs/results.md): an 8-gram log-bilinear
     model with diagonal context matrices, 200-wide embeddings, NCE with 10 noise samples (a
     self-normalised output: one dot product per decoder query), direct n-gram features of orders
     1-3, minibatches of 250 with L2 20, four held-out evaluations per epoch and early stopping
     after four without improvement.  ``output="softmax"`` (then maximum likelihood) gives the
-    lowest perplexity (Multi30k: 0.79x KenLM against 0.84x) for rescoring and perplexity, at a
+    lowest perplexity, for rescoring and perplexity, at a
     pass over the vocabulary per query in a decoder and several times the training time."""
 
     train: str = ""
