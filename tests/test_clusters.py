@@ -11,9 +11,10 @@ import pytest
 from helpers import BROWN_TRAIN, DATA
 from nlmfeature.training import clusters
 from nlmfeature.training.clusters import (PathEntry, average_mutual_information, bigram_counts,
-                                 brown_clusters, class_of_word, classes_of_paths,
-                                 frequency_binning_ami, load_class_of_word, paths_ami, read_paths,
-                                 write_paths)
+                                 brown_clusters, brown_clusters_corpus, class_of_word,
+                                 classes_of_paths, frequency_binning_ami,
+                                 frequency_binning_ami_corpus, load_class_of_word, paths_ami,
+                                 read_paths, stream_bigram_counts, write_paths)
 from nlmfeature.io.textio import read_tokens
 from nlmfeature.cli import main
 from nlmfeature.errors import InputError, NLMFeatureError
@@ -173,7 +174,7 @@ def test_class_of_word_fallbacks():
 def test_class_file_for_a_vocabulary(brown_lines, tmp_path):
     path = tmp_path / "brown.paths"
     assert main(["cluster", "--text", BROWN_TRAIN, "--classes", "30", "--min-count", "2",
-                 "--out", str(path), "--quiet"]) == 0
+                 "--out", str(path), "--quiet", "--corpus-dir", str(tmp_path)]) == 0
     counts = Counter(t for l in brown_lines for t in l)
     vocab = Vocabulary.from_counts(counts, min_count=1)
     ids_counts = [counts.get(w, 0) for w in vocab]
@@ -192,13 +193,38 @@ def test_class_file_for_a_vocabulary(brown_lines, tmp_path):
     assert singles and all(min_count_of_class[cw[i]] == 2 for i in singles)
 
 
+def test_a_compiled_corpus_clusters_as_its_text(brown_lines, tmp_path):
+    """Clustering a compiled corpus (one pass over its id stream, memory of the vocabulary and
+    the bigrams) gives the clustering of its text: the same paths, AMI and counts."""
+    from nlmfeature.training.corpusfile import compile_corpus
+
+    lines = brown_lines[:3000]
+    text = tmp_path / "t.txt"
+    text.write_text("\n".join(" ".join(l) for l in lines) + "\n", encoding="utf-8")
+    corpus = compile_corpus(str(text), str(tmp_path / "t.nlmcorpus"))
+    a = brown_clusters(lines, 30, min_count=2)
+    b = brown_clusters_corpus(corpus, 30, min_count=2)
+    assert a.entries == b.entries
+    assert (a.words, a.tokens, a.bigrams) == (b.words, b.tokens, b.bigrams)
+    assert a.ami_bits == pytest.approx(b.ami_bits, abs=1e-9)
+    assert frequency_binning_ami(lines, 30, 2) == pytest.approx(
+        frequency_binning_ami_corpus(corpus, 30, 2), abs=1e-12)
+    # a stream in chunks: the bigrams across the chunk borders are counted
+    ids = np.asarray([0, 1, 2, -1, 1, 2, 2, 0, 1, 3, 3], dtype=np.int64)
+    whole = bigram_counts(ids, 4)
+    for cut in ([1, 5], [3, 4, 10], [0, 11]):
+        parts = np.split(ids, cut)
+        got = stream_bigram_counts(parts, 4)
+        assert all(np.array_equal(x, y) for x, y in zip(got[:3], whole)) and got[3] == ids.size
+
+
 def test_cluster_command_default_classes(tmp_path, capsys):
     text = tmp_path / "t.txt"
     text.write_text("\n".join(" ".join(l) for l in read_tokens(BROWN_TRAIN)[:300]) + "\n",
                     encoding="utf-8")
     out = tmp_path / "o.paths"
     assert main(["cluster", "--text", str(text), "--out", str(out), "--json", "--quiet",
-                 "--compare-frequency-binning"]) == 0
+                 "--compare-frequency-binning", "--corpus-dir", str(tmp_path)]) == 0
     import json
     summary = json.loads(capsys.readouterr().out)
     assert summary["classes"] == round(summary["words"] ** 0.5)

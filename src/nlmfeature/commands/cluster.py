@@ -4,9 +4,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from nlmfeature.training.clusters import brown_clusters, frequency_binning_ami, write_paths
+from nlmfeature.training.clusters import (brown_clusters_corpus, frequency_binning_ami_corpus,
+                                          write_paths)
 from nlmfeature.io.atomicfile import check_output
-from nlmfeature.io.textio import read_tokens
 from nlmfeature.commands.base import MAX_INT, Number
 from nlmfeature.io.jsonout import dumps_json
 from nlmfeature.errors import NLMFeatureError
@@ -21,10 +21,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "average mutual information (AMI) by each merge, and the last C clusters are "
                     "merged into a binary hierarchy whose root-to-cluster paths are the bitstrings. "
                     "Writes Liang's wcluster paths format: bitstring<TAB>word<TAB>count. The text "
-                    "is one stream of tokens (bigrams cross line ends, as in wcluster).")
+                    "is one stream of tokens (bigrams cross line ends, as in wcluster).  The text is read "
+                    "through its compiled corpus (as by nlmfeature train): memory holds the "
+                    "vocabulary and the distinct bigrams, never the text.")
     p.add_argument("-i", "--input", "--text", dest="text", required=True, metavar="FILE",
-                   help="training text, one sentence per line, whitespace-tokenised (.gz is read "
-                        "compressed)")
+                   help="training text, one sentence per line, whitespace-tokenised (plain, .gz, "
+                        ".bz2 or .xz), or a compiled corpus (nlmfeature corpus compile); a text is "
+                        "compiled into --corpus-dir on first use and reused while unchanged")
+    p.add_argument("--corpus-dir", metavar="DIR", default="",
+                   help="where a text is compiled (default $XDG_CACHE_HOME/nlmfeature/corpora, "
+                        "i.e. ~/.cache/nlmfeature/corpora)")
     p.add_argument("--classes", "-c", type=Number(int, 1, MAX_INT), default=None, metavar="C",
                    help="number of clusters (default: round(sqrt(V)) for the V clustered words)")
     p.add_argument("--min-count", type=Number(int, 1, MAX_INT), default=1, metavar="N",
@@ -53,18 +59,20 @@ def run(args: argparse.Namespace) -> int:
         raise NLMFeatureError(f"--min-count must be at least 1 (got {args.min_count})")
     if args.threads < 1:
         raise NLMFeatureError(f"--threads must be at least 1 (got {args.threads})")
+    from nlmfeature.training.corpusfile import open_corpus
+
     check_output(args.out, "--out")           # before hours of clustering
-    lines = read_tokens(args.text)
+    corpus = open_corpus(args.text, args.corpus_dir or None)
     start = time.perf_counter()
     bar = None
     if not args.quiet:
         from nlmfeature.io.progress import progress
 
-        n_words = sum(1 for _ in _kept_words(lines, args.min_count))
+        n_words = int((corpus.counts[1:] >= args.min_count).sum())
         bar = progress(total=n_words, unit="word", desc="clustering")
     try:
-        result = brown_clusters(lines, args.classes, args.min_count, args.threads,
-                                progress=bar.update if bar else None)
+        result = brown_clusters_corpus(corpus, args.classes, args.min_count, args.threads,
+                                       progress=bar.update if bar else None)
     finally:
         if bar:
             bar.close()
@@ -75,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
                "ami_bits": round(result.ami_bits, 6), "seconds": round(seconds, 2)}
     if args.compare_frequency_binning:
         summary["frequency_binning_ami_bits"] = round(
-            frequency_binning_ami(lines, result.n_classes, args.min_count), 6)
+            frequency_binning_ami_corpus(corpus, result.n_classes, args.min_count), 6)
     if args.json:
         print(dumps_json(summary, indent=2))
     else:
@@ -83,11 +91,3 @@ def run(args: argparse.Namespace) -> int:
             print(f"{key:28s} {value}")
     return 0
 
-
-def _kept_words(lines, min_count):
-    from collections import Counter
-
-    counts = Counter()
-    for toks in lines:
-        counts.update(toks)
-    return (w for w, c in counts.items() if c >= min_count)

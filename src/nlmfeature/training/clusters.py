@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -186,14 +186,48 @@ def _stream_ids(lines: Iterable[Sequence[str]], index: Mapping[str, int]) -> np.
     return np.asarray(out, dtype=np.int64)
 
 
+def _corpus_stream(corpus, remap: np.ndarray, step: int = 1 << 24) -> Iterator[np.ndarray]:
+    """The word stream of a compiled corpus (:class:`~nlmfeature.training.corpusfile.
+    CompiledCorpus`) through ``remap`` (corpus id -> id, -1: left out), in chunks, without its
+    sentence ends (the text is one stream); the pages behind are released as it goes."""
+    for o in range(0, len(corpus.ids), step):
+        ids = corpus.ids[o:o + step]
+        yield remap[ids[ids != 0]]
+        corpus.release_ids(o, o + step)
+
+
 def bigram_counts(ids: np.ndarray, n: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(left ids, right ids, counts) of the distinct bigrams of a stream of ids in ``0..n-1``;
     bigrams touching a negative id are skipped."""
-    a, b = ids[:-1], ids[1:]
-    keep = (a >= 0) & (b >= 0)
-    keys = a[keep] * n + b[keep]
-    uniq, cnt = np.unique(keys, return_counts=True)
-    return (uniq // n).astype(np.int32), (uniq % n).astype(np.int32), cnt.astype(np.int64)
+    return stream_bigram_counts([ids], n)[:3]
+
+
+def stream_bigram_counts(chunks: Iterable[np.ndarray], n: int
+                         ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """:func:`bigram_counts` of a stream given in consecutive chunks (bigrams cross the chunk
+    borders), and the stream's length.  Memory: a chunk plus the distinct bigrams."""
+    keys = np.zeros(0, dtype=np.int64)
+    cnt = np.zeros(0, dtype=np.int64)
+    last = None
+    tokens = 0
+    for ids in chunks:
+        ids = np.asarray(ids, dtype=np.int64)
+        tokens += ids.size
+        if last is not None:
+            ids = np.concatenate(([last], ids))
+        if ids.size == 0:
+            continue
+        last = ids[-1]
+        a, b = ids[:-1], ids[1:]
+        keep = (a >= 0) & (b >= 0)
+        u, c = np.unique(a[keep] * n + b[keep], return_counts=True)
+        if keys.size:
+            keys, inv = np.unique(np.concatenate((keys, u)), return_inverse=True)
+            cnt = np.bincount(inv.reshape(-1), weights=np.concatenate((cnt, c)),
+                              minlength=keys.size).astype(np.int64)
+        else:
+            keys, cnt = u, c.astype(np.int64)
+    return (keys // n).astype(np.int32), (keys % n).astype(np.int32), cnt, tokens
 
 
 def mutual_information(left: np.ndarray, right: np.ndarray, counts: np.ndarray) -> float:
@@ -213,18 +247,22 @@ def mutual_information(left: np.ndarray, right: np.ndarray, counts: np.ndarray) 
     return float(np.sum(joint * np.log(joint / (pl[l] * pr[r]))) / LN2)
 
 
+def stream_ami(chunks: Iterable[np.ndarray], n_classes: int) -> float:
+    """AMI (bits) of a stream of class ids in ``0..n_classes-1`` given in consecutive chunks
+    (-1: a word without a class; bigrams touching it are skipped)."""
+    left, right, cnt, _ = stream_bigram_counts(chunks, max(1, n_classes))
+    if left.size == 0:
+        return 0.0
+    return mutual_information(left, right, cnt)
+
+
 def average_mutual_information(lines: Iterable[Sequence[str]],
                                word_class: Mapping[str, int]) -> float:
     """AMI (bits) of the clustering ``word_class`` (word -> class) on tokenised ``lines``.
 
     Bigrams as in clustering (the text is one stream); bigrams with a word that has no class
     are skipped."""
-    ids = _stream_ids(lines, word_class)
-    keep = (ids[:-1] >= 0) & (ids[1:] >= 0)
-    left, right = ids[:-1][keep], ids[1:][keep]
-    if left.size == 0:
-        return 0.0
-    return mutual_information(left, right, np.ones(left.size))
+    return stream_ami([_stream_ids(lines, word_class)], max(word_class.values(), default=0) + 1)
 
 
 def paths_ami(entries: Sequence[PathEntry], lines: Iterable[Sequence[str]]) -> float:
@@ -278,25 +316,55 @@ def brown_clusters(lines: Sequence[Sequence[str]], n_classes: Optional[int] = No
     ``progress(k)`` is called as words enter (k words each time).  ``threads`` (default 1)
     parallelises the loss-table loops; it does not change the result.  ``check`` recomputes
     every incrementally updated loss from scratch and records the largest difference in
-    ``BrownResult.check_error`` (slow; for tests).
+    ``BrownResult.check_error`` (slow; for tests).  :func:`brown_clusters_corpus` does the
+    same for a compiled corpus of any size.
     """
-    from nlmfeature._brown import BrownKernel
-
     counts = Counter()
     for toks in lines:
         counts.update(toks)
+    words = _clustered_words(counts, min_count)
+    index = {w: i for i, w in enumerate(words)}
+    return _brown(words, [counts[w] for w in words], [_stream_ids(lines, index)], n_classes,
+                  threads, progress, check)
+
+
+def brown_clusters_corpus(corpus, n_classes: Optional[int] = None, min_count: int = 1,
+                          threads: Optional[int] = None,
+                          progress: Optional[Callable[[int], None]] = None) -> BrownResult:
+    """:func:`brown_clusters` of a compiled corpus (:class:`~nlmfeature.training.corpusfile.
+    CompiledCorpus`; the same clustering as of its text): the words and counts come from its
+    vocabulary and the bigrams from one pass over its id stream, so the memory is that of
+    the vocabulary and the distinct bigrams, not of the corpus."""
+    counts = dict(zip(corpus.words[1:], corpus.counts[1:].tolist()))
+    words = _clustered_words(counts, min_count)
+    remap = np.full(len(corpus.words), -1, dtype=np.int64)
+    position = {w: i for i, w in enumerate(corpus.words)}
+    remap[[position[w] for w in words]] = np.arange(len(words))
+    return _brown(words, [counts[w] for w in words], _corpus_stream(corpus, remap), n_classes,
+                  threads, progress, False)
+
+
+def _clustered_words(counts: Mapping[str, int], min_count: int) -> List[str]:
+    """The words clustered: those seen ``min_count`` times, by decreasing count, then spelling."""
     words = [w for w, c in counts.items() if c >= min_count]
     words.sort(key=lambda w: (-counts[w], w))
-    n = len(words)
-    if n == 0:
+    if not words:
         raise NLMFeatureError(f"no word occurs at least {min_count} times: nothing to cluster")
+    return words
+
+
+def _brown(words: List[str], word_counts: Sequence[int], chunks: Iterable[np.ndarray],
+           n_classes: Optional[int], threads: Optional[int],
+           progress: Optional[Callable[[int], None]], check: bool) -> BrownResult:
+    """The clustering of ``words`` (by decreasing count) over the id stream ``chunks``."""
+    from nlmfeature._brown import BrownKernel
+
+    n = len(words)
     C = int(round(np.sqrt(n))) if n_classes is None else int(n_classes)
     if C < 1:
         raise NLMFeatureError(f"the number of classes must be positive (got {C})")
     C = min(C, n)
-    index = {w: i for i, w in enumerate(words)}
-    ids = _stream_ids(lines, index)
-    left, right, cnt = bigram_counts(ids, n)
+    left, right, cnt, tokens = stream_bigram_counts(chunks, n)
     total = float(cnt.sum())
     if total == 0:
         raise NLMFeatureError("the text has no bigram of clustered words")
@@ -316,9 +384,9 @@ def brown_clusters(lines: Sequence[Sequence[str]], n_classes: Optional[int] = No
     kernel.check = check
     merges, losses, mi_stage1, stage1 = kernel.run(progress)
     bits = _bitstrings(merges, n, stage1)
-    entries = [PathEntry(bits[i], words[i], counts[words[i]]) for i in range(n)]
+    entries = [PathEntry(bits[i], words[i], int(word_counts[i])) for i in range(n)]
     entries.sort(key=lambda e: (e.bits, -e.count, e.word))
-    return BrownResult(entries, C, mi_stage1 / LN2, n, int(ids.size), int(total), losses,
+    return BrownResult(entries, C, mi_stage1 / LN2, n, tokens, int(total), losses,
                        kernel.max_check_error if check else None)
 
 
@@ -331,6 +399,20 @@ def frequency_binning_ami(lines: Sequence[Sequence[str]], n_classes: int,
     counts = Counter()
     for toks in lines:
         counts.update(toks)
-    words = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
+    words = _clustered_words(counts, min_count)
     cls = frequency_classes([counts[w] for w in words], min(n_classes, len(words)))
     return average_mutual_information(lines, {w: int(c) for w, c in zip(words, cls)})
+
+
+def frequency_binning_ami_corpus(corpus, n_classes: int, min_count: int = 1) -> float:
+    """:func:`frequency_binning_ami` of a compiled corpus, in one pass over its id stream."""
+    from nlmfeature.core.outputs import frequency_classes
+
+    counts = dict(zip(corpus.words[1:], corpus.counts[1:].tolist()))
+    words = _clustered_words(counts, min_count)
+    k = min(n_classes, len(words))
+    cls = np.asarray(frequency_classes([counts[w] for w in words], k), dtype=np.int64)
+    remap = np.full(len(corpus.words), -1, dtype=np.int64)
+    position = {w: i for i, w in enumerate(corpus.words)}
+    remap[[position[w] for w in words]] = cls
+    return stream_ami(_corpus_stream(corpus, remap), k)
