@@ -254,3 +254,35 @@ def test_ami_definition():
     assert average_mutual_information([["x", "y", "z"] * 30], {"x": 0, "y": 1}) == 0.0
     assert average_mutual_information([["x", "y", "z"] * 30], {"x": 0, "y": 1, "z": 2}) == \
         pytest.approx(np.log2(3), abs=1e-3)
+
+
+def test_ctrl_c_stops_a_long_clustering_at_once(tmp_path):
+    """Ctrl-C in the middle of the clustering kernel (a run of hours at scale; here about a
+    minute) exits 130 within seconds and leaves no paths file, also without a progress bar
+    (whose updates used to be the only place a signal was seen)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    rng = np.random.default_rng(0)
+    words = np.array([f"w{i}" for i in range(20000)])
+    ids = np.minimum(rng.zipf(1.1, 400_000), 20000) - 1
+    text = tmp_path / "zipf.txt"
+    text.write_text("\n".join(" ".join(words[ids[i:i + 20]]) for i in range(0, ids.size, 20)) + "\n",
+                    encoding="utf-8")
+    out, cdir = tmp_path / "z.paths", tmp_path / "corpora"
+    p = subprocess.Popen([sys.executable, "-m", "nlmfeature.cli", "cluster", "-i", str(text), "-o",
+                          str(out), "--classes", "600", "--threads", "1", "--corpus-dir", str(cdir), "-q"],
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not list(cdir.glob("*.nlmcorpus")) and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(3)                          # the bigrams are counted, the kernel runs
+    assert p.poll() is None
+    t = time.time()
+    p.send_signal(signal.SIGINT)
+    rest = p.stderr.read()
+    assert p.wait(timeout=120) == 130, rest
+    assert time.time() - t < 15 and "interrupted" in rest and "Traceback" not in rest
+    assert not out.exists()

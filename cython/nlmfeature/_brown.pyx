@@ -19,6 +19,7 @@ All logarithms are natural; the AMI returned is in nats.
 """
 cimport cython
 from cython.parallel cimport prange
+from cpython.exc cimport PyErr_CheckSignals
 from libc.math cimport log, fabs, INFINITY
 from libc.stdint cimport int32_t, int64_t
 
@@ -507,7 +508,9 @@ cdef class BrownKernel:
     # ----------------------------------------------------------------------------------
     def run(self, progress=None, int every=256):
         """Cluster all words; returns (merges (n-1, 3) int32 rows (child0, child1, new id),
-        losses (n-1,), AMI after stage 1 (nats), number of stage-1 merges)."""
+        losses (n-1,), AMI after stage 1 (nats), number of stage-1 merges).  Signals are
+        handled every ``every`` words (and merges): Ctrl-C raises KeyboardInterrupt within
+        seconds, not at the end of a run of hours."""
         cdef int n = self.n, C = self.C, w, s, t, m = 0, stage1 = 0
         cdef int32_t[:, ::1] merges = np.zeros((max(n - 1, 0), 3), dtype=np.int32)
         cdef double[::1] losses = np.zeros(max(n - 1, 0))
@@ -520,8 +523,10 @@ cdef class BrownKernel:
                     self.best_pair(&s, &t)
                     self.merge(s, t, &merges[m, 0], &losses[m])
                     m += 1
-            if progress is not None and (w + 1) % every == 0:
-                progress(every)
+            if (w + 1) % every == 0:
+                PyErr_CheckSignals()
+                if progress is not None:
+                    progress(every)
         if progress is not None and n % every:
             progress(n % every)
         stage1 = m
@@ -531,6 +536,8 @@ cdef class BrownKernel:
                 self.best_pair(&s, &t)
                 self.merge(s, t, &merges[m, 0], &losses[m])
             m += 1
+            if m % every == 0:
+                PyErr_CheckSignals()
         return np.asarray(merges), np.asarray(losses), mi_stage1, stage1
 
     @property
