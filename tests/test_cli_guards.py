@@ -243,7 +243,7 @@ def test_a_full_disk_is_one_line_and_the_old_output_survives(tmp_path):
         ["ensemble", a, b, "-o", "{out}"],
         ["convert", a, "{out}", "--float16"],
         ["rescore", "-m", a, "-i", KBEST, "-o", "{out}"],
-        ["cluster", "--text", text, "-o", "{out}", "--classes", "5"],
+        ["cluster", "--text", text, "-o", "{out}", "--classes", "5", "--corpus-dir", corpora],
         ["train", "--train", text, "-o", "{out}", "--iterations", "1", "--word-width", "8",
          "--order", "3", "--no-progress", "--corpus-dir", corpora],
         ["tune", "optimise", "--nbest", KBEST, "--ref", KBEST_REF, "-o", tmp_path / "w.txt",

@@ -274,7 +274,9 @@ def test_ctrl_c_stops_a_long_clustering_at_once(tmp_path):
     out, cdir = tmp_path / "z.paths", tmp_path / "corpora"
     p = subprocess.Popen([sys.executable, "-m", "nlmfeature.cli", "cluster", "-i", str(text), "-o",
                           str(out), "--classes", "600", "--threads", "1", "--corpus-dir", str(cdir), "-q"],
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True,
+                         # a test runner's worker may ignore SIGINT, and its children inherit that
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     while not list(cdir.glob("*.nlmcorpus")) and time.time() < deadline:
         time.sleep(0.1)
