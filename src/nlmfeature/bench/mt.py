@@ -31,10 +31,7 @@ From raw text, as a user would start:
    rescoring feature only, never put in the decoder); weights
    are tuned on dev ``--tunings`` times per side (KenLM only; KenLM + NLMs; with ``--joint``
    KenLM + NLMs + joint; ``nlmfeature-tune optimise``, MERT seeds 1..N) and every set is
-   reranked.  With ``--no-decoding`` this part alone took 28 minutes on one core for
-   Multi30k with two NLMs and a joint model, 3 tunings per side (decoding the 2,014 dev and
-   test sentences: 6.5 minutes; scoring: 7; MERT over the 1000-best dev lists: 1-2 minutes
-   per tuning);
+   reranked (``--no-decoding``: this part alone);
 8. with ``--second-pass``, decoding then rescoring (:func:`second_pass`): every KenLM + NLM
    tuning's final system writes ``--kbest`` lists of dev and test (with word alignments),
    the ``--rescore-model`` NLMs are appended (e.g. right-to-left models, which the
@@ -47,8 +44,7 @@ From raw text, as a user would start:
 Everything goes to ``--workdir``; rerunning the same command reuses every finished step
 (tuning runs resume).  ``--quick`` tunes on the first ``--quick-sentences`` dev sentences with
 at most 6 iterations (labelled in every output); ``--test-sentences`` cuts the test sets (also
-labelled).  On a 2-core machine loaded by other jobs, 100 dev / 100 test sentences with 2
-tunings of 2 iterations took 25 minutes and the 1000-best rescoring of 100 + 200 sentences 13.
+labelled).
 
 ``--decoder cdec`` (or ``both``) does steps 4-6 for cdec's hiero system too, labelled cdec
 (``nlmfeature.mt.cdec``; needs ``$CDEC_ROOT`` or ``--cdec-root``, a built cdec tree, and

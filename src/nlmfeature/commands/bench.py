@@ -205,9 +205,8 @@ def _mt(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kbest", type=int, default=1000,
                    help="k-best size of the rescoring lists (default 1000)")
     p.add_argument("--distinct", action="store_true",
-                   help="distinct k-best strings for rescoring (Moses 'distinct': on Multi30k "
-                        "40-80 s per sentence for 1000 on a loaded 2-core machine, against about "
-                        "1 s without)")
+                   help="distinct k-best strings for rescoring (Moses 'distinct': tens of "
+                        "times slower for 1000-best lists than without)")
     p.add_argument("--quick", action="store_true",
                    help="tune on the first --quick-sentences dev sentences (labelled QUICK)")
     p.add_argument("--quick-sentences", type=int, default=300, help="(default 300)")

@@ -39,9 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default 1: every word)")
     p.add_argument("--threads", type=int, default=DEFAULT_THREADS, metavar="T",
                    help=f"threads for the loss-table updates (default {DEFAULT_THREADS}). The parallel loops "
-                        "are short (one per merge), so extra threads only pay on an idle "
-                        "machine (on a loaded 2-core machine, C=600 took 54 s of CPU with 1 "
-                        "thread and 81-267 s with 2). The result does not depend on T")
+                        "are short (one per merge), so extra threads pay only on an idle "
+                        "machine, and cost CPU on a busy one. The result does not depend on T")
     p.add_argument("-o", "--output", "--out", dest="out", required=True, metavar="PATHS",
                    help="output paths file (written atomically)")
     p.add_argument("--compare-frequency-binning", action="store_true",
