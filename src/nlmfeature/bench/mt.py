@@ -822,7 +822,7 @@ def format_table(title: str, res: dict) -> str:
                     f"{e['difference']:+7.2f} {e['p_value']:6.3f}")
             for side in extra:
                 if side not in e:
-                    line += f" {'':>25} {'':>7} {'':>6}" + (f" {'':>7} {'':>6}" if side == "joint" else "")
+                    line += f" {'':>25}" + f" {'':>7} {'':>6}" * len(_comparisons(side))
                     continue
                 line += f" {cell(e[side]):>25}"
                 for prefix in _comparisons(side):
@@ -871,7 +871,7 @@ def format_markdown(doc: dict) -> str:
                        f"{e['difference']:+.2f} ({e['p_value']:.3f}) |")
                 for side in extra:
                     if side not in e:
-                        row += " | |" + (" |" if side == "joint" else "")
+                        row += " |" * (1 + len(_comparisons(side)))
                         continue
                     row += f" {cell(e[side])} |" + "".join(
                         f" {e[prefix + 'difference']:+.2f} ({e[prefix + 'p_value']:.3f}) |"

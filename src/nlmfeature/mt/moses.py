@@ -462,26 +462,23 @@ def drop_features(src: str, dst: str, classes: Sequence[str]) -> List[str]:
     classes ``classes`` (``KENLM``, ...) and their ``[weight]`` lines; returns the dropped
     labels.  A class ``src`` lacks is an error naming the file."""
     lines = read_lines(src)
-    section, seen, dropped, gone = None, {}, [], set()
-    for i, line in enumerate(lines):
+    sections, section = [], None      # the section of every line (None: a section header)
+    for line in lines:
         m = _SECTION.match(line)
-        if m:
-            section = m.group(1).strip()
-        elif section == "feature":
-            toks = line.split("#", 1)[0].split()
-            if toks:
-                k = seen.get(toks[0], 0)
-                seen[toks[0]] = k + 1
-                if toks[0] in classes:
-                    dropped.append(feature_label(line, k))
-                    gone.add(i)
-    section = None
-    for i, line in enumerate(lines):
-        m = _SECTION.match(line)
-        if m:
-            section = m.group(1).strip()
-        elif section == "weight" and _label_of(line) in dropped:
-            gone.add(i)
+        section = m.group(1).strip() if m else section
+        sections.append(None if m else section)
+    seen, dropped, gone = {}, [], set()
+    for i, (sec, line) in enumerate(zip(sections, lines)):
+        toks = line.split("#", 1)[0].split() if sec == "feature" else []
+        if toks:
+            k = seen.get(toks[0], 0)
+            seen[toks[0]] = k + 1
+            if toks[0] in classes:
+                dropped.append(feature_label(line, k))
+                gone.add(i)
+    # the weights after the labels: a [weight] section may come before [feature]
+    gone.update(i for i, (sec, line) in enumerate(zip(sections, lines))
+                if sec == "weight" and _label_of(line) in dropped)
     keep = [line for i, line in enumerate(lines) if i not in gone]
     missing = [c for c in classes if c not in seen]
     if missing:

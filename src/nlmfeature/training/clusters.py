@@ -186,10 +186,23 @@ def _stream_ids(lines: Iterable[Sequence[str]], index: Mapping[str, int]) -> np.
     return np.asarray(out, dtype=np.int64)
 
 
-def _corpus_stream(corpus, remap: np.ndarray, step: int = 1 << 24) -> Iterator[np.ndarray]:
+def _corpus_words(corpus, min_count: int) -> Tuple[List[str], List[int], np.ndarray]:
+    """(words, their counts, their corpus ids) of a compiled corpus's words seen
+    ``min_count`` times, in :func:`_clustered_words` order."""
+    counts = dict(zip(corpus.words[1:], corpus.counts[1:].tolist()))
+    words = _clustered_words(counts, min_count)
+    position = {w: i for i, w in enumerate(corpus.words)}
+    return words, [counts[w] for w in words], np.asarray([position[w] for w in words], dtype=np.int64)
+
+
+def _corpus_stream(corpus, corpus_ids: np.ndarray, values: np.ndarray,
+                   step: int = 1 << 24) -> Iterator[np.ndarray]:
     """The word stream of a compiled corpus (:class:`~nlmfeature.training.corpusfile.
-    CompiledCorpus`) through ``remap`` (corpus id -> id, -1: left out), in chunks, without its
-    sentence ends (the text is one stream); the pages behind are released as it goes."""
+    CompiledCorpus`) with ``corpus_ids`` read as ``values`` and every other word as -1 (left
+    out), in chunks, without its sentence ends (the text is one stream); the pages behind are
+    released as it goes."""
+    remap = np.full(len(corpus.words), -1, dtype=np.int64)
+    remap[corpus_ids] = values
     for o in range(0, len(corpus.ids), step):
         ids = corpus.ids[o:o + step]
         yield remap[ids[ids != 0]]
@@ -335,12 +348,8 @@ def brown_clusters_corpus(corpus, n_classes: Optional[int] = None, min_count: in
     CompiledCorpus`; the same clustering as of its text): the words and counts come from its
     vocabulary and the bigrams from one pass over its id stream, so the memory is that of
     the vocabulary and the distinct bigrams, not of the corpus."""
-    counts = dict(zip(corpus.words[1:], corpus.counts[1:].tolist()))
-    words = _clustered_words(counts, min_count)
-    remap = np.full(len(corpus.words), -1, dtype=np.int64)
-    position = {w: i for i, w in enumerate(corpus.words)}
-    remap[[position[w] for w in words]] = np.arange(len(words))
-    return _brown(words, [counts[w] for w in words], _corpus_stream(corpus, remap), n_classes,
+    words, counts, ids = _corpus_words(corpus, min_count)
+    return _brown(words, counts, _corpus_stream(corpus, ids, np.arange(len(words))), n_classes,
                   threads, progress, False)
 
 
@@ -408,11 +417,7 @@ def frequency_binning_ami_corpus(corpus, n_classes: int, min_count: int = 1) -> 
     """:func:`frequency_binning_ami` of a compiled corpus, in one pass over its id stream."""
     from nlmfeature.core.outputs import frequency_classes
 
-    counts = dict(zip(corpus.words[1:], corpus.counts[1:].tolist()))
-    words = _clustered_words(counts, min_count)
+    words, counts, ids = _corpus_words(corpus, min_count)
     k = min(n_classes, len(words))
-    cls = np.asarray(frequency_classes([counts[w] for w in words], k), dtype=np.int64)
-    remap = np.full(len(corpus.words), -1, dtype=np.int64)
-    position = {w: i for i, w in enumerate(corpus.words)}
-    remap[[position[w] for w in words]] = cls
-    return stream_ami(_corpus_stream(corpus, remap), k)
+    cls = np.asarray(frequency_classes(counts, k), dtype=np.int64)
+    return stream_ami(_corpus_stream(corpus, ids, cls), k)
