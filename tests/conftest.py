@@ -1,32 +1,32 @@
 import os
-import shutil
+import signal
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from helpers import BACKGROUND  # noqa: E402
+from helpers import BACKGROUND, background_build  # noqa: E402
 
 
 def pytest_collection_finish(session):
     """Start the slow builds of the collected test modules (those with ``start_build``) in
-    the background: a compiler on the second core while the other tests run."""
+    the background, once per test run (pytest-xdist's workers share them): a compiler on the
+    second core while the other tests run."""
     if session.config.option.collectonly:
         return
     for module in {item.module for item in session.items if hasattr(item, "module")}:
         start = getattr(module, "start_build", None)
-        if start is not None and module.__name__ not in BACKGROUND:
-            directory = tempfile.mkdtemp(prefix="nlmfeature-build-")
-            BACKGROUND[module.__name__] = start(directory)
-            BACKGROUND[module.__name__].directory = directory
+        if start is not None:
+            background_build(session.config, module.__name__, start, wait=False)
 
 
 def pytest_sessionfinish(session, exitstatus):
+    """A build this process started may still serve the other worker of the run: it is waited
+    for, and stopped only when the run was interrupted."""
     for proc in BACKGROUND.values():
         if proc.poll() is None:
-            proc.kill()
+            if exitstatus == 2:     # interrupted: the script and what it started
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        shutil.rmtree(getattr(proc, "directory", ""), ignore_errors=True)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

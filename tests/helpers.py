@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import os
-from typing import List, Optional
+import shlex
+import subprocess
+import time
+from typing import Callable, List, Optional
 
 import numpy as np
 
@@ -12,12 +15,57 @@ from nlmfeature.core.vocab import Vocabulary, count_words
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 
-#: slow builds started when the session starts (conftest.py), by test module name: a test
-#: module with ``start_build(directory) -> Popen`` gets its build run beside the other tests,
-#: and its fixture waits for it (or starts it itself when it is not there)
+#: slow builds this process started (conftest.py, :func:`background_build`), by test module
+#: name: a test module with ``start_build(directory) -> Popen`` gets its build run beside the
+#: other tests, once per test run, and its fixture waits for it (:func:`background_build`)
 BACKGROUND: dict = {}
 BROWN_TRAIN = os.path.join(DATA, "brown", "train.2k.txt")
 BROWN_VALID = os.path.join(DATA, "brown", "valid.300.txt")
+
+
+def start_script(directory: str, script: str, cwd: Optional[str] = None) -> subprocess.Popen:
+    """Run the shell ``script`` (in ``cwd``, default ``directory``) in the background: its
+    output goes to ``directory/build.log`` and, when it ends, its exit status to
+    ``directory/build.rc`` (written last)."""
+    log, rc = (shlex.quote(os.path.join(directory, n)) for n in ("build.log", "build.rc"))
+    wrapped = f"( {script} ) > {log} 2>&1; echo $? > {rc}.tmp && mv {rc}.tmp {rc}"
+    return subprocess.Popen(["sh", "-c", wrapped], cwd=cwd or directory, start_new_session=True)
+
+
+def _build_folder(config, name: str) -> str:
+    """The folder of the build of test module ``name`` in this test run: in the temporary
+    folder of the run, which pytest-xdist's workers share (theirs are folders of it)."""
+    base = config._tmp_path_factory.getbasetemp()
+    if hasattr(config, "workerinput"):
+        base = base.parent
+    return os.path.join(str(base), f"build-{name}")
+
+
+def background_build(config, name: str, start: Callable[[str], subprocess.Popen], wait: bool = True,
+                     timeout: float = 900) -> str:
+    """The folder of test module ``name``'s slow build (``start(folder)``), started once per
+    test run: the first process to claim the folder starts it, the others (pytest-xdist's other
+    worker) use that one.  With ``wait``, waits for it to end and fails the test with its log
+    when it failed."""
+    folder = _build_folder(config, name)
+    try:
+        os.mkdir(folder)
+        BACKGROUND[name] = start(folder)
+    except FileExistsError:
+        pass
+    if wait:
+        rc_path = os.path.join(folder, "build.rc")
+        deadline = time.time() + timeout
+        while not os.path.exists(rc_path):
+            if time.time() > deadline:
+                raise AssertionError(f"the build in {folder} did not end within {timeout:.0f} s")
+            time.sleep(0.2)
+        with open(rc_path) as f:
+            rc = f.read().strip()
+        if rc != "0":
+            with open(os.path.join(folder, "build.log"), errors="replace") as f:
+                raise AssertionError(f"the build in {folder} ended with status {rc}:\n{f.read()[-3000:]}")
+    return folder
 
 
 def read_lines(path: str, limit: Optional[int] = None) -> List[str]:

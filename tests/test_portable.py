@@ -16,7 +16,7 @@ import sysconfig
 import numpy as np
 import pytest
 
-from helpers import BACKGROUND
+from helpers import background_build, start_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -33,7 +33,7 @@ def _build_mod():
 def start_build(directory: str) -> subprocess.Popen:
     """Start building the portable scorer into a copy of the package in ``directory``: Cython
     (as setup.py runs it) then the C compiler, in one background process.  conftest.py starts
-    it when the session starts, so that it runs beside the other tests."""
+    it when the test run starts, so that it runs beside the other tests."""
     build = _build_mod()
     d = os.path.join(directory, "portable")
     shutil.copytree(os.path.join(ROOT, "src", "nlmfeature"), os.path.join(d, "nlmfeature"),
@@ -53,17 +53,12 @@ def start_build(directory: str) -> subprocess.Popen:
         f"-I{os.path.join(ROOT, 'cython')}", f"-I{os.path.join(ROOT, 'cython', 'nlmfeature')}",
         generated, "-o", target + ".tmp", *build.link_args()]
     script = f"{shlex.join(cython)} && {shlex.join(cc)} && mv {shlex.quote(target + '.tmp')} {shlex.quote(target)}"
-    proc = subprocess.Popen(["sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    proc.package = d
-    return proc
+    return start_script(directory, script)
 
 
 @pytest.fixture(scope="module")
-def portable_package(tmp_path_factory):
-    proc = BACKGROUND.get(__name__) or start_build(str(tmp_path_factory.mktemp("portable")))
-    out, _ = proc.communicate(timeout=900)
-    assert proc.returncode == 0, out[-3000:]
-    return proc.package
+def portable_package(request):
+    return os.path.join(background_build(request.config, __name__, start_build), "portable")
 
 
 CHECK = r'''

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import nlmfeature
-from helpers import BACKGROUND, BROWN_VALID, make_model, read_lines
+from helpers import BROWN_VALID, background_build, start_script, make_model, read_lines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCE = os.path.join(ROOT, "tests", "c", "test_capi.c")
@@ -37,7 +37,7 @@ def _clean_env(**extra):
 
 def start_build(directory: str) -> subprocess.Popen:
     """Copy the checkout into ``directory`` and start making the venv and installing the copy
-    into it, in one background process (conftest.py starts it when the session starts)."""
+    into it, in one background process (conftest.py starts it when the test run starts)."""
     d = os.path.join(directory, "venv")
     src = os.path.join(d, "src")
     os.makedirs(src)
@@ -68,18 +68,12 @@ def start_build(directory: str) -> subprocess.Popen:
     py = os.path.join(env_dir, "bin", "python")
     script = (f"{shlex.join([sys.executable, '-m', 'venv', '--system-site-packages', '--without-pip', env_dir])} && "
               f"{shlex.join([py, '-m', 'pip', 'install', '-q', '--no-build-isolation', '--no-deps', '--no-index', src])}")
-    proc = subprocess.Popen(["sh", "-c", script], cwd=d, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    proc.env_dir = env_dir
-    return proc
+    return start_script(directory, script, cwd=d)
 
 
 @pytest.fixture(scope="module")
-def venv(tmp_path_factory):
-    proc = BACKGROUND.get(__name__) or start_build(str(tmp_path_factory.mktemp("venv")))
-    out, _ = proc.communicate(timeout=900)
-    assert proc.returncode == 0, out[-3000:]
-    env_dir = proc.env_dir
+def venv(request):
+    env_dir = os.path.join(background_build(request.config, __name__, start_build), "venv", "env")
     py = os.path.join(env_dir, "bin", "python")
     site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()

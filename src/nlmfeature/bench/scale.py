@@ -28,6 +28,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -296,6 +297,7 @@ def quality(args: argparse.Namespace, corpus: str, w: str, log) -> Dict[str, Any
                   "--max-minutes", str(args.train_minutes), "--no-progress")
         if args.order:
             cmd += ["--order", str(args.order)]
+        cmd += shlex.split(args.train_flags or "")
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     lm = nlmfeature.load(model)
     test = os.path.join(w, "test.sample.txt")
@@ -323,6 +325,7 @@ def quality(args: argparse.Namespace, corpus: str, w: str, log) -> Dict[str, Any
     ppl = json.loads(so)
     meta = lm.header.get("metadata", {})
     return {"model": model, "vocab": len(lm.vocab), "order": lm.order, "epochs": meta.get("epochs"),
+            "train_flags": args.train_flags or "",
             "heldout_perplexity_raw": meta.get("heldout_perplexity"), "perplexity": ppl,
             "files": {"nlm float32": model, "nlm float16": f16, "kenlm arpa": arpa,
                       **{f"kenlm {k}": v for k, v in bins.items()}}}
@@ -356,10 +359,17 @@ def format_markdown(r: Dict[str, Any]) -> str:
                    f"| {s['epoch_minutes']} |")
     q = r.get("quality")
     if q:
-        out += ["", f"Quality model: order {q['order']}, V = {q['vocab']:,}, {q['epochs']} epochs.", "",
-                "| model | test perplexity |", "|---|---|"]
-        for name, p in _ppl_rows(q):
-            out.append(f"| {name} | {p:.2f} |" if isinstance(p, (int, float)) else f"| {name} | {p} |")
+        flags = f", train flags `{q['train_flags']}`" if q.get("train_flags") else ""
+        out += ["", f"Quality model: order {q['order']}, V = {q['vocab']:,}, {q['epochs']} epochs{flags}.", "",
+                "| model | test perplexity | ratio to KenLM |", "|---|---|---|"]
+        rows = _ppl_rows(q)
+        ken = dict(rows).get("kenlm")
+        for name, p in rows:
+            if not isinstance(p, (int, float)):
+                out.append(f"| {name} | {p} | |")
+                continue
+            ratio = f"{p / ken:.3f}" if isinstance(ken, (int, float)) and ken else ""
+            out.append(f"| {name} | {p:.2f} | {ratio} |")
         out += ["", "| model file | MiB |", "|---|---|"]
         for s in r["sizes"]:
             out.append(f"| {s['model']} | {s['mib']} |")

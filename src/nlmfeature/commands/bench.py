@@ -313,6 +313,9 @@ def _scale(bench_sub: argparse._SubParsersAction) -> None:
                         "per token; default 20000)")
     p.add_argument("--kenlm-order", type=int, default=5, metavar="N", help="KenLM order (default 5)")
     p.add_argument("--order", type=int, default=None, metavar="N", help="NLM order (default: train's)")
+    p.add_argument("--train-flags", default="", metavar="FLAGS",
+                   help="more 'nlmfeature train' flags for the quality model, as one quoted string "
+                        "(e.g. '--lr-decay 0.5 --patience 2'; default none: train's defaults)")
     p.add_argument("--parts", default="corpus,speed,quality,memory", metavar="LIST",
                    help="what to measure (default corpus,speed,quality,memory); a run of some parts "
                         "reuses the workdir's corpora and keeps the other parts' figures from its "
