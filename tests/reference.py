@@ -98,19 +98,25 @@ def _logprob(header: Dict, a: Dict[str, np.ndarray], history: List[int], word: i
     def word_logit(w: int) -> float:
         return _seen(float(R[w] @ h + b[w]) + direct(w, 0))
 
+    def word_logits(ws: np.ndarray) -> np.ndarray:
+        """word_logit of every id in ``ws`` (the products as one float64 matrix-vector product)."""
+        z = R[ws] @ h + b[ws]
+        if d:
+            z = z + np.array([direct(int(w), 0) for w in ws])
+        return _seen(z)
+
     out = header["output"]["type"]
     if out == "unnormalised":
         return word_logit(word)
     if out == "softmax":
-        z = np.array([word_logit(v) for v in range(header["vocab_size"])])
+        z = word_logits(np.arange(header["vocab_size"]))
         return word_logit(word) - float(np.log(np.exp(z - z.max()).sum()) + z.max())
     if out == "class":
         cw = a["class.of_word"]
         c = int(cw[word])
         cl = _seen(np.array([float(a["class.weight"][k] @ h + a["class.bias"][k]) + direct(k, 1)
                              for k in range(header["output"]["classes"])]))
-        members = [v for v in range(header["vocab_size"]) if cw[v] == c]
-        wl = np.array([word_logit(v) for v in members])
+        wl = word_logits(np.flatnonzero(np.asarray(cw)[:header["vocab_size"]] == c))
         lse = lambda x: float(np.log(np.exp(x - x.max()).sum()) + x.max())
         return float(cl[c] - lse(cl) + word_logit(word) - lse(wl))
     # tree

@@ -139,7 +139,7 @@ def test_ddp_two_processes_identical_ranks(tmp_path):
     settings = dict(train=BROWN_TRAIN, test_set=BROWN_VALID, model_out=str(tmp_path / "ddp.nlm"), order=4,
                     word_width=16, output="class", classes=12, noise_samples=5, iterations=1,
                     minibatch_size=128, threads=1, progress=False, seed=3, direct_order=2, patience=0,
-                    eval_every=40, max_updates=80, corpus_dir=str(tmp_path / "corpora"))
+                    eval_every=20, max_updates=40, corpus_dir=str(tmp_path / "corpora"))
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import math
 import os
 import shutil
@@ -272,7 +273,9 @@ def lm_swap_bleu(rows: List[Dict[str, Any]], vocab, args: argparse.Namespace, wo
         refs = {k: v[:limit] for k, v in refs.items()}
     lists: Dict[str, list] = {}
     for name, path in srcs.items():
-        hyps = [h for h in read_kbest(path) if limit is None or h.sid < limit]
+        # (a k-best list lists the sentences in order: reading stops after the first ``limit``)
+        hyps = list(read_kbest(path) if limit is None
+                    else itertools.takewhile(lambda h: h.sid < limit, read_kbest(path)))
         if not hyps or not any(label == "LM0" for label, _ in hyps[0].features):
             raise NLMFeatureError(f"{path}: no LM0= feature to replace (a Moses k-best list of a "
                                   "system with one KenLM feature is expected)")
