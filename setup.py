@@ -54,13 +54,7 @@ def _build_ext():
 
 
 setup(
-    name="nlmfeature",
-    version="0.1.0",
-    description="Feed-forward neural language models as features for Moses and cdec",
-    long_description=open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
-    if os.path.exists(os.path.join(HERE, "README.md"))
-    else "",
-    long_description_content_type="text/markdown",
+    # name, version, dependencies and scripts: pyproject.toml
     package_dir={"": "src"},
     packages=find_packages(where="src", include=["nlmfeature", "nlmfeature.*"]),
     package_data={"nlmfeature": ["data/*", "data/**/*", "decoder/capi/*.c", "decoder/capi/*.h", "decoder/capi/*.py", "lib/*.so", "include/*.h"]},
@@ -68,18 +62,5 @@ setup(
     # the extensions compile side by side, one per core
     options={"build_ext": {"parallel": os.cpu_count() or 1}},
     ext_modules=_extensions(),
-    python_requires=">=3.9",
-    install_requires=["numpy>=1.24", "sacrebleu>=2.0", "sacremoses>=0.1", "tqdm>=4.0"],
-    extras_require={"test": ["pytest>=7", "pytest-xdist>=3", "Cython>=3.0"], "kenlm": ["kenlm"], "plot": ["matplotlib>=3"],
-                    # the PyTorch training engine (train --engine torch); pinned: this version's CPU wheel
-                    "torch": ["torch==2.13.0"]},
-    entry_points={
-        "console_scripts": [
-            "nlmfeature=nlmfeature.cli:main",
-            "nlmfeature-tune=nlmfeature.cli:tune_main",
-            "nlmfeature-rescore=nlmfeature.cli:rescore_main",
-            "nlmfeature-eval=nlmfeature.cli:eval_main",
-        ]
-    },
     zip_safe=False,
 )

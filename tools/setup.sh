@@ -12,16 +12,24 @@ if ! python3 tools/install_stamp.py; then
     start=$SECONDS
     # the build's requirements (pyproject.toml) first: pip then builds here, without an
     # isolated build environment of its own (a second numpy, Cython and setuptools to install)
-    "${pip[@]}" $(python3 -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))')
-    "${pip[@]}" --no-build-isolation -e '.[test,kenlm,plot]'
+    "${pip[@]}" $(python3 tools/requirements.py build)
+    # the package builds (its extensions on every core) while pip installs its dependencies
+    # beside it: the compiler leaves a core idle for a good part of its run
+    mkdir -p build
+    "${pip[@]}" --no-build-isolation --no-deps -e . > build/setup-install.log 2>&1 &
+    build=$!
+    deps_ok=0
+    "${pip[@]}" $(python3 tools/requirements.py test kenlm plot) || deps_ok=$?
+    if ! wait $build; then
+        cat build/setup-install.log >&2
+        echo "set-up: building the package failed (above)" >&2
+        exit 1
+    fi
+    [ "$deps_ok" = 0 ] || { echo "set-up: installing the dependencies failed (above)" >&2; exit 1; }
     echo "set-up: the package and its test dependencies in $((SECONDS - start)) s" >&2
     start=$SECONDS
     # the optional torch engine (train --engine torch): the version the torch extra pins
-    torch=$(python3 -c 'from importlib.metadata import requires
-pins = [r.split(";")[0].strip() for r in requires("nlmfeature") if "extra == \"torch\"" in r]
-print(pins[0] if pins else "")')
-    [ -n "$torch" ] || { echo "set-up: setup.py declares no torch extra" >&2; exit 1; }
-    "${pip[@]}" "$torch"
+    "${pip[@]}" $(python3 tools/requirements.py torch)
     echo "set-up: the optional PyTorch engine in $((SECONDS - start)) s" >&2
     python3 tools/install_stamp.py --record
 fi
