@@ -391,14 +391,15 @@ cdef extern from *:
         h ^= h >> 33; h *= 0xff51afd7ed558ccdULL; h ^= h >> 33; h *= 0xc4ceb9fe1a85ec53ULL;
         return h ^ (h >> 33);
     }
-    static inline void nlm_filter_add(unsigned long long* f, unsigned long long nblocks, unsigned long long h) {
-        unsigned long long g = nlm_filter_mix(h), *b = f + 8 * nlm_home(g, nblocks);
+    static inline void nlm_filter_add(uint64_t* f, unsigned long long nblocks, unsigned long long h) {
+        unsigned long long g = nlm_filter_mix(h);
+        uint64_t *b = f + 8 * nlm_home(g, nblocks);
         int k;
         for (k = 0; k < 4; k++) { unsigned bit = (unsigned)(g >> (9 * k)) & 511u; b[bit >> 6] |= 1ULL << (bit & 63); }
     }
-    static inline int nlm_filter_has(const unsigned long long* f, unsigned long long nblocks, unsigned long long h) {
+    static inline int nlm_filter_has(const uint64_t* f, unsigned long long nblocks, unsigned long long h) {
         unsigned long long g = nlm_filter_mix(h);
-        const unsigned long long *b = f + 8 * nlm_home(g, nblocks);
+        const uint64_t *b = f + 8 * nlm_home(g, nblocks);
         int k;
         for (k = 0; k < 4; k++) { unsigned bit = (unsigned)(g >> (9 * k)) & 511u; if (!((b[bit >> 6] >> (bit & 63)) & 1)) return 0; }
         return 1;
