@@ -50,9 +50,10 @@ def background_build(config, name: str, start: Callable[[str], subprocess.Popen]
     folder = _build_folder(config, name)
     try:
         os.mkdir(folder)
-        BACKGROUND[name] = start(folder)
     except FileExistsError:
-        pass
+        pass                    # another process of the run has started it
+    else:
+        BACKGROUND[name] = start(folder)
     if wait:
         rc_path = os.path.join(folder, "build.rc")
         deadline = time.time() + timeout
