@@ -28,3 +28,13 @@ def test_bench_scale_corpus_and_speed(tmp_path):
     assert "nlmfeature bench scale" in block and r["commit"] in block
     for s in native:
         assert f"| native | {s['recipe']} | 1 | {s['words_per_s']:,} |" in block
+    # --parts none measures nothing: the earlier run's tables, its commands, date and commit
+    results.write_text("# Results\n", encoding="utf-8")
+    again = run_cli("bench", "scale", "--train", BROWN_TRAIN, "--valid", BROWN_VALID, "--test", BROWN_VALID,
+                    "--workdir", tmp_path / "w", "--parts", "none", "--results", results, "--json", "-q")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads(again.stdout) == r
+    assert results.read_text(encoding="utf-8").endswith(text[text.index(BEGIN):])
+    missing = run_cli("bench", "scale", "--train", BROWN_TRAIN, "--valid", BROWN_VALID, "--test", BROWN_VALID,
+                      "--workdir", tmp_path / "nothing", "--parts", "none")
+    assert missing.returncode != 0 and "no earlier run" in missing.stderr and "Traceback" not in missing.stderr

@@ -145,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
     repeats = _ints(args.repeat, "--repeat") if args.repeat.strip() else []
     threads = _ints(args.threads, "--threads")
     parts = {x.strip() for x in args.parts.split(",") if x.strip()}
+    if parts == {"none"}:
+        return _report_earlier(args)
     unknown = parts - {"corpus", "speed", "quality", "memory"}
     if unknown or not parts:
         raise NLMFeatureError(f"--parts: unknown part(s) {', '.join(sorted(unknown)) or '(none given)'}; "
@@ -265,6 +267,11 @@ def run(args: argparse.Namespace) -> int:
         result["memory"] += [m for m in earlier["memory"] if (m["tokens"], m["note"]) not in now]
         result["memory"].sort(key=lambda m: m["tokens"])
     save(w, result)
+    return _report(args, result)
+
+
+def _report(args: argparse.Namespace, result: Dict[str, Any]) -> int:
+    """The outputs of a run: --png, --results, and the tables (or --json) on standard output."""
     if args.png:
         plot(result, args.png)
     if args.results:
@@ -274,6 +281,16 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_markdown(result))
     return 0
+
+
+def _report_earlier(args: argparse.Namespace) -> int:
+    """``--parts none``: the outputs of the workdir's last run (its bench-scale.json, with its
+    commands, date and commit), measuring nothing."""
+    path = os.path.join(args.workdir, "bench-scale.json")
+    if not os.path.exists(path):
+        raise NLMFeatureError(f"--parts none: {path} does not exist (no earlier run in --workdir)")
+    with open(path, encoding="utf-8") as f:
+        return _report(args, json.load(f))
 
 
 def save(workdir: str, result: Dict[str, Any]) -> None:

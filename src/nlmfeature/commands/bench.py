@@ -319,7 +319,8 @@ def _scale(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--parts", default="corpus,speed,quality,memory", metavar="LIST",
                    help="what to measure (default corpus,speed,quality,memory); a run of some parts "
                         "reuses the workdir's corpora and keeps the other parts' figures from its "
-                        "earlier bench-scale.json, e.g. --parts speed to time again on an idle machine")
+                        "earlier bench-scale.json, e.g. --parts speed to time again on an idle machine; "
+                        "'none' measures nothing and writes the earlier run's tables (--results, --png)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--markdown", action="store_true", help="print markdown tables (the default without --json)")
     p.add_argument("--png", metavar="FILE", help="plot memory and perplexity against corpus size")
