@@ -335,7 +335,7 @@ def quality(args: argparse.Namespace, corpus: str, w: str, log) -> Dict[str, Any
         bins[kind] = out
     f16 = os.path.join(w, "scale.f16.nlm")
     if not os.path.exists(f16):
-        subprocess.run(nlm("convert", "--float16", model, f16, "-q"), check=True)
+        subprocess.run(nlm("convert", "--float16", model, f16, "-q"), check=True, stdout=subprocess.DEVNULL)
     log("perplexities")
     _, _, so = rss_of(nlm("perplexity", "-m", model, "--exact", "--test", test, "--kenlm", bins["probing"],
                           "--valid", valid, "--no-loglinear", "--json", "-q"))
