@@ -1,6 +1,6 @@
-"""Print requirements from pyproject.toml, one per argument word, for tools/setup.sh:
-``build`` (the build system's), ``run`` (the package's dependencies) and any optional extra
-(``test``, ``kenlm``, ``plot``, ``torch``); the package's dependencies come with every extra."""
+"""Print requirements from pyproject.toml for tools/setup.sh, for each argument: ``build``
+(the build system's) or an optional extra (``test``, ``kenlm``, ``plot``, ``torch``), which
+comes with the package's own dependencies."""
 import os
 import sys
 import tomllib
@@ -17,11 +17,9 @@ def requirements(groups):
         if g == "build":
             out += meta["build-system"]["requires"]
             continue
-        if g != "run":
-            if g not in project["optional-dependencies"]:
-                sys.exit(f"requirements.py: pyproject.toml has no extra {g!r}")
-            out += project["optional-dependencies"][g]
-        out += project["dependencies"]
+        if g not in project["optional-dependencies"]:
+            sys.exit(f"requirements.py: pyproject.toml has no extra {g!r}")
+        out += project["optional-dependencies"][g] + project["dependencies"]
     return list(dict.fromkeys(out))
 
 
