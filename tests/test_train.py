@@ -486,3 +486,59 @@ def test_training_log_says_when_its_perplexity_is_of_raw_scores(tmp_path, output
                       progress=False, corpus_dir=str(tmp_path)), lines.append)
     evals = [l for l in lines if "held-out perplexity" in l]
     assert evals and all(("(raw scores: unnormalised)" in l) == raw for l in evals)
+
+
+def test_continued_training_starts_from_the_model_and_adapts_it(tmp_path):
+    """--init-model: a model of one text (Brown) trained on, with its vocabulary and
+    architecture, on a text of another domain (Multi30k captions) with a held-out set of that
+    domain.  With no update the continued model scores exactly as the initial one (its weights,
+    direct features included, are loaded as they are); trained, it fits the new domain far
+    better; its settings come from the model file, and a flag that disagrees is refused."""
+    with gzip.open(os.path.join(os.path.dirname(BROWN_TRAIN), "..", "multi30k", "train.3k.en.gz"), "rt",
+                   encoding="utf-8") as f:
+        captions = f.read().splitlines()
+    (tmp_path / "cap.train").write_text("\n".join(captions[:2500]) + "\n", encoding="utf-8")
+    (tmp_path / "cap.valid").write_text("\n".join(captions[2500:]) + "\n", encoding="utf-8")
+    base = config(tmp_path, "base.nlm", output="unnormalised", classes=0, noise_samples=5, direct_order=2,
+                  hash_space=1 << 14, iterations=1, corpus_dir=str(tmp_path))
+    train(base, quiet)
+    held_out = read_lines(str(tmp_path / "cap.valid"))
+    before = nlmfeature.load(base.model_out)
+
+    def continued(name, **kw):
+        return TrainConfig(**dict(dict(train=str(tmp_path / "cap.train"), test_set=str(tmp_path / "cap.valid"),
+                                       model_out=str(tmp_path / name), init_model=base.model_out, threads=1,
+                                       minibatch_size=128, evals_per_epoch=1, progress=False,
+                                       corpus_dir=str(tmp_path)), **kw))
+
+    tr = Trainer(continued("same.nlm", iterations=0), quiet)
+    # the model's architecture and estimator, not the defaults (order 8, 10 noise samples)
+    assert (tr.cfg.order, tr.cfg.word_width, tr.cfg.noise_samples, tr.cfg.hash_space) == (4, 24, 5, 1 << 14)
+    assert tr.vocab.words == before.vocab.words
+    # buckets the initial model trained keep training, whatever the new text's n-grams
+    allowed = tr.objective.out.s.allowed
+    assert allowed is None or np.all(allowed[before.arrays["direct.weights"] != 0] == 1)
+    tr.run()
+    same = nlmfeature.load(str(tmp_path / "same.nlm"))
+    sents = [l.split() for l in held_out[:50]]
+    assert [same.sentence_logprob(s) for s in sents] == pytest.approx(
+        [before.sentence_logprob(s) for s in sents], rel=1e-6, abs=1e-5)
+
+    res = train(continued("adapted.nlm", iterations=2), quiet)
+    adapted = nlmfeature.load(res.model_out)
+    assert adapted.vocab.words == before.vocab.words
+    assert adapted.header["metadata"]["init_model"] == "base.nlm"
+    ppl_before = before.perplexity(held_out).perplexity
+    assert adapted.perplexity(held_out).perplexity == pytest.approx(res.best_perplexity, rel=1e-5)
+    assert res.best_perplexity < 0.7 * ppl_before, (res.best_perplexity, ppl_before)
+
+    with pytest.raises(NLMFeatureError, match="--order 5 disagrees with .*base.nlm"):
+        Trainer(continued("x.nlm", order=5), quiet)
+    with pytest.raises(NLMFeatureError, match="the vocabulary is .*base.nlm"):
+        Trainer(continued("x.nlm", max_vocab=1000), quiet)
+    with pytest.raises(NLMFeatureError, match="joint model is not supported"):
+        continued("x.nlm").for_model(dict(before.header, source={"window": 3}))
+    from nlmfeature.cli import main
+
+    assert main(["train", "-i", str(tmp_path / "cap.train"), "-o", str(tmp_path / "x.nlm"),
+                 "--init-model", str(tmp_path / "missing.nlm")]) == 2

@@ -115,6 +115,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="train a right-to-left model (sentences read backwards; the model file says so "
                         "and nlmfeature-rescore / perplexity reverse hypotheses for it). For k-best "
                         "rescoring beside a left-to-right model, not for decoders")
+    g.add_argument("--init-model", metavar="MODEL",
+                   help="continue the training of MODEL (a target-only model file) on --train: "
+                        "domain adaptation, e.g. a model of a large general corpus trained on "
+                        "in-domain text with --test-set in-domain held-out text.  The vocabulary, "
+                        "architecture, output layer and direct features are MODEL's (words MODEL "
+                        "lacks are <unk>), so the architecture flags are left out; the estimator "
+                        "is the one MODEL was trained with unless given; the AdaGrad sums start "
+                        "afresh (a smaller --step-size keeps more of MODEL)")
     j = p.add_argument_group("joint models (NNJM: condition on the source sentence)")
     j.add_argument("--source", metavar="FILE",
                    help="source side of the parallel text, line by line with --train (the target "
@@ -257,6 +265,10 @@ def run(args: argparse.Namespace) -> int:
     cfg = TrainConfig(**fields)
     from nlmfeature.training.trainer import TrainingInterrupted
 
+    if cfg.init_model:   # the model's architecture, before the settings are checked
+        from nlmfeature.core.modelfile import read_model
+
+        cfg = cfg.for_model(read_model(cfg.init_model, verify=False)[0])
     check_settings(cfg)
     if getattr(args, "engine", "native") == "torch":
         try:

@@ -330,11 +330,18 @@ class CompiledCorpus:
         ``min_count`` and beyond ``max_vocab`` become ``<unk>``; ``</s>`` counted once per
         sentence; ``<s>`` and ``<null>`` never)."""
         vocab = Vocabulary.from_counts(self.word_counts(), min_count=max(1, min_count), max_size=max_vocab)
+        counts, remap = self.counts_in(vocab)
+        return vocab, counts, remap
+
+    def counts_in(self, vocab: Vocabulary) -> Tuple[np.ndarray, np.ndarray]:
+        """(count of every id of ``vocab`` in this corpus, map from corpus id to ``vocab`` id):
+        the corpus read with a vocabulary of its own or another's (words it lacks: ``<unk>``;
+        ``<s>`` and ``<null>`` never counted)."""
         remap = self.remap_to(vocab)
         counts = np.bincount(remap, weights=self.counts.astype(np.float64), minlength=len(vocab))
         counts[vocab.bos] = 0
         counts[vocab.null] = 0
-        return vocab, counts, remap
+        return counts, remap
 
     def remap_to(self, vocab: Vocabulary) -> np.ndarray:
         """Map from corpus id to the id of ``vocab`` (unknown words: ``<unk>``)."""

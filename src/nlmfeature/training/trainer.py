@@ -130,6 +130,8 @@ class TrainConfig:
     tables: bool = True
     progress: bool = True
     corpus_dir: str = ""                    # where texts are compiled ("": default_corpus_dir())
+    # continued training (domain adaptation): start from this model's parameters and vocabulary
+    init_model: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.noise_samples is None:
@@ -175,6 +177,52 @@ class TrainConfig:
                              "self-normalisation penalty (--self-normalise ALPHA)")
         return "softmax"
 
+    def for_model(self, header: Dict[str, Any]) -> "TrainConfig":
+        """These settings for continuing the training of a model with ``header``
+        (``init_model``): the architecture, output layer, direct-feature store and direction
+        are the model's.  A setting left at its default takes the model's value; one set to
+        something else must agree with it (else :class:`NLMFeatureError` names it).  The
+        estimator (NCE or maximum likelihood, noise samples, self-normalisation) is the one the
+        model was trained with, from its metadata, unless given.  Joint models are refused."""
+        name = self.init_model or "the initial model"
+        if header.get("source"):
+            raise NLMFeatureError(f"{name}: continuing the training of a joint model is not "
+                                  "supported (train it again on the combined parallel text)")
+        if self.source:
+            raise NLMFeatureError(f"--init-model continues a target-only model; --source "
+                                  "makes a joint model")
+        if self.min_count != TrainConfig.min_count or self.max_vocab is not None:
+            raise NLMFeatureError(f"--min-count and --max-vocab do not apply with --init-model: "
+                                  f"the vocabulary is {name}'s")
+        if self.class_file:
+            raise NLMFeatureError(f"--class-file does not apply with --init-model: the classes "
+                                  f"are {name}'s")
+        fixed = model_settings(header)
+        defaults = TrainConfig()
+        changes: Dict[str, Any] = {}
+        for key, value in fixed.items():
+            mine = getattr(self, key)
+            if mine == value:
+                continue
+            if mine != getattr(defaults, key):
+                flag = "--" + key.replace("_", "-")
+                raise NLMFeatureError(f"{flag} {mine} disagrees with {name} ({value}): the "
+                                      "architecture of a continued model is the initial model's; "
+                                      f"leave out {flag}")
+            changes[key] = value
+        meta = header.get("metadata") or {}
+        resolved = TrainConfig(output=self.output, shared_noise=self.shared_noise)
+        if (self.noise_samples == resolved.noise_samples and not self.self_normalise
+                and isinstance(meta.get("noise_samples"), int)):
+            changes["noise_samples"] = meta["noise_samples"]
+            if isinstance(meta.get("self_normalise"), (int, float)):
+                changes["self_normalise"] = float(meta["self_normalise"])
+            changes["shared_noise"] = bool(meta.get("shared_noise", False))
+        elif "output" in changes and self.noise_samples == resolved.noise_samples:
+            changes["noise_samples"] = None     # resolved again for the model's output layer
+        fields = dict(asdict(self), **changes)
+        return TrainConfig(**fields)
+
     def fingerprint(self) -> str:
         """Hash of the settings that must not change when a run is resumed."""
         keep = {k: v for k, v in asdict(self).items()
@@ -214,6 +262,25 @@ class TrainResult:
 # ---------------------------------------------------------------------------------------
 # setting up
 # ---------------------------------------------------------------------------------------
+
+def model_settings(header: Dict[str, Any]) -> Dict[str, Any]:
+    """The :class:`TrainConfig` settings a model file fixes (its architecture, output layer,
+    direct-feature store and direction), from its header."""
+    br = header["branches"][0]
+    out, direct = header["output"], header.get("direct") or {}
+    fixed = {"arch": header["arch"], "order": int(header["order"]), "word_width": int(header["embed_dim"]),
+             "diagonal_contexts": bool(br["diagonal"]), "activation": br["activation"],
+             "hidden_layers": [int(ly["n_out"]) for ly in header["layers"]],
+             "output": out["type"], "direct_order": int(direct.get("order", 0)),
+             "hash_space": int(direct.get("hash_space", 0)),
+             "reverse": bool((header.get("metadata") or {}).get("reverse", False))}
+    if header["arch"] != "lbl":
+        fixed.update(hidden=int(br["hidden"]), branches=len(header["branches"]),
+                     combine=header.get("combine", "none"))
+    if out["type"] == "class":
+        fixed["classes"] = int(out["classes"])
+    return fixed
+
 
 def class_partition(path: str, vocab: Vocabulary, counts: np.ndarray, unknown: str = "nearest") -> np.ndarray:
     """class_of_word for a vocabulary from a Brown-cluster paths file (``bitstring TAB word TAB
@@ -310,6 +377,23 @@ def export_arrays(header: Dict[str, Any], template: Dict[str, np.ndarray], param
     return h, arrays
 
 
+def initial_model(header: Dict[str, Any], arrays: Dict[str, np.ndarray]
+                  ) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
+    """(header, arrays) to continue training from, out of a model file's: float32 copies of
+    its float arrays (float16-stored ones included), the structure arrays as they are, no
+    precomputed tables (they are computed again from the trained weights)."""
+    h = json.loads(json.dumps(header))
+    for key in ("metadata", "storage"):
+        h.pop(key, None)
+    h["precomputed"] = False
+    out = {}
+    for name, a in arrays.items():
+        if name.endswith(".tables"):
+            continue
+        out[name] = np.array(a, dtype=np.float32) if a.dtype.kind == "f" else np.asarray(a)
+    return h, out
+
+
 def heldout_logprob(header: Dict[str, Any], arrays: Dict[str, np.ndarray], data: NgramData,
                     exact: bool = False) -> np.ndarray:
     """Per-n-gram natural-log scores of held-out data by the scorer, over in-memory arrays;
@@ -342,8 +426,13 @@ class Trainer:
     """One training run (see the module docstring)."""
 
     def __init__(self, cfg: TrainConfig, log: Callable[[str], None] = None) -> None:
-        self.cfg = cfg
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.init: Optional[Tuple[Dict[str, Any], Dict[str, np.ndarray]]] = None
+        if cfg.init_model:  # continued training: the model's architecture, vocabulary, weights
+            init_header, init_arrays, _ = modelfile.read_model(cfg.init_model)
+            cfg = cfg.for_model(init_header)
+            self.init = init_header, init_arrays
+        self.cfg = cfg
         if not cfg.train:
             raise NLMFeatureError("no training text given")
         if not cfg.model_out:
@@ -392,10 +481,15 @@ class Trainer:
             raise NLMFeatureError(f"--classes {cfg.classes} exceeds the vocabulary size {len(self.vocab)}")
         # counts for initialisation/structure: <s> and <null> are never predicted
         struct_counts = self.counts.copy()
-        self.header, self.template = random_model(spec, self.vocab, struct_counts, seed=cfg.seed,
-                                                  scale=cfg.init_scale, class_of_word=class_of_word,
-                                                  source_vocab=self.source_vocab,
-                                                  source_counts=self.source_counts)
+        if self.init:
+            self.header, self.template = initial_model(*self.init)
+            self.log(f"continuing the training of {cfg.init_model} ({len(self.vocab):,} words, "
+                     f"order {cfg.order}, {cfg.output} output)")
+        else:
+            self.header, self.template = random_model(spec, self.vocab, struct_counts, seed=cfg.seed,
+                                                      scale=cfg.init_scale, class_of_word=class_of_word,
+                                                      source_vocab=self.source_vocab,
+                                                      source_counts=self.source_counts)
         self.header.setdefault("metadata", {})
         names = trainable_names(self.header, self.template)
         # the trained arrays move out of the template (which keeps the fixed ones: class tables,
@@ -407,13 +501,16 @@ class Trainer:
                 [self.params["embeddings"], self.params.pop("source.embeddings")]))
             names = [n for n in names if n != "source.embeddings"]
             train_header = dict(self.header, order=cfg.order + spec.source_window)
-        if "direct.weights" in self.params:
+        if "direct.weights" in self.params and not self.init:
             self.params["direct.weights"][...] = 0.0
         kt = self.kernel_threads = kernel_threads(cfg.threads)
         ospec = OutputSpec(estimator=self.estimator, k=cfg.noise_samples, alpha=cfg.self_normalise,
                            threads=kt)
         self.noise = None
         noise_counts = self.counts.copy()
+        if self.init:   # words the new text lacks: a vanishing share, so no class is empty
+            noise_counts[noise_counts == 0] = 1e-6
+            noise_counts[[self.vocab.bos, self.vocab.null]] = 0
         if self.estimator == "nce":
             self.noise = UnigramNoise(noise_counts, cfg.noise_samples)
             ospec.logq = self.noise.logq
@@ -427,6 +524,8 @@ class Trainer:
             ospec.direct_order, ospec.hash_space = d["order"], d["hash_space"]
             ospec.allowed = direct_filter(self.data, self.header, max(1, cfg.min_ngram_freq),
                                           self.template["class.of_word"] if cfg.output == "class" else None)
+            if self.init and ospec.allowed is not None:   # the initial model's features train on
+                ospec.allowed |= (self.params["direct.weights"] != 0).view(np.uint8)
         live = {n: a for n, a in self.template.items() if n not in self.params}
         live.update(self.params)  # the same arrays the optimiser updates
         live.pop("source.embeddings", None)
@@ -467,7 +566,12 @@ class Trainer:
         if time.time() - t0 > 5:
             self.log(f"compiled corpus {corpus.path}: {corpus.tokens:,} tokens, "
                      f"{len(corpus.words) - 1:,} word types [{time.time() - t0:.0f}s]")
-        self.vocab, self.counts, remap = corpus.vocabulary(cfg.min_count, cfg.max_vocab)
+        if self.init:   # the initial model's vocabulary; the text's other words are <unk>
+            a = self.init[1]
+            self.vocab = Vocabulary.from_arrays(a["vocab.offsets"], a["vocab.bytes"])
+            self.counts, remap = corpus.counts_in(self.vocab)
+        else:
+            self.vocab, self.counts, remap = corpus.vocabulary(cfg.min_count, cfg.max_vocab)
         self.data = NgramStream(corpus, remap, self.vocab.bos, cfg.order, cfg.reverse)
         if cfg.test_set:
             self.heldout, self.heldout_oov = heldout_ngrams(cfg.test_set, self.vocab, cfg.order, cfg.reverse,
@@ -523,6 +627,8 @@ class Trainer:
                          "noise_samples": self.cfg.noise_samples, "shared_noise": bool(self.cfg.shared_noise),
                          "self_normalise": self.cfg.self_normalise,
                          "reverse": bool(self.cfg.reverse)}
+        if self.cfg.init_model:
+            h["metadata"]["init_model"] = os.path.basename(self.cfg.init_model)
         if self.cfg.source:
             h["metadata"].update({"source": os.path.basename(self.cfg.source),
                                   "alignment": os.path.basename(self.cfg.alignment or ""),
