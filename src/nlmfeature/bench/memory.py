@@ -249,7 +249,7 @@ def lm_swap_bleu(rows: List[Dict[str, Any]], vocab, args: argparse.Namespace, wo
     """BLEU with each row's model as the only LM of the --nbest-dir lists (module doc).  Adds
     ``test_bleu``, ``test_bleu_sd``, ``test_bleu_runs`` and ``dev_bleu`` to every row and returns
     {"system_lm": the same for the unchanged lists, "lists", "tunings", "note"}."""
-    from nlmfeature.bench.mt import rerank
+    from nlmfeature.bench.mt import KbestMatrix, rerank
     from nlmfeature.core.model import load
     from nlmfeature.io.atomicfile import open_output
     from nlmfeature.io.textio import read_lines
@@ -293,18 +293,19 @@ def lm_swap_bleu(rows: List[Dict[str, Any]], vocab, args: argparse.Namespace, wo
 
     def measure(tag: str, scores: Optional[List[float]]) -> Dict[str, Any]:
         paths = {}
+        matrices: Dict[str, Any] = {}       # the reranker's matrices, from the lists at hand
         for name, hyps in lists.items():
             p = os.path.join(work, f"{tag}.{name}.nbest.gz")
-            with open_output(p) as f:
+            if scores is not None:
+                hyps = [copy.copy(h) for h in hyps]
                 for h in hyps:
-                    if scores is not None:
-                        h = copy.copy(h)
-                        h.features = [(lab, [scores[index[h.text]]] if lab == "LM0" else v)
-                                      for lab, v in h.features]
-                    f.write(format_hypothesis(h, "moses") + "\n")
+                    h.features = [(lab, [scores[index[h.text]]] if lab == "LM0" else v)
+                                  for lab, v in h.features]
+            with open_output(p) as f:
+                f.writelines(format_hypothesis(h, "moses") + "\n" for h in hyps)
             paths[name] = p
+            matrices[p] = KbestMatrix(p, hyps)
         test, dev = [], []
-        matrices: Dict[str, Any] = {}
         for seed in range(1, tunings + 1):
             best = rerank(tune, work, tag, paths, init, dev_ref, seed, matrices, f"BLEU {tag}",
                           lambda m: None)

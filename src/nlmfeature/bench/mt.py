@@ -70,7 +70,7 @@ import os
 import shlex
 import sys
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -557,13 +557,14 @@ def summarise(values: Sequence[float]) -> dict:
 class KbestMatrix:
     """A k-best list's feature values as one matrix, for reranking under many weight vectors."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, hypotheses: Optional[Iterable] = None) -> None:
+        """The list in ``path``, or its ``hypotheses`` when they are at hand (already read)."""
         from nlmfeature.mt.kbest import read_kbest
 
         self.path = path
         rows, sids, self.texts = [], [], []
         self.labels: List[Tuple[str, int]] = []
-        for hyp in read_kbest(path):
+        for hyp in read_kbest(path) if hypotheses is None else hypotheses:
             if not self.labels:
                 self.labels = [(l, len(v)) for l, v in hyp.features]
             elif [l for l, _ in hyp.features] != [l for l, _ in self.labels]:
