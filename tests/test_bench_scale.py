@@ -1,4 +1,4 @@
-"""``nlmfeature bench scale`` on a real Brown slice: the corpus and speed parts, the speed rows of
+"""``nlmfeature bench scale`` on a real Brown slice: the corpus, speed and memory parts, the speed rows of
 every recipe, the tables and the results block it writes."""
 from __future__ import annotations
 
@@ -13,12 +13,15 @@ def test_bench_scale_corpus_and_speed(tmp_path):
     results.write_text("# Results\n\n## Something else\n\nkept\n", encoding="utf-8")
     p = run_cli("bench", "scale", "--train", BROWN_TRAIN, "--valid", BROWN_VALID, "--test", BROWN_VALID,
                 "--workdir", tmp_path / "w", "--sizes", "10K,all", "--repeat", "", "--threads", "1",
-                "--speed-updates", "30", "--parts", "corpus,speed", "--max-vocab", "5000", "--engines", "native",
-                "--results", results, "--json", "-q", timeout=600)
+                "--speed-updates", "30", "--parts", "corpus,speed,memory", "--memory-updates", "20",
+                "--max-vocab", "5000", "--engines", "native", "--results", results, "--json", "-q", timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(p.stdout)
     tokens = [c["tokens"] for c in r["corpora"]]
     assert len(tokens) == 2 and 10_000 <= tokens[0] < tokens[1]
+    # the memory runs evaluate on the held-out sample as a real run does (at half and at the end)
+    assert [m["tokens"] for m in r["memory"]] == tokens
+    assert all(m["peak_rss_mib"] > 10 and m["evaluations"] == 2 for m in r["memory"])
     native = [s for s in r["speed"] if s["engine"] == "native"]
     assert [s["recipe"] for s in native] == [name for name, _ in SPEED_RECIPES]
     assert all(s["words_per_s"] > 1000 and s["workers"] == 1 for s in r["speed"])

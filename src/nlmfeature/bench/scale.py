@@ -9,7 +9,9 @@ Every measurement runs in a fresh process (``python -m nlmfeature.cli ...``), so
   text) are compiled (``corpus compile``): seconds, file size, peak RSS;
 * **memory**: ``train`` for ``--memory-updates`` minibatches on each compiled corpus, and on
   the largest repeated ``--repeat`` times (concatenated ids, for the memory curve only), with
-  the vocabulary and hash space held fixed so that only the corpus changes: peak RSS;
+  the vocabulary and hash space held fixed so that only the corpus changes, and two held-out
+  evaluations on the ``--valid`` sample of the quality part (a real run evaluates, writes the
+  best model and checkpoints): peak RSS;
 * **speed**: words/s of the native trainer at each ``--threads`` count (after a warm-up), for
   the default recipe, the plain log-bilinear model without direct features and with
   ``--shared-noise``, and the same for the torch engine when it is installed (``--engines``; on
@@ -248,18 +250,21 @@ def run(args: argparse.Namespace) -> int:
     common = ["--max-vocab", str(args.max_vocab), "--no-progress", "--no-resume", "--iterations", "1"]
     if args.order:
         common += ["--order", str(args.order)]
+    if "memory" in parts:   # held-out evaluations as in a real run: at half and at the end
+        common += ["--test-set", valid_sample(args, w), "--eval-every", str(max(1, args.memory_updates // 2))]
     for tokens, path, note in mem_inputs if "memory" in parts else []:
         model = os.path.join(w, "memory.nlm")
         log(f"memory run on {path}")
         # --min-count 1: every corpus fills the --max-vocab vocabulary, so only the corpus changes
-        secs, rss, _ = rss_of(nlm("train", "--train", path, "-o", model, "--threads", "1", "--hash-space",
-                                  str(args.hash_space), "--max-updates", str(args.memory_updates),
-                                  "--min-count", "1", *common))
+        secs, rss, so = rss_of(nlm("train", "--train", path, "-o", model, "--threads", "1", "--hash-space",
+                                   str(args.hash_space), "--max-updates", str(args.memory_updates),
+                                   "--min-count", "1", "--json", *common))
         for f in (model, model + ".ckpt.npz"):
             if os.path.exists(f):
                 os.unlink(f)
         result["memory"].append({"tokens": tokens, "peak_rss_mib": round(rss / 2 ** 20, 1),
-                                 "seconds": round(secs, 1), "note": note})
+                                 "seconds": round(secs, 1), "note": note,
+                                 "evaluations": len(json.loads(so)["history"])})
         log(f"  {result['memory'][-1]}")
         save(w, result)
     if "memory" in parts and earlier.get("memory"):   # corpora measured before and not now stay
@@ -301,6 +306,13 @@ def save(workdir: str, result: Dict[str, Any]) -> None:
     atomic_write_text(os.path.join(workdir, "bench-scale.json"), json.dumps(result, indent=2))
 
 
+def valid_sample(args: argparse.Namespace, w: str) -> str:
+    """The held-out sample: the first ``--test-tokens``/2 tokens of ``--valid`` (whole lines)."""
+    valid = os.path.join(w, "valid.sample.txt")
+    prefix_text(args.valid, valid, args.test_tokens // 2)
+    return valid
+
+
 def quality(args: argparse.Namespace, corpus: str, w: str, log) -> Dict[str, Any]:
     """Train the quality model, KenLM on the same text and vocabulary, and compare them."""
     import nlmfeature
@@ -319,8 +331,7 @@ def quality(args: argparse.Namespace, corpus: str, w: str, log) -> Dict[str, Any
     lm = nlmfeature.load(model)
     test = os.path.join(w, "test.sample.txt")
     prefix_text(args.test, test, args.test_tokens)
-    valid = os.path.join(w, "valid.sample.txt")
-    prefix_text(args.valid, valid, args.test_tokens // 2)
+    valid = valid_sample(args, w)
     arpa = os.path.join(w, f"kenlm{args.kenlm_order}.arpa")
     if not os.path.exists(arpa):
         log("training KenLM on the same text and vocabulary")

@@ -303,7 +303,8 @@ def _scale(bench_sub: argparse._SubParsersAction) -> None:
                    help="direct-feature hash space of the memory runs (fixed so only the corpus "
                         "changes; default 4194304)")
     p.add_argument("--memory-updates", type=int, default=200, metavar="N",
-                   help="minibatches of each memory run (default 200)")
+                   help="minibatches of each memory run, with a held-out evaluation at half and at "
+                        "the end on --test-tokens/2 tokens of --valid (default 200)")
     p.add_argument("--speed-updates", type=int, default=400, metavar="N",
                    help="timed minibatches of each speed run (default 400)")
     p.add_argument("--train-minutes", type=float, default=30.0, metavar="M",
