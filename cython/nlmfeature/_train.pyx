@@ -620,6 +620,85 @@ cdef int group_rows(const int32_t* rows, int64_t M, int64_t V, Groups* g) noexce
     return 0
 
 
+cdef int direct_step(float[::1] D, float[::1] aD, float[::1] gD, uint8_t[::1] mD, const int64_t* buckets,
+                     const float* G, int64_t rows, int DO, const uint8_t* allowed, double lr, double eps,
+                     int T) noexcept nogil:
+    """AdaGrad on the direct-feature weights ``D`` (sums ``aD``): row r (0..rows-1) adds its
+    gradient ``G[r]`` to the buckets ``buckets[r*DO .. r*DO+DO-1]`` (those ``allowed`` lets
+    train, when given); ``gD`` and the marks ``mD`` are zero on entry and on exit.
+
+    Thread t owns the buckets b with b % T == t.  Each thread first sorts the entries of its
+    slice of rows by owner (a counting sort, in row order), then every owner sums its buckets'
+    entries slice by slice, so that each bucket's gradient is summed in row order whatever T
+    (results do not depend on the thread count), and no thread reads the entries of the
+    others' buckets.  Returns 0, or -1 when memory runs out."""
+    cdef int64_t M = rows * DO, n, b, i, lo, hi, nt, end
+    cdef int p, t, o, T2 = T * T
+    cdef int64_t* eb = <int64_t*>malloc(max(1, M) * sizeof(int64_t))
+    cdef float* eg = <float*>malloc(max(1, M) * sizeof(float))
+    cdef int64_t* start = <int64_t*>calloc(T2, sizeof(int64_t))
+    cdef int64_t* fill = <int64_t*>calloc(T2, sizeof(int64_t))
+    cdef int64_t* tstart = <int64_t*>calloc(T, sizeof(int64_t))
+    cdef int32_t* touched = <int32_t*>malloc(max(1, M) * sizeof(int32_t))
+    cdef float gf
+    if eb == NULL or eg == NULL or start == NULL or fill == NULL or tstart == NULL or touched == NULL:
+        free(eb); free(eg); free(start); free(fill); free(tstart); free(touched)
+        return -1
+    with parallel(num_threads=T):
+        for p in prange(T, schedule="static"):
+            lo = rows * p // T
+            hi = rows * (p + 1) // T
+            for n in range(lo, hi):      # count the entries of each owner
+                for o in range(DO):
+                    b = buckets[n * DO + o]
+                    if allowed == NULL or allowed[b]:
+                        fill[p * T + b % T] += 1
+            i = lo * DO
+            for t in range(T):           # where each owner's entries start in this slice
+                start[p * T + t] = i
+                i = i + fill[p * T + t]
+                fill[p * T + t] = start[p * T + t]
+            for n in range(lo, hi):
+                gf = G[n]
+                for o in range(DO):
+                    b = buckets[n * DO + o]
+                    if allowed == NULL or allowed[b]:
+                        i = fill[p * T + b % T]
+                        eb[i] = b
+                        eg[i] = gf
+                        fill[p * T + b % T] = i + 1
+    i = 0
+    for t in range(T):                   # each owner's touched list: as long as its entries
+        tstart[t] = i
+        for p in range(T):
+            i = i + fill[p * T + t] - start[p * T + t]
+    with parallel(num_threads=T):
+        for t in prange(T, schedule="static"):
+            nt = tstart[t]
+            lo = nt
+            for p in range(T):
+                end = fill[p * T + t]
+                for i in range(start[p * T + t], end):
+                    if i + 8 < end:
+                        nlt_prefetch_row_w(&gD[eb[i + 8]], 1)
+                    b = eb[i]
+                    gD[b] += eg[i]
+                    if not mD[b]:
+                        mD[b] = 1
+                        touched[nt] = <int32_t>b
+                        nt = nt + 1
+            for i in range(lo, nt):
+                if i + 8 < nt:
+                    b = touched[i + 8]
+                    nlt_prefetch_row_w(&D[b], 1)
+                    nlt_prefetch_row_w(&aD[b], 1)
+                b = touched[i]
+                adagrad_scalar(&D[b], &aD[b], &gD[b], lr, 0.0, eps)
+                mD[b] = 0
+    free(eb); free(eg); free(start); free(fill); free(tstart); free(touched)
+    return 0
+
+
 cdef int sparse_rows_step(float[:, ::1] P, float[:, ::1] A, float* pb, float* ab,
                           const int32_t* rows, int64_t M, const float* const* x, const float* const* y,
                           const float* a, const float* b, double lr, double l2, double eps, int T) noexcept nogil:
@@ -921,8 +1000,6 @@ def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1
     cdef const float** xs
     cdef double* lossv
     cdef int32_t* cand
-    cdef int32_t* touched
-    cdef int64_t nt, cap
     cdef float* hrow
     cdef float* drow
     cdef float* wrow
@@ -944,10 +1021,8 @@ def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1
     lossv = <double*>malloc(N * sizeof(double))
     cand = <int32_t*>malloc(N * K * sizeof(int32_t))
     buckets = <int64_t*>malloc(max(1, N * K * DO) * sizeof(int64_t))
-    cap = N * K * DO + 16
-    touched = <int32_t*>malloc(T * cap * sizeof(int32_t))
-    if H == NULL or dH == NULL or G == NULL or xs == NULL or lossv == NULL or cand == NULL or buckets == NULL or touched == NULL:
-        free(H); free(dH); free(G); free(xs); free(lossv); free(cand); free(buckets); free(touched)
+    if H == NULL or dH == NULL or G == NULL or xs == NULL or lossv == NULL or cand == NULL or buckets == NULL:
+        free(H); free(dH); free(G); free(xs); free(lossv); free(cand); free(buckets)
         raise MemoryError()
     with nogil, parallel(num_threads=T):
         # 0. candidates and their direct-feature buckets
@@ -999,40 +1074,18 @@ def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1
                     drow[e] = drow[e] + gf * wrow[e]
     for n in range(N):
         loss += lossv[n]
-    if DO:
-        with nogil, parallel(num_threads=T):
-            # 2. direct features, by bucket (bucket % T)
-            for t in prange(T, schedule="static"):
-                nt = 0
-                for n in range(N * K):
-                    gf = G[n]
-                    if n + 8 < N * K:
-                        for o in range(DO):
-                            b = buckets[(n + 8) * DO + o]
-                            nlt_prefetch_row_w(&gD[b], 1)
-                    for o in range(DO):
-                        b = buckets[n * DO + o]
-                        if b % T != t or (filt and not allowed[b]):
-                            continue
-                        gD[b] += gf
-                        if not mD[b]:
-                            mD[b] = 1
-                            touched[t * cap + nt] = <int32_t>b
-                            nt = nt + 1
-                for i in range(nt):
-                    if i + 8 < nt:
-                        b = touched[t * cap + i + 8]
-                        nlt_prefetch_row_w(&D[b], 1)
-                        nlt_prefetch_row_w(&aD[b], 1)
-                    b = touched[t * cap + i]
-                    adagrad_scalar(&D[b], &aD[b], &gD[b], lr, 0.0, eps)
-                    mD[b] = 0
+    if DO:  # 2. direct features
+        with nogil:
+            i = direct_step(D, aD, gD, mD, buckets, G, N * K, DO, &allowed[0] if filt else NULL, lr, eps, T)
+        if i != 0:
+            free(H); free(dH); free(G); free(xs); free(lossv); free(cand); free(buckets)
+            raise MemoryError()
     with nogil:
         # 3. the output rows and biases, 4. the context side: embeddings, W and the bias
         i = sparse_rows_step(Q, aQ, &qb[0], &aqb[0], cand, N * K, xs, NULL, G, G, lr, l2, eps, T)
         if i == 0:
             i = lbl_context_step(R, W, bias, aR, aW, abias, ctx, dH, has_bias, lr, l2, eps, T)
-    free(H); free(dH); free(G); free(xs); free(lossv); free(cand); free(buckets); free(touched)
+    free(H); free(dH); free(G); free(xs); free(lossv); free(cand); free(buckets)
     if i != 0:
         raise MemoryError()
     return loss
