@@ -627,46 +627,63 @@ cdef int direct_step(float[::1] D, float[::1] aD, float[::1] gD, uint8_t[::1] mD
     gradient ``G[r]`` to the buckets ``buckets[r*DO .. r*DO+DO-1]`` (those ``allowed`` lets
     train, when given); ``gD`` and the marks ``mD`` are zero on entry and on exit.
 
-    Thread t owns the buckets b with b % T == t.  Each thread first sorts the entries of its
-    slice of rows by owner (a counting sort, in row order), then every owner sums its buckets'
-    entries slice by slice, so that each bucket's gradient is summed in row order whatever T
-    (results do not depend on the thread count), and no thread reads the entries of the
-    others' buckets.  Returns 0, or -1 when memory runs out."""
+    With T > 1 threads, thread t owns the buckets b with b % T == t.  Each thread first sorts
+    the entries of its slice of rows by owner (a counting sort, in row order), then every owner
+    sums its buckets' entries slice by slice, so that each bucket's gradient is summed in row
+    order whatever T (results do not depend on the thread count), and no thread reads the
+    entries of the others' buckets.  Returns 0, or -1 when memory runs out."""
     cdef int64_t M = rows * DO, n, b, i, lo, hi, nt, end
     cdef int p, t, o, T2 = T * T
     cdef int64_t* eb = <int64_t*>malloc(max(1, M) * sizeof(int64_t))
     cdef float* eg = <float*>malloc(max(1, M) * sizeof(float))
+    cdef uint8_t* owner = <uint8_t*>malloc(max(1, M) * sizeof(uint8_t)) if T > 1 else NULL
     cdef int64_t* start = <int64_t*>calloc(T2, sizeof(int64_t))
     cdef int64_t* fill = <int64_t*>calloc(T2, sizeof(int64_t))
     cdef int64_t* tstart = <int64_t*>calloc(T, sizeof(int64_t))
     cdef int32_t* touched = <int32_t*>malloc(max(1, M) * sizeof(int32_t))
     cdef float gf
-    if eb == NULL or eg == NULL or start == NULL or fill == NULL or tstart == NULL or touched == NULL:
-        free(eb); free(eg); free(start); free(fill); free(tstart); free(touched)
+    if eb == NULL or eg == NULL or (T > 1 and owner == NULL) or start == NULL or fill == NULL \
+            or tstart == NULL or touched == NULL or T > 255:
+        free(eb); free(eg); free(owner); free(start); free(fill); free(tstart); free(touched)
         return -1
-    with parallel(num_threads=T):
-        for p in prange(T, schedule="static"):
-            lo = rows * p // T
-            hi = rows * (p + 1) // T
-            for n in range(lo, hi):      # count the entries of each owner
-                for o in range(DO):
-                    b = buckets[n * DO + o]
+    if T == 1:   # one owner: the entries in row order, as they are
+        i = 0
+        for n in range(rows):
+            gf = G[n]
+            for o in range(DO):
+                b = buckets[n * DO + o]
+                if allowed == NULL or allowed[b]:
+                    eb[i] = b
+                    eg[i] = gf
+                    i = i + 1
+        fill[0] = i
+    else:
+        with parallel(num_threads=T):
+            for p in prange(T, schedule="static"):
+                lo = rows * p // T
+                hi = rows * (p + 1) // T
+                for i in range(lo * DO, hi * DO):    # each entry's owner (255: not trained)
+                    b = buckets[i]
                     if allowed == NULL or allowed[b]:
-                        fill[p * T + b % T] += 1
-            i = lo * DO
-            for t in range(T):           # where each owner's entries start in this slice
-                start[p * T + t] = i
-                i = i + fill[p * T + t]
-                fill[p * T + t] = start[p * T + t]
-            for n in range(lo, hi):
-                gf = G[n]
-                for o in range(DO):
-                    b = buckets[n * DO + o]
-                    if allowed == NULL or allowed[b]:
-                        i = fill[p * T + b % T]
-                        eb[i] = b
-                        eg[i] = gf
-                        fill[p * T + b % T] = i + 1
+                        t = <int>(b % T)
+                        owner[i] = <uint8_t>t
+                        fill[p * T + t] += 1
+                    else:
+                        owner[i] = 255
+                i = lo * DO
+                for t in range(T):                   # where each owner's entries start here
+                    start[p * T + t] = i
+                    i = i + fill[p * T + t]
+                    fill[p * T + t] = start[p * T + t]
+                for n in range(lo, hi):
+                    gf = G[n]
+                    for o in range(DO):
+                        if owner[n * DO + o] != 255:
+                            t = owner[n * DO + o]
+                            i = fill[p * T + t]
+                            eb[i] = buckets[n * DO + o]
+                            eg[i] = gf
+                            fill[p * T + t] = i + 1
     i = 0
     for t in range(T):                   # each owner's touched list: as long as its entries
         tstart[t] = i
@@ -695,7 +712,7 @@ cdef int direct_step(float[::1] D, float[::1] aD, float[::1] gD, uint8_t[::1] mD
                 b = touched[i]
                 adagrad_scalar(&D[b], &aD[b], &gD[b], lr, 0.0, eps)
                 mD[b] = 0
-    free(eb); free(eg); free(start); free(fill); free(tstart); free(touched)
+    free(eb); free(eg); free(owner); free(start); free(fill); free(tstart); free(touched)
     return 0
 
 
