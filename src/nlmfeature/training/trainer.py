@@ -379,9 +379,10 @@ def export_arrays(header: Dict[str, Any], template: Dict[str, np.ndarray], param
 
 def initial_model(header: Dict[str, Any], arrays: Dict[str, np.ndarray]
                   ) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
-    """(header, arrays) to continue training from, out of a model file's: float32 copies of
-    its float arrays (float16-stored ones included), the structure arrays as they are, no
-    precomputed tables (they are computed again from the trained weights)."""
+    """(header, arrays) to continue training from, out of a model file's: its float arrays
+    as float32 (views of a float32 file's mapping: the trainer copies what it trains), the
+    structure arrays as they are, no precomputed tables (computed again from the trained
+    weights)."""
     h = json.loads(json.dumps(header))
     for key in ("metadata", "storage"):
         h.pop(key, None)
@@ -390,7 +391,7 @@ def initial_model(header: Dict[str, Any], arrays: Dict[str, np.ndarray]
     for name, a in arrays.items():
         if name.endswith(".tables"):
             continue
-        out[name] = np.array(a, dtype=np.float32) if a.dtype.kind == "f" else np.asarray(a)
+        out[name] = np.asarray(a, dtype=np.float32) if a.dtype.kind == "f" else np.asarray(a)
     return h, out
 
 
@@ -483,6 +484,7 @@ class Trainer:
         struct_counts = self.counts.copy()
         if self.init:
             self.header, self.template = initial_model(*self.init)
+            self.init = (self.init[0], {})   # the file's arrays: in the template from here on
             self.log(f"continuing the training of {cfg.init_model} ({len(self.vocab):,} words, "
                      f"order {cfg.order}, {cfg.output} output)")
         else:
