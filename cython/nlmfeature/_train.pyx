@@ -636,14 +636,14 @@ cdef int direct_step(float[::1] D, float[::1] aD, float[::1] gD, uint8_t[::1] mD
     cdef int p, t, o, T2 = T * T
     cdef int64_t* eb = <int64_t*>malloc(max(1, M) * sizeof(int64_t))
     cdef float* eg = <float*>malloc(max(1, M) * sizeof(float))
-    cdef uint8_t* owner = <uint8_t*>malloc(max(1, M) * sizeof(uint8_t)) if T > 1 else NULL
+    cdef int32_t* owner = <int32_t*>malloc(max(1, M) * sizeof(int32_t)) if T > 1 else NULL
     cdef int64_t* start = <int64_t*>calloc(T2, sizeof(int64_t))
     cdef int64_t* fill = <int64_t*>calloc(T2, sizeof(int64_t))
     cdef int64_t* tstart = <int64_t*>calloc(T, sizeof(int64_t))
     cdef int32_t* touched = <int32_t*>malloc(max(1, M) * sizeof(int32_t))
     cdef float gf
     if eb == NULL or eg == NULL or (T > 1 and owner == NULL) or start == NULL or fill == NULL \
-            or tstart == NULL or touched == NULL or T > 255:
+            or tstart == NULL or touched == NULL:
         free(eb); free(eg); free(owner); free(start); free(fill); free(tstart); free(touched)
         return -1
     if T == 1:   # one owner: the entries in row order, as they are
@@ -662,14 +662,14 @@ cdef int direct_step(float[::1] D, float[::1] aD, float[::1] gD, uint8_t[::1] mD
             for p in prange(T, schedule="static"):
                 lo = rows * p // T
                 hi = rows * (p + 1) // T
-                for i in range(lo * DO, hi * DO):    # each entry's owner (255: not trained)
+                for i in range(lo * DO, hi * DO):    # each entry's owner (-1: not trained)
                     b = buckets[i]
                     if allowed == NULL or allowed[b]:
                         t = <int>(b % T)
-                        owner[i] = <uint8_t>t
+                        owner[i] = t
                         fill[p * T + t] += 1
                     else:
-                        owner[i] = 255
+                        owner[i] = -1
                 i = lo * DO
                 for t in range(T):                   # where each owner's entries start here
                     start[p * T + t] = i
@@ -678,7 +678,7 @@ cdef int direct_step(float[::1] D, float[::1] aD, float[::1] gD, uint8_t[::1] mD
                 for n in range(lo, hi):
                     gf = G[n]
                     for o in range(DO):
-                        if owner[n * DO + o] != 255:
+                        if owner[n * DO + o] >= 0:
                             t = owner[n * DO + o]
                             i = fill[p * T + t]
                             eb[i] = buckets[n * DO + o]
