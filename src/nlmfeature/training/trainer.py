@@ -428,11 +428,12 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, log: Callable[[str], None] = None) -> None:
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-        self.init: Optional[Tuple[Dict[str, Any], Dict[str, np.ndarray]]] = None
+        init = None
         if cfg.init_model:  # continued training: the model's architecture, vocabulary, weights
-            init_header, init_arrays, _ = modelfile.read_model(cfg.init_model)
-            cfg = cfg.for_model(init_header)
-            self.init = init_header, init_arrays
+            init = modelfile.read_model(cfg.init_model)[:2]
+            cfg = cfg.for_model(init[0])
+        #: whether training continues from ``init_model``'s weights
+        self.continued = init is not None
         self.cfg = cfg
         if not cfg.train:
             raise NLMFeatureError("no training text given")
@@ -470,7 +471,8 @@ class Trainer:
             if cfg.alignment or cfg.test_source or cfg.test_alignment or cfg.target_to_source:
                 raise NLMFeatureError("--alignment, --test-source, --test-alignment and "
                                       "--target-to-source belong to a joint model: give --source too")
-            self._read_target()
+            self._read_target(Vocabulary.from_arrays(init[1]["vocab.offsets"], init[1]["vocab.bytes"])
+                              if init else None)
         if spec.direct_order and not cfg.hash_space:
             spec.hash_space = choose_hash_space(self.data, spec.direct_order, max(1, cfg.min_ngram_freq))
             self.log(f"direct n-gram features: hash space {spec.hash_space} (from the data; --hash-space sets it)")
@@ -482,9 +484,9 @@ class Trainer:
             raise NLMFeatureError(f"--classes {cfg.classes} exceeds the vocabulary size {len(self.vocab)}")
         # counts for initialisation/structure: <s> and <null> are never predicted
         struct_counts = self.counts.copy()
-        if self.init:
-            self.header, self.template = initial_model(*self.init)
-            self.init = (self.init[0], {})   # the file's arrays: in the template from here on
+        if init:
+            self.header, self.template = initial_model(*init)
+            del init   # the file's arrays live on in the template and the parameters
             self.log(f"continuing the training of {cfg.init_model} ({len(self.vocab):,} words, "
                      f"order {cfg.order}, {cfg.output} output)")
         else:
@@ -503,14 +505,14 @@ class Trainer:
                 [self.params["embeddings"], self.params.pop("source.embeddings")]))
             names = [n for n in names if n != "source.embeddings"]
             train_header = dict(self.header, order=cfg.order + spec.source_window)
-        if "direct.weights" in self.params and not self.init:
+        if "direct.weights" in self.params and not self.continued:
             self.params["direct.weights"][...] = 0.0
         kt = self.kernel_threads = kernel_threads(cfg.threads)
         ospec = OutputSpec(estimator=self.estimator, k=cfg.noise_samples, alpha=cfg.self_normalise,
                            threads=kt)
         self.noise = None
         noise_counts = self.counts.copy()
-        if self.init:   # words the new text lacks: a vanishing share, so no class is empty
+        if self.continued:   # words the new text lacks: a vanishing share, so no class is empty
             noise_counts[noise_counts == 0] = 1e-6
             noise_counts[[self.vocab.bos, self.vocab.null]] = 0
         if self.estimator == "nce":
@@ -526,7 +528,7 @@ class Trainer:
             ospec.direct_order, ospec.hash_space = d["order"], d["hash_space"]
             ospec.allowed = direct_filter(self.data, self.header, max(1, cfg.min_ngram_freq),
                                           self.template["class.of_word"] if cfg.output == "class" else None)
-            if self.init and ospec.allowed is not None:   # the initial model's features train on
+            if self.continued and ospec.allowed is not None:   # the initial model's features train on
                 ospec.allowed |= (self.params["direct.weights"] != 0).view(np.uint8)
         live = {n: a for n, a in self.template.items() if n not in self.params}
         live.update(self.params)  # the same arrays the optimiser updates
@@ -555,9 +557,10 @@ class Trainer:
         self.best_state: Dict[str, np.ndarray] = {}
         self._stop = False
 
-    def _read_target(self) -> None:
+    def _read_target(self, vocab: Optional[Vocabulary] = None) -> None:
         """Target-only models: the compiled corpus of the training text (compiled on first use),
-        its vocabulary and n-gram stream, and the held-out n-grams."""
+        its vocabulary (``vocab``, a continued model's, when given) and n-gram stream, and the
+        held-out n-grams."""
         from nlmfeature.training.corpusfile import NgramStream, heldout_ngrams, open_corpus
 
         cfg = self.cfg
@@ -568,10 +571,9 @@ class Trainer:
         if time.time() - t0 > 5:
             self.log(f"compiled corpus {corpus.path}: {corpus.tokens:,} tokens, "
                      f"{len(corpus.words) - 1:,} word types [{time.time() - t0:.0f}s]")
-        if self.init:   # the initial model's vocabulary; the text's other words are <unk>
-            a = self.init[1]
-            self.vocab = Vocabulary.from_arrays(a["vocab.offsets"], a["vocab.bytes"])
-            self.counts, remap = corpus.counts_in(self.vocab)
+        if vocab is not None:   # a continued model's vocabulary; the text's other words are <unk>
+            self.vocab = vocab
+            self.counts, remap = corpus.counts_in(vocab)
         else:
             self.vocab, self.counts, remap = corpus.vocabulary(cfg.min_count, cfg.max_vocab)
         self.data = NgramStream(corpus, remap, self.vocab.bos, cfg.order, cfg.reverse)
