@@ -1,5 +1,5 @@
-"""The fused native training steps (diagonal LBL + NCE): one minibatch of the shared-noise
-step against a float64 reference, results that do not depend on the thread count, and a
+"""The fused native training steps (diagonal LBL + NCE): one minibatch of each step (noise
+per word with direct features; noise shared by the minibatch) against a float64 reference, results that do not depend on the thread count, and a
 shared-noise run on real text that learns a good, nearly self-normalised model."""
 from __future__ import annotations
 
@@ -73,6 +73,76 @@ def test_shared_noise_step_matches_a_float64_reference():
     assert loss == pytest.approx(want_loss, rel=1e-5)
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=2e-4, atol=2e-5, err_msg=k)
+
+
+def _reference_per_word(p, acc, ctx, cand, logq, buckets, allowed, lr, l2, eps):
+    """float64 numpy: gradients of the per-word NCE loss (candidate 0 the data word, the
+    others noise) with direct features in the hashed buckets, then AdaGrad on touched rows."""
+    P = {k: v.astype(np.float64) for k, v in p.items()}
+    N, K = cand.shape
+    H = P["bias"] + (P["W"][None, :, :] * P["R"][ctx]).sum(axis=1)                   # (N, E)
+    x = ((P["Q"][cand] * H[:, None, :]).sum(2) + P["qb"][cand] + P["D"][buckets].sum(2)
+         - logq[cand] - math.log(K - 1))                                              # (N, K)
+    sig = lambda z: 1 / (1 + np.exp(-z))
+    loss = np.logaddexp(0, -x[:, 0]).sum() + np.logaddexp(0, x[:, 1:]).sum()
+    g = sig(x)
+    g[:, 0] -= 1
+    gQ, gqb, gD = np.zeros_like(P["Q"]), np.zeros_like(P["qb"]), np.zeros_like(P["D"])
+    np.add.at(gQ, cand.ravel(), (g[:, :, None] * H[:, None, :]).reshape(-1, H.shape[1]))
+    np.add.at(gqb, cand.ravel(), g.ravel())
+    keep = allowed[buckets]
+    np.add.at(gD, buckets[keep], np.broadcast_to(g[:, :, None], buckets.shape)[keep])
+    dH = (g[:, :, None] * P["Q"][cand]).sum(1)
+    gR = np.zeros_like(P["R"])
+    for j in range(ctx.shape[1]):
+        np.add.at(gR, ctx[:, j], dH * P["W"][j])
+    gW = np.stack([(dH * P["R"][ctx[:, j]]).sum(0) for j in range(ctx.shape[1])])
+    out = {}
+    for name, grad, decay, rows in (("Q", gQ, l2, np.unique(cand)), ("qb", gqb, 0.0, np.unique(cand)),
+                                    ("D", gD, 0.0, np.unique(buckets[keep])), ("R", gR, l2, np.unique(ctx)),
+                                    ("W", gW, l2, None), ("bias", dH.sum(0), 0.0, None)):
+        new, a = P[name].copy(), acc[name].astype(np.float64).copy()
+        sel = slice(None) if rows is None else rows
+        gd = grad[sel] + decay * new[sel]
+        a[sel] += gd * gd
+        new[sel] -= lr * gd / (np.sqrt(a[sel]) + eps)
+        out[name] = new
+    return loss, out
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_per_word_noise_step_with_direct_features_matches_a_float64_reference(threads):
+    """The default recipe's step: more examples than one block of the W gradient, noise words
+    drawn twice and equal to data words, buckets the allowed mask keeps out of training."""
+    rng = np.random.default_rng(11)
+    V, VR, E, c, N, k, DO, HS = 40, 45, 24, 4, 101, 5, 3, 211
+    p = _params(rng, V, VR, E, c)
+    p["D"] = (rng.standard_normal(HS) * 0.1).astype(np.float32)
+    acc = {n: np.full(v.shape, 0.1, dtype=np.float32) for n, v in p.items()}
+    ctx = rng.integers(0, VR, (N, c)).astype(np.int32)
+    target = rng.integers(0, V, N).astype(np.int32)
+    noise = rng.integers(0, V, (N, k)).astype(np.int32)
+    noise[:4, 0] = target[:4]
+    noise[7, 1] = noise[7, 2]
+    cand = np.concatenate([target[:, None], noise], axis=1)
+    buckets = np.stack([(_train.direct_keys(ctx, np.ascontiguousarray(cand[:, j]), 0, DO) % np.uint64(HS))
+                        .astype(np.int64) for j in range(k + 1)], axis=1)                 # (N, K, DO)
+    allowed = (rng.random(HS) < 0.8).astype(np.uint8)
+    logq = np.log(rng.dirichlet(np.ones(V)))
+    lr, l2, eps = 0.05, 1e-3, 1e-8
+    want_loss, want = _reference_per_word(p, acc, ctx, cand, logq, buckets, allowed.astype(bool), lr, l2, eps)
+    got = {n: v.copy() for n, v in p.items()}
+    a = {n: v.copy() for n, v in acc.items()}
+    gD, mD = np.zeros(HS, dtype=np.float32), np.zeros(HS, dtype=np.uint8)
+    loss = _train.nce_lbl_step(got["R"], got["W"], got["bias"], got["Q"], got["qb"], got["D"],
+                               a["R"], a["W"], a["bias"], a["Q"], a["qb"], a["D"], gD, mD,
+                               ctx, target, noise, logq, DO, HS, allowed, lr, l2, eps, threads)
+    assert loss == pytest.approx(want_loss, rel=1e-5)
+    for n in want:
+        np.testing.assert_allclose(got[n], want[n], rtol=2e-4, atol=2e-5, err_msg=n)
+    assert not gD.any() and not mD.any()          # left as found
+    untouched = np.setdiff1d(np.arange(HS), buckets[allowed[buckets].astype(bool)])
+    np.testing.assert_array_equal(got["D"][untouched], p["D"][untouched])
 
 
 def _run(tmp_path, name, threads, **kw):
