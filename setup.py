@@ -58,9 +58,8 @@ setup(
     package_dir={"": "src"},
     packages=find_packages(where="src", include=["nlmfeature", "nlmfeature.*"]),
     package_data={"nlmfeature": ["data/*", "data/**/*", "decoder/capi/*.c", "decoder/capi/*.h", "decoder/capi/*.py", "lib/*.so", "include/*.h"]},
+    # the command compiles the extensions side by side, one per core
     cmdclass={"build_ext": _build_ext()},
-    # the extensions compile side by side, one per core
-    options={"build_ext": {"parallel": os.cpu_count() or 1}},
     ext_modules=_extensions(),
     zip_safe=False,
 )

@@ -149,6 +149,15 @@ def make_build_ext():
     from setuptools.command.build_ext import build_ext
 
     class BuildExtWithCAPI(build_ext):
+        def finalize_options(self) -> None:
+            """Compile the extensions side by side, one per core, by whichever path the build
+            comes (``pip install``, ``pip install -e`` or ``setup.py build_ext``): pip's
+            editable builds re-create this command without ``setup()``'s options, and
+            compiled the extensions one after another."""
+            super().finalize_options()
+            if not self.parallel:
+                self.parallel = os.cpu_count() or 1
+
         def copy_file(self, infile, outfile, *args, **kwargs):
             """Replace built modules by rename, never by rewriting them in place: a decoder or
             Python process that has the old module mapped keeps a valid copy instead of
