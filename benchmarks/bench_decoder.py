@@ -395,14 +395,23 @@ def bench_moses2(args, models: Dict[str, str], extras: Dict[str, str], base: str
     moses2 = args.moses2 or mo.find_program("moses2")
     if not moses2:
         sys.exit("no moses2: give --moses2 or MOSES_ROOT (a tree with moses2 built, moses_ff/README.md)")
-    moses2 = mo.find_moses(moses2, features=("NLMFeature",) if models else ())
+    moses2 = mo.find_moses(moses2, features=("NLMFeature",) if models or args.config else ())
     d = os.path.join(work, "moses2")
     os.makedirs(d, exist_ok=True)
     configs: Dict[str, str] = {}
+    given = dict(c.split("=", 1) for c in args.config)
+    names = list(given) or ["kenlm"] + list(models)
     for search, algo in (("normal", "0"), ("batch", "4")):
-        for name in ["kenlm"] + list(models):
-            ini = write_ini(os.path.join(d, f"{name}.{search}.ini"), base, weights,
-                            models.get(name), args.nlm_weight, extras.get(name, ""))
+        for name in names:
+            path = os.path.join(d, f"{name}.{search}.ini")
+            if given:       # a ready-made configuration, its own [search-algorithm] replaced
+                with open(given[name], encoding="utf-8") as f:
+                    text = re.sub(r"(?ms)^\[search-algorithm\]\n[^\[]*", "", f.read())
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(text.rstrip("\n") + "\n")
+                ini = path
+            else:
+                ini = write_ini(path, base, weights, models.get(name), args.nlm_weight, extras.get(name, ""))
             with open(ini, "a", encoding="utf-8") as f:
                 f.write(f"\n[search-algorithm]\n{algo}\n")
             configs[f"{name}/{search}"] = ini
@@ -419,13 +428,13 @@ def bench_moses2(args, models: Dict[str, str], extras: Dict[str, str], base: str
         print(f"  moses2 repeat {rep + 1}/{args.repeats} done", flush=True)
     res: Dict = {"moses2": moses2, "sentences": n, "configs": {}}
     print(f"\nMoses2 ({n} sentences; 'cpu' = the process's CPU time minus that of loading (an empty input); "
-          f"ratios to KenLM alone with the same search; paired = median over repeats of back-to-back ratios; "
+          f"ratios to {names[0]} with the same search; paired = median over repeats of back-to-back ratios; "
           f"'vs moses' = CPU time over Moses' with the same model and threads)\n"
           f"{'config':22s} {'thr':>3s} {'cpu ms/s':>9s} {'ratio':>6s} {'paired':>6s} {'wall ms/s':>9s} "
           f"{'BLEU':>6s} {'same':>5s} {'vs moses':>8s}")
     for key in configs:
         name, search = key.split("/")
-        base_key = f"kenlm/{search}"
+        base_key = f"{names[0]}/{search}"
         b = bleu(runs.outputs[(key, threads[0])], refs)
         same = all(runs.outputs[(key, t)] == runs.outputs[(f"{name}/normal", threads[0])] for t in threads)
         c = res["configs"].setdefault(key, {"bleu": b, "load_seconds": runs.load[key], "threads": {},
@@ -443,7 +452,7 @@ def bench_moses2(args, models: Dict[str, str], extras: Dict[str, str], base: str
                                "cpu_ratio_to_moses": vs}
             print(f"{key:22s} {t:3d} {cper:9.1f} {cratio:6.2f} {cpaired:6.2f} {wper:9.1f} {b:6.2f} "
                   f"{str(same):>5s} {('%.2f' % vs) if vs else '-':>8s}", flush=True)
-    for name in ["kenlm"] + list(models):
+    for name in names:
         # the batch path's gain: CPU of the normal search over the batch search's, same threads
         for t in threads:
             nb, bb = (f"{name}/normal", t), (f"{name}/batch", t)
@@ -451,7 +460,7 @@ def bench_moses2(args, models: Dict[str, str], extras: Dict[str, str], base: str
                            for a, b in zip(runs.cpus[nb], runs.cpus[bb])])
             res["configs"][f"{name}/batch"]["threads"][t]["normal_over_batch_cpu_paired"] = gain
             print(f"batch search gain {name}, {t} thread(s): normal/batch CPU = {gain:.3f} (paired median)")
-    for name in ["kenlm"] + list(models):
+    for name in names:
         # thread scaling: CPU and wall of the most threads against one thread
         if len(threads) > 1:
             for search in ("normal", "batch"):
@@ -508,6 +517,12 @@ def main(argv=None) -> int:
                     help="add configuration kenlm+kenlm: the system's KenLM model a second time as its own "
                          "feature at weight 0 (the same search): what any second n-gram LM feature costs "
                          "Moses, KenLM's own lookups and minimised state included (Moses only)")
+    ap.add_argument("--config", action="append", default=[], metavar="NAME=MOSES_INI",
+                    help="Moses2 only: decode this ready-made moses.ini as configuration NAME instead of "
+                         "the system with --model features (repeatable; the first is the baseline of the "
+                         "ratios), e.g. the tuned systems of `nlmfeature bench mt` (each side's "
+                         "final.last.moses.ini): every configuration with its own tuned weights, timed "
+                         "side by side")
     ap.add_argument("--weights", action="append", default=[], metavar="NAME=MOSES_INI",
                     help="use the [weight] section of this moses.ini (e.g. tuned by nlmfeature-tune) for "
                          "configuration NAME (kenlm or a --model name); repeatable")
@@ -573,7 +588,15 @@ def run(args: argparse.Namespace) -> int:
     print(f"workdir: {work}\nsystem: {system}\n{n} test sentences", flush=True)
 
     lm = None
-    if "moses2" in decoders and "moses" not in decoders:
+    base, weights = "", {}
+    if args.config:
+        if decoders != ["moses2"]:
+            sys.exit("--config: ready-made configurations are decoded by --decoder moses2 only")
+        for spec in args.config:
+            name, _, path = spec.partition("=")
+            if not name or not os.path.exists(path):
+                sys.exit(f"--config {spec}: give NAME=MOSES_INI with an existing file")
+    elif "moses2" in decoders and "moses" not in decoders:
         inputs = [src]
         base, weights, sysinfo = prepare_moses_system(system, args.ini, inputs, work, args.kenlm_bin,
                                                       not args.no_filter)
