@@ -154,7 +154,7 @@ def timed(cmd: List[str], stdin: Optional[str] = None, env: Optional[Dict[str, s
     """A timed decoder run (``nlmfeature.mt.moses.run``): wall, CPU and per-sentence
     'Translation took' seconds, output lines and the NLM's counters."""
     r = mo.run(cmd, stdin, env)
-    return {"wall": r.wall, "cpu": r.cpu, "stdout": r.stdout, "stderr": r.stderr,
+    return {"wall": r.wall, "cpu": r.cpu, "stdout": r.stdout, "stderr": r.stderr, "max_rss": r.max_rss,
             "translation": r.translation, "output": r.output, "stats": parse_stats(r.stderr)}
 
 
@@ -274,14 +274,14 @@ def cdec_config(path: str, lm: str, nlm: Optional[str] = None, extra: str = "",
 
 def run_cdec(cdec: str, ini: str, weights: str, sgm: str) -> Dict:
     r = cd.run(cd.command(cdec, ini, weights, sgm))
-    return {"wall": r.wall, "cpu": r.cpu, "stdout": r.stdout, "stderr": r.stderr,
+    return {"wall": r.wall, "cpu": r.cpu, "stdout": r.stdout, "stderr": r.stderr, "max_rss": r.max_rss,
             "translation": r.translation, "output": r.output, "stats": parse_stats(r.stderr)}
 
 
 class Runs:
     """Timings of interleaved repeats: wall, CPU and (Moses) 'Translation took' seconds per key,
-    loading cost (an empty input) per configuration, the last output per key and the keys
-    whose output changed between repeats."""
+    loading cost (an empty input) per configuration, peak resident memory (bytes) per key and
+    of loading, the last output per key and the keys whose output changed between repeats."""
 
     def __init__(self) -> None:
         self.walls: Dict = {}
@@ -291,12 +291,16 @@ class Runs:
         self.load_cpu: Dict[str, float] = {}
         self.outputs: Dict = {}
         self.changed: set = set()
+        self.rss: Dict = {}
+        self.load_rss: Dict[str, int] = {}
 
     def add_load(self, name: str, r: Dict) -> None:
         self.load[name] = min(self.load.get(name, 1e9), r["wall"])
         self.load_cpu[name] = min(self.load_cpu.get(name, 1e9), r["cpu"])
+        self.load_rss[name] = max(self.load_rss.get(name, 0), r.get("max_rss", 0))
 
     def add(self, key, r: Dict) -> None:
+        self.rss[key] = max(self.rss.get(key, 0), r.get("max_rss", 0))
         self.walls.setdefault(key, []).append(r["wall"])
         self.cpus.setdefault(key, []).append(r["cpu"])
         self.trans.setdefault(key, []).append(r.get("translation", 0.0))
@@ -429,15 +433,17 @@ def bench_moses2(args, models: Dict[str, str], extras: Dict[str, str], base: str
     res: Dict = {"moses2": moses2, "sentences": n, "configs": {}}
     print(f"\nMoses2 ({n} sentences; 'cpu' = the process's CPU time minus that of loading (an empty input); "
           f"ratios to {names[0]} with the same search; paired = median over repeats of back-to-back ratios; "
-          f"'vs moses' = CPU time over Moses' with the same model and threads)\n"
+          f"'vs moses' = CPU time over Moses' with the same model and threads; 'load s' = the wall "
+          f"seconds of decoding an empty input; 'RSS MB' = the process's peak resident memory)\n"
           f"{'config':22s} {'thr':>3s} {'cpu ms/s':>9s} {'ratio':>6s} {'paired':>6s} {'wall ms/s':>9s} "
-          f"{'BLEU':>6s} {'same':>5s} {'vs moses':>8s}")
+          f"{'BLEU':>6s} {'same':>5s} {'vs moses':>8s} {'load s':>6s} {'RSS MB':>7s}")
     for key in configs:
         name, search = key.split("/")
         base_key = f"{names[0]}/{search}"
         b = bleu(runs.outputs[(key, threads[0])], refs)
         same = all(runs.outputs[(key, t)] == runs.outputs[(f"{name}/normal", threads[0])] for t in threads)
         c = res["configs"].setdefault(key, {"bleu": b, "load_seconds": runs.load[key], "threads": {},
+                                            "load_max_rss_bytes": runs.load_rss[key],
                                             "same_translations_as_normal_search_one_thread": same})
         for t in threads:
             k, kb = (key, t), (base_key, t)
@@ -449,9 +455,10 @@ def bench_moses2(args, models: Dict[str, str], extras: Dict[str, str], base: str
             c["threads"][t] = {"cpu_ms_per_sentence": cper, "cpu_ratio_to_kenlm": cratio,
                                "cpu_paired_ratio_median": cpaired, "wall_ms_per_sentence": wper,
                                "wall_ratio_to_kenlm": wratio, "cpu_seconds_all": runs.cpus[k],
-                               "cpu_ratio_to_moses": vs}
+                               "cpu_ratio_to_moses": vs, "max_rss_bytes": runs.rss[k]}
             print(f"{key:22s} {t:3d} {cper:9.1f} {cratio:6.2f} {cpaired:6.2f} {wper:9.1f} {b:6.2f} "
-                  f"{str(same):>5s} {('%.2f' % vs) if vs else '-':>8s}", flush=True)
+                  f"{str(same):>5s} {('%.2f' % vs) if vs else '-':>8s} {runs.load[key]:6.2f} "
+                  f"{runs.rss[k] / 1e6:7.0f}", flush=True)
     for name in names:
         # the batch path's gain: CPU of the normal search over the batch search's, same threads
         for t in threads:

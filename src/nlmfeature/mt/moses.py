@@ -34,7 +34,6 @@ import gzip
 import hashlib
 import os
 import re
-import resource
 import subprocess
 import tempfile
 import time
@@ -528,6 +527,7 @@ class Run:
     stdout: str
     stderr: str
     sentence_seconds: List[float]      #: the decoder's per-sentence seconds (Moses' "Translation took")
+    max_rss: int = 0                   #: the process's peak resident memory, bytes
 
     @property
     def translation(self) -> float:
@@ -544,24 +544,43 @@ def run(cmd: List[str], stdin: Optional[str] = None, env: Optional[Dict[str, str
         cwd: Optional[str] = None,
         per_sentence: Callable[[str], List[float]] = sentence_seconds) -> Run:
     """Run a decoder command (``stdin``: a file fed to it) capturing its output, timed: wall
-    and CPU seconds (of this child alone) and the per-sentence times ``per_sentence`` reads
-    from its standard error (default Moses'; cdec's: :func:`nlmfeature.mt.cdec.run`).  Raises
-    :class:`DecoderError` with the end of its standard error when it fails."""
-    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    and CPU seconds and peak resident memory (of this child alone, from its own resource
+    usage) and the per-sentence times ``per_sentence`` reads from its standard error (default
+    Moses'; cdec's: :func:`nlmfeature.mt.cdec.run`).  Raises :class:`DecoderError` with the
+    end of its standard error when it fails."""
+    import threading
+
     t0 = time.perf_counter()
     fin = open(stdin, "rb") if stdin else None
     try:
-        p = subprocess.run(cmd, stdin=fin, capture_output=True, env=env, cwd=cwd)
+        p = subprocess.Popen(cmd, stdin=fin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd)
     finally:
         if fin:
             fin.close()
+    chunks: Dict[str, bytes] = {}
+
+    def drain(name: str, stream) -> None:
+        chunks[name] = stream.read()
+        stream.close()
+
+    readers = [threading.Thread(target=drain, args=(n, s), daemon=True)
+               for n, s in (("out", p.stdout), ("err", p.stderr))]
+    try:
+        for t in readers:
+            t.start()
+        for t in readers:
+            t.join()
+        _, status, usage = os.wait4(p.pid, 0)   # (reaps the child: its own resource usage)
+    except BaseException:                       # Ctrl-C: the decoder does not outlive us
+        p.kill()
+        p.wait()
+        raise
+    p.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - t0
-    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    out, err = p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+    out, err = chunks["out"].decode("utf-8", "replace"), chunks["err"].decode("utf-8", "replace")
     if p.returncode != 0:
         raise DecoderError(f"failed ({' '.join(cmd)}):\n{err[-3000:]}")
-    return Run(wall, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), out, err,
-               per_sentence(err))
+    return Run(wall, usage.ru_utime + usage.ru_stime, out, err, per_sentence(err), usage.ru_maxrss * 1024)
 
 
 def decode(moses: str, ini: str, src: str, out: str, threads: int = 1, kbest: int = 0,
