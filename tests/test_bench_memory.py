@@ -1,4 +1,5 @@
-"""`nlmfeature bench memory --quick` end to end on the Brown test slices (needs KenLM)."""
+"""`nlmfeature bench memory --quick` end to end on the Brown test slices (needs KenLM), with
+models trained by it and models of one's own."""
 from __future__ import annotations
 
 import json
@@ -6,7 +7,7 @@ import os
 
 import pytest
 
-from helpers import BROWN_TRAIN, BROWN_VALID
+from helpers import BROWN_TRAIN, BROWN_VALID, make_model
 
 
 def test_bench_memory_quick(tmp_path, capsys):
@@ -48,6 +49,31 @@ def test_bench_memory_quick(tmp_path, capsys):
     table = format_markdown(res).splitlines()
     assert table[0].startswith("| model | MB |") and "BLEU" in table[0]
     assert len([l for l in table if l.startswith("| nlm-") or l.startswith("| kenlm-")]) == len(rows)
+    # models of one's own, measured as they are (nothing trained): a float32 file gets its
+    # float16 copy, a float16 file is one row; the same figures as when they were trained here
+    out = tmp_path / "out"
+    assert main(["bench", "memory", "--quick", "--train", BROWN_TRAIN, "--valid", BROWN_VALID,
+                 "--test", BROWN_VALID, "--out", str(tmp_path / "own"), "--no-bleu", "--json",
+                 "-m", str(out / "nlm-d16.nlm"), "--model", str(out / "nlm-d8.f16.nlm")]) == 0
+    own = {r["model"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert sorted(n for n in own if n.startswith("nlm")) == ["nlm-d16", "nlm-d16 float16", "nlm-d8.f16"]
+    assert own["nlm-d16"]["test_ppl"] == rows["nlm-d16"]["test_ppl"]
+    assert own["nlm-d8.f16"]["test_ppl"] == rows["nlm-d8 float16"]["test_ppl"]
+    assert own["kenlm-probing"]["test_ppl"] == rows["kenlm-probing"]["test_ppl"]
+    assert own["nlm-d16"]["given"] == str(out / "nlm-d16.nlm") and "epochs" not in own["nlm-d16"]
+
+
+def test_bench_memory_refuses_models_of_another_vocabulary(tmp_path, capsys):
+    from nlmfeature.cli import main
+
+    a = make_model(tmp_path, "a.nlm", min_count=2)
+    b = make_model(tmp_path, "b.nlm", min_count=3)         # a smaller vocabulary
+    rc = main(["bench", "memory", "--train", BROWN_TRAIN, "--valid", BROWN_VALID, "--test", BROWN_VALID,
+               "--widths", "", "--direct-hash-spaces", "", "--no-bleu", "-m", str(a), "-m", str(b)])
+    err = capsys.readouterr().err
+    assert rc != 0 and f"--model {b}: its vocabulary" in err and "Traceback" not in err
+    rc = main(["bench", "memory", "--no-bleu", "-m", str(tmp_path / "missing.nlm")])
+    assert rc != 0 and "missing.nlm: no such file" in capsys.readouterr().err
 
 
 def test_lm_swap_with_the_systems_own_lm_changes_nothing(tmp_path):

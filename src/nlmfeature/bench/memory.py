@@ -5,7 +5,9 @@ several embedding widths, each also stored as float16 (``nlmfeature convert --fl
 with direct n-gram features in hashed stores of several sizes (a smaller store prunes them: more n-grams share a weight); beside
 KenLM 5-gram models of the same text and vocabulary: probing, trie, trie with 8-bit
 quantisation (``build_binary -q 8 -b 8 trie``) and pruned (``lmplz --prune 0 0 1``: 3-grams and
-longer seen once dropped) with trie -q 8 -b 8.
+longer seen once dropped) with trie -q 8 -b 8.  Models of your own (``--model``, e.g. trained for
+hours on a large corpus, or continued on in-domain text) are measured beside them, float16
+copies included; the KenLM models then take their vocabulary.
 
 Every model is trained on ``--train``, its early stopping uses ``--valid``, and it is measured
 on ``--test``: size of the file a decoder maps (bytes; neural models with their precomputed
@@ -86,13 +88,16 @@ def neural_scores(path: str, sentences: List[List[str]]) -> np.ndarray:
 def run(args: argparse.Namespace) -> int:
     from nlmfeature.errors import NLMFeatureError
     from nlmfeature.training.kenlm_baseline import KenLMScorer, find_tool, interpolate, train_kenlm
-    from nlmfeature.core.model import load, save
+    from nlmfeature.core.model import load
     from nlmfeature.training.corpus import read_lines
     from nlmfeature.training.trainer import TrainConfig, train
 
     for f in (args.train, args.valid, args.test):
         if not os.path.exists(f):
             raise NLMFeatureError(f"{f}: no such file (see --train/--valid/--test)")
+    for f in args.model:
+        if not os.path.isfile(f):
+            raise NLMFeatureError(f"--model {f}: no such file")
     if not args.no_bleu:
         for f in (args.dev_nbest, *NBEST_FILES):
             if not os.path.exists(os.path.join(args.nbest_dir, f)):
@@ -131,6 +136,9 @@ def run(args: argparse.Namespace) -> int:
         configs += [(f"nlm-d{wide}+direct-2^{int(math.log2(h))}", dict(word_width=wide, hash_space=h))
                     for h in spaces]
         vocab = None
+        vocab_of = ""
+        if args.quick and args.model:
+            configs = []            # --quick checks the given models' path only: nothing trained
         for name, fields in configs:
             path = os.path.join(out, name + ".nlm")
             t0 = time.time()
@@ -141,14 +149,22 @@ def run(args: argparse.Namespace) -> int:
                               **fields)
             res = train(cfg, log=lambda m: None)
             minutes = (time.time() - t0) / 60
-            vocab = load(path).vocab
-            half = os.path.join(out, name + ".f16.nlm")
+            vocab, vocab_of = load(path).vocab, path
+            rows += _neural_rows(name, path, out, test, valid,
+                                 {"epochs": res.epochs, "train_minutes": round(minutes, 2)})
+        for path in args.model:     # models of the user's own, measured as they are
             m = load(path)
-            save(half, m.header, {k: np.asarray(v) for k, v in m.arrays.items()}, half=True)
-            for label, p in ((name, path), (name + " float16", half)):
-                rows.append({"model": label, "kind": "neural", "path": p, "bytes": os.path.getsize(p),
-                             "test_logprob": neural_scores(p, test), "valid_logprob": neural_scores(p, valid),
-                             "epochs": res.epochs, "train_minutes": round(minutes, 2)})
+            if m.native.source_window:
+                raise NLMFeatureError(f"--model {path}: a joint model; give target-side language models")
+            if vocab is not None and m.vocab != vocab:
+                raise NLMFeatureError(f"--model {path}: its vocabulary ({len(m.vocab)} words) is not that of "
+                                      f"{vocab_of} ({len(vocab)}): the rows must share one vocabulary "
+                                      "(--widths '' --direct-hash-spaces '' trains none)")
+            vocab, vocab_of = m.vocab, path
+            name = os.path.basename(path)
+            name = name[:-4] if name.endswith(".nlm") else name
+            log(f"measuring {path}")
+            rows += _neural_rows(name, path, out, test, valid, {"given": path})
         # -- KenLM --------------------------------------------------------------------------
         base_arpa = None
         for name, lmplz_args, bb_args in KENLM_VARIANTS:
@@ -242,6 +258,23 @@ def format_markdown(result: Dict[str, Any]) -> str:
 NBEST_FILES = ("test.tuned.100best.gz", "dev.ref.en.gz", "test.ref.en.gz", "moses.tuned.ini")
 #: sentences of each list kept with --quick
 QUICK_SENTENCES = 40
+
+
+def _neural_rows(name: str, path: str, out: str, test: List[str], valid: List[str],
+                 extra: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The rows of a neural model file and of its float16 copy (written into ``out``; a file
+    already float16 is one row)."""
+    from nlmfeature.core.model import load, save
+
+    m = load(path)
+    files = [(name, path)]
+    if m.header.get("storage") != "float16":
+        half = os.path.join(out, name + ".f16.nlm")
+        save(half, m.header, {k: np.asarray(v) for k, v in m.arrays.items()}, half=True)
+        files.append((name + " float16", half))
+    return [dict({"model": label, "kind": "neural", "path": p, "bytes": os.path.getsize(p),
+                  "test_logprob": neural_scores(p, test), "valid_logprob": neural_scores(p, valid)}, **extra)
+            for label, p in files]
 
 
 def lm_swap_bleu(rows: List[Dict[str, Any]], vocab, args: argparse.Namespace, work: str,

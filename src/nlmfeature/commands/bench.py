@@ -247,6 +247,11 @@ def _memory(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--direct-hash-spaces", default="4194304,524288",
                    help="hashed-store sizes of the width-200 models with direct features of orders 1-3 "
                         "(default 4194304,524288: the train default and a store pruned 8x)")
+    p.add_argument("-m", "--model", action="append", default=[], metavar="MODEL",
+                   help="a model file of your own (e.g. trained on a large corpus), measured as it is "
+                        "beside the trained ones, with its float16 copy; repeatable.  All rows share one "
+                        "vocabulary: with models of your own, --widths '' --direct-hash-spaces '' "
+                        "trains none (--quick then trains none either).  Default: none")
     p.add_argument("--iterations", type=int, default=20, help="epochs at most per model (default 20)")
     p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
                    help=f"training threads (default {DEFAULT_THREADS})")
