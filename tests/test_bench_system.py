@@ -11,6 +11,7 @@ import os
 import pytest
 
 from nlmfeature.bench import shared_data
+from nlmfeature.bench import memory as bench_memory
 from nlmfeature.bench import systems
 from nlmfeature.cli import main as cli_main
 from nlmfeature.errors import InputError, NLMFeatureError
@@ -193,3 +194,15 @@ def test_the_whole_system_on_300_pairs(tmp_path):
     assert sum(1 for _ in gzip.open(out / "train.align.grow-diag-final-and.gz")) == n
     record = json.loads((out / "build.json").read_text())
     assert record["train"]["phrase_table_entries"] > 500
+    # the tuned system's k-best lists, in bench memory's --nbest-dir layout, which it reads
+    nb = out / "nbest"
+    last = record["nbest"]["dev_iteration"]
+    assert last in (1, 2) and bench_memory.last_dev_nbest(str(nb)) == f"dev.iter{last}.100best.gz"
+    test_ids = {int(l.split(" ||| ")[0]) for l in gzip.open(nb / "test.tuned.100best.gz", "rt")}
+    assert test_ids == set(range(20)) and (nb / "moses.tuned.ini").read_text() == tuned
+    for name in ("dev.ref.en.gz", "test.ref.en.gz", "dev.src.de.gz", "test.src.de.gz"):
+        assert sum(1 for _ in gzip.open(nb / name)) == 20, name
+    assert cli_main(["bench", "memory", "--quick", "--train", str(out / "train.tok.lc.en.gz"),
+                     "--valid", str(out / "sets" / "dev.tok.lc.en"), "--test", str(out / "sets" / "test.tok.lc.en"),
+                     "--nbest-dir", str(nb), "--widths", "8", "--direct-hash-spaces", "", "--json",
+                     "--out", str(tmp_path / "memory")]) == 0

@@ -99,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
         if not os.path.isfile(f):
             raise NLMFeatureError(f"--model {f}: no such file")
     if not args.no_bleu:
+        if args.dev_nbest is None:
+            args.dev_nbest = last_dev_nbest(args.nbest_dir)
         for f in (args.dev_nbest, *NBEST_FILES):
             if not os.path.exists(os.path.join(args.nbest_dir, f)):
                 raise NLMFeatureError(f"{os.path.join(args.nbest_dir, f)}: no such file (see --nbest-dir "
@@ -255,6 +257,16 @@ def format_markdown(result: Dict[str, Any]) -> str:
 
 
 #: files of --nbest-dir besides --dev-nbest
+def last_dev_nbest(folder: str) -> str:
+    """The name of the last MERT iteration's dev list in ``folder`` (the highest
+    ``dev.iterN.100best.gz``); ``dev.iter1.100best.gz`` when there is none (reported missing)."""
+    import re
+
+    found = [(int(m.group(1)), name) for name in (os.listdir(folder) if os.path.isdir(folder) else [])
+             for m in [re.fullmatch(r"dev\.iter(\d+)\.100best\.gz", name)] if m]
+    return max(found)[1] if found else "dev.iter1.100best.gz"
+
+
 NBEST_FILES = ("test.tuned.100best.gz", "dev.ref.en.gz", "test.ref.en.gz", "moses.tuned.ini")
 #: sentences of each list kept with --quick
 QUICK_SENTENCES = 40

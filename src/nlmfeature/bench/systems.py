@@ -24,17 +24,21 @@ layout of the shared Multi30k system (``bench mt --system DIR --data DIR/data`` 
 6. ``tune``: the tables filtered to the dev and test sources, ``nlmfeature-tune moses`` (MERT,
    ``--seed``) on dev from the untuned weights: ``OUT/moses.tuned.ini``; every set decoded with
    the tuned weights and scored (BLEU of the tokenised lowercased output against the
-   tokenised lowercased reference, sacrebleu ``-tok none``): ``OUT/results.json``.
+   tokenised lowercased reference, sacrebleu ``-tok none``): ``OUT/results.json``;
+7. ``nbest``: the tuned system's k-best lists in ``OUT/nbest``, the layout of ``nlmfeature bench
+   memory --nbest-dir`` (the dev 100-best of the last MERT iteration, the test 100-best of the
+   tuned system, sources, references, ``moses.tuned.ini``): memory and perplexity against BLEU
+   with each model as the only LM of this system's lists.
 
 With ``--big-lm-text FILE`` (repeatable: tokenised lowercased English, e.g. a book corpus made
 by ``nlmfeature corpus gutenberg``) two more steps make a second system folder ``OUT/big``
 that shares the tables and differs only in its LM:
 
-7. ``big-lm``: ``lmplz -o 5`` on those files plus the English training side
+8. ``big-lm``: ``lmplz -o 5`` on those files plus the English training side
    (``OUT/big/lm.en.5g.arpa``; ``--big-lm-memory`` bounds lmplz's memory) and its KenLM
    binary ``lm.en.5g.bin``, which ``OUT/big/moses.untuned.ini`` loads (binarising an LM
    of this size for every work folder would take minutes each time);
-8. ``big-tune``: step 6 on ``OUT/big`` (``--big-start small-tuned``: MERT starts from the small
+9. ``big-tune``: step 6 on ``OUT/big`` (``--big-start small-tuned``: MERT starts from the small
    system's tuned weights, which takes fewer iterations).
 
 Every step is skipped when its outputs exist (outputs are written whole or not at all), so a
@@ -72,7 +76,7 @@ NEWSTEST = ("newstest2013", "newstest2014")
 FAST_ALIGN = "clab/fast_align"
 SRC, TGT = "de", "en"
 #: the steps in order; the last two only with --big-lm-text
-STEPS = ("data", "prepare", "align", "lm", "train", "tune", "big-lm", "big-tune")
+STEPS = ("data", "prepare", "align", "lm", "train", "tune", "nbest", "big-lm", "big-tune")
 DEFAULT_MIRRORS = os.path.join("..", ".mirror")
 #: clean-corpus-n.perl's limits as the Moses recipe uses them (1 80; its default ratio 9)
 CLEAN_MIN, CLEAN_MAX, CLEAN_RATIO, CLEAN_MAX_WORD = 1, 80, 9.0, 1000
@@ -644,7 +648,58 @@ def step_tune(args: argparse.Namespace, out: str) -> dict:
     return tune_system(args, out, out)
 
 
-# -- 7-8. the big LM -----------------------------------------------------------------------------
+# -- 7. k-best lists ------------------------------------------------------------------------------
+#: the k-best lists of the tuned system, for ``nlmfeature bench memory --nbest-dir OUT/nbest``
+NBEST_DIR = "nbest"
+NBEST_SIZE = 100
+
+
+def step_nbest(args: argparse.Namespace, out: str) -> dict:
+    """The tuned system's k-best lists in the layout of ``bench memory --nbest-dir``: the dev
+    100-best of the last MERT iteration (``dev.iterN.100best.gz``) and the test 100-best of
+    the tuned system (``test.tuned.100best.gz``), with the tokenised lowercased sources and
+    references (``{dev,test}.{src.de,ref.en}.gz``) and ``moses.tuned.ini``."""
+    import glob
+    import gzip
+    import shutil
+
+    from nlmfeature.mt import moses as m
+    from nlmfeature.mt.tuning.driver import DriverState
+
+    tdir = os.path.join(out, "work", "tune", f"mert.seed{args.seed}")
+    tuned_work = os.path.join(out, "work", "tune", "tuned.moses.ini")
+    state_path = os.path.join(tdir, "state.json")
+    for p in (state_path, tuned_work):
+        if not os.path.isfile(p):
+            raise InputError(p, 0, "the step 'nbest' writes the tuned system's lists: run the step 'tune' first")
+    last = max(h["iteration"] for h in DriverState.load(state_path).history)
+    dev_kbest = os.path.join(tdir, f"run{last}.kbest.gz")
+    if not os.path.isfile(dev_kbest):
+        raise InputError(dev_kbest, 0, "the last MERT iteration's k-best list is missing")
+    nb = os.path.join(out, NBEST_DIR)
+    os.makedirs(nb, exist_ok=True)
+    for old in glob.glob(os.path.join(nb, "dev.iter*.100best.gz")):
+        os.unlink(old)          # one dev list: the last iteration's
+    shutil.copyfile(dev_kbest, os.path.join(nb, f"dev.iter{last}.{NBEST_SIZE}best.gz"))
+    sets_dir = os.path.join(out, "sets")
+    for name in ("dev", "test"):
+        for lang, kind in ((SRC, "src"), (TGT, "ref")):
+            with open(os.path.join(sets_dir, f"{name}.tok.lc.{lang}"), "rb") as f, \
+                    gzip.open(os.path.join(nb, f"{name}.{kind}.{lang}.gz"), "wb") as g:
+                shutil.copyfileobj(f, g)
+    exe = m.find_moses(args.moses, args.moses_root, features=())
+    hyp = os.path.join(out, "work", "tune", "test.tuned.nbest.out")
+    kbest = os.path.join(out, "work", "tune", f"test.tuned.{NBEST_SIZE}best")
+    secs = m.decode(exe, tuned_work, os.path.join(sets_dir, f"test.tok.lc.{SRC}"), hyp,
+                    threads=args.threads, kbest=NBEST_SIZE, kbest_out=kbest, distinct=True)
+    with open(kbest, "rb") as f, gzip.open(os.path.join(nb, f"test.tuned.{NBEST_SIZE}best.gz"), "wb") as g:
+        shutil.copyfileobj(f, g)
+    shutil.copyfile(os.path.join(out, "moses.tuned.ini"), os.path.join(nb, "moses.tuned.ini"))
+    _log(f"nbest: dev list of MERT iteration {last}, test {NBEST_SIZE}-best decoded in {secs:.0f} s")
+    return dict(dev_iteration=last, test_decode_seconds=round(secs, 1), folder=nb)
+
+
+# -- 8-9. the big LM -----------------------------------------------------------------------------
 def big_dir(out: str) -> str:
     return os.path.join(out, "big")
 
@@ -708,6 +763,7 @@ def outputs(step: str, out: str) -> List[str]:
         "lm": [os.path.join(out, LM_NAME)],
         "train": [os.path.join(out, n) for n in (PHRASE_TABLE, REORDERING_TABLE, "moses.untuned.ini")],
         "tune": [os.path.join(out, "moses.tuned.ini"), os.path.join(out, "results.json")],
+        "nbest": [os.path.join(out, NBEST_DIR, n) for n in ("test.tuned.100best.gz", "moses.tuned.ini")],
         "big-lm": [os.path.join(big, BIG_LM_BIN), os.path.join(big, "moses.untuned.ini")],
         "big-tune": [os.path.join(big, "moses.tuned.ini"), os.path.join(big, "results.json")],
     }[step]
@@ -715,7 +771,8 @@ def outputs(step: str, out: str) -> List[str]:
 
 RUNNERS: Dict[str, Callable[[argparse.Namespace, str], dict]] = {
     "data": step_data, "prepare": step_prepare, "align": step_align, "lm": step_lm,
-    "train": step_train, "tune": step_tune, "big-lm": step_big_lm, "big-tune": step_big_tune}
+    "train": step_train, "tune": step_tune, "nbest": step_nbest, "big-lm": step_big_lm,
+    "big-tune": step_big_tune}
 
 
 def build(args: argparse.Namespace) -> dict:

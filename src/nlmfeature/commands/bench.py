@@ -268,10 +268,11 @@ def _memory(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nbest-dir", default=bench_memory._SHARED,
                    help="real Moses k-best lists for BLEU: DEV_NBEST, test.tuned.100best.gz, "
                         "dev.ref.en.gz, test.ref.en.gz and moses.tuned.ini (default: "
-                        "../shared/data/nbest/moses-multi30k-de-en)")
-    p.add_argument("--dev-nbest", default="dev.iter4.100best.gz",
+                        "../shared/data/nbest/moses-multi30k-de-en; `nlmfeature bench system` "
+                        "writes them for its system into OUT/nbest)")
+    p.add_argument("--dev-nbest", default=None,
                    help="the dev k-best list in --nbest-dir that weights are tuned on (default: "
-                        "the last MERT iteration's, dev.iter4.100best.gz)")
+                        "the last MERT iteration's, the highest dev.iterN.100best.gz there)")
     p.add_argument("--tunings", type=int, default=3,
                    help="MERT runs (seeds 1..N) per model for BLEU (default 3)")
     p.add_argument("--jobs", type=int, default=2, help="processes for MERT's restarts (default 2)")
