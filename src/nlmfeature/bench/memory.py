@@ -256,7 +256,6 @@ def format_markdown(result: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-#: files of --nbest-dir besides --dev-nbest
 def last_dev_nbest(folder: str) -> str:
     """The name of the last MERT iteration's dev list in ``folder`` (the highest
     ``dev.iterN.100best.gz``); ``dev.iter1.100best.gz`` when there is none (reported missing)."""
@@ -267,6 +266,7 @@ def last_dev_nbest(folder: str) -> str:
     return max(found)[1] if found else "dev.iter1.100best.gz"
 
 
+#: files of --nbest-dir besides --dev-nbest
 NBEST_FILES = ("test.tuned.100best.gz", "dev.ref.en.gz", "test.ref.en.gz", "moses.tuned.ini")
 #: sentences of each list kept with --quick
 QUICK_SENTENCES = 40
