@@ -245,17 +245,21 @@ def test_pcache_decode_bound_keeps_the_cost_outside_the_scorer():
 
 def test_run_reports_output_times_and_the_childs_peak_memory(tmp_path):
     """``moses.run`` on a stand-in decoder: its output, per-sentence times, CPU time and peak
-    resident memory (its own: a 300 MiB buffer); a failure is one DecoderError with the end
-    of its standard error."""
+    resident memory (its own 300 MiB buffer, not the memory of the process that started it);
+    a failure is one DecoderError with the end of its standard error."""
+    ballast = bytearray(700 * 2**20)            # this process is larger than the decoder
+    ballast[::4096] = b"x" * len(ballast[::4096])
     src = tmp_path / "in.txt"
     src.write_text("a b\nc\n")
     code = ("import sys, time\nx = bytearray(300 * 2**20)\nx[::4096] = b'x' * len(x[::4096])\n"
             "for i, line in enumerate(sys.stdin):\n"
             "    sys.stderr.write(f'Translation took 0.{i + 1}00 seconds total\\n')\n"
-            "    print(line.strip().upper())\n")
+            "    print(line.strip().upper())\n"
+            "time.sleep(0.3)\n")
     r = moses.run([sys.executable, "-c", code], stdin=str(src))
     assert r.output == ["A B", "C"] and r.sentence_seconds == [0.1, 0.2]
     assert r.max_rss >= 300 * 2**20 and r.max_rss < 2 * 300 * 2**20
     assert r.cpu > 0 and r.wall > 0
     with pytest.raises(DecoderError, match="bad input"):
         moses.run([sys.executable, "-c", "import sys; sys.stderr.write('bad input'); sys.exit(3)"])
+    del ballast

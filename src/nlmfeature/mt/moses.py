@@ -527,7 +527,7 @@ class Run:
     stdout: str
     stderr: str
     sentence_seconds: List[float]      #: the decoder's per-sentence seconds (Moses' "Translation took")
-    max_rss: int = 0                   #: the process's peak resident memory, bytes
+    max_rss: int = 0                   #: the process's peak resident memory, bytes (sampled every 50 ms; 0: unknown)
 
     @property
     def translation(self) -> float:
@@ -544,8 +544,8 @@ def run(cmd: List[str], stdin: Optional[str] = None, env: Optional[Dict[str, str
         cwd: Optional[str] = None,
         per_sentence: Callable[[str], List[float]] = sentence_seconds) -> Run:
     """Run a decoder command (``stdin``: a file fed to it) capturing its output, timed: wall
-    and CPU seconds and peak resident memory (of this child alone, from its own resource
-    usage) and the per-sentence times ``per_sentence`` reads from its standard error (default
+    and CPU seconds (of this child alone, from its own resource usage), its peak resident
+    memory (its VmHWM, read every 50 ms while it runs; Linux) and the per-sentence times ``per_sentence`` reads from its standard error (default
     Moses'; cdec's: :func:`nlmfeature.mt.cdec.run`).  Raises :class:`DecoderError` with the
     end of its standard error when it fails."""
     import threading
@@ -563,24 +563,43 @@ def run(cmd: List[str], stdin: Optional[str] = None, env: Optional[Dict[str, str
         chunks[name] = stream.read()
         stream.close()
 
+    peak = [0]
+    done = threading.Event()
+
+    def watch() -> None:
+        # the peak resident memory of the decoder's own address space (VmHWM): the resource
+        # usage of a child also counts, from before its exec, the memory of the process that
+        # started it (Linux keeps the larger), which would credit a decoder with ours
+        status = f"/proc/{p.pid}/status"
+        while not done.wait(0.05):
+            try:
+                with open(status, "rb") as f:
+                    for line in f:
+                        if line.startswith(b"VmHWM:"):
+                            peak[0] = max(peak[0], int(line.split()[1]) * 1024)
+            except (OSError, ValueError):
+                return
+
     readers = [threading.Thread(target=drain, args=(n, s), daemon=True)
-               for n, s in (("out", p.stdout), ("err", p.stderr))]
+               for n, s in (("out", p.stdout), ("err", p.stderr))] + [threading.Thread(target=watch, daemon=True)]
     try:
         for t in readers:
             t.start()
-        for t in readers:
+        for t in readers[:2]:
             t.join()
-        _, status, usage = os.wait4(p.pid, 0)   # (reaps the child: its own resource usage)
+        _, status, usage = os.wait4(p.pid, 0)   # (reaps the child: its own CPU time)
     except BaseException:                       # Ctrl-C: the decoder does not outlive us
         p.kill()
         p.wait()
         raise
+    finally:
+        done.set()
     p.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - t0
     out, err = chunks["out"].decode("utf-8", "replace"), chunks["err"].decode("utf-8", "replace")
     if p.returncode != 0:
         raise DecoderError(f"failed ({' '.join(cmd)}):\n{err[-3000:]}")
-    return Run(wall, usage.ru_utime + usage.ru_stime, out, err, per_sentence(err), usage.ru_maxrss * 1024)
+    return Run(wall, usage.ru_utime + usage.ru_stime, out, err, per_sentence(err), peak[0])
 
 
 def decode(moses: str, ini: str, src: str, out: str, threads: int = 1, kbest: int = 0,
