@@ -98,6 +98,14 @@ def run(args: argparse.Namespace) -> int:
     for f in args.model:
         if not os.path.isfile(f):
             raise NLMFeatureError(f"--model {f}: no such file")
+    given = [(f, load(f)) for f in args.model]      # refused before any work: joint models, two vocabularies
+    for f, m in given:
+        if m.native.source_window:
+            raise NLMFeatureError(f"--model {f}: a joint model; give target-side language models")
+        if m.vocab != given[0][1].vocab:
+            raise NLMFeatureError(f"--model {f}: its vocabulary ({len(m.vocab)} words) is not that of "
+                                  f"{given[0][0]} ({len(given[0][1].vocab)}): the rows must share one vocabulary")
+    del given
     if not args.no_bleu:
         if args.dev_nbest is None:
             args.dev_nbest = last_dev_nbest(args.nbest_dir)
@@ -156,8 +164,6 @@ def run(args: argparse.Namespace) -> int:
                                  {"epochs": res.epochs, "train_minutes": round(minutes, 2)})
         for path in args.model:     # models of the user's own, measured as they are
             m = load(path)
-            if m.native.source_window:
-                raise NLMFeatureError(f"--model {path}: a joint model; give target-side language models")
             if vocab is not None and m.vocab != vocab:
                 raise NLMFeatureError(f"--model {path}: its vocabulary ({len(m.vocab)} words) is not that of "
                                       f"{vocab_of} ({len(vocab)}): the rows must share one vocabulary "
