@@ -105,7 +105,6 @@ def run(args: argparse.Namespace) -> int:
         if m.vocab != given[0][1].vocab:
             raise NLMFeatureError(f"--model {f}: its vocabulary ({len(m.vocab)} words) is not that of "
                                   f"{given[0][0]} ({len(given[0][1].vocab)}): the rows must share one vocabulary")
-    del given
     if not args.no_bleu:
         if args.dev_nbest is None:
             args.dev_nbest = last_dev_nbest(args.nbest_dir)
@@ -159,11 +158,11 @@ def run(args: argparse.Namespace) -> int:
                               **fields)
             res = train(cfg, log=lambda m: None)
             minutes = (time.time() - t0) / 60
-            vocab, vocab_of = load(path).vocab, path
-            rows += _neural_rows(name, path, out, test, valid,
-                                 {"epochs": res.epochs, "train_minutes": round(minutes, 2)})
-        for path in args.model:     # models of the user's own, measured as they are
             m = load(path)
+            vocab, vocab_of = m.vocab, path
+            rows += _neural_rows(name, path, m, out, test, valid,
+                                 {"epochs": res.epochs, "train_minutes": round(minutes, 2)})
+        for path, m in given:       # models of the user's own, measured as they are
             if vocab is not None and m.vocab != vocab:
                 raise NLMFeatureError(f"--model {path}: its vocabulary ({len(m.vocab)} words) is not that of "
                                       f"{vocab_of} ({len(vocab)}): the rows must share one vocabulary "
@@ -172,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
             name = os.path.basename(path)
             name = name[:-4] if name.endswith(".nlm") else name
             log(f"measuring {path}")
-            rows += _neural_rows(name, path, out, test, valid, {"given": path})
+            rows += _neural_rows(name, path, m, out, test, valid, {"given": path})
         # -- KenLM --------------------------------------------------------------------------
         base_arpa = None
         for name, lmplz_args, bb_args in KENLM_VARIANTS:
@@ -278,13 +277,12 @@ NBEST_FILES = ("test.tuned.100best.gz", "dev.ref.en.gz", "test.ref.en.gz", "mose
 QUICK_SENTENCES = 40
 
 
-def _neural_rows(name: str, path: str, out: str, test: List[str], valid: List[str],
+def _neural_rows(name: str, path: str, m, out: str, test: List[str], valid: List[str],
                  extra: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """The rows of a neural model file and of its float16 copy (written into ``out``; a file
-    already float16 is one row)."""
-    from nlmfeature.core.model import load, save
+    """The rows of the neural model file ``path`` (loaded: ``m``) and of its float16 copy
+    (written into ``out``; a file already float16 is one row)."""
+    from nlmfeature.core.model import save
 
-    m = load(path)
     files = [(name, path)]
     if m.header.get("storage") != "float16":
         half = os.path.join(out, name + ".f16.nlm")
