@@ -39,17 +39,22 @@ def _reference_shared(p, acc, ctx, target, noise, logq, lr, l2, eps):
         np.add.at(gR, ctx[:, j], dH * P["W"][j])
     gW = np.stack([(dH * P["R"][ctx[:, j]]).sum(0) for j in range(ctx.shape[1])])
     gbias = dH.sum(0)
+    touched = np.unique(np.concatenate([target, noise]))
+    return loss, _adagrad(P, acc, (("Q", gQ, l2, touched), ("qb", gqb, 0.0, touched), ("R", gR, l2, np.unique(ctx)),
+                                   ("W", gW, l2, None), ("bias", gbias, 0.0, None)), lr, eps)
+
+
+def _adagrad(P, acc, steps, lr, eps):
+    """float64 AdaGrad on the rows ``rows`` (None: all) of each (name, gradient, L2, rows)."""
     out = {}
-    for name, g, decay, rows in (("Q", gQ, l2, np.unique(np.concatenate([target, noise]))),
-                                 ("qb", gqb, 0.0, np.unique(np.concatenate([target, noise]))),
-                                 ("R", gR, l2, np.unique(ctx)), ("W", gW, l2, None), ("bias", gbias, 0.0, None)):
+    for name, g, decay, rows in steps:
         new, a = P[name].copy(), acc[name].astype(np.float64).copy()
         sel = slice(None) if rows is None else rows
         gd = g[sel] + decay * new[sel]
         a[sel] += gd * gd
         new[sel] -= lr * gd / (np.sqrt(a[sel]) + eps)
         out[name] = new
-    return loss, out
+    return out
 
 
 def test_shared_noise_step_matches_a_float64_reference():
@@ -97,17 +102,9 @@ def _reference_per_word(p, acc, ctx, cand, logq, buckets, allowed, lr, l2, eps):
     for j in range(ctx.shape[1]):
         np.add.at(gR, ctx[:, j], dH * P["W"][j])
     gW = np.stack([(dH * P["R"][ctx[:, j]]).sum(0) for j in range(ctx.shape[1])])
-    out = {}
-    for name, grad, decay, rows in (("Q", gQ, l2, np.unique(cand)), ("qb", gqb, 0.0, np.unique(cand)),
-                                    ("D", gD, 0.0, np.unique(buckets[keep])), ("R", gR, l2, np.unique(ctx)),
-                                    ("W", gW, l2, None), ("bias", dH.sum(0), 0.0, None)):
-        new, a = P[name].copy(), acc[name].astype(np.float64).copy()
-        sel = slice(None) if rows is None else rows
-        gd = grad[sel] + decay * new[sel]
-        a[sel] += gd * gd
-        new[sel] -= lr * gd / (np.sqrt(a[sel]) + eps)
-        out[name] = new
-    return loss, out
+    return loss, _adagrad(P, acc, (("Q", gQ, l2, np.unique(cand)), ("qb", gqb, 0.0, np.unique(cand)),
+                                   ("D", gD, 0.0, np.unique(buckets[keep])), ("R", gR, l2, np.unique(ctx)),
+                                   ("W", gW, l2, None), ("bias", dH.sum(0), 0.0, None)), lr, eps)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
