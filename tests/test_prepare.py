@@ -48,10 +48,13 @@ def test_identical_to_perl_pipeline(raw, tok):
 
 
 def test_plain_sacremoses_differs_where_the_perl_rules_apply():
-    """The two rules prepare.py adds matter on this data: without them sacremoses differs."""
+    """The two rules prepare.py adds matter on this data: without them sacremoses differs
+    (shown on the first 8,000 training lines, which hold cases of both rules; the whole file is
+    compared with the Perl output above)."""
     from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
-    raw, expected = _lines(os.path.join(RAW, "train.de.gz")), _lines(os.path.join(SYSTEM, "train.tok.lc.de.gz"))
+    raw = _lines(os.path.join(RAW, "train.de.gz"))[:8000]
+    expected = _lines(os.path.join(SYSTEM, "train.tok.lc.de.gz"))[:8000]
     norm, tok = MosesPunctNormalizer(lang="de", perl_parity=True), MosesTokenizer(lang="de")
     plain = [" ".join(tok.tokenize(norm.normalize(r), aggressive_dash_splits=True,
                                    return_str=True).lower().split()) for r in raw]

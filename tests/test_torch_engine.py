@@ -4,6 +4,7 @@ held-out perplexity matches the native trainer's, direct-feature hashing matches
 and the CLI refuses what the engine does not train."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -13,13 +14,22 @@ import sys
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="the torch engine needs PyTorch: pip install 'nlmfeature[torch]'")
+import nlmfeature
+from helpers import BROWN_TRAIN, BROWN_VALID
+from nlmfeature.core import modelfile
+from nlmfeature.training.trainer import TrainConfig, Trainer
 
-import nlmfeature  # noqa: E402
-from helpers import BROWN_TRAIN, BROWN_VALID  # noqa: E402
-from nlmfeature.core import modelfile  # noqa: E402
-from nlmfeature.training.torch_engine import TorchLM, TorchTrainer, direct_indices  # noqa: E402
-from nlmfeature.training.trainer import TrainConfig, Trainer  # noqa: E402
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                reason="the torch engine needs PyTorch: pip install 'nlmfeature[torch]'")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _torch_imported():
+    """torch (and the engine) are imported when this file's tests run, not when they are
+    collected: a pytest-xdist worker that runs none of them does not pay the ~3.5 s import."""
+    global torch, TorchLM, TorchTrainer, direct_indices
+    import torch
+    from nlmfeature.training.torch_engine import TorchLM, TorchTrainer, direct_indices
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -31,7 +31,7 @@ A table (or ``--json``) and, with ``--plot``, a PNG of perplexity (and BLEU) aga
 from __future__ import annotations
 
 import argparse
-import copy
+import dataclasses
 import itertools
 import math
 import os
@@ -40,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -303,7 +303,7 @@ def lm_swap_bleu(rows: List[Dict[str, Any]], vocab, args: argparse.Namespace, wo
     from nlmfeature.io.atomicfile import open_output
     from nlmfeature.io.textio import read_lines
     from nlmfeature.mt.evaluate import make_metrics, scores_from_stats, sentence_stats
-    from nlmfeature.mt.kbest import format_hypothesis, read_kbest
+    from nlmfeature.mt.kbest import format_hypothesis, format_number, read_kbest
     from nlmfeature.mt.rescore import sentence_logprobs
     from nlmfeature.mt.weights import read_weights, write_weights
     from nlmfeature.errors import NLMFeatureError
@@ -340,20 +340,26 @@ def lm_swap_bleu(rows: List[Dict[str, Any]], vocab, args: argparse.Namespace, wo
                               rescore_restarts=2 if args.quick else 20)
     tunings = 1 if args.quick else args.tunings
 
+    # every row writes the same lists with other LM0 values: each line is formatted once,
+    # around its LM0 value, and the reranker's matrix is built once, its LM0 column replaced
+    base = {name: KbestMatrix(srcs[name], hyps) for name, hyps in lists.items()}
+    lines = {name: [_around_lm0(h, format_hypothesis) for h in hyps] for name, hyps in lists.items()}
+    which = {name: np.asarray([index[h.text] for h in hyps], dtype=np.int64) for name, hyps in lists.items()}
+
     def measure(tag: str, scores: Optional[List[float]]) -> Dict[str, Any]:
         paths = {}
         matrices: Dict[str, Any] = {}       # the reranker's matrices, from the lists at hand
         for name, hyps in lists.items():
             p = os.path.join(work, f"{tag}.{name}.nbest.gz")
-            if scores is not None:
-                hyps = [copy.copy(h) for h in hyps]
-                for h in hyps:
-                    h.features = [(lab, [scores[index[h.text]]] if lab == "LM0" else v)
-                                  for lab, v in h.features]
+            if scores is None:
+                values = base[name].x[:, base[name].column("LM0")]
+            else:
+                values = np.asarray(scores, dtype=np.float64)[which[name]]
             with open_output(p) as f:
-                f.writelines(format_hypothesis(h, "moses") + "\n" for h in hyps)
+                f.writelines(pre + format_number(float(v)) + post
+                             for (pre, post), v in zip(lines[name], values))
             paths[name] = p
-            matrices[p] = KbestMatrix(p, hyps)
+            matrices[p] = base[name].with_column("LM0", values, p)
         test, dev = [], []
         for seed in range(1, tunings + 1):
             best = rerank(tune, work, tag, paths, init, dev_ref, seed, matrices, f"BLEU {tag}",
@@ -381,6 +387,20 @@ def lm_swap_bleu(rows: List[Dict[str, Any]], vocab, args: argparse.Namespace, wo
             f"test.tuned.100best.gz{'; first %d sentences' % limit if limit else ''}), MERT x{tunings} "
             "on dev; rescoring, not decoding")
     return {"system_lm": system, "lists": srcs, "tunings": tunings, "note": note}
+
+
+#: an LM0 value no list holds, marking where a line's LM0 value goes (see _around_lm0)
+_MARK = 0.12345678901234568
+
+
+def _around_lm0(hyp, format_hypothesis) -> Tuple[str, str]:
+    """``hyp``'s k-best line (Moses format, with its newline) split around its LM0 value:
+    ``pre + format_number(value) + post`` is the line with LM0 = value."""
+    marked = [(lab, [_MARK] if lab == "LM0" else v) for lab, v in hyp.features]
+    line = format_hypothesis(dataclasses.replace(hyp, features=marked), "moses") + "\n"
+    pre, mark, post = line.partition(f"LM0= {_MARK!r}")
+    assert mark and post.find(mark) < 0
+    return pre + "LM0= ", post
 
 
 def _quick_ref(lines: List[str], work: str) -> str:

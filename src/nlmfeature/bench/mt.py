@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import io
 import math
 import os
@@ -581,6 +582,26 @@ class KbestMatrix:
         #: where each sentence's run of rows starts, and the end
         self.offsets = np.flatnonzero(np.diff(self.sids, prepend=-1, append=-2)).astype(np.int64) \
             if len(self.sids) else np.zeros(1, dtype=np.int64)
+
+    def column(self, label: str) -> int:
+        """The column of single-valued feature ``label`` in :attr:`x`."""
+        at = 0
+        for l, k in self.labels:
+            if l == label:
+                if k != 1:
+                    raise ValueError(f"{self.path}: feature {label} has {k} values, not one")
+                return at
+            at += k
+        raise KeyError(f"{self.path}: no feature {label}")
+
+    def with_column(self, label: str, values: np.ndarray, path: str) -> "KbestMatrix":
+        """The same list with single-valued feature ``label`` set to ``values`` (one per row),
+        as the list written to ``path``; this matrix is left as it is."""
+        other = copy.copy(self)
+        other.path = path
+        other.x = self.x.copy()
+        other.x[:, self.column(label)] = values
+        return other
 
     def one_best(self, weights: dict) -> List[str]:
         """The highest-scoring hypothesis per sentence (labels without a weight count as 0)."""
