@@ -298,10 +298,18 @@ def build_moses2_with_shim(root: str) -> str:
         src, dst = os.path.join(repo, "moses_ff", "moses2", name), os.path.join(root, "moses2", "LM", name)
         if not os.path.exists(dst) or not filecmp.cmp(src, dst, shallow=False):
             shutil.copy(src, dst)
-    registry = os.path.join(root, "moses2", "FF", "FeatureRegistry.cpp")
-    if "LM_NLMFEATURE" not in open(registry, encoding="utf-8").read():
+    # a line of each file the patch changes last (a tree patched by an older version of the
+    # patch gets the rest: --forward skips the hunks already applied)
+    marks = {os.path.join("moses2", "FF", "FeatureRegistry.cpp"): "LM_NLMFEATURE",
+             os.path.join("moses2", "PhraseBased", "TrellisPath.cpp"): "include_alignment_info"}
+
+    def unpatched():
+        return [f for f, m in marks.items() if m not in open(os.path.join(root, f), encoding="utf-8").read()]
+
+    if unpatched():
         subprocess.run(["patch", "-p1", "--forward", "-i", os.path.join(repo, "moses_ff", "moses2.patch")],
-                       cwd=root, check=True, capture_output=True)
+                       cwd=root, capture_output=True)
+        assert not unpatched(), f"moses_ff/moses2.patch did not apply to {root}: {unpatched()}"
     return _relink(root, "moses2//moses2", moses2_binaries, ["NLMFeature", "NLMJointFeature"])
 
 

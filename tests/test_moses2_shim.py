@@ -136,7 +136,7 @@ def joint_model(tmp_path_factory) -> str:
 
 def test_joint_feature_equals_python_joint_score(moses2, joint_model, tmp_path):
     """NLMJointFeature in Moses2, on a monotone system of one-word phrases (Moses2's n-best
-    lists carry no word alignment, so the affiliations must follow from the output: word j
+    lists carry no phrase segmentation, so the affiliations must follow from the output: word j
     from source word j): every n-best entry's NNJM0 value equals the Python joint scorer's."""
     import gzip
 
@@ -179,3 +179,68 @@ def test_joint_feature_equals_python_joint_score(moses2, joint_model, tmp_path):
         assert abs(v - want) <= 1e-3 + 1e-5 * abs(want), (sid, text, v, want)
         checked += 1
     assert checked >= 20
+
+
+def test_nbest_word_alignment_as_moses_writes_it(moses2, joint_model, tmp_path):
+    """-print-alignment-info-in-n-best (moses_ff/moses2.patch): every Moses2 n-best entry
+    ends with its word alignment, i-j points in the sentence's positions (an unknown word
+    aligned to itself, as in Moses); where Moses lists the same hypothesis (the same output and
+    feature values), the alignment is the same; nlmfeature-rescore adds a joint model's
+    feature from it."""
+    from nlmfeature.cli import rescore_main
+    from nlmfeature.core.joint import alignment_field
+    from nlmfeature.mt.kbest import read_kbest
+
+    from helpers import moses_binaries
+
+    data = os.path.join(DECODER_DATA, "multi30k")
+    lines = ["[input-factors]", "0", "[mapping]", "0 T 0", "[distortion-limit]", "6", "[feature]",
+             "UnknownWordPenalty", "WordPenalty", "PhrasePenalty",
+             f"PhraseDictionaryMemory name=TranslationModel0 num-features=4 path={data}/phrase-table.gz "
+             "input-factor=0 output-factor=0 table-limit=20", "Distortion",
+             "[weight]", "Distortion0= 0.014", "WordPenalty0= -0.15", "PhrasePenalty0= 0.05",
+             "TranslationModel0= 0.07 0.05 0.1 0.05", "UnknownWordPenalty0= 1"]
+    ini = tmp_path / "aligned.ini"
+    ini.write_text("\n".join(lines) + "\n")
+    src = os.path.join(data, "de.txt")
+    sources = [line.split() for line in open(src, encoding="utf-8")]
+
+    def nbest(binary, tag):
+        path = str(tmp_path / f"{tag}.nbest")
+        p = subprocess.run([binary, "-f", str(ini), "-input-file", src, "-n-best-list", path, "50",
+                            "-print-alignment-info-in-n-best", "true"], capture_output=True, text=True,
+                           timeout=600)
+        assert p.returncode == 0, p.stderr[-3000:]
+        out = {}
+        for i, h in enumerate(read_kbest(path)):
+            points = [tuple(map(int, t.split("-"))) for t in alignment_field(h.extra, path, i + 1).split()]
+            # (Moses and Moses2 list the features in other orders)
+            out[(h.sid, h.text, tuple(sorted((lab, tuple(vals)) for lab, vals in h.features)))] = points
+        return path, out
+
+    import gzip
+
+    with gzip.open(os.path.join(data, "phrase-table.gz"), "rt", encoding="utf-8") as f:
+        known = {w for line in f for w in line.split(" ||| ")[0].split()}
+    path2, ours = nbest(moses2, "moses2")
+    assert len({sid for sid, _, _ in ours}) == len(sources)
+    unknown = 0
+    for (sid, text, _), points in ours.items():
+        words, src_words = text.split(), sources[sid]
+        assert points and all(0 <= i < len(src_words) and 0 <= j < len(words) for i, j in points), (sid, text)
+        for i, w in enumerate(src_words):
+            if w not in known:                      # copied, and aligned to itself
+                unknown += 1
+                assert any(a == i and words[b] == w for a, b in points), (sid, text, w)
+    assert unknown > 0
+    binaries = moses_binaries(MOSES_ROOT)
+    if binaries:
+        _, theirs = nbest(max(binaries, key=os.path.getmtime), "moses")
+        same = [k for k in ours if k in theirs]
+        assert len(same) >= 20
+        for k in same:
+            assert ours[k] == theirs[k], k
+    out = tmp_path / "rescored.nbest"
+    assert rescore_main(["-i", path2, "-m", joint_model, "--source", src, "-o", str(out), "-q"]) == 0
+    rescored = list(read_kbest(str(out)))
+    assert len(rescored) == len(ours) and all(h.features[-1][0] == "NLM0" for h in rescored)
