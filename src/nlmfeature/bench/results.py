@@ -1,0 +1,174 @@
+"""``docs/results.md`` read as data, and the README's headline table written from it.
+
+``docs/results.md`` holds one section per benchmark: a heading, the command that produced it
+(an indented block), a paragraph that starts with the commit(s) and date of the run, and the
+tables the command printed.  :func:`read_sections` parses that shape; :func:`headline_table`
+builds the README's first table from the sections :data:`HEADLINES` names, so that a figure
+in the README is always the one in ``docs/results.md`` (``python3 -m nlmfeature.cli --readme
+README.md`` rewrites both of the README's generated blocks; a test checks they are current).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from nlmfeature.errors import NLMFeatureError
+
+_COMMIT = re.compile(r"(?<![0-9a-z])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,12}(?![0-9a-z])")
+_DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+
+
+@dataclass
+class Section:
+    """One heading of ``docs/results.md`` and what follows it up to the next heading."""
+
+    title: str                                   #: the heading's text, without the ``#``s
+    commands: List[str] = field(default_factory=list)  #: indented command lines, continuations joined
+    provenance: str = ""                         #: the first paragraph after the commands
+    tables: List[List[List[str]]] = field(default_factory=list)  #: each table's body rows' cells
+
+    @property
+    def commits(self) -> List[str]:
+        """The commit hashes the provenance paragraph names, in order."""
+        return list(dict.fromkeys(_COMMIT.findall(self.provenance)))
+
+    @property
+    def date(self) -> str:
+        m = _DATE.search(self.provenance)
+        return m.group(0) if m else ""
+
+    def row(self, *first: str) -> List[str]:
+        """The cells of the first table row whose leading cells are ``first``."""
+        for table in self.tables:
+            for cells in table:
+                if tuple(cells[:len(first)]) == first:
+                    return cells
+        raise NLMFeatureError(f"docs/results.md, section {self.title!r}: no table row starting "
+                              f"{' | '.join(first)}")
+
+
+def read_sections(text: str) -> Dict[str, Section]:
+    """The sections of a ``docs/results.md`` text, by heading."""
+    out: Dict[str, Section] = {}
+    sec: Optional[Section] = None
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("#"):
+            sec = Section(line.lstrip("#").strip())
+            out[sec.title] = sec
+        elif sec is not None and line.startswith("    ") and not sec.provenance and not sec.tables:
+            cmd = line.strip()
+            while cmd.endswith("\\") and i + 1 < len(lines) and lines[i + 1].startswith("    "):
+                i += 1
+                cmd = cmd[:-1].rstrip() + " " + lines[i].strip()
+            sec.commands.append(cmd)
+        elif sec is not None and line.startswith("|"):
+            table = []
+            while i < len(lines) and lines[i].startswith("|"):
+                cells = [c.strip() for c in lines[i].strip().strip("|").split("|")]
+                if not all(set(c) <= set("-: ") for c in cells):
+                    table.append(cells)
+                i += 1
+            sec.tables.append(table[1:])        # the body: the header row dropped
+            continue
+        elif sec is not None and line.strip() and sec.commands and not sec.provenance:
+            para = [line.strip()]
+            while i + 1 < len(lines) and lines[i + 1].strip() and not lines[i + 1].startswith(("|", "#", "    ")):
+                i += 1
+                para.append(lines[i].strip())
+            sec.provenance = " ".join(para)
+        i += 1
+    return out
+
+
+# -- the README's headline table -----------------------------------------------------------------
+def _mean(cell: str) -> str:
+    return cell.split("±")[0].strip()
+
+
+def _gain(base: str, new: str, diff: str) -> str:
+    """``40.60 → 42.25 (**+1.66**, p = 0.001)`` from the cells of a ``bench mt`` table."""
+    m = re.fullmatch(r"([+-]?[\d.]+) \(([\d.]+)\)", diff.strip())
+    if not m:
+        raise NLMFeatureError(f"docs/results.md: {diff!r} is not a 'difference (p)' cell")
+    return f"{_mean(base)} → {_mean(new)} (**{m.group(1)}**, p = {m.group(2)})"
+
+
+def bleu_gain(part: str, *sets: str) -> Callable[[Section], str]:
+    """The BLEU row(s) of a ``bench mt`` table: KenLM only → KenLM + NLM, difference, p."""
+    def render(s: Section) -> str:
+        out = []
+        for name in sets:
+            cells = s.row(part, name, "bleu")
+            out.append((f"{name} " if len(sets) > 1 else "") + _gain(cells[3], cells[4], cells[5]))
+        return "; ".join(out)
+    return render
+
+
+def demo_gain(s: Section) -> str:
+    """The demo's test BLEU row: ``40.51 | 41.72 (+1.21, p = 0.002)``."""
+    cells = s.row("test BLEU")
+    m = re.fullmatch(r"([\d.]+) \(([+-][\d.]+), p = ([\d.]+)\)", cells[2])
+    if not m:
+        raise NLMFeatureError(f"docs/results.md, section {s.title!r}: {cells[2]!r} is not "
+                              "'score (+diff, p = p)'")
+    return f"{cells[1]} → {m.group(1)} (**{m.group(2)}**, p = {m.group(3)})"
+
+
+def cell(first: str, column: int, fmt: str) -> Callable[[Section], str]:
+    """One cell of the row starting ``first``, written into ``fmt`` (``{}``)."""
+    return lambda s: fmt.format(s.row(first)[column])
+
+
+#: (README label, docs/results.md heading, how the figure is written from that section); the
+#: README shows the section's last command (the one that printed the table)
+HEADLINES: Sequence[Tuple[str, str, Callable[[Section], str]]] = (
+    ("BLEU, the NLM inside Moses' search (3 tunings per side)",
+     "BLEU with the NLM inside Moses' search", bleu_gain("decoding", "test")),
+    ("BLEU, rescoring Moses 1000-best lists (3 tunings)",
+     "BLEU rescoring Moses 1000-best lists", bleu_gain("1000-best rescoring", "test")),
+    ("BLEU, Tatoeba de→en (166k pairs) with a 42M-word KenLM, the NLM trained on the same text "
+     "and continued on the in-domain side (`train --init-model`; float16, 1/11 of KenLM's size), "
+     "in Moses2 (3 tunings per side)",
+     "The NLM continued on the in-domain side (`train --init-model`), in Moses2's search",
+     bleu_gain("decoding", "test", "newstest2014")),
+    ("BLEU, the demo (bundled 100-best lists)", "The demo", demo_gain),
+    ("Moses decode CPU time with the NLM (LBL 200)", "Decode time in Moses",
+     cell("KenLM + NLM (unnormalised)", 1, "**{}** KenLM alone")),
+    ("lookups per second, one thread, a real Moses query stream", "Lookups per second",
+     cell("unnormalised LBL 200", 1, "**{}**")),
+)
+
+_MARKS = "¹²³⁴⁵⁶⁷⁸⁹"
+
+
+def _shown(command: str) -> str:
+    """A command as the README shows it: without the output-format flag and the decoder path."""
+    command = re.sub(r"\s--markdown\b", "", command)
+    command = re.sub(r"\s--moses MOSES_ROOT/\S+", "", command)
+    return re.sub(r"^MOSES_ROOT=\S+ ", "", command)
+
+
+def headline_table(results_text: str) -> str:
+    """The README's headline table (markdown, with its footnote of commits and dates)."""
+    sections = read_sections(results_text)
+    machine = re.search(r"The machine: (.+?)\.(?:\s|$)", " ".join(results_text.split()))
+    rows = ["| measured on Multi30k de→en (test2016) unless said | result | command that regenerates it |",
+            "|---|---|---|"]
+    notes = []
+    for i, (label, title, render) in enumerate(HEADLINES):
+        if title not in sections:
+            raise NLMFeatureError(f"docs/results.md has no section {title!r} (the README's "
+                                  "headline table reads it)")
+        s = sections[title]
+        if not s.commands:
+            raise NLMFeatureError(f"docs/results.md, section {title!r}: no command block")
+        mark = _MARKS[i]
+        rows.append(f"| {label} | {render(s)} | `{_shown(s.commands[-1])}` {mark} |")
+        notes.append(f"{mark} {', '.join(s.commits) or 'commit not stated'} ({s.date or 'date not stated'})")
+    where = f"; all on {machine.group(1)}" if machine else ""
+    return ("\n".join(rows) + "\n\n" + "; ".join(notes) + where + ".  The models, data and full "
+            "tables: [docs/results.md](docs/results.md), one section per benchmark.\n")

@@ -1,0 +1,66 @@
+"""docs/results.md read as data: every benchmark section names its command, commit and date,
+and the README's headline table is written from those sections (a figure changed in
+docs/results.md changes the README when it is regenerated, and a stale README is caught)."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from nlmfeature import cli
+from nlmfeature.bench.results import HEADLINES, headline_table, read_sections
+from nlmfeature.errors import NLMFeatureError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "docs", "results.md")
+
+
+def test_headline_sections_name_command_commit_and_date():
+    sections = read_sections(open(RESULTS, encoding="utf-8").read())
+    for _, title, render in HEADLINES:
+        s = sections[title]
+        assert s.commands and s.commands[-1].split()[0] in ("nlmfeature", "python3", "MOSES_ROOT=..."), title
+        assert s.commits and s.date.startswith("20"), (title, s.provenance)
+        assert render(s)
+    row = sections["BLEU with the NLM inside Moses' search"].row("decoding", "test", "bleu")
+    base, nlm, diff = (c.split()[0] for c in row[3:6])
+    assert f"| {base} → {nlm} (**{diff}**, p = " in headline_table(open(RESULTS, encoding="utf-8").read())
+    # continuation lines are joined into one command
+    assert all("\\" not in c for s in sections.values() for c in s.commands)
+
+
+def _copy(tmp_path):
+    (tmp_path / "docs").mkdir()
+    shutil.copy(os.path.join(ROOT, "README.md"), tmp_path / "README.md")
+    shutil.copy(RESULTS, tmp_path / "docs" / "results.md")
+    return str(tmp_path / "README.md"), str(tmp_path / "docs" / "results.md")
+
+
+def test_readme_headline_follows_results(tmp_path):
+    readme, results = _copy(tmp_path)
+    assert cli.update_readme(readme, check=True)
+    text = open(results, encoding="utf-8").read()
+    row = read_sections(text)["BLEU with the NLM inside Moses' search"].row("decoding", "test", "bleu")
+    old = "| " + " | ".join(row) + " |"
+    new = "| " + " | ".join(row[:4] + ["49.99 ± 0.10", "+9.39 (0.001)"]) + " |"
+    assert old in text
+    open(results, "w", encoding="utf-8").write(text.replace(old, new))
+    assert not cli.update_readme(readme, check=True)            # stale now
+    assert not cli.update_readme(readme)                         # rewritten
+    after = open(readme, encoding="utf-8").read()
+    assert f"{row[3].split()[0]} → 49.99 (**+9.39**, p = 0.001)" in after
+    assert cli.update_readme(readme, check=True)
+    assert after.count(cli.HEADLINE_BEGIN) == 1 and after.count(cli.README_BEGIN) == 1
+
+
+def test_a_missing_section_is_a_clear_error(tmp_path):
+    readme, results = _copy(tmp_path)
+    text = open(results, encoding="utf-8").read()
+    open(results, "w", encoding="utf-8").write(text.replace("## Lookups per second", "## Lookups"))
+    with pytest.raises(NLMFeatureError, match="no section 'Lookups per second'"):
+        headline_table(open(results, encoding="utf-8").read())
+    p = subprocess.run([sys.executable, "-m", "nlmfeature.cli", "--readme", readme], capture_output=True,
+                       text=True)
+    assert p.returncode == 2 and "Lookups per second" in p.stderr and "Traceback" not in p.stderr
+    assert open(readme, encoding="utf-8").read() == open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
