@@ -7,7 +7,6 @@
 #include <iostream>
 #include <sstream>
 
-#include <boost/functional/hash.hpp>
 
 #include "moses/FactorCollection.h"
 #include "moses/Hypothesis.h"
@@ -162,15 +161,13 @@ void NLMFeatureState::operator delete(void *p, size_t bytes)
 
 size_t NLMFeatureState::hash() const
 {
-  size_t seed = static_cast<size_t>(size);
-  boost::hash_range(seed, ids, ids + size);
-  return seed;
+  return nlmfeature::StateHash(ids, size);
 }
 
 bool NLMFeatureState::operator==(const FFState& o) const
 {
   const NLMFeatureState &other = static_cast<const NLMFeatureState&>(o);
-  return size == other.size && std::memcmp(ids, other.ids, sizeof(int32_t) * size) == 0;
+  return nlmfeature::SameState(ids, size, other.ids, other.size);
 }
 
 NLMFeature::NLMFeature(const std::string &line)

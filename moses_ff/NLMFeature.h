@@ -91,7 +91,7 @@ public:
   int32_t size;
 
   NLMFeatureState() : size(0) {}
-  virtual size_t hash() const;
+  virtual size_t hash() const;              // nlmfeature::StateHash of the ids
   virtual bool operator==(const FFState& other) const;
 
   //! Moses makes one state per hypothesis expansion and drops most of them soon after (a

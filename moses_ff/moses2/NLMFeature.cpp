@@ -8,7 +8,6 @@
 #include <sstream>
 #include <stdexcept>
 
-#include <boost/functional/hash.hpp>
 
 #include "../Phrase.h"
 #include "../Scores.h"
@@ -50,24 +49,22 @@ struct BatchBuffers {
 thread_local BatchBuffers t_batch;
 }  // namespace
 
-size_t NLMFeatureState::hash() const
-{
-  size_t seed = static_cast<size_t>(size);
-  boost::hash_range(seed, ids, ids + size);
-  return seed;
-}
-
-bool NLMFeatureState::operator==(const FFState &o) const
-{
-  const NLMFeatureState &other = static_cast<const NLMFeatureState &>(o);
-  return size == other.size && std::memcmp(ids, other.ids, sizeof(int32_t) * size) == 0;
-}
-
 std::string NLMFeatureState::ToString() const
 {
   std::ostringstream out;
   for (int32_t i = 0; i < size; ++i) out << (i ? " " : "") << ids[i];
   return out.str();
+}
+
+size_t NLMFeatureState::hash() const
+{
+  return nlmfeature::StateHash(ids, size);
+}
+
+bool NLMFeatureState::operator==(const FFState &o) const
+{
+  const NLMFeatureState &other = static_cast<const NLMFeatureState &>(o);
+  return nlmfeature::SameState(ids, size, other.ids, other.size);
 }
 
 NLMFeature::NLMFeature(size_t startInd, const std::string &line, const char *kind)

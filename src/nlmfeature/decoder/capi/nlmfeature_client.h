@@ -30,6 +30,7 @@
 #include <vector>
 
 #ifndef NLMFEATURE_CLIENT_PARSERS_ONLY
+#include <boost/functional/hash.hpp>
 #include <boost/thread/tss.hpp>
 #endif
 
@@ -161,6 +162,21 @@ void Affiliations(It begin, It end, size_t n, size_t start, size_t srcLen, int *
 }
 
 #ifndef NLMFEATURE_CLIENT_PARSERS_ONLY
+/** The recombination state of a target-side NLM feature is the last n-1 target ids (the
+ *  scorer's context of the next word): the Moses and Moses2 features' states hash and
+ *  compare them with these two, so that two states recombine exactly when their ids do. */
+inline size_t StateHash(const int32_t *ids, int32_t size)
+{
+  size_t seed = static_cast<size_t>(size);
+  boost::hash_range(seed, ids, ids + size);
+  return seed;
+}
+
+inline bool SameState(const int32_t *a, int32_t na, const int32_t *b, int32_t nb)
+{
+  return na == nb && std::memcmp(a, b, sizeof(int32_t) * na) == 0;
+}
+
 /** The model, the session options and one session per decoder thread of one feature (left
  *  out with NLMFEATURE_CLIENT_PARSERS_ONLY defined: the option rules alone, no Boost). */
 class Client
