@@ -416,15 +416,47 @@ cdef const double* direct_vector(SessionC* s, int kind, const uint64_t* states, 
     (:c:func:`direct_level`), else computed into ``vscratch``.  Valid until the next call."""
     cdef const ModelC* m = s.model
     cdef int64_t off = direct_level(s, kind, states, ctx, tag, targets, n, m.direct_order - 1)
-    cdef int32_t i
+    cdef const double* first = m.direct_first[kind]
+    cdef int k0 = 1 if first != NULL else 0
+    cdef int nk = m.direct_order - k0, k
+    cdef int64_t block, q, scratch = m.vocab_size if m.vocab_size > m.n_classes_padded else m.n_classes_padded
+    cdef int32_t a, b, i, t
+    cdef uint64_t j, tt
+    cdef double x
     if off >= 0:
         return s.vec_arena + off
-    if targets != NULL:
-        for i in range(n):
-            s.vscratch[i] = <float>direct_value_kind(m, kind, states, targets[i])
-    else:
-        for i in range(n):
-            s.vscratch[i] = <float>direct_value_kind(m, kind, states, i)
+    # no room in the sentence's cache (a normaliser over a large vocabulary asks for
+    # vectors of V doubles): computed here, :c:func:`direct_value_kind` term for term, in
+    # blocks of targets whose features' indices are found and whose loads are started
+    # together (the bitmap's words, then the non-zero weights), so that a block waits for
+    # one round of cache misses instead of one per feature
+    block = scratch // nk if nk > 0 else n
+    block = 256 if block > 256 else (1 if block < 1 else block)
+    a = 0
+    while a < n:
+        b = a + <int32_t>block if a + block < n else n
+        for i in range(a, b):
+            tt = (<uint64_t>(targets[i] if targets != NULL else i)) << 32
+            for k in range(nk):
+                j = direct_index(m, splitmix64(states[k0 + k] ^ tt))
+                s.hscratch[(i - a) * nk + k] = j
+                __builtin_prefetch(&m.direct_nonzero[j >> 6])
+        for q in range((b - a) * nk):
+            j = s.hscratch[q]
+            if direct_nonzero(m, j):
+                s.hscratch[q] = direct_rank_of(m, j)
+                __builtin_prefetch(m.direct_packed + s.hscratch[q])
+            else:
+                s.hscratch[q] = <uint64_t>NO_WEIGHT
+        for i in range(a, b):
+            t = targets[i] if targets != NULL else i
+            x = first[t] if first != NULL else 0.0
+            for k in range(nk):
+                j = s.hscratch[(i - a) * nk + k]
+                if j != <uint64_t>NO_WEIGHT:
+                    x += m.direct_packed[j]
+            s.vscratch[i] = <float>x
+        a = b
     return s.vscratch
 
 
