@@ -343,6 +343,39 @@ def test_direct_vectors_cached_per_sentence_are_exact(tmp_path, out, terms):
     assert np.exp(cached.score_padded(c, np.arange(V, dtype=np.int32))).sum() == pytest.approx(1.0, abs=1e-5)
 
 
+@pytest.mark.parametrize("out", ["softmax", "unnormalised"])
+def test_batched_softmax_with_direct_features_equals_the_native_scorer(tmp_path, out):
+    """A softmax normaliser over direct features in the batched scorer (matrix products, the
+    direct values of every word from the native scorer, ``Session.direct_vocab``): the same
+    scores as one lookup at a time, for a softmax model and for the exactly normalised view
+    of an unnormalised one (``perplexity --exact``), and they sum to one over the vocabulary."""
+    from helpers import brown_vocab
+    from nlmfeature.core.architecture import ModelSpec, random_model
+    from nlmfeature.core.model import exactly_normalised
+
+    vocab, counts = brown_vocab(6)
+    V = len(vocab)
+    spec = ModelSpec(arch="lbl", order=4, word_width=16, diagonal_contexts=True, output=out,
+                     direct_order=3, hash_space=4099)
+    header, arrays = random_model(spec, vocab, counts, seed=9)
+    path = str(tmp_path / f"direct-{out}.nlm")
+    nlmfeature.save(path, header, arrays)
+    model = exactly_normalised(nlmfeature.load(path))
+    lines = [l.split() for l in read_lines(BROWN_VALID, 60)]
+    ctxs, words = zip(*(model.sentence_ngrams(l) for l in lines))
+    ctx, w = np.ascontiguousarray(np.concatenate(ctxs)), np.ascontiguousarray(np.concatenate(words))
+    native = model.native.session(1 << 12).score_padded(ctx, w)
+    batched = model.score_batch(ctx, w)
+    assert np.allclose(batched, native, rtol=0, atol=2e-5)
+    one = np.ascontiguousarray(np.repeat(ctx[11][None], V, axis=0))
+    assert np.exp(model.score_batch(one, np.arange(V, dtype=np.int32))).sum() == pytest.approx(1.0, abs=1e-5)
+    d = np.empty((2, V), dtype=np.float32)
+    model.native.session(0).direct_vocab(ctx[:2], d)
+    assert np.count_nonzero(d) > 0
+    with pytest.raises(ValueError, match="shape"):
+        model.native.session(0).direct_vocab(ctx[:2], np.empty((2, V - 1), dtype=np.float32))
+
+
 @pytest.mark.parametrize("case", ["class-diag-direct", "softmax-full-tables-bias", "joint-class",
                                   "class-order1-bias", "class-wide-range"])
 def test_linear_outputs_sum_position_terms(tmp_path, case, monkeypatch):

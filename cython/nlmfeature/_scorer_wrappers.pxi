@@ -442,6 +442,27 @@ cdef class Session:
                 o[i] = nlm_score_padded(self.s, base + i * c, w)
         return out
 
+    def direct_vocab(self, const int32_t[:, ::1] contexts not None, float[:, ::1] out not None) -> None:
+        """``out[i, w]``: the direct-feature value every word ``w`` gets after padded context
+        ``contexts[i]`` (the float that a softmax normaliser adds to the word's logit), for a
+        model with direct features; the batched scorer adds it to its matrix products."""
+        cdef int64_t n = contexts.shape[0], i
+        cdef int c = self.model.m.key_len
+        cdef int32_t V = self.model.m.vocab_size, w
+        cdef uint64_t states[NLM_MAX_ORDER + 1]
+        cdef const double* dv
+        if not self.model.m.direct_order:
+            raise ValueError("the model has no direct features")
+        if (n and contexts.shape[1] != c) or out.shape[0] != n or out.shape[1] != V:
+            raise ValueError(f"contexts must have shape (N, {c}) and out (N, {V})")
+        _check_context_ids(&self.model.m, contexts, "contexts")
+        with nogil:
+            for i in range(n):
+                direct_states(&self.model.m, &contexts[i, 0], 0, states)
+                dv = direct_vector(self.s, 0, states, &contexts[i, 0], -2, NULL, V)
+                for w in range(V):
+                    out[i, w] = <float>dv[w]
+
     def score_stream(self, const int32_t[:, ::1] contexts not None, const int32_t[::1] words not None,
                      const int64_t[::1] sentence_starts not None):
         """Like :meth:`score_padded`, but begins a new sentence at each index in ``sentence_starts``.

@@ -56,10 +56,25 @@ class BatchScorer:
         return out
 
     def _score_chunk(self, ctx: np.ndarray, words: np.ndarray) -> np.ndarray:
-        if self.h.get("direct") and self.h["output"]["type"] != "unnormalised":
-            # normalisers over direct features need every word's hash: the native path does it
+        out_type = self.h["output"]["type"]
+        if self.h.get("direct") and out_type not in ("unnormalised", "softmax"):
+            # class (and tree) normalisers over direct features: the native path does them
             sess = self.native.session(1 << 16)
             return sess.score_padded(np.ascontiguousarray(ctx), words)
         # k-best lists repeat contexts heavily: compute each distinct context once
         uctx, inv = unique_rows(ctx)
-        return forward.word_log_scores(self.h, self.a, self.hidden(uctx), inv, ctx, words)
+        direct = self._direct_vocab(uctx) if self.h.get("direct") and out_type == "softmax" else None
+        return forward.word_log_scores(self.h, self.a, self.hidden(uctx), inv, ctx, words, direct)
+
+    def _direct_vocab(self, uctx: np.ndarray):
+        """``f(i, j)``: every word's direct-feature value after the contexts ``uctx[i:j]``
+        ((j - i, V) float32), for a softmax normaliser: the native scorer finds them (hashes,
+        prefetched loads), the matrix products do the rest."""
+        sess = self.native.session(0, 0)
+        V = self.h["vocab_size"]
+
+        def values(i: int, j: int) -> np.ndarray:
+            d = np.empty((j - i, V), dtype=np.float32)
+            sess.direct_vocab(np.ascontiguousarray(uctx[i:j], dtype=np.int32), d)
+            return d
+        return values

@@ -23,7 +23,7 @@ Parameters are the model-file arrays (``embeddings``, ``branch{k}.weights``, ...
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Mapping, Optional, Tuple
+from typing import Any, Callable, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -209,10 +209,22 @@ def _vocab_logits(p: Params, H: np.ndarray, rows: Optional[np.ndarray] = None) -
     return z
 
 
-def softmax_normalisers(p: Params, H: np.ndarray) -> np.ndarray:
-    """log Z(h) = log sum_w exp(h . r_w + b_w) of each hidden vector (float64), in blocks."""
-    return np.concatenate([logsumexp_rows(_vocab_logits(p, H[i:i + VOCAB_ROWS]))
-                           for i in range(0, len(H), VOCAB_ROWS)]) if len(H) else np.zeros(0)
+def softmax_normalisers(p: Params, H: np.ndarray,
+                        direct: Optional[Callable[[int, int], np.ndarray]] = None) -> np.ndarray:
+    """log Z(h) = log sum_w exp(h . r_w + b_w [+ d_w]) of each hidden vector (float64), in
+    blocks; ``direct(i, j)``: the direct-feature values d (float32, (j - i, V)) of the
+    contexts of rows i..j-1, for a model with direct features."""
+    if not len(H):
+        return np.zeros(0)
+    V = p["output.weight"].shape[0]
+    rows = VOCAB_ROWS if direct is None else max(16, min(VOCAB_ROWS, (1 << 24) // max(V, 1)))
+    out = []
+    for i in range(0, len(H), rows):
+        z = _vocab_logits(p, H[i:i + rows])
+        if direct is not None:
+            z += direct(i, i + len(z)).astype(z.dtype, copy=False)
+        out.append(logsumexp_rows(z))
+    return np.concatenate(out)
 
 
 def class_logits(p: Params, H: np.ndarray) -> np.ndarray:
@@ -240,14 +252,16 @@ def word_logits(header: Mapping[str, Any], p: Params, H: np.ndarray, ctx: np.nda
 
 
 def word_log_scores(header: Mapping[str, Any], p: Params, Hu: np.ndarray, inv: np.ndarray,
-                    ctx: np.ndarray, words: np.ndarray) -> np.ndarray:
+                    ctx: np.ndarray, words: np.ndarray,
+                    direct_vocab: Optional[Callable[[int, int], np.ndarray]] = None) -> np.ndarray:
     """Natural-log scores (float64) of ``words`` (N,) after contexts whose distinct hidden
     vectors are ``Hu`` (row ``inv[i]`` for n-gram ``i``; normalisers are computed once per
-    distinct context, or per distinct (context, class)).  Direct n-gram features are only
-    supported for unnormalised outputs here (their normalisers need every word's hash: the
-    Cython scorer computes those)."""
+    distinct context, or per distinct (context, class)).  Direct n-gram features of a
+    normalised output need every word's direct value per context: a softmax output takes them
+    from ``direct_vocab`` (see :func:`softmax_normalisers`; the Cython scorer computes them);
+    class and tree outputs with direct features are the Cython scorer's alone."""
     out_type = header["output"]["type"]
-    if header.get("direct") and out_type != "unnormalised":
+    if header.get("direct") and out_type != "unnormalised" and (out_type != "softmax" or direct_vocab is None):
         raise ValueError("normalised outputs with direct features: use the Cython scorer")
     H = Hu[inv]
     if out_type == "tree":
@@ -256,7 +270,7 @@ def word_log_scores(header: Mapping[str, Any], p: Params, Hu: np.ndarray, inv: n
     if out_type == "unnormalised":
         return logit
     if out_type == "softmax":
-        return logit - softmax_normalisers(p, Hu)[inv]
+        return logit - softmax_normalisers(p, Hu, direct_vocab)[inv]
     if out_type != "class":
         raise ValueError(f"unknown output layer {out_type!r}")
     cls = p["class.of_word"][words]
