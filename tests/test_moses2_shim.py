@@ -107,6 +107,7 @@ def test_persistent_cache_second_run(moses2, models, tmp_path):
     ("NLMFeature name=NLM0 path={model} persistent-cache-max=lots", "persistent-cache-max=lots: not a size"),
     ("NLMFeature name=NLM0 path={model} colour=blue", "unknown key colour=blue"),
     ("NLMFeature name=NLM0", "needs path="),
+    ("NLMFeature name=NLM0 path={model} oov-feature=maybe", "oov-feature=maybe"),
     ("NLMJointFeature name=NLM0 path={model}", "is a target-only model: use NLMFeature"),
 ])
 def test_bad_feature_lines_are_clean_errors(moses2, models, tmp_path, line, message):
@@ -116,6 +117,25 @@ def test_bad_feature_lines_are_clean_errors(moses2, models, tmp_path, line, mess
     assert p.returncode == 2, p.stderr[-2000:]
     assert message in p.stderr
     assert "Feature NLM0: error:" in p.stderr or "Feature : error:" in p.stderr
+
+
+@pytest.mark.parametrize("search", ["normal", "batch"])
+def test_oov_feature_counts_the_words_the_model_does_not_know(moses2, models, tmp_path, search):
+    """oov-feature=true: a second score, the number of output words outside the model's
+    vocabulary (as Moses' language models give it); the first score is unchanged."""
+    path = models["unnormalised"]
+    ini = write_ini(tmp_path / "oov.ini", f"NLMFeature name=NLM0 path={path} oov-feature=true",
+                    weight="0.2 -0.5", extra=BATCH if search == "batch" else ())
+    out, entries, _ = decode(moses2, ini, tmp_path)
+    assert len(out) == 10
+    check_nbest(entries, path)
+    m = nlmfeature.load(path)
+    counts = []
+    for sid, words, feats in entries:
+        values = feats.split("NLM0= ")[1].split()
+        counts.append(float(values[1]))
+        assert counts[-1] == sum(w not in m for w in words.split()), (sid, words, feats)
+    assert max(counts) > 0      # the test sentences have words the model does not know
 
 
 def test_model_overwritten_in_place_stops_moses2_with_the_reason(moses2, models, tmp_path):

@@ -94,6 +94,10 @@ void NLMFeature::SetParameter(const std::string &key, const std::string &value)
       m_order = static_cast<size_t>(nlmfeature::ParseInt(key, value));
     } else if (key == "factor") {
       m_factorType = static_cast<FactorType>(nlmfeature::ParseInt(key, value));
+    } else if (key == "oov-feature" && m_kind == "NLMFeature") {
+      // a second score: the words of the output the model does not know (read before the
+      // decoder counts this feature's scores: the line is read in the constructor)
+      m_numScores = nlmfeature::ParseBool(key, value) ? 2 : 1;
     } else if (!m_client->SetParameter(key, value)) {
       if (key != "tuneable")
         Fatal(Who(), "unknown key " + key + "=" + value + " on the feature line");
@@ -186,8 +190,10 @@ void NLMFeature::EvaluateInIsolation(MemPool &pool, const System &system, const 
     start = 1;
   }
   double full = 0, ngram = 0;
+  SCORE oov = 0;
   for (size_t i = start; i < n; ++i) {
     int32_t id = Id(targetPhrase[i]);
+    oov += id == NLM_UNK;
     // the context is the phrase so far: complete once it has n-1 words (or starts with <s>);
     // otherwise <null>-padded, a future-cost estimate rescored when the phrase is applied
     double v = nlm_score(s, nids ? ids : NULL, nids, id);
@@ -195,8 +201,10 @@ void NLMFeature::EvaluateInIsolation(MemPool &pool, const System &system, const 
     if (i >= static_cast<size_t>(m_context)) ngram += v;  // full context inside the phrase
     ids[nids++] = id;
   }
-  scores.PlusEquals(system, *this, static_cast<SCORE>(ngram));
-  estimatedScore += Scores::CalcWeightedScore(system, *this, static_cast<SCORE>(full - ngram));
+  // (the OOV count of a phrase is exact here; the second score exists with oov-feature=true)
+  SCORE exact[2] = {static_cast<SCORE>(ngram), oov}, estimate[2] = {static_cast<SCORE>(full - ngram), 0};
+  scores.PlusEquals(system, *this, exact);
+  estimatedScore += Scores::CalcWeightedScore(system, *this, estimate);
 }
 
 void NLMFeature::EvaluateInIsolation(MemPool &pool, const System &system, const Phrase<SCFG::Word> &source,
@@ -240,7 +248,7 @@ void NLMFeature::EvaluateWhenApplied(const ManagerBase &mgr, const Hypothesis &h
   SetState(hist.data(), nhist, state);
   if (!count && !final) return;
   const double score = nlm_score_span(Session(), hist.data(), nhist, in.size, count, final);
-  scores.PlusEquals(mgr.system, *this, static_cast<SCORE>(score));
+  scores.PlusEquals(mgr.system, *this, static_cast<SCORE>(score), 0);
 }
 
 void NLMFeature::EvaluateWhenAppliedBatch(const System &system, const Batch &batch) const
@@ -273,7 +281,7 @@ void NLMFeature::EvaluateWhenAppliedBatch(const System &system, const Batch &bat
     const nlm_span &sp = b.spans[i];
     SetState(sp.hist, sp.nhist, *hypo.GetState(ind));
     if (sp.count || sp.final)
-      hypo.GetScores().PlusEquals(system, *this, static_cast<SCORE>(b.scores[i]));
+      hypo.GetScores().PlusEquals(system, *this, static_cast<SCORE>(b.scores[i]), 0);
   }
 }
 
