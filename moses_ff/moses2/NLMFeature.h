@@ -2,8 +2,9 @@
 //
 //   [feature]
 //   NLMFeature name=NLM0 path=/abs/model.nlm [order=5] [factor=0] [persistent-cache=DIR] [stats=true]
+//              [oov-feature=true]
 //   [weight]
-//   NLM0= 0.1
+//   NLM0= 0.1          (with oov-feature=true two weights: the log-probability, the OOV count)
 //
 // Phrase-based decoding.  Scores are natural logs.  The state of a hypothesis is the exact last
 // n-1 model word ids (no hashes); phrase-internal words whose left context is not known yet get
