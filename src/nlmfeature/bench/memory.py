@@ -303,7 +303,7 @@ def lm_swap_bleu(rows: List[Dict[str, Any]], vocab, args: argparse.Namespace, wo
     from nlmfeature.io.atomicfile import open_output
     from nlmfeature.io.textio import read_lines
     from nlmfeature.mt.evaluate import make_metrics, scores_from_stats, sentence_stats
-    from nlmfeature.mt.kbest import format_hypothesis, format_number, read_kbest
+    from nlmfeature.mt.kbest import format_number, read_kbest
     from nlmfeature.mt.rescore import sentence_logprobs
     from nlmfeature.mt.weights import read_weights, write_weights
     from nlmfeature.errors import NLMFeatureError
@@ -343,7 +343,7 @@ def lm_swap_bleu(rows: List[Dict[str, Any]], vocab, args: argparse.Namespace, wo
     # every row writes the same lists with other LM0 values: each line is formatted once,
     # around its LM0 value, and the reranker's matrix is built once, its LM0 column replaced
     base = {name: KbestMatrix(srcs[name], hyps) for name, hyps in lists.items()}
-    lines = {name: [_around_lm0(h, format_hypothesis) for h in hyps] for name, hyps in lists.items()}
+    lines = {name: [_around_lm0(h) for h in hyps] for name, hyps in lists.items()}
     which = {name: np.asarray([index[h.text] for h in hyps], dtype=np.int64) for name, hyps in lists.items()}
 
     def measure(tag: str, scores: Optional[List[float]]) -> Dict[str, Any]:
@@ -393,13 +393,16 @@ def lm_swap_bleu(rows: List[Dict[str, Any]], vocab, args: argparse.Namespace, wo
 _MARK = 0.12345678901234568
 
 
-def _around_lm0(hyp, format_hypothesis) -> Tuple[str, str]:
+def _around_lm0(hyp) -> Tuple[str, str]:
     """``hyp``'s k-best line (Moses format, with its newline) split around its LM0 value:
     ``pre + format_number(value) + post`` is the line with LM0 = value."""
+    from nlmfeature.mt.kbest import format_hypothesis
+
     marked = [(lab, [_MARK] if lab == "LM0" else v) for lab, v in hyp.features]
     line = format_hypothesis(dataclasses.replace(hyp, features=marked), "moses") + "\n"
     pre, mark, post = line.partition(f"LM0= {_MARK!r}")
-    assert mark and post.find(mark) < 0
+    if not mark or mark in post:
+        raise ValueError(f"sentence {hyp.sid}: cannot place the LM0 value in its k-best line")
     return pre + "LM0= ", post
 
 

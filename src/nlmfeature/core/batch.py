@@ -8,7 +8,7 @@ work and computes each distinct context once.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict
+from typing import TYPE_CHECKING, Callable, Dict
 
 import numpy as np
 
@@ -66,7 +66,7 @@ class BatchScorer:
         direct = self._direct_vocab(uctx) if self.h.get("direct") and out_type == "softmax" else None
         return forward.word_log_scores(self.h, self.a, self.hidden(uctx), inv, ctx, words, direct)
 
-    def _direct_vocab(self, uctx: np.ndarray):
+    def _direct_vocab(self, uctx: np.ndarray) -> Callable[[int, int], np.ndarray]:
         """``f(i, j)``: every word's direct-feature value after the contexts ``uctx[i:j]``
         ((j - i, V) float32), for a softmax normaliser: the native scorer finds them (hashes,
         prefetched loads), the matrix products do the rest."""
