@@ -498,8 +498,16 @@ def _chunk_results(chunks: Iterator[List[Tuple[int, str]]], cfg: RescoreConfig, 
         while window:
             first, fut = window.popleft()
             yield first, fut.result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    except BaseException:
+        # a worker died, bad input or Ctrl-C: the workers are killed, not waited for (an
+        # orderly shutdown of a pool whose worker was killed can wait forever on a queue
+        # lock the dead process held), and the error goes on to the command's handler
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            if proc.is_alive():
+                proc.kill()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
 
 
 def rescore(input_path: str, output_path: Optional[str], cfg_models: Sequence[str],
