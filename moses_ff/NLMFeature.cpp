@@ -7,7 +7,6 @@
 #include <iostream>
 #include <sstream>
 
-
 #include "moses/FactorCollection.h"
 #include "moses/Hypothesis.h"
 #include "moses/InputType.h"

@@ -347,6 +347,34 @@ cdef int64_t vec_slot(SessionC* s, const int32_t* key, uint64_t h, int32_t n, in
 DEF NO_WEIGHT = 0xFFFFFFFFFFFFFFFF  # (direct_level: a target whose feature has no weight)
 
 
+cdef void direct_places(const ModelC* m, const uint64_t* states, int k0, int nk, const int32_t* targets,
+                        int32_t a, int32_t b, uint64_t* out) noexcept nogil:
+    """``out[(i - a) * nk + k]``: where in ``direct_packed`` the weight of target ``i``'s
+    order-``k0 + k`` feature is (``NO_WEIGHT``: none), for targets ``a <= i < b``
+    (``targets[i]``, or ``i`` when NULL) after the context whose hash states are ``states``.
+    Every index first, their loads started together (the bitmap's words, then the non-zero
+    weights), so that the caller's sum waits for one round of cache misses instead of one
+    per feature."""
+    cdef int32_t i
+    cdef int k
+    cdef int64_t q
+    cdef uint64_t j, tt
+    for i in range(a, b):
+        tt = (<uint64_t>(targets[i] if targets != NULL else i)) << 32
+        for k in range(nk):
+            j = direct_index(m, splitmix64(states[k0 + k] ^ tt))
+            out[(i - a) * nk + k] = j
+            if m.direct_nonzero != NULL:
+                __builtin_prefetch(&m.direct_nonzero[j >> 6])
+    for q in range((b - a) * nk):  # each index becomes its packed weight's place (or none)
+        j = out[q]
+        if direct_nonzero(m, j):
+            out[q] = direct_rank_of(m, j)
+            __builtin_prefetch(m.direct_packed + out[q])
+        else:
+            out[q] = <uint64_t>NO_WEIGHT
+
+
 cdef int64_t direct_level(SessionC* s, int kind, const uint64_t* states, const int32_t* ctx, int32_t tag,
                           const int32_t* targets, int32_t n, int level) noexcept nogil:
     """Offset in ``vec_arena`` of the direct values of ``n`` targets of ``kind``
@@ -375,22 +403,8 @@ cdef int64_t direct_level(SessionC* s, int kind, const uint64_t* states, const i
     if level > 0:
         below = direct_level(s, kind, states, ctx, tag, targets, n, level - 1)
     own = level > 0 or first == NULL
-    if own:  # this level's features of every target: indices first, their loads started
-        # together (the bitmap's words, then the non-zero weights), so that the sum below
-        # waits for one round of cache misses instead of one per target
-        for i in range(n):
-            t = targets[i] if targets != NULL else i
-            j = direct_index(m, splitmix64(states[level] ^ ((<uint64_t>t) << 32)))
-            s.hscratch[i] = j
-            if m.direct_nonzero != NULL:
-                __builtin_prefetch(&m.direct_nonzero[j >> 6])
-        for i in range(n):  # each index becomes its packed weight's place (or none)
-            j = s.hscratch[i]
-            if direct_nonzero(m, j):
-                s.hscratch[i] = direct_rank_of(m, j)
-                __builtin_prefetch(m.direct_packed + s.hscratch[i])
-            else:
-                s.hscratch[i] = <uint64_t>NO_WEIGHT
+    if own:  # this level's features of every target, their loads started together
+        direct_places(m, states, level, 1, targets, 0, n, s.hscratch)
     for i in range(n):
         t = targets[i] if targets != NULL else i
         tt = (<uint64_t>t) << 32
@@ -419,35 +433,21 @@ cdef const double* direct_vector(SessionC* s, int kind, const uint64_t* states, 
     cdef const double* first = m.direct_first[kind]
     cdef int k0 = 1 if first != NULL else 0
     cdef int nk = m.direct_order - k0, k
-    cdef int64_t block, q, scratch = m.vocab_size if m.vocab_size > m.n_classes_padded else m.n_classes_padded
+    cdef int64_t block, scratch = m.vocab_size if m.vocab_size > m.n_classes_padded else m.n_classes_padded
     cdef int32_t a, b, i, t
-    cdef uint64_t j, tt
+    cdef uint64_t j
     cdef double x
     if off >= 0:
         return s.vec_arena + off
     # no room in the sentence's cache (a normaliser over a large vocabulary asks for
     # vectors of V doubles): computed here, :c:func:`direct_value_kind` term for term, in
-    # blocks of targets whose features' indices are found and whose loads are started
-    # together (the bitmap's words, then the non-zero weights), so that a block waits for
-    # one round of cache misses instead of one per feature
+    # blocks of targets whose weights' loads start together (:c:func:`direct_places`)
     block = scratch // nk if nk > 0 else n
     block = 256 if block > 256 else (1 if block < 1 else block)
     a = 0
     while a < n:
         b = a + <int32_t>block if a + block < n else n
-        for i in range(a, b):
-            tt = (<uint64_t>(targets[i] if targets != NULL else i)) << 32
-            for k in range(nk):
-                j = direct_index(m, splitmix64(states[k0 + k] ^ tt))
-                s.hscratch[(i - a) * nk + k] = j
-                __builtin_prefetch(&m.direct_nonzero[j >> 6])
-        for q in range((b - a) * nk):
-            j = s.hscratch[q]
-            if direct_nonzero(m, j):
-                s.hscratch[q] = direct_rank_of(m, j)
-                __builtin_prefetch(m.direct_packed + s.hscratch[q])
-            else:
-                s.hscratch[q] = <uint64_t>NO_WEIGHT
+        direct_places(m, states, k0, nk, targets, a, b, s.hscratch)
         for i in range(a, b):
             t = targets[i] if targets != NULL else i
             x = first[t] if first != NULL else 0.0

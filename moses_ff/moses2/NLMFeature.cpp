@@ -8,7 +8,6 @@
 #include <sstream>
 #include <stdexcept>
 
-
 #include "../Phrase.h"
 #include "../Scores.h"
 #include "../System.h"
@@ -49,13 +48,6 @@ struct BatchBuffers {
 thread_local BatchBuffers t_batch;
 }  // namespace
 
-std::string NLMFeatureState::ToString() const
-{
-  std::ostringstream out;
-  for (int32_t i = 0; i < size; ++i) out << (i ? " " : "") << ids[i];
-  return out.str();
-}
-
 size_t NLMFeatureState::hash() const
 {
   return nlmfeature::StateHash(ids, size);
@@ -65,6 +57,13 @@ bool NLMFeatureState::operator==(const FFState &o) const
 {
   const NLMFeatureState &other = static_cast<const NLMFeatureState &>(o);
   return nlmfeature::SameState(ids, size, other.ids, other.size);
+}
+
+std::string NLMFeatureState::ToString() const
+{
+  std::ostringstream out;
+  for (int32_t i = 0; i < size; ++i) out << (i ? " " : "") << ids[i];
+  return out.str();
 }
 
 NLMFeature::NLMFeature(size_t startInd, const std::string &line, const char *kind)
