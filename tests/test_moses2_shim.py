@@ -96,8 +96,10 @@ def test_persistent_cache_second_run(moses2, models, tmp_path):
     t1, t2 = stats_totals(err1, "NLMFeature NLM0 sentence"), stats_totals(err2, "NLMFeature NLM0 sentence")
     assert t1["persistent_hits"] == 0 and t1["persistent_written"] > 0
     # Moses2's search on another thread count can ask a sentence a few n-grams the first run
-    # did not (seen: 1 of 2.9M, with identical n-best lists); those are computed and added
-    assert t2["persistent_loaded"] > 0 and t2["lookups"] - 10 <= t2["persistent_hits"] <= t2["lookups"]
+    # did not (Moses2 breaks ties between equal hypotheses by their addresses; seen: from 1 to
+    # 69 of 2.9M, with identical n-best lists); those are computed and added
+    assert t2["persistent_loaded"] > 0
+    assert t2["lookups"] * (1 - 1e-4) <= t2["persistent_hits"] <= t2["lookups"]
     assert len(os.listdir(d / nlmfeature.load(models["class"]).checksum)) >= 10
 
 
