@@ -119,21 +119,23 @@ def demo_gain(s: Section) -> str:
 
 
 def scale_headline(s: Section) -> str:
-    """``bench scale``'s perplexities against KenLM and its memory curve: ``NLM 79.15, KenLM
-    79.90 (**0.991x**), interpolated **0.848x**; on 41M tokens, training peak RSS 1.19-1.21
-    GiB from 10M to 988M``."""
+    """``bench scale``'s perplexities against KenLM, its corpus and its memory curve: ``NLM
+    79.15, KenLM 79.90 (**0.991x**), interpolated **0.848x**; trained on 41M tokens; training
+    peak RSS 1.16-1.19 GiB from 10M to 988M tokens``.  The corpus table is the one of six
+    columns, the memory table the one of three whose rows start with a token count."""
     nlm, kenlm, linear = s.row("neural"), s.row("kenlm"), s.row("linear")
-    corpora = [int(r[0].replace(",", "")) for t in s.tables for r in t
-               if len(t[0]) == 6 and r[0].replace(",", "").isdigit()]
-    memory = [(int(r[0].replace(",", "")), float(r[1])) for t in s.tables for r in t
-              if len(t[0]) == 3 and r[0].replace(",", "").isdigit()]
+
+    def counted(columns: int) -> List[List[str]]:
+        return [r for t in s.tables if t and len(t[0]) == columns for r in t if r[0].replace(",", "").isdigit()]
+
+    corpora = [int(r[0].replace(",", "")) for r in counted(6)]
+    memory = [(int(r[0].replace(",", "")), float(r[1])) for r in counted(3)]
     if not corpora or not memory:
         raise NLMFeatureError(f"docs/results.md, section {s.title!r}: no corpus or memory table")
-    rss = [m for _, m in memory]
+    tokens, rss = [t for t, _ in memory], [m for _, m in memory]
     return (f"NLM {nlm[1]}, KenLM {kenlm[1]} (**{float(nlm[2]):.3f}x**), interpolated **{float(linear[2]):.3f}x**; "
             f"trained on {max(corpora) / 1e6:.0f}M tokens; training peak RSS {min(rss) / 1024:.2f}-"
-            f"{max(rss) / 1024:.2f} GiB from {min(t for t, _ in memory) / 1e6:.0f}M to "
-            f"{max(t for t, _ in memory) / 1e6:,.0f}M tokens")
+            f"{max(rss) / 1024:.2f} GiB from {min(tokens) / 1e6:.0f}M to {max(tokens) / 1e6:,.0f}M tokens")
 
 
 def cell(first: str, column: int, fmt: str) -> Callable[[Section], str]:
