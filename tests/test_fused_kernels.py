@@ -164,6 +164,20 @@ def test_fused_steps_do_not_depend_on_the_thread_count(tmp_path, kw):
         np.testing.assert_array_equal(one.params[k], two.params[k], err_msg=k)
 
 
+def test_dense_models_give_the_threads_to_blas(tmp_path):
+    """Sparse models (the fused step, the class-factored output) run the native kernels on
+    --threads threads; models of dense products (hidden layers) give them to BLAS, and the
+    package's short spin before idle threads sleep is in the environment libgomp read."""
+    import os
+
+    assert os.environ["OMP_WAIT_POLICY"].lower() == "passive" and int(os.environ["GOMP_SPINCOUNT"]) > 0
+    base = dict(train=BROWN_TRAIN, model_out=str(tmp_path / "m.nlm"), order=4, word_width=16, threads=2,
+                progress=False, iterations=1)
+    assert Trainer(TrainConfig(**base, output="class", classes=20), lambda m: None).kernel_threads == 2
+    nplm = Trainer(TrainConfig(**base, arch="nplm", hidden=32, hidden_layers=[16]), lambda m: None)
+    assert nplm.kernel_threads == 1 and not nplm._fused
+
+
 def test_shared_noise_learns_a_nearly_self_normalised_model(tmp_path):
     tr = _run(tmp_path, "s.nlm", 1, shared_noise=True, direct_order=0, max_updates=0, iterations=2)
     assert tr.cfg.noise_samples == 200                   # the shared default

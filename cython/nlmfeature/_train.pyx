@@ -586,37 +586,53 @@ cdef inline void free_groups(Groups* g) noexcept nogil:
 
 
 cdef int group_rows(const int32_t* rows, int64_t M, int64_t V, Groups* g) noexcept nogil:
-    """Group positions 0..M-1 by ``rows[i]`` (each in [0, V)).  Returns -1 when out of memory."""
-    cdef int32_t* slot = <int32_t*>malloc(max(1, V) * sizeof(int32_t))
-    cdef int64_t* fill = <int64_t*>malloc((M + 1) * sizeof(int64_t))
-    cdef int64_t i, u, nu = 0
+    """Group positions 0..M-1 by ``rows[i]`` (each in [0, V)).  The distinct rows are found in
+    an open-addressing table of at least 2M slots (cache-resident for a minibatch), so the cost
+    is O(M) whatever the vocabulary.  Returns -1 when out of memory."""
+    cdef int64_t cap = 16, mask, i, u, nu = 0, h
     cdef int32_t r
+    cdef int32_t* key
+    cdef int32_t* slot
+    cdef int64_t* fill = <int64_t*>malloc((M + 1) * sizeof(int64_t))
+    cdef int32_t* at = <int32_t*>malloc((M + 1) * sizeof(int32_t))
+    while cap < 2 * M:
+        cap = cap * 2
+    mask = cap - 1
+    key = <int32_t*>malloc(cap * sizeof(int32_t))
+    slot = <int32_t*>malloc(cap * sizeof(int32_t))
     g.rows = <int32_t*>malloc((M + 1) * sizeof(int32_t))
     g.start = <int64_t*>malloc((M + 2) * sizeof(int64_t))
     g.order = <int32_t*>malloc((M + 1) * sizeof(int32_t))
-    if slot == NULL or fill == NULL or g.rows == NULL or g.start == NULL or g.order == NULL:
-        free(slot); free(fill); free_groups(g)
+    if key == NULL or slot == NULL or fill == NULL or at == NULL or g.rows == NULL or g.start == NULL \
+            or g.order == NULL:
+        free(key); free(slot); free(fill); free(at); free_groups(g)
         return -1
-    for i in range(V):
-        slot[i] = -1
+    for i in range(cap):
+        key[i] = -1
     for i in range(M):
         r = rows[i]
-        if slot[r] < 0:
-            slot[r] = <int32_t>nu
+        h = <int64_t>((<uint32_t>r * <uint32_t>2654435761u) & <uint32_t>mask)
+        while key[h] != r and key[h] >= 0:
+            h = (h + 1) & mask
+        if key[h] < 0:
+            key[h] = r
+            slot[h] = <int32_t>nu
             g.rows[nu] = r
             fill[nu] = 0
             nu += 1
-        fill[slot[r]] += 1
+        u = slot[h]
+        at[i] = <int32_t>u
+        fill[u] += 1
     g.start[0] = 0
     for u in range(nu):
         g.start[u + 1] = g.start[u] + fill[u]
         fill[u] = g.start[u]
     for i in range(M):
-        u = slot[rows[i]]
+        u = at[i]
         g.order[fill[u]] = <int32_t>i
         fill[u] += 1
     g.n = nu
-    free(slot); free(fill)
+    free(key); free(slot); free(fill); free(at)
     return 0
 
 

@@ -13,17 +13,24 @@ import os
 import re
 from typing import Optional
 
-def kernel_threads(threads: int) -> int:
+def kernel_threads(threads: int, dense: bool = False) -> int:
     """OpenMP team size for the Cython kernels.
 
-    GNU OpenMP's idle threads spin (``OMP_WAIT_POLICY`` unset or ``active``) and then starve
-    OpenBLAS's threads on a machine with as many cores as threads: measured on this 2-core
-    machine, 2+2 threads trained about 10x *slower* than 1+1.  The policy is read when the
-    OpenMP runtime loads (before this code runs), so the kernels use several threads only
-    when ``OMP_WAIT_POLICY=passive`` was set in the environment; otherwise they run on one
-    thread and BLAS gets the cores.
+    GNU OpenMP's idle threads spin and then starve OpenBLAS's threads on a machine with as
+    many cores as threads: measured on a 2-core machine, 2+2 threads trained about 10x *slower*
+    than 1+1 with libgomp's default policy.  The package therefore sets ``OMP_WAIT_POLICY=passive``
+    with a short ``GOMP_SPINCOUNT`` (see ``nlmfeature/__init__.py``), and the kernels use several
+    threads only when the policy is passive (it is read when the OpenMP runtime loads, before
+    this code runs); otherwise they run on one thread and BLAS gets the cores.
+
+    ``dense``: the model's minibatch is dominated by matrix products that BLAS runs on its own
+    threads (hidden layers, full context matrices, a softmax over the vocabulary).  Even the
+    short spin of idle kernel threads then slows BLAS (NPLM 256, 2 threads: 20-25k words/s
+    against 30-34k with the kernels on one thread), so the kernels take one thread.
     """
     threads = max(1, int(threads))
+    if dense:
+        return 1
     if os.environ.get("OMP_WAIT_POLICY", "").strip().lower() == "passive":
         return threads
     return 1

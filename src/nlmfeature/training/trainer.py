@@ -507,7 +507,9 @@ class Trainer:
             train_header = dict(self.header, order=cfg.order + spec.source_window)
         if "direct.weights" in self.params and not self.continued:
             self.params["direct.weights"][...] = 0.0
-        kt = self.kernel_threads = kernel_threads(cfg.threads)
+        h = self.header
+        dense = bool(h["layers"]) or not all(b["diagonal"] for b in h["branches"]) or self.estimator == "softmax"
+        kt = self.kernel_threads = kernel_threads(cfg.threads, dense)
         ospec = OutputSpec(estimator=self.estimator, k=cfg.noise_samples, alpha=cfg.self_normalise,
                            threads=kt)
         self.noise = None
