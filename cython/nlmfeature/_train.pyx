@@ -11,7 +11,7 @@ import numpy as np
 cimport numpy as cnp
 from cython.parallel cimport prange, parallel
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, uint32_t
-from libc.math cimport sqrt, exp, log, log1p
+from libc.math cimport sqrt, exp, log, log1p, fabs
 from libc.stdlib cimport malloc, calloc, free
 
 from nlmfeature._scorer cimport splitmix64
@@ -533,18 +533,17 @@ def direct_count(const int32_t[:, ::1] ctx, const int32_t[::1] targets, int kind
 # the fused minibatch step of the default recipe: diagonal LBL + NCE + direct features
 # ---------------------------------------------------------------------------------------
 
-cdef inline double log_sigmoid_d(double x) noexcept nogil:
-    if x >= 0:
-        return -log1p(exp(-x))
-    return x - log1p(exp(x))
-
-
-cdef inline double sigmoid_d(double x) noexcept nogil:
-    cdef double z
-    if x >= 0:
-        return 1.0 / (1.0 + exp(-x))
-    z = exp(x)
-    return z / (1.0 + z)
+cdef inline double nce_term(double x, bint data, double* loss) noexcept nogil:
+    """NCE's d(loss)/dx for a candidate of logit ``x`` (sigmoid(x) - 1 for the data word,
+    sigmoid(x) for a noise word), adding its loss (-log sigmoid(x), resp. -log sigmoid(-x)) to
+    ``loss``.  Both come from one t = exp(-|x|), in the forms that cannot overflow."""
+    cdef double t = exp(-fabs(x)), l1 = log1p(t)
+    cdef double sg = 1.0 / (1.0 + t) if x >= 0 else t / (1.0 + t)
+    if data:
+        loss[0] = loss[0] - (-l1 if x >= 0 else x - l1)
+        return sg - 1.0
+    loss[0] = loss[0] - (-l1 if x <= 0 else -x - l1)
+    return sg
 
 
 cdef inline void adagrad_scalar(float* p, float* acc, float* g, double lr, double l2, double eps) noexcept nogil:
@@ -637,11 +636,11 @@ cdef int group_rows(const int32_t* rows, int64_t M, int64_t V, Groups* g) noexce
 
 
 cdef int direct_step(float[::1] D, float[::1] aD, float[::1] gD, uint8_t[::1] mD, const int64_t* buckets,
-                     const float* G, int64_t rows, int DO, const uint8_t* allowed, double lr, double eps,
-                     int T) noexcept nogil:
+                     const float* G, int64_t rows, int DO, double lr, double eps, int T) noexcept nogil:
     """AdaGrad on the direct-feature weights ``D`` (sums ``aD``): row r (0..rows-1) adds its
-    gradient ``G[r]`` to the buckets ``buckets[r*DO .. r*DO+DO-1]`` (those ``allowed`` lets
-    train, when given); ``gD`` and the marks ``mD`` are zero on entry and on exit.
+    gradient ``G[r]`` to the buckets ``buckets[r*DO .. r*DO+DO-1]`` that are not negative (a
+    negative bucket is a feature the frequency filter does not train); ``gD`` and the marks
+    ``mD`` are zero on entry and on exit.
 
     With T > 1 threads, thread t owns the buckets b with b % T == t.  Each thread first sorts
     the entries of its slice of rows by owner (a counting sort, in row order), then every owner
@@ -668,7 +667,7 @@ cdef int direct_step(float[::1] D, float[::1] aD, float[::1] gD, uint8_t[::1] mD
             gf = G[n]
             for o in range(DO):
                 b = buckets[n * DO + o]
-                if allowed == NULL or allowed[b]:
+                if b >= 0:
                     eb[i] = b
                     eg[i] = gf
                     i = i + 1
@@ -680,7 +679,7 @@ cdef int direct_step(float[::1] D, float[::1] aD, float[::1] gD, uint8_t[::1] mD
                 hi = rows * (p + 1) // T
                 for i in range(lo * DO, hi * DO):    # each entry's owner (-1: not trained)
                     b = buckets[i]
-                    if allowed == NULL or allowed[b]:
+                    if b >= 0:
                         t = <int>(b % T)
                         owner[i] = t
                         fill[p * T + t] += 1
@@ -953,8 +952,7 @@ def nce_lbl_shared_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float
             r = target[n]
             hrow = H + n * E
             x = <double>nlt_dotf(&Q[r, 0], hrow, E) + qb[r] - logq[r] - logS
-            lossv[n] = lossv[n] - log_sigmoid_d(x)
-            gf = <float>(sigmoid_d(x) - 1.0)
+            gf = <float>nce_term(x, True, &lossv[n])
             coef[n] = gf
             bcoef[n] = gf
             xs[n] = hrow
@@ -1023,7 +1021,7 @@ def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1
     cdef int c = ctx.shape[1], K = noise.shape[1] + 1, E = R.shape[1], j, e, t, T = max(1, threads), o, i
     cdef int DO = direct_order
     cdef bint has_bias = bias.shape[0] > 0, filt = allowed.shape[0] > 0
-    cdef double logk = log(<double>(K - 1)) if K > 1 else 0.0, x, s, loss = 0, g
+    cdef double logk = log(<double>(K - 1)) if K > 1 else 0.0, x, s, loss = 0
     cdef uint64_t* st
     cdef uint64_t tk
     cdef int64_t* buckets
@@ -1044,6 +1042,8 @@ def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1
         raise ValueError("inconsistent shapes")
     if DO and D.shape[0] < hash_space:
         raise ValueError("direct weights shorter than the hash space")
+    if DO and filt and allowed.shape[0] < hash_space:
+        raise ValueError("the feature filter is shorter than the hash space")
     check_ngrams(ctx, target, &noise[0, 0] if N and K > 1 else NULL, N * (K - 1), V, VR)
     if N == 0:
         return 0.0
@@ -1072,6 +1072,10 @@ def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1
                     tk = (<uint64_t>cand[n * K + j]) << 32
                     for o in range(DO):
                         buckets[(n * K + j) * DO + o] = <int64_t>(splitmix64(st[o] ^ tk) % <uint64_t>hash_space)
+                if filt:   # features the filter does not train: -1, neither read nor updated
+                    for o in range(n * K * DO, (n + 1) * K * DO):
+                        b = buckets[o]
+                        buckets[o] = b if allowed[b] else -1
         free(st)
     with nogil, parallel(num_threads=T):
         # 1. forward, logits, NCE gradient of the logits, d(loss)/dh -- by example
@@ -1082,7 +1086,9 @@ def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1
                 for j in range(K):
                     nlt_prefetch_row(&Q[cand[(n + AHEAD) * K + j], 0], E)
                 for o in range(K * DO):
-                    nlt_prefetch_row(&D[buckets[(n + AHEAD) * K * DO + o]], 1)
+                    b = buckets[(n + AHEAD) * K * DO + o]
+                    if b >= 0:
+                        nlt_prefetch_row(&D[b], 1)
             hrow = H + n * E
             lbl_hidden(hrow, R, W, bias, has_bias, ctx, n)
             lossv[n] = 0
@@ -1091,15 +1097,11 @@ def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1
                 r = cand[n * K + j]
                 s = <double>nlt_dotf(&Q[r, 0], hrow, E) + qb[r]
                 for o in range(DO):
-                    s = s + D[buckets[(n * K + j) * DO + o]]
+                    b = buckets[(n * K + j) * DO + o]
+                    if b >= 0:
+                        s = s + D[b]
                 x = s - logq[r] - logk
-                if j == 0:
-                    lossv[n] = lossv[n] - log_sigmoid_d(x)
-                    g = sigmoid_d(x) - 1.0
-                else:
-                    lossv[n] = lossv[n] - log_sigmoid_d(-x)
-                    g = sigmoid_d(x)
-                gf = <float>g
+                gf = <float>nce_term(x, j == 0, &lossv[n])
                 G[n * K + j] = gf
                 xs[n * K + j] = hrow
                 wrow = &Q[r, 0]
@@ -1109,7 +1111,7 @@ def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1
         loss += lossv[n]
     if DO:  # 2. direct features
         with nogil:
-            i = direct_step(D, aD, gD, mD, buckets, G, N * K, DO, &allowed[0] if filt else NULL, lr, eps, T)
+            i = direct_step(D, aD, gD, mD, buckets, G, N * K, DO, lr, eps, T)
         if i != 0:
             free(H); free(dH); free(G); free(xs); free(lossv); free(cand); free(buckets)
             raise MemoryError()
