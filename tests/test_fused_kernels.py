@@ -86,7 +86,7 @@ def _reference_per_word(p, acc, ctx, cand, logq, buckets, allowed, lr, l2, eps):
     P = {k: v.astype(np.float64) for k, v in p.items()}
     N, K = cand.shape
     H = P["bias"] + (P["W"][None, :, :] * P["R"][ctx]).sum(axis=1)                   # (N, E)
-    x = ((P["Q"][cand] * H[:, None, :]).sum(2) + P["qb"][cand] + P["D"][buckets].sum(2)
+    x = ((P["Q"][cand] * H[:, None, :]).sum(2) + P["qb"][cand] + (P["D"][buckets] * allowed[buckets]).sum(2)
          - logq[cand] - math.log(K - 1))                                              # (N, K)
     sig = lambda z: 1 / (1 + np.exp(-z))
     loss = np.logaddexp(0, -x[:, 0]).sum() + np.logaddexp(0, x[:, 1:]).sum()
@@ -110,7 +110,8 @@ def _reference_per_word(p, acc, ctx, cand, logq, buckets, allowed, lr, l2, eps):
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_per_word_noise_step_with_direct_features_matches_a_float64_reference(threads):
     """The default recipe's step: more examples than one block of the W gradient, noise words
-    drawn twice and equal to data words, buckets the allowed mask keeps out of training."""
+    drawn twice and equal to data words, buckets the allowed mask keeps out of training (and
+    out of the scores: their weights here are not zero, so reading them would show)."""
     rng = np.random.default_rng(11)
     V, VR, E, c, N, k, DO, HS = 40, 45, 24, 4, 101, 5, 3, 211
     p = _params(rng, V, VR, E, c)

@@ -1013,6 +1013,11 @@ def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1
     minibatch, then every touched row of R, Q, qb, D and the dense W (and ``bias``, when it
     has entries) take an AdaGrad step (L2 ``l2`` on R, Q, W).
 
+    ``allowed`` (when not empty) is the frequency filter of the direct features: a bucket with
+    ``allowed[b] == 0`` is neither trained nor read (it counts as 0, which its weight is in every
+    model the trainer makes: the filter allows each non-zero weight of an initial model), so
+    the many unseen n-grams of noise words cost one byte's lookup, not a weight's.
+
     Threads split the examples for the forward and backward passes, then the rows for the
     updates, and every row's gradient is summed in example order whatever the thread count:
     results do not depend on ``threads``.  ``gD`` and the marks ``mD`` are zero on entry and
