@@ -4,6 +4,7 @@ shared-noise run on real text that learns a good, nearly self-normalised model."
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -45,13 +46,15 @@ def _reference_shared(p, acc, ctx, target, noise, logq, lr, l2, eps):
 
 
 def _adagrad(P, acc, steps, lr, eps):
-    """float64 AdaGrad on the rows ``rows`` (None: all) of each (name, gradient, L2, rows)."""
+    """float64 AdaGrad on the rows ``rows`` (None: all) of each (name, gradient, L2, rows); a
+    matrix whose sums have one column takes row-wise AdaGrad (the row's mean squared gradient)."""
     out = {}
     for name, g, decay, rows in steps:
         new, a = P[name].copy(), acc[name].astype(np.float64).copy()
         sel = slice(None) if rows is None else rows
         gd = g[sel] + decay * new[sel]
-        a[sel] += gd * gd
+        rowwise = gd.ndim == 2 and a.shape[1] == 1 and gd.shape[1] > 1
+        a[sel] += (gd * gd).mean(axis=1, keepdims=True) if rowwise else gd * gd
         new[sel] -= lr * gd / (np.sqrt(a[sel]) + eps)
         out[name] = new
     return out
@@ -107,16 +110,18 @@ def _reference_per_word(p, acc, ctx, cand, logq, buckets, allowed, lr, l2, eps):
                                    ("W", gW, l2, None), ("bias", dH.sum(0), 0.0, None)), lr, eps)
 
 
-@pytest.mark.parametrize("threads", [1, 2, 3])
-def test_per_word_noise_step_with_direct_features_matches_a_float64_reference(threads):
+@pytest.mark.parametrize("threads,rowwise", [(1, False), (2, False), (3, False), (1, True), (2, True)])
+def test_per_word_noise_step_with_direct_features_matches_a_float64_reference(threads, rowwise):
     """The default recipe's step: more examples than one block of the W gradient, noise words
     drawn twice and equal to data words, buckets the allowed mask keeps out of training (and
-    out of the scores: their weights here are not zero, so reading them would show)."""
+    out of the scores: their weights here are not zero, so reading them would show); with
+    ``rowwise``, one AdaGrad sum per embedding and output row (--row-adagrad)."""
     rng = np.random.default_rng(11)
     V, VR, E, c, N, k, DO, HS = 40, 45, 24, 4, 101, 5, 3, 211
     p = _params(rng, V, VR, E, c)
     p["D"] = (rng.standard_normal(HS) * 0.1).astype(np.float32)
-    acc = {n: np.full(v.shape, 0.1, dtype=np.float32) for n, v in p.items()}
+    acc = {n: np.full(v.shape[:1] + (1,) if rowwise and n in ("R", "Q") else v.shape, 0.1, dtype=np.float32)
+           for n, v in p.items()}
     ctx = rng.integers(0, VR, (N, c)).astype(np.int32)
     target = rng.integers(0, V, N).astype(np.int32)
     noise = rng.integers(0, V, (N, k)).astype(np.int32)
@@ -155,8 +160,9 @@ def _run(tmp_path, name, threads, **kw):
 
 
 @pytest.mark.parametrize("kw", [dict(noise_samples=10, direct_order=3),
-                                dict(shared_noise=True, noise_samples=64, direct_order=0)],
-                         ids=["per-word-noise+direct", "shared-noise"])
+                                dict(shared_noise=True, noise_samples=64, direct_order=0),
+                                dict(noise_samples=10, direct_order=3, row_adagrad=True)],
+                         ids=["per-word-noise+direct", "shared-noise", "row-adagrad"])
 def test_fused_steps_do_not_depend_on_the_thread_count(tmp_path, kw):
     one = _run(tmp_path, "one.nlm", 1, **kw)
     two = _run(tmp_path, "two.nlm", 2, **kw)
@@ -200,3 +206,24 @@ def test_shared_noise_is_refused_where_it_does_not_apply(tmp_path):
     with pytest.raises(ValueError, match="--noise-samples K > 0"):
         TrainConfig(train=BROWN_TRAIN, model_out=str(tmp_path / "y.nlm"), shared_noise=True,
                     noise_samples=0, output="softmax").estimator()
+
+
+def test_row_adagrad_keeps_a_sum_per_row_resumes_exactly_and_needs_the_fused_step(tmp_path):
+    """--row-adagrad: (rows, 1) sums for the embeddings and output rows, a run resumed from its
+    checkpoint ends with the uninterrupted run's model, and other models are refused."""
+    from nlmfeature.training.trainer import checkpoint_path
+
+    full = _run(tmp_path, "full.nlm", 1, row_adagrad=True)
+    assert full.opt.state["embeddings"].shape == (full.params["embeddings"].shape[0], 1)
+    assert full.opt.state["output.weight"].shape == (full.params["output.weight"].shape[0], 1)
+    assert full.opt.state["branch0.weights"].shape == full.params["branch0.weights"].shape
+    part = _run(tmp_path, "part.nlm", 1, row_adagrad=True, max_updates=25)
+    assert os.path.exists(checkpoint_path(str(tmp_path / "part.nlm")))
+    rest = _run(tmp_path, "part.nlm", 1, row_adagrad=True, max_updates=35)
+    assert rest.resumed_from and rest.step == full.step
+    for k in full.params:
+        np.testing.assert_array_equal(full.params[k], rest.params[k], err_msg=k)
+        np.testing.assert_array_equal(full.opt.state[k], rest.opt.state[k], err_msg=k)
+    with pytest.raises(ValueError, match="--row-adagrad applies to the fused step"):
+        Trainer(TrainConfig(train=BROWN_TRAIN, model_out=str(tmp_path / "n.nlm"), arch="nplm", hidden=16,
+                            word_width=8, order=3, row_adagrad=True, progress=False), lambda m: None)

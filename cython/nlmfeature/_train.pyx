@@ -59,11 +59,23 @@ cdef extern from *:
             g[i] = 0;
         }
     }
+    /* row-wise AdaGrad: one sum per row, of the mean squared gradient of its coordinates */
+    static inline void nlt_adagrad_rowf(float* p, float* acc, float* g, int n, float lr, float l2, float eps) {
+        float ss = 0;
+        #pragma omp simd reduction(+:ss)
+        for (int i = 0; i < n; i++) { float gd = g[i] + l2 * p[i]; ss += gd * gd; }
+        float a = acc[0] + ss / (float)n;
+        acc[0] = a;
+        float scale = lr / (sqrtf(a) + eps);
+        #pragma omp simd
+        for (int i = 0; i < n; i++) { float gd = g[i] + l2 * p[i]; p[i] -= scale * gd; g[i] = 0; }
+    }
     """
     float nlt_dotf(const float* a, const float* b, int n) noexcept nogil
     double nlt_dotd(const double* a, const double* b, int n) noexcept nogil
     void nlt_adagradf(float* p, float* acc, float* g, int n, float lr, float l2, float eps) noexcept nogil
     void nlt_adagradd(double* p, double* acc, double* g, int n, double lr, double l2, double eps) noexcept nogil
+    void nlt_adagrad_rowf(float* p, float* acc, float* g, int n, float lr, float l2, float eps) noexcept nogil
 
 
 cdef inline real dot(const real* a, const real* b, int n) noexcept nogil:
@@ -736,11 +748,13 @@ cdef int sparse_rows_step(float[:, ::1] P, float[:, ::1] A, float* pb, float* ab
                           const float* a, const float* b, double lr, double l2, double eps, int T) noexcept nogil:
     """AdaGrad on the rows of ``P`` (sums ``A``) named at positions 0..M-1 of ``rows``: row r's
     gradient is the sum over its positions i of ``x[i] * y[i]`` (elementwise, E-vectors) when
-    ``y`` is given, else of ``a[i] * x[i]``; L2 ``l2`` on the rows.  With ``pb`` (biases, sums
-    ``ab``) the bias of row r takes the sum of ``b[i]`` (no L2).  Returns -1 when out of memory."""
+    ``y`` is given, else of ``a[i] * x[i]``; L2 ``l2`` on the rows.  ``A`` of one column: row-wise
+    AdaGrad (one sum per row).  With ``pb`` (biases, sums ``ab``) the bias of row r takes the sum
+    of ``b[i]`` (no L2).  Returns -1 when out of memory."""
     cdef Groups g
     cdef int64_t u, p, i, r
-    cdef int E = P.shape[1], e
+    cdef int E = P.shape[1], e, EA = A.shape[1]
+    cdef bint rowwise = EA != E
     cdef float* buf
     cdef float bsum, af
     cdef const float* xrow
@@ -756,7 +770,7 @@ cdef int sparse_rows_step(float[:, ::1] P, float[:, ::1] A, float* pb, float* ab
                 continue
             if u + AHEAD < g.n:
                 nlt_prefetch_row_w(&P[g.rows[u + AHEAD], 0], E)
-                nlt_prefetch_row_w(&A[g.rows[u + AHEAD], 0], E)
+                nlt_prefetch_row_w(&A[g.rows[u + AHEAD], 0], EA)
             r = g.rows[u]
             bsum = 0
             for p in range(g.start[u], g.start[u + 1]):
@@ -772,7 +786,10 @@ cdef int sparse_rows_step(float[:, ::1] P, float[:, ::1] A, float* pb, float* ab
                         buf[e] = buf[e] + af * xrow[e]
                 if pb != NULL:
                     bsum = bsum + b[i]
-            adagrad_row(&P[r, 0], &A[r, 0], buf, E, <float>lr, <float>l2, <float>eps)
+            if rowwise:
+                nlt_adagrad_rowf(&P[r, 0], &A[r, 0], buf, E, <float>lr, <float>l2, <float>eps)
+            else:
+                adagrad_row(&P[r, 0], &A[r, 0], buf, E, <float>lr, <float>l2, <float>eps)
             if pb != NULL:
                 adagrad_scalar(&pb[r], &ab[r], &bsum, lr, 0.0, eps)
         free(buf)
@@ -848,6 +865,14 @@ cdef inline void lbl_hidden(float* h, float[:, ::1] R, float[:, ::1] W, float[::
             h[e] = h[e] + wrow[e] * xrow[e]
 
 
+cdef check_sums(float[:, ::1] R, float[:, ::1] aR, float[:, ::1] Q, float[:, ::1] aQ):
+    """ValueError unless the AdaGrad sums of the embeddings and the output rows have a row per
+    row, and one column per coordinate or one per row (row-wise)."""
+    if (aR.shape[0] != R.shape[0] or aQ.shape[0] != Q.shape[0] or aR.shape[1] not in (1, R.shape[1])
+            or aQ.shape[1] not in (1, Q.shape[1])):
+        raise ValueError("AdaGrad sums inconsistent with their parameters")
+
+
 cdef check_ngrams(const int32_t[:, ::1] ctx, const int32_t[::1] target, const int32_t* noise,
                   int64_t n_noise, int64_t V, int64_t VR):
     """ValueError unless every target and noise word is in [0, V) and every context word in
@@ -905,6 +930,7 @@ def nce_lbl_shared_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float
         raise ValueError("inconsistent shapes")
     if S < 1:
         raise ValueError("no noise words")
+    check_sums(R, aR, Q, aQ)
     check_ngrams(ctx, target, &noise[0], S, V, VR)
     if N == 0:
         return 0.0
@@ -1045,6 +1071,7 @@ def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1
         raise ValueError("direct order above 16")
     if W.shape[0] != c or W.shape[1] != E or Q.shape[1] != E or target.shape[0] != N or noise.shape[0] != N:
         raise ValueError("inconsistent shapes")
+    check_sums(R, aR, Q, aQ)
     if DO and D.shape[0] < hash_space:
         raise ValueError("direct weights shorter than the hash space")
     if DO and filt and allowed.shape[0] < hash_space:

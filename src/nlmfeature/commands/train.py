@@ -200,6 +200,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "products; K then defaults to 200.  Diagonal LBL without direct features "
                         "(--direct-order 0), native or --engine torch; it pays where arithmetic is cheap "
                         "(a GPU, many cores), not on a few CPU cores (docs/training.md)")
+    o.add_argument("--row-adagrad", action="store_true",
+                   help="one AdaGrad sum per row of the embeddings and output rows (of the row's mean "
+                        "squared gradient, as FBGEMM's and TorchRec's embedding tables) instead of one "
+                        "per weight: half the optimiser memory of those tables and of the updates' row "
+                        "traffic.  The default recipe's fused step (diagonal LBL, NCE) only; "
+                        "docs/training.md compares it")
     o.add_argument("--self-normalise", type=Number(float, 0), default=0.0, metavar="ALPHA",
                    help="ML penalty ALPHA*log(Z)^2 so unnormalised scores act as log-probabilities "
                         "(0.1 with --noise-samples 0: the rescoring recipe, docs/training.md)")

@@ -101,20 +101,29 @@ class AdaGrad:
     """AdaGrad: theta -= lr * g / (sqrt(sum of g^2) + eps), per coordinate.
 
     ``state`` (the squared-gradient sums) has one array per parameter; it is saved in
-    checkpoints so a resumed run continues exactly.
+    checkpoints so a resumed run continues exactly.  The matrices named in ``row_sums`` keep one
+    sum per row instead, of the mean squared gradient of the row's coordinates (row-wise
+    AdaGrad, as FBGEMM's and TorchRec's embedding tables: half the memory and the row traffic
+    of the updates); their state is (rows, 1), which the fused native step reads as row-wise.
+    :meth:`step` (the general path) does not take them.
     """
 
     def __init__(self, params: Params, names: Iterable[str], lr: float, eps: float = 1e-8,
-                 threads: int = 1) -> None:
+                 threads: int = 1, row_sums: Iterable[str] = ()) -> None:
         self.p = params
         self.names = list(names)
         self.lr = float(lr)
         self.eps = float(eps)
         self.threads = max(1, int(threads))
-        self.state: Dict[str, np.ndarray] = {n: arrays.zeros_like(params[n]) for n in self.names}
+        self.row_sums = {n for n in row_sums if n in self.names}
+        self.state: Dict[str, np.ndarray] = {
+            n: arrays.zeros((params[n].shape[0], 1)) if n in self.row_sums else arrays.zeros_like(params[n])
+            for n in self.names}
 
     def step(self, grads: Gradients, l2: float = 0.0) -> None:
         """Apply and clear the gradients in ``grads``."""
+        if self.row_sums:
+            raise ValueError("row-wise AdaGrad sums are updated by the fused native step only")
         for name in self.names:
             p, a, g = self.p[name], self.state[name], grads.g[name]
             reg = l2 if regularised(name) else 0.0

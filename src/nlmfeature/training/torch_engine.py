@@ -483,6 +483,9 @@ def _check_supported(cfg: TrainConfig) -> None:
     if cfg.source or cfg.alignment or cfg.test_source or cfg.test_alignment or cfg.target_to_source:
         raise NLMFeatureError("the torch engine does not train joint models (--source, --alignment, "
                               "--test-source, --test-alignment, --target-to-source): use --engine native")
+    if cfg.row_adagrad:
+        raise NLMFeatureError("the torch engine keeps an AdaGrad sum per weight: --row-adagrad is for "
+                              "--engine native")
 
 
 # ---------------------------------------------------------------------------------------

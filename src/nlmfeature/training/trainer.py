@@ -108,6 +108,7 @@ class TrainConfig:
     # estimator and optimiser
     noise_samples: Optional[int] = None     # None: 0 (ML) for softmax / tree / --self-normalise, else 10 (NCE)
     shared_noise: bool = False              # NCE noise drawn once per minibatch, shared by its n-grams
+    row_adagrad: bool = False               # one AdaGrad sum per embedding and output row (fused step)
     self_normalise: float = 0.0
     minibatch_size: int = 250
     iterations: int = 20
@@ -233,6 +234,8 @@ class TrainConfig:
         if not self.source:  # target-only runs: the joint settings do not apply
             for k in ("source", "alignment", "test_source", "test_alignment", "source_window"):
                 keep.pop(k, None)
+        if not self.row_adagrad:  # checkpoints of runs before the setting existed still resume
+            keep.pop("row_adagrad")
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -537,8 +540,12 @@ class Trainer:
         live.pop("source.embeddings", None)
         self.objective = Objective(train_header, live, ospec, threads=kt)
         self.grads = Gradients(self.params, names, threads=kt)
-        self.opt = AdaGrad(self.params, names, cfg.step_size, threads=kt)
         self._fused = self.fused()
+        if cfg.row_adagrad and not self._fused:
+            raise ValueError("--row-adagrad applies to the fused step of the diagonal log-bilinear model "
+                             "trained by NCE (the default recipe) without dropout or hidden layers")
+        self.opt = AdaGrad(self.params, names, cfg.step_size, threads=kt,
+                           row_sums=("embeddings", "output.weight") if cfg.row_adagrad else ())
         if cfg.shared_noise and not (self._fused and "direct.weights" not in self.params):
             raise ValueError("--shared-noise trains the diagonal log-bilinear model with an unnormalised or "
                              "softmax output by NCE, without direct features, dropout or hidden layers: "
@@ -754,7 +761,7 @@ class Trainer:
         for n, p in self.params.items():
             if n not in self.best_params:
                 self.best_params[n] = np.empty_like(p)
-                self.best_state[n] = np.empty_like(p)
+                self.best_state[n] = np.empty_like(self.opt.state[n])
             np.copyto(self.best_params[n], p)
             np.copyto(self.best_state[n], self.opt.state[n])
 
