@@ -205,7 +205,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "squared gradient, as FBGEMM's and TorchRec's embedding tables) instead of one "
                         "per weight: half the optimiser memory of those tables and of the updates' row "
                         "traffic.  The default recipe's fused step (diagonal LBL, NCE) only; "
-                        "docs/training.md compares it")
+                        "docs/training.md, 'Threads'")
     o.add_argument("--self-normalise", type=Number(float, 0), default=0.0, metavar="ALPHA",
                    help="ML penalty ALPHA*log(Z)^2 so unnormalised scores act as log-probabilities "
                         "(0.1 with --noise-samples 0: the rescoring recipe, docs/training.md)")
