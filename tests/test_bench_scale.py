@@ -1,5 +1,6 @@
 """``nlmfeature bench scale`` on a real Brown slice: the corpus, speed and memory parts, the speed rows of
-every recipe, the tables and the results block it writes."""
+every recipe, the tables and the results block it writes, and an interrupted rerun of one part that
+keeps the others."""
 from __future__ import annotations
 
 import json
@@ -38,6 +39,32 @@ def test_bench_scale_corpus_and_speed(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads(again.stdout) == r
     assert results.read_text(encoding="utf-8").endswith(text[text.index(BEGIN):])
+    # a run of one part that stops half-way keeps the other parts of the earlier run on disk
+    import nlmfeature.bench.train as bench_train
+    from nlmfeature import cli
+
+    calls = []
+
+    def probe_then_fail(fields, threads, updates):
+        calls.append(threads)
+        if len(calls) > 1:
+            raise RuntimeError("speed run failed: the probe process died")
+        return 1234.0
+
+    real_probe = bench_train.speed_probe
+    bench_train.speed_probe = probe_then_fail
+    try:
+        rc = cli.main(["bench", "scale", "--train", BROWN_TRAIN, "--valid", BROWN_VALID, "--test", BROWN_VALID,
+                       "--workdir", str(tmp_path / "w"), "--sizes", "10K,all", "--repeat", "", "--threads", "1",
+                       "--parts", "speed", "--engines", "native", "-q"])
+    except RuntimeError:
+        rc = 1
+    finally:
+        bench_train.speed_probe = real_probe
+    assert rc != 0 and len(calls) == 2
+    kept = json.loads((tmp_path / "w" / "bench-scale.json").read_text(encoding="utf-8"))
+    assert kept["memory"] == r["memory"] and kept["corpora"] == r["corpora"]
+    assert [s["words_per_s"] for s in kept["speed"]] == [1234]
     missing = run_cli("bench", "scale", "--train", BROWN_TRAIN, "--valid", BROWN_VALID, "--test", BROWN_VALID,
                       "--workdir", tmp_path / "nothing", "--parts", "none")
     assert missing.returncode != 0 and "no earlier run" in missing.stderr and "Traceback" not in missing.stderr

@@ -167,6 +167,11 @@ def run(args: argparse.Namespace) -> int:
         with open(os.path.join(w, "bench-scale.json"), encoding="utf-8") as f:
             earlier = json.load(f)
         result["command"] = earlier.get("command", "") + "\n    " + result["command"]
+        # the parts not measured now are the earlier run's from the start, so that a run that
+        # stops half-way (its bench-scale.json is saved after every measurement) loses nothing
+        for part, key in (("speed", "speed"), ("quality", "quality"), ("memory", "memory")):
+            if part not in parts and key in earlier:
+                result[key] = earlier[key]
     # 1. corpora
     compiled: List[Tuple[int, str]] = []
     for size in sizes:
@@ -233,7 +238,11 @@ def run(args: argparse.Namespace) -> int:
             flags += [f"--{k.replace('_', '-')}"] if v is True else [f"--{k.replace('_', '-')}", str(v)]
         for t in threads:
             log(f"speed, torch engine, {recipe}, {t} process(es)")
-            wps = torch_words_per_second(biggest, t, updates=args.speed_updates, extra_args=flags)
+            try:
+                wps = torch_words_per_second(biggest, t, updates=args.speed_updates, extra_args=flags)
+            except NLMFeatureError as e:   # a process of the group can die (seen once: SIGABRT); once more
+                log(f"  failed, trying once more: {str(e)[-300:]}")
+                wps = torch_words_per_second(biggest, t, updates=args.speed_updates, extra_args=flags)
             result["speed"].append({"engine": engine, "recipe": recipe, "workers": t, "words_per_s": round(wps),
                                     "epoch_minutes": round(all_tokens / wps / 60, 1)})
             log(f"  {result['speed'][-1]}")
@@ -241,9 +250,6 @@ def run(args: argparse.Namespace) -> int:
     # 3. quality and 4. sizes
     if args.train_minutes > 0 and "quality" in parts:
         result["quality"] = quality(args, biggest, w, log)
-    for part, key in (("speed", "speed"), ("quality", "quality"), ("memory", "memory")):
-        if part not in parts and key in earlier:
-            result[key] = earlier[key]
     result["sizes"] = sizes_of(result.get("quality"))
     save(w, result)
     # 5. memory (last: the repeated corpora take longest)
