@@ -9,8 +9,8 @@ import os
 import numpy as np
 import pytest
 
-from helpers import BROWN_TRAIN, BROWN_VALID
-from nlmfeature import _train
+from helpers import BROWN_TRAIN, BROWN_VALID, run_cli
+from nlmfeature import NLMFeatureError, _train
 from nlmfeature.training.trainer import TrainConfig, Trainer, heldout_logprob
 
 
@@ -201,8 +201,11 @@ def test_shared_noise_learns_a_nearly_self_normalised_model(tmp_path):
 
 
 def test_shared_noise_is_refused_where_it_does_not_apply(tmp_path):
-    with pytest.raises(ValueError, match="--direct-order 0"):
+    with pytest.raises(NLMFeatureError, match="--direct-order 0"):
         _run(tmp_path, "x.nlm", 1, shared_noise=True, direct_order=3)
+    for flags in (["--shared-noise"], ["--row-adagrad", "--arch", "nplm", "--hidden", "16"]):
+        p = run_cli("train", "-i", BROWN_TRAIN, "-o", tmp_path / "z.nlm", "--word-width", "8", "-q", *flags)
+        assert p.returncode == 2 and "error:" in p.stderr and "Traceback" not in p.stderr, p.stderr
     with pytest.raises(ValueError, match="--noise-samples K > 0"):
         TrainConfig(train=BROWN_TRAIN, model_out=str(tmp_path / "y.nlm"), shared_noise=True,
                     noise_samples=0, output="softmax").estimator()
@@ -224,6 +227,6 @@ def test_row_adagrad_keeps_a_sum_per_row_resumes_exactly_and_needs_the_fused_ste
     for k in full.params:
         np.testing.assert_array_equal(full.params[k], rest.params[k], err_msg=k)
         np.testing.assert_array_equal(full.opt.state[k], rest.opt.state[k], err_msg=k)
-    with pytest.raises(ValueError, match="--row-adagrad applies to the fused step"):
+    with pytest.raises(NLMFeatureError, match="--row-adagrad applies to the fused step"):
         Trainer(TrainConfig(train=BROWN_TRAIN, model_out=str(tmp_path / "n.nlm"), arch="nplm", hidden=16,
                             word_width=8, order=3, row_adagrad=True, progress=False), lambda m: None)

@@ -542,12 +542,12 @@ class Trainer:
         self.grads = Gradients(self.params, names, threads=kt)
         self._fused = self.fused()
         if cfg.row_adagrad and not self._fused:
-            raise ValueError("--row-adagrad applies to the fused step of the diagonal log-bilinear model "
+            raise NLMFeatureError("--row-adagrad applies to the fused step of the diagonal log-bilinear model "
                              "trained by NCE (the default recipe) without dropout or hidden layers")
         self.opt = AdaGrad(self.params, names, cfg.step_size, threads=kt,
                            row_sums=("embeddings", "output.weight") if cfg.row_adagrad else ())
         if cfg.shared_noise and not (self._fused and "direct.weights" not in self.params):
-            raise ValueError("--shared-noise trains the diagonal log-bilinear model with an unnormalised or "
+            raise NLMFeatureError("--shared-noise trains the diagonal log-bilinear model with an unnormalised or "
                              "softmax output by NCE, without direct features, dropout or hidden layers: "
                              "add --direct-order 0 (or leave out --shared-noise)")
         # position
