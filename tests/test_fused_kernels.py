@@ -185,22 +185,6 @@ def test_dense_models_give_the_threads_to_blas(tmp_path):
     assert nplm.kernel_threads == 1 and not nplm._fused
 
 
-def test_the_spin_is_set_unless_torchrun_started_the_process():
-    """The package's GOMP_SPINCOUNT default: set on import, a user's value kept, and left out
-    (an inherited default removed) in the ranks torchrun starts."""
-    import subprocess
-    import sys
-
-    code = "import os, nlmfeature; print(os.environ.get('GOMP_SPINCOUNT'))"
-    base = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "TORCHELASTIC_RUN_ID")}
-    for extra, want in (({}, "10000"), ({"GOMP_SPINCOUNT": "500"}, "500"),
-                        ({"TORCHELASTIC_RUN_ID": "x"}, "None"),
-                        ({"TORCHELASTIC_RUN_ID": "x", "GOMP_SPINCOUNT": "10000"}, "None"),
-                        ({"TORCHELASTIC_RUN_ID": "x", "GOMP_SPINCOUNT": "500"}, "500")):
-        out = subprocess.run([sys.executable, "-c", code], env=dict(base, **extra), capture_output=True, text=True)
-        assert out.stdout.strip() == want, (extra, out.stderr[-500:])
-
-
 def test_shared_noise_learns_a_nearly_self_normalised_model(tmp_path):
     tr = _run(tmp_path, "s.nlm", 1, shared_noise=True, direct_order=0, max_updates=0, iterations=2)
     assert tr.cfg.noise_samples == 200                   # the shared default

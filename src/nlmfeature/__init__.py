@@ -13,15 +13,7 @@ _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # ...but a passive thread that sleeps at once pays a wake-up (tens of microseconds on a VM) at
 # every parallel loop, and the fused training step runs several per minibatch: a short spin
 # (about 0.1 ms) before sleeping made 2-thread training 1.5-1.7x faster than sleeping at once.
-# Not in the ranks torchrun starts (the torch engine, whose ranks run no OpenMP teams of ours):
-# 2-process CPU runs with the spin died now and then of heap corruption in a rank (4 of 23
-# runs), without it none did (0 of 18); not proven the cause, and the spin buys them nothing.
-_SPIN = "10000"
-if "TORCHELASTIC_RUN_ID" in _os.environ:
-    if _os.environ.get("GOMP_SPINCOUNT") == _SPIN:   # inherited from a parent that imported us
-        del _os.environ["GOMP_SPINCOUNT"]
-else:
-    _os.environ.setdefault("GOMP_SPINCOUNT", _SPIN)
+_os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 from nlmfeature.errors import InputError, ModelFileError, NLMFeatureError
 from nlmfeature.core.model import Model, Perplexity, State, load, save
