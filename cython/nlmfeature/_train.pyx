@@ -596,8 +596,8 @@ cdef inline void free_groups(Groups* g) noexcept nogil:
     g.rows = NULL; g.start = NULL; g.order = NULL
 
 
-cdef int group_rows(const int32_t* rows, int64_t M, int64_t V, Groups* g) noexcept nogil:
-    """Group positions 0..M-1 by ``rows[i]`` (each in [0, V)).  The distinct rows are found in
+cdef int group_rows(const int32_t* rows, int64_t M, Groups* g) noexcept nogil:
+    """Group positions 0..M-1 by ``rows[i]`` (non-negative).  The distinct rows are found in
     an open-addressing table of at least 2M slots (cache-resident for a minibatch), so the cost
     is O(M) whatever the vocabulary.  Returns -1 when out of memory."""
     cdef int64_t cap = 16, mask, i, u, nu = 0, h
@@ -760,7 +760,7 @@ cdef int sparse_rows_step(float[:, ::1] P, float[:, ::1] A, float* pb, float* ab
     cdef const float* xrow
     cdef const float* yrow
     cdef int bad = 0
-    if group_rows(rows, M, P.shape[0], &g) != 0:
+    if group_rows(rows, M, &g) != 0:
         return -1
     with parallel(num_threads=T):
         buf = <float*>calloc(E, sizeof(float))

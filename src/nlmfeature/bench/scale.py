@@ -169,9 +169,9 @@ def run(args: argparse.Namespace) -> int:
         result["command"] = earlier.get("command", "") + "\n    " + result["command"]
         # the parts not measured now are the earlier run's from the start, so that a run that
         # stops half-way (its bench-scale.json is saved after every measurement) loses nothing
-        for part, key in (("speed", "speed"), ("quality", "quality"), ("memory", "memory")):
-            if part not in parts and key in earlier:
-                result[key] = earlier[key]
+        for part in ("speed", "quality", "memory"):
+            if part not in parts and part in earlier:
+                result[part] = earlier[part]
     # 1. corpora
     compiled: List[Tuple[int, str]] = []
     for size in sizes:
@@ -240,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
             log(f"speed, torch engine, {recipe}, {t} process(es)")
             try:
                 wps = torch_words_per_second(biggest, t, updates=args.speed_updates, extra_args=flags)
-            except NLMFeatureError as e:   # a process of the group can die (seen once: SIGABRT); once more
+            except NLMFeatureError as e:   # a 2-process CPU run sometimes dies (heap corruption); once more
                 log(f"  failed, trying once more: {str(e)[-300:]}")
                 wps = torch_words_per_second(biggest, t, updates=args.speed_updates, extra_args=flags)
             result["speed"].append({"engine": engine, "recipe": recipe, "workers": t, "words_per_s": round(wps),
