@@ -28,8 +28,8 @@ decay.  So a run is the native run with another engine:
 * **AdaGrad** is the native one, not ``torch.optim.Adagrad``: the same step
   ``theta -= lr g / (sqrt(sum g^2) + 1e-8)``, L2 ``lambda B / N`` on weights only, and rows
   of the row-indexed arrays (embeddings, output rows, biases, direct weights) updated lazily,
-  only when a minibatch touches them.  On the CPU those arrays get sparse gradients (DDP
-  reduces them sparsely); on a GPU dense ones (a row is touched when its reduced gradient
+  only when a minibatch touches them.  On the CPU those arrays get sparse gradients (reduced
+  by :func:`all_reduce_rows`, DDP the rest); on a GPU dense ones (a row is touched when its reduced gradient
   is not zero).  Measured on a CPU (Brown, LBL 200 NCE, one process): 13,000 words/s with
   sparse gradients, 3,000-3,900 with dense ones (which update the whole V x D output matrix
   every step).
@@ -459,6 +459,37 @@ class RowAdaGrad:
 # distributed set-up
 # ---------------------------------------------------------------------------------------
 
+def all_reduce_rows(grad: Optional["torch.Tensor"], shape: Sequence[int], world: int) -> "torch.Tensor":
+    """The mean over the ``world`` ranks of a row-sparse gradient (a sparse COO tensor of
+    ``shape``, or ``None`` where this rank touched no row), as DDP averages dense gradients:
+    the same coalesced sparse tensor on every rank.  Built from dense collectives (the ranks'
+    row counts, then their rows and values, padded to the longest, by ``all_gather``) because
+    DDP's own sparse reduction through gloo corrupts the heap now and then (torch 2.13 on the
+    CPU: two processes training sparse embeddings die of SIGSEGV or glibc's "unaligned tcache
+    chunk" within a few thousand steps)."""
+    if grad is None:
+        grad = torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.long), torch.zeros((0,) + tuple(shape[1:])),
+                                       tuple(shape))
+    grad = grad.coalesce()
+    rows, vals = grad.indices()[0], grad.values()
+    n = rows.numel()
+    counts = [torch.zeros(1, dtype=torch.long, device=rows.device) for _ in range(world)]
+    dist.all_gather(counts, torch.tensor([n], dtype=torch.long, device=rows.device))
+    counts = [int(c) for c in counts]
+    m = max(counts)
+    prows = torch.zeros(m, dtype=rows.dtype, device=rows.device)
+    prows[:n] = rows
+    pvals = torch.zeros((m,) + tuple(vals.shape[1:]), dtype=vals.dtype, device=vals.device)
+    pvals[:n] = vals
+    all_rows = [torch.empty_like(prows) for _ in range(world)]
+    all_vals = [torch.empty_like(pvals) for _ in range(world)]
+    dist.all_gather(all_rows, prows)
+    dist.all_gather(all_vals, pvals)
+    rows = torch.cat([r[:c] for r, c in zip(all_rows, counts)])
+    vals = torch.cat([v[:c] for v, c in zip(all_vals, counts)]).div_(world)
+    return torch.sparse_coo_tensor(rows[None], vals, tuple(shape)).coalesce()
+
+
 def init_distributed() -> Tuple[int, int, "torch.device"]:
     """(rank, world size, device) of this process: joins the process group when launched by
     ``torchrun`` (``WORLD_SIZE`` > 1 in the environment; NCCL when CUDA is available, else
@@ -537,11 +568,21 @@ class TorchTrainer(Trainer):
                               logq, logq_class, sparse=self.device.type == "cpu" if sparse is None else sparse
                               ).to(self.device)
         self.ddp = self.module
+        #: parameters with sparse gradients, reduced by :func:`all_reduce_rows` (not by DDP)
+        self.sparse_params: List["torch.nn.Parameter"] = []
         if self.world > 1:
             from torch.nn.parallel import DistributedDataParallel
 
-            self.ddp = DistributedDataParallel(self.module, device_ids=[self.device] if self.device.type == "cuda"
-                                               else None, forward_sync_buffers=False)
+            sparse_names = {f"tables.{k}.weight": e.weight for k, e in self.module.tables.items()
+                            if e.sparse and e.weight.requires_grad}
+            self.sparse_params = list(sparse_names.values())
+            with torch.no_grad():
+                for p in self.sparse_params:        # DDP broadcasts only the parameters it reduces
+                    dist.broadcast(p.data, 0)
+            if any(p.requires_grad for n, p in self.module.named_parameters() if n not in sparse_names):
+                DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(self.module, list(sparse_names))
+                self.ddp = DistributedDataParallel(self.module, device_ids=[self.device] if self.device.type == "cuda"
+                                                   else None, forward_sync_buffers=False)
         row_mask = {}
         if allowed is not None and "direct.weights" in names:
             row_mask["direct.weights"] = torch.from_numpy(allowed.astype(bool)).to(self.device)
@@ -648,6 +689,8 @@ class TorchTrainer(Trainer):
                 self._tensor(mask[lo:hi], torch.float32) if mask is not None else None]
         loss = self.ddp(*args) * self.world
         loss.backward()
+        for p in self.sparse_params:
+            p.grad = all_reduce_rows(p.grad, p.shape, self.world)
         self.topt.step(l2)
         return float(loss.detach())
 
@@ -711,5 +754,5 @@ def torch_words_per_second(corpus_path: str, processes: int = 1, updates: int = 
         return float(json.loads(proc.stdout[proc.stdout.index("{"):])["words_per_second"])
 
 
-__all__ = ["torch_words_per_second", "TorchLM", "TorchTrainer", "RowAdaGrad", "direct_indices", "splitmix64", "init_distributed", "train",
+__all__ = ["all_reduce_rows", "torch_words_per_second", "TorchLM", "TorchTrainer", "RowAdaGrad", "direct_indices", "splitmix64", "init_distributed", "train",
            "used_names", "SUPPORTED"]
