@@ -165,10 +165,37 @@ def _run(tmp_path, name, threads, **kw):
                          ids=["per-word-noise+direct", "shared-noise", "row-adagrad"])
 def test_fused_steps_do_not_depend_on_the_thread_count(tmp_path, kw):
     one = _run(tmp_path, "one.nlm", 1, **kw)
-    two = _run(tmp_path, "two.nlm", 2, **kw)
-    assert two.kernel_threads == 2
+    two = _run(tmp_path, "two.nlm", 2, hogwild=False, **kw)
+    assert two.kernel_threads == 2 and two.hogwild_threads == 1
     for k in one.params:
         np.testing.assert_array_equal(one.params[k], two.params[k], err_msg=k)
+
+
+@pytest.mark.parametrize("kw", [dict(noise_samples=10, direct_order=3),
+                                dict(shared_noise=True, noise_samples=64, direct_order=0)],
+                         ids=["per-word-noise+direct", "shared-noise"])
+def test_hogwild_threads_train_as_well_and_count_every_minibatch_once(tmp_path, kw):
+    """--threads 2 (Hogwild, the default): two minibatches at a time, one per thread; every
+    minibatch counted once, evaluations where the synchronous run has them, the direct-feature
+    buffers left clean, and the model as good as the synchronous run's."""
+    kw = dict(kw, max_updates=0, iterations=2, evals_per_epoch=2, patience=0)
+    sync = _run(tmp_path, "sync.nlm", 2, hogwild=False, **kw)
+    hog = _run(tmp_path, "hog.nlm", 2, **kw)
+    assert hog.hogwild_threads == 2 and len(hog._direct_buffers) == (2 if "direct.weights" in hog.params else 0)
+    assert hog.step == sync.step == 2 * sync.batches_per_epoch and hog.trained_words == sync.trained_words
+    assert [h["epoch"] for h in hog.history] == [h["epoch"] for h in sync.history]
+    assert any(not np.array_equal(hog.params[k], sync.params[k]) for k in hog.params)   # another run
+    for g, m in hog._direct_buffers:
+        assert not g.any() and not m.any()
+    print(f"held-out perplexity: synchronous {sync.best:.2f}, Hogwild {hog.best:.2f}")
+    assert hog.best < 1.03 * sync.best
+
+
+def test_hogwild_rounds_stop_at_the_update_limit_and_resume(tmp_path):
+    part = _run(tmp_path, "h.nlm", 2, max_updates=25)     # rounds of 2, the last of 1
+    assert part.step == 25
+    rest = _run(tmp_path, "h.nlm", 2, max_updates=10)
+    assert rest.resumed_from and rest.step == 35
 
 
 def test_dense_models_give_the_threads_to_blas(tmp_path):

@@ -1,7 +1,11 @@
 """One rank of a DDP training run for tests/test_torch_engine.py, launched by
 ``python -m torch.distributed.run --nproc_per_node 2 tests/torch_ddp_worker.py OUT_DIR JSON``:
 trains with the torch engine (settings: the JSON object of TrainConfig fields) and saves this
-rank's trained arrays to ``OUT_DIR/rank{RANK}.npz`` so the test can compare the ranks."""
+rank's trained arrays to ``OUT_DIR/rank{RANK}.npz`` so the test can compare the ranks.
+
+``... tests/torch_ddp_worker.py OUT_DIR --rows`` instead reduces row-sparse gradients of
+unequal lengths (rank 1 touching no row in the second) with ``all_reduce_rows`` and saves
+the dense results to ``OUT_DIR/rows{RANK}.npz``."""
 import json
 import os
 import sys
@@ -12,7 +16,25 @@ from nlmfeature.training.torch_engine import TorchTrainer
 from nlmfeature.training.trainer import TrainConfig
 
 
+def rows(out_dir: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from nlmfeature.training.torch_engine import all_reduce_rows, init_distributed
+
+    rank, world, _ = init_distributed()
+    a = torch.sparse_coo_tensor(torch.tensor([[3, 1, 3] if rank == 0 else [1]]),
+                                torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]] if rank == 0 else [[10.0, 20.0]]),
+                                (5, 2))
+    b = torch.sparse_coo_tensor(torch.tensor([[0, 4]]), torch.tensor([[1.0], [2.0]]), (6, 1)) if rank == 0 else None
+    ra, rb = all_reduce_rows(a, (5, 2), world), all_reduce_rows(b, (6, 1), world)
+    np.savez(os.path.join(out_dir, f"rows{rank}.npz"), a=ra.to_dense().numpy(), b=rb.to_dense().numpy())
+    dist.destroy_process_group()
+
+
 def main() -> None:
+    if sys.argv[2] == "--rows":
+        return rows(sys.argv[1])
     out_dir, settings = sys.argv[1], json.loads(sys.argv[2])
     trainer = TorchTrainer(TrainConfig(**settings))
     result = trainer.run()

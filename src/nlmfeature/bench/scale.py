@@ -13,9 +13,11 @@ Every measurement runs in a fresh process (``python -m nlmfeature.cli ...``), so
   evaluations on the ``--valid`` sample of the quality part (a real run evaluates, writes the
   best model and checkpoints): peak RSS;
 * **speed**: words/s of the native trainer at each ``--threads`` count (after a warm-up), for
-  the default recipe, the plain log-bilinear model without direct features and with
-  ``--shared-noise``, and the same for the torch engine when it is installed (``--engines``; on
-  the GPU when there is one); seconds per epoch follow;
+  the default recipe (more than one thread: Hogwild, a minibatch per thread), the same with the
+  threads sharing each minibatch (``--no-hogwild``), the plain log-bilinear model without direct
+  features and with ``--shared-noise``, and the same for the torch engine when it is installed
+  (``--engines``; on the GPU when there is one; one minibatch at a time); seconds per epoch
+  follow;
 * **quality**: a model trained for ``--train-minutes`` on the whole text (early-stopped on
   ``--valid``), its exactly normalised perplexity on ``--test`` (at most ``--test-tokens``
   tokens) beside a KenLM ``--kenlm-order``-gram model of the same text with the same
@@ -233,16 +235,14 @@ def run(args: argparse.Namespace) -> int:
         torch_words_per_second = None
     for recipe, extra in (SPEED_RECIPES if torch_words_per_second is not None and "speed" in parts
                           and "torch" in engines else []):
+        if "hogwild" in extra:   # (the torch engine trains one minibatch at a time)
+            continue
         flags = ["--max-vocab", str(args.max_vocab)] + (["--order", str(args.order)] if args.order else [])
         for k, v in extra.items():
             flags += [f"--{k.replace('_', '-')}"] if v is True else [f"--{k.replace('_', '-')}", str(v)]
         for t in threads:
             log(f"speed, torch engine, {recipe}, {t} process(es)")
-            try:
-                wps = torch_words_per_second(biggest, t, updates=args.speed_updates, extra_args=flags)
-            except NLMFeatureError as e:   # a 2-process CPU run sometimes dies (heap corruption); once more
-                log(f"  failed, trying once more: {str(e)[-300:]}")
-                wps = torch_words_per_second(biggest, t, updates=args.speed_updates, extra_args=flags)
+            wps = torch_words_per_second(biggest, t, updates=args.speed_updates, extra_args=flags)
             result["speed"].append({"engine": engine, "recipe": recipe, "workers": t, "words_per_s": round(wps),
                                     "epoch_minutes": round(all_tokens / wps / 60, 1)})
             log(f"  {result['speed'][-1]}")
@@ -411,7 +411,8 @@ def format_markdown(r: Dict[str, Any]) -> str:
 
 
 #: the native trainer's configurations timed by the speed part: (name, train settings)
-SPEED_RECIPES = (("default", {}), ("no direct features", {"direct_order": 0}),
+SPEED_RECIPES = (("default", {}), ("default, threads share each minibatch", {"hogwild": False}),
+                 ("no direct features", {"direct_order": 0}),
                  ("shared noise, no direct features", {"direct_order": 0, "shared_noise": True,
                                                        "minibatch_size": 1000}))
 

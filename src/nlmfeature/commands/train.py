@@ -38,7 +38,9 @@ large corpora: the training text is compiled once into a memory-mapped file of w
 resuming: a checkpoint MODEL_OUT.ckpt.npz is written at every evaluation, every
   --checkpoint-minutes and on Ctrl-C; running the same command again resumes from it
   (--no-resume starts afresh); a finished run removes it.  The same --seed and --threads
-  give the same model.
+  give the same model, except that the default recipe on more than one thread trains a
+  minibatch per thread without locks (Hogwild!), whose result depends on the threads'
+  timing: --no-hogwild (or --threads 1) for a run that repeats exactly.
 
 defaults: the recipe measured best for decoding (docs/training.md, "Choosing a recipe"):
   8-gram log-bilinear, diagonal contexts, 200-wide embeddings, NCE with 10 noise samples
@@ -232,10 +234,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--init-scale", type=Number(float, 0, None, lo_open=True), default=D.init_scale,
                    help="standard deviation of the random embeddings at the start (default 0.01: "
                         "on Brown 0.01 beat 0.03 and 0.1 by 1-2%% held-out perplexity)")
-    o.add_argument("--seed", type=Number(int, 0, (1 << 32) - 1), default=D.seed, help="random seed: same seed and threads, same model")
+    o.add_argument("--seed", type=Number(int, 0, (1 << 32) - 1), default=D.seed, help="random seed: same seed and threads, same model (but see --no-hogwild)")
     r = p.add_argument_group("running")
     r.add_argument("--threads", type=THREADS, default=D.threads,
                    help=f"threads for BLAS and the Cython kernels (default {D.threads})")
+    r.add_argument("--no-hogwild", dest="hogwild", action="store_false", default=D.hogwild,
+                   help="the default recipe's model (diagonal LBL, NCE) with --threads N > 1: share each "
+                        "minibatch between the threads (the same model whatever N, each run the same) "
+                        "instead of training N minibatches at once, one per thread, without locks "
+                        "(Hogwild!: faster, and the run depends on how the threads interleave)")
     r.add_argument("--evals-per-epoch", type=Number(int, 1, MAX_INT), default=D.evals_per_epoch,
                    help=f"held-out evaluations per epoch, the last at its end (default {D.evals_per_epoch})")
     r.add_argument("--eval-every", type=Number(int, 0, MAX_INT), default=0, metavar="N",

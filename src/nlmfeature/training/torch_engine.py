@@ -469,7 +469,7 @@ def all_reduce_rows(grad: Optional["torch.Tensor"], shape: Sequence[int], world:
     chunk" within a few thousand steps)."""
     if grad is None:
         grad = torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.long), torch.zeros((0,) + tuple(shape[1:])),
-                                       tuple(shape))
+                                       tuple(shape), check_invariants=False)
     grad = grad.coalesce()
     rows, vals = grad.indices()[0], grad.values()
     n = rows.numel()
@@ -487,7 +487,7 @@ def all_reduce_rows(grad: Optional["torch.Tensor"], shape: Sequence[int], world:
     dist.all_gather(all_vals, pvals)
     rows = torch.cat([r[:c] for r, c in zip(all_rows, counts)])
     vals = torch.cat([v[:c] for v, c in zip(all_vals, counts)]).div_(world)
-    return torch.sparse_coo_tensor(rows[None], vals, tuple(shape)).coalesce()
+    return torch.sparse_coo_tensor(rows[None], vals, tuple(shape), check_invariants=False).coalesce()
 
 
 def init_distributed() -> Tuple[int, int, "torch.device"]:
@@ -631,6 +631,11 @@ class TorchTrainer(Trainer):
         self.epoch, self.batch, self.step = int(v[0]), int(v[1]), int(v[2])
         self.best, self.best_epoch, self.bad_evals, self.decays, self.opt.lr = v[3], v[4], int(v[5]), int(v[6]), v[7]
         self.topt.lr = self.opt.lr
+
+    @property
+    def hogwild_threads(self) -> int:
+        """One minibatch at a time (the processes share it)."""
+        return 1
 
     @property
     def writes(self) -> bool:

@@ -109,6 +109,7 @@ class TrainConfig:
     noise_samples: Optional[int] = None     # None: 0 (ML) for softmax / tree / --self-normalise, else 10 (NCE)
     shared_noise: bool = False              # NCE noise drawn once per minibatch, shared by its n-grams
     row_adagrad: bool = False               # one AdaGrad sum per embedding and output row (fused step)
+    hogwild: bool = True                    # fused step, threads > 1: one minibatch per thread, lock-free
     self_normalise: float = 0.0
     minibatch_size: int = 250
     iterations: int = 20
@@ -541,6 +542,13 @@ class Trainer:
         self.objective = Objective(train_header, live, ospec, threads=kt)
         self.grads = Gradients(self.params, names, threads=kt)
         self._fused = self.fused()
+        self._pool = None   # the Hogwild threads, started at the first round
+        self._direct_buffers = []   # a direct-feature gradient buffer and its marks per concurrent step
+        if self._fused and "direct.weights" in self.params:
+            self._direct_buffers = [(self.grads.g["direct.weights"], self.grads.mark["direct.weights"])]
+            for _ in range(1, self.hogwild_threads):
+                self._direct_buffers.append((np.zeros_like(self.grads.g["direct.weights"]),
+                                             np.zeros_like(self.grads.mark["direct.weights"])))
         if cfg.row_adagrad and not self._fused:
             raise NLMFeatureError("--row-adagrad applies to the fused step of the diagonal log-bilinear model "
                              "trained by NCE (the default recipe) without dropout or hidden layers")
@@ -782,54 +790,98 @@ class Trainer:
     #: how the run's log line names the engine ("" for the native one)
     engine_note = ""
 
-    def noise_and_mask(self, targets: np.ndarray) -> Tuple[Any, Optional[np.ndarray]]:
-        """(NCE noise or None, dropout mask or None) of the current minibatch: functions of the
-        seed and the minibatch number only."""
+    def noise_and_mask(self, targets: np.ndarray, step: Optional[int] = None,
+                       threads: Optional[int] = None) -> Tuple[Any, Optional[np.ndarray]]:
+        """(NCE noise or None, dropout mask or None) of minibatch number ``step`` (default: the
+        current one): functions of the seed and the minibatch number only."""
         cfg = self.cfg
+        step = self.step if step is None else step
         if self.noise is None:
             noise = None
         elif cfg.shared_noise:
-            noise = self.noise.draw_shared(cfg.seed, self.step)
+            noise = self.noise.draw_shared(cfg.seed, step)
         else:
-            noise = self.noise.draw(targets, cfg.seed, self.step, self.kernel_threads)
+            noise = self.noise.draw(targets, cfg.seed, step, self.kernel_threads if threads is None else threads)
         mask = dropout_mask((len(targets), self.header["output"]["dim"]), cfg.dropout, cfg.seed,
-                            self.step) if cfg.dropout else None
+                            step) if cfg.dropout else None
         return noise, mask
+
+    @property
+    def hogwild_threads(self) -> int:
+        """Minibatches trained at once, one per thread, without locks (Hogwild!, Recht et al.
+        2011): ``--threads`` for the fused step unless ``--no-hogwild``, else 1 (the threads then
+        share each minibatch)."""
+        return self.cfg.threads if self._fused and self.cfg.hogwild and self.cfg.threads > 1 else 1
+
+    def _fused_step(self, ctx: np.ndarray, targets: np.ndarray, noise: Any, l2: float, threads: int,
+                    slot: int = 0) -> float:
+        """The fused native step on one minibatch with ``threads`` kernel threads; ``slot``
+        names the direct-feature gradient buffer it may use (one per concurrent step)."""
+        from nlmfeature import _train
+
+        p, a = self.params, self.opt.state
+        e32, e8 = np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.uint8)
+        has_d = "direct.weights" in p
+        has_b = "branch0.bias" in p
+        spec = self.objective.out.s
+        ctx32 = np.ascontiguousarray(ctx, dtype=np.int32)
+        t32 = np.ascontiguousarray(targets, dtype=np.int32)
+        if self.cfg.shared_noise:
+            return _train.nce_lbl_shared_step(
+                p["embeddings"], p["branch0.weights"], p["branch0.bias"] if has_b else e32,
+                p["output.weight"], p["output.bias"],
+                a["embeddings"], a["branch0.weights"], a["branch0.bias"] if has_b else e32,
+                a["output.weight"], a["output.bias"],
+                ctx32, t32, noise.words, spec.logq, self.opt.lr, l2, self.opt.eps, threads)
+        gD, mD = self._direct_buffers[slot] if has_d else (e32, e8)
+        return _train.nce_lbl_step(
+            p["embeddings"], p["branch0.weights"], p["branch0.bias"] if has_b else e32,
+            p["output.weight"], p["output.bias"], p["direct.weights"] if has_d else e32,
+            a["embeddings"], a["branch0.weights"], a["branch0.bias"] if has_b else e32,
+            a["output.weight"], a["output.bias"], a["direct.weights"] if has_d else e32,
+            gD, mD, ctx32, t32, noise.words, spec.logq, spec.direct_order if has_d else 0, max(1, spec.hash_space),
+            spec.allowed if spec.allowed is not None else e8,
+            self.opt.lr, l2, self.opt.eps, threads)
 
     def train_step(self, ctx: np.ndarray, targets: np.ndarray, l2: float) -> float:
         """One AdaGrad update on a minibatch (the fused native step when :meth:`fused`);
         returns its summed loss."""
         noise, mask = self.noise_and_mask(targets)
         if self._fused:
-            from nlmfeature import _train
-
-            p, a, g, m = self.params, self.opt.state, self.grads.g, self.grads.mark
-            e32, e8 = np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.uint8)
-            has_d = "direct.weights" in p
-            has_b = "branch0.bias" in p
-            spec = self.objective.out.s
-            ctx32 = np.ascontiguousarray(ctx, dtype=np.int32)
-            t32 = np.ascontiguousarray(targets, dtype=np.int32)
-            if self.cfg.shared_noise:
-                return _train.nce_lbl_shared_step(
-                    p["embeddings"], p["branch0.weights"], p["branch0.bias"] if has_b else e32,
-                    p["output.weight"], p["output.bias"],
-                    a["embeddings"], a["branch0.weights"], a["branch0.bias"] if has_b else e32,
-                    a["output.weight"], a["output.bias"],
-                    ctx32, t32, noise.words, spec.logq, self.opt.lr, l2, self.opt.eps, self.kernel_threads)
-            return _train.nce_lbl_step(
-                p["embeddings"], p["branch0.weights"], p["branch0.bias"] if has_b else e32,
-                p["output.weight"], p["output.bias"], p["direct.weights"] if has_d else e32,
-                a["embeddings"], a["branch0.weights"], a["branch0.bias"] if has_b else e32,
-                a["output.weight"], a["output.bias"], a["direct.weights"] if has_d else e32,
-                g["direct.weights"] if has_d else e32, m["direct.weights"] if has_d else e8,
-                ctx32, t32, noise.words, spec.logq, spec.direct_order if has_d else 0, max(1, spec.hash_space),
-                spec.allowed if spec.allowed is not None else e8,
-                self.opt.lr, l2, self.opt.eps, self.kernel_threads)
+            return self._fused_step(ctx, targets, noise, l2, self.kernel_threads)
         loss = self.objective.loss_and_grads(ctx, targets, noise, self.grads, mask)
         if math.isfinite(loss):
             self.opt.step(self.grads, l2=l2)
         return loss
+
+    def train_round(self, batches: List[Tuple[np.ndarray, np.ndarray]], l2: float) -> List[float]:
+        """Train the minibatches ``batches`` (numbers ``step``, ``step + 1``, ...): one at a time
+        (:meth:`train_step`), or, with :attr:`hogwild_threads` > 1, all at once, each on a thread
+        of its own with one kernel thread, reading and updating the shared parameters without
+        locks.  Returns their summed losses."""
+        if len(batches) == 1:
+            return [self.train_step(batches[0][0], batches[0][1], l2)]
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(self.hogwild_threads, thread_name_prefix="nlmfeature-hogwild")
+
+        def one(i: int) -> float:
+            ctx, targets = batches[i]
+            noise, _ = self.noise_and_mask(targets, self.step + i, threads=1)
+            return self._fused_step(ctx, targets, noise, l2, 1, slot=i)
+
+        return [f.result() for f in [self._pool.submit(one, i) for i in range(len(batches))]]
+
+    def _round_size(self, nb: int, every: int, updates: int) -> int:
+        """Minibatches in the next round: :attr:`hogwild_threads`, fewer where the epoch, an
+        evaluation or the update limit comes sooner."""
+        k = min(self.hogwild_threads, nb - self.batch)
+        if every:
+            k = min(k, every - self.batch % every)
+        if self.cfg.max_updates:
+            k = min(k, self.cfg.max_updates - updates)
+        return max(1, k)
 
     def _agree(self, flags: List[float]) -> List[float]:
         """Each flag as all the processes of the run see it (their maximum); one process: itself."""
@@ -881,10 +933,13 @@ class Trainer:
                 bar = progress(total=nb, initial=self.batch, desc=f"epoch {self.epoch + 1}/{cfg.iterations}",
                                unit="batch", enabled=cfg.progress and self.writes, leave=False)
                 t_epoch, w_epoch = time.time(), 0
+                pending: List[Tuple[np.ndarray, float]] = []   # a round's trained minibatches, to count
                 while self.batch < nb:
                     t0 = time.time()
-                    ctx, tg = next(feed)
-                    loss = self.train_step(ctx, tg, l2)
+                    if not pending:
+                        rnd = [next(feed) for _ in range(self._round_size(nb, every, updates))]
+                        pending = [(tg, loss) for (_, tg), loss in zip(rnd, self.train_round(rnd, l2))]
+                    tg, loss = pending.pop(0)
                     # every process stops together: Ctrl-C, divergence, the time limit, checkpoints
                     ck_due = cfg.checkpoint_minutes and time.time() - last_ck > cfg.checkpoint_minutes * 60
                     stop, bad, late, ck_now = self._agree([float(self._stop), float(not math.isfinite(loss)),
@@ -912,6 +967,8 @@ class Trainer:
                             stop_reason = "no improvement"
                             break
                     updates += 1
+                    if pending:   # a round stops, checkpoints and evaluates as a whole
+                        continue
                     if stop:
                         self._stop = True
                         stop_reason = "interrupted"
@@ -952,6 +1009,9 @@ class Trainer:
         finally:
             if bar is not None:
                 bar.close()
+            if self._pool is not None:
+                self._pool.shutdown()
+                self._pool = None
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
         if stop_reason == "interrupted":
