@@ -171,9 +171,8 @@ def test_fused_steps_do_not_depend_on_the_thread_count(tmp_path, kw):
         np.testing.assert_array_equal(one.params[k], two.params[k], err_msg=k)
 
 
-@pytest.mark.parametrize("kw", [dict(noise_samples=10, direct_order=3),
-                                dict(shared_noise=True, noise_samples=64, direct_order=0)],
-                         ids=["per-word-noise+direct", "shared-noise"])
+@pytest.mark.parametrize("kw", [dict(noise_samples=10, direct_order=3), dict(noise_samples=10, direct_order=0)],
+                         ids=["direct", "no-direct"])
 def test_hogwild_threads_train_as_well_and_count_every_minibatch_once(tmp_path, kw):
     """--threads 2 (Hogwild, the default): two minibatches at a time, one per thread; every
     minibatch counted once, evaluations where the synchronous run has them, the direct-feature
@@ -181,14 +180,54 @@ def test_hogwild_threads_train_as_well_and_count_every_minibatch_once(tmp_path, 
     kw = dict(kw, max_updates=0, iterations=2, evals_per_epoch=2, patience=0)
     sync = _run(tmp_path, "sync.nlm", 2, hogwild=False, **kw)
     hog = _run(tmp_path, "hog.nlm", 2, **kw)
-    assert hog.hogwild_threads == 2 and len(hog._direct_buffers) == (2 if "direct.weights" in hog.params else 0)
+    assert hog.hogwild_threads == 2 and sync.hogwild_threads == 1
+    gD, mD = hog._direct_buffers
+    assert gD.shape == mD.shape == ((2, len(hog.params["direct.weights"])) if kw["direct_order"] else (2, 0))
+    assert not gD.any() and not mD.any()
     assert hog.step == sync.step == 2 * sync.batches_per_epoch and hog.trained_words == sync.trained_words
     assert [h["epoch"] for h in hog.history] == [h["epoch"] for h in sync.history]
     assert any(not np.array_equal(hog.params[k], sync.params[k]) for k in hog.params)   # another run
-    for g, m in hog._direct_buffers:
-        assert not g.any() and not m.any()
     print(f"held-out perplexity: synchronous {sync.best:.2f}, Hogwild {hog.best:.2f}")
     assert hog.best < 1.03 * sync.best
+    shared = Trainer(TrainConfig(train=BROWN_TRAIN, model_out=str(tmp_path / "s.nlm"), threads=2, shared_noise=True,
+                                 direct_order=0, progress=False), lambda m: None)
+    assert shared.hogwild_threads == 1          # shared noise: the threads share each minibatch
+
+
+def test_hogwild_round_of_one_minibatch_is_the_fused_step():
+    """nce_lbl_rounds with one minibatch is nce_lbl_step bit for bit; bad bounds are refused."""
+    rng = np.random.default_rng(5)
+    V, E, c, N, k, HS, DO = 50, 8, 3, 40, 4, 256, 2
+    def params():
+        r = np.random.default_rng(1)
+        P = dict(R=r.normal(0, .1, (V, E)), W=r.normal(1, .1, (c, E)), bias=np.zeros(E), Q=r.normal(0, .1, (V, E)),
+                 qb=np.zeros(V), D=np.zeros(HS))
+        P = {n: a.astype(np.float32) for n, a in P.items()}
+        A = {n: np.full_like(a, 0.1) for n, a in P.items()}
+        return P, A
+    ctx = rng.integers(0, V, (N, c)).astype(np.int32)
+    tg = rng.integers(0, V, N).astype(np.int32)
+    noise = rng.integers(0, V, (N, k)).astype(np.int32)
+    logq = np.full(V, -np.log(V))
+    allowed = np.ones(HS, np.uint8)
+    order = ["R", "W", "bias", "Q", "qb", "D"]
+    P1, A1 = params()
+    l1 = _train.nce_lbl_step(*[P1[n] for n in order], *[A1[n] for n in order], np.zeros(HS, np.float32),
+                             np.zeros(HS, np.uint8), ctx, tg, noise, logq, DO, HS, allowed, 0.05, 1e-4, 1e-8, 1)
+    P2, A2 = params()
+    gD, mD = np.zeros((1, HS), np.float32), np.zeros((1, HS), np.uint8)
+    l2 = _train.nce_lbl_rounds(*[P2[n] for n in order], *[A2[n] for n in order], gD, mD, ctx, tg, noise,
+                               np.array([0, N], np.int64), logq, DO, HS, allowed, 0.05, 1e-4, 1e-8)
+    assert l2.tolist() == [l1]
+    for n in order:
+        np.testing.assert_array_equal(P1[n], P2[n], err_msg=n)
+        np.testing.assert_array_equal(A1[n], A2[n], err_msg=n)
+    assert not gD.any() and not mD.any()
+    args = [*[P2[n] for n in order], *[A2[n] for n in order]]
+    for bounds, msg in (([0, 10], "do not cover"), ([0, 30, 20, N], "decrease"), ([0, 20, N], "fewer rows")):
+        with pytest.raises(ValueError, match=msg):
+            _train.nce_lbl_rounds(*args, gD, mD, ctx, tg, noise, np.array(bounds, np.int64), logq, DO, HS,
+                                  allowed, 0.05, 1e-4, 1e-8)
 
 
 def test_hogwild_rounds_stop_at_the_update_limit_and_resume(tmp_path):

@@ -647,7 +647,7 @@ cdef int group_rows(const int32_t* rows, int64_t M, Groups* g) noexcept nogil:
     return 0
 
 
-cdef int direct_step(float[::1] D, float[::1] aD, float[::1] gD, uint8_t[::1] mD, const int64_t* buckets,
+cdef int direct_step(float[::1] D, float[::1] aD, float* gD, uint8_t* mD, const int64_t* buckets,
                      const float* G, int64_t rows, int DO, double lr, double eps, int T) noexcept nogil:
     """AdaGrad on the direct-feature weights ``D`` (sums ``aD``): row r (0..rows-1) adds its
     gradient ``G[r]`` to the buckets ``buckets[r*DO .. r*DO+DO-1]`` that are not negative (a
@@ -799,13 +799,13 @@ cdef int sparse_rows_step(float[:, ::1] P, float[:, ::1] A, float* pb, float* ab
 
 cdef int lbl_context_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias,
                           float[:, ::1] aR, float[:, ::1] aW, float[::1] abias,
-                          const int32_t[:, ::1] ctx, const float* dH,
+                          const int32_t[:, ::1] ctx, int64_t n0, int64_t N, const float* dH,
                           bint has_bias, double lr, double l2, double eps, int T) noexcept nogil:
-    """The context side of a diagonal LBL minibatch, given d(loss)/dh (``dH``, N x E): the
-    gradient of W_j, sum_n dH_n * R[ctx_nj] (with the old R), and of each embedding, the sum
-    of dH_n * W_j over its positions (n, j); then AdaGrad on the embeddings, W and the bias.
-    Returns -1 when out of memory."""
-    cdef int64_t N = ctx.shape[0], n, i
+    """The context side of a diagonal LBL minibatch (the N n-grams of ``ctx`` from row ``n0``),
+    given d(loss)/dh (``dH``, N x E): the gradient of W_j, sum_n dH_n * R[ctx_nj] (with the old
+    R), and of each embedding, the sum of dH_n * W_j over its positions (n, j); then AdaGrad on
+    the embeddings, W and the bias.  Returns -1 when out of memory."""
+    cdef int64_t n, i
     cdef int c = ctx.shape[1], E = R.shape[1], j, e, bad = 0
     cdef float* gW = <float*>calloc((c + 1) * E, sizeof(float))
     cdef const float** xs = <const float**>malloc(max(1, N * c) * sizeof(float*))
@@ -825,7 +825,7 @@ cdef int lbl_context_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias,
             if j < c:
                 for n in range(N):
                     drow = dH + n * E
-                    xrow = &R[ctx[n, j], 0]
+                    xrow = &R[ctx[n0 + n, j], 0]
                     for e in range(E):
                         wrow[e] = wrow[e] + drow[e] * xrow[e]
             elif has_bias:
@@ -834,7 +834,7 @@ cdef int lbl_context_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias,
                     for e in range(E):
                         wrow[e] = wrow[e] + drow[e]
     # (the embeddings' step reads W, so W's waits)
-    bad = sparse_rows_step(R, aR, NULL, NULL, &ctx[0, 0], N * c, xs, ys, NULL, NULL, lr, l2, eps, T)
+    bad = sparse_rows_step(R, aR, NULL, NULL, &ctx[n0, 0], N * c, xs, ys, NULL, NULL, lr, l2, eps, T)
     for j in range(c):
         adagrad_row(&W[j, 0], &aW[j, 0], gW + j * E, E, <float>lr, <float>l2, <float>eps)
     if has_bias:
@@ -1015,12 +1015,136 @@ def nce_lbl_shared_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float
         # 7. the output rows (data words, then noise words), 8. the context side
         i = sparse_rows_step(Q, aQ, &qb[0], &aqb[0], rows, N + S, xs, NULL, coef, bcoef, lr, l2, eps, T)
         if i == 0:
-            i = lbl_context_step(R, W, bias, aR, aW, abias, ctx, dH, has_bias, lr, l2, eps, T)
+            i = lbl_context_step(R, W, bias, aR, aW, abias, ctx, 0, N, dH, has_bias, lr, l2, eps, T)
     free(H); free(dH); free(Z); free(GT); free(QS); free(QT); free(gQS); free(add); free(coef)
     free(bcoef); free(xs); free(rows); free(lossv)
     if i != 0:
         raise MemoryError()
     return loss
+
+
+cdef int nce_lbl_core(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1] Q, float[::1] qb,
+                      float[::1] D, float[:, ::1] aR, float[:, ::1] aW, float[::1] abias, float[:, ::1] aQ,
+                      float[::1] aqb, float[::1] aD, float* gD, uint8_t* mD,
+                      const int32_t[:, ::1] ctx, const int32_t[::1] target, const int32_t[:, ::1] noise,
+                      int64_t n0, int64_t N, const double[::1] logq, int DO, int64_t hash_space,
+                      const uint8_t[::1] allowed, double lr, double l2, double eps, int T,
+                      double* loss_out) noexcept nogil:
+    """:func:`nce_lbl_step` on the N n-grams from row ``n0`` of ``ctx``, ``target`` and
+    ``noise`` (checked by the caller), with T threads; the summed loss in ``*loss_out``.
+    Returns 0, or -1 when out of memory."""
+    cdef int64_t n, r, b
+    cdef int c = ctx.shape[1], K = noise.shape[1] + 1, E = R.shape[1], j, e, o, i
+    cdef bint has_bias = bias.shape[0] > 0, filt = allowed.shape[0] > 0
+    cdef double logk = log(<double>(K - 1)) if K > 1 else 0.0, x, s, loss = 0
+    cdef uint64_t* st
+    cdef uint64_t tk
+    cdef int64_t* buckets
+    cdef float* H
+    cdef float* dH
+    cdef float* G
+    cdef const float** xs
+    cdef double* lossv
+    cdef int32_t* cand
+    cdef float* hrow
+    cdef float* drow
+    cdef float* wrow
+    cdef float gf
+    loss_out[0] = 0.0
+    if N <= 0:
+        return 0
+    H = <float*>malloc(N * E * sizeof(float))
+    dH = <float*>calloc(N * E, sizeof(float))
+    G = <float*>malloc(N * K * sizeof(float))
+    xs = <const float**>malloc(N * K * sizeof(float*))
+    lossv = <double*>malloc(N * sizeof(double))
+    cand = <int32_t*>malloc(N * K * sizeof(int32_t))
+    buckets = <int64_t*>malloc(max(1, N * K * DO) * sizeof(int64_t))
+    if H == NULL or dH == NULL or G == NULL or xs == NULL or lossv == NULL or cand == NULL or buckets == NULL:
+        free(H); free(dH); free(G); free(xs); free(lossv); free(cand); free(buckets)
+        return -1
+    with parallel(num_threads=T):
+        # 0. candidates and their direct-feature buckets
+        st = <uint64_t*>malloc(16 * sizeof(uint64_t))
+        for n in prange(N, schedule="static"):
+            cand[n * K] = target[n0 + n]
+            for j in range(1, K):
+                cand[n * K + j] = noise[n0 + n, j - 1]
+            if DO:
+                st[0] = splitmix64(<uint64_t>0)
+                for o in range(1, DO):
+                    st[o] = splitmix64(st[o - 1] ^ <uint64_t>ctx[n0 + n, c - o])
+                for j in range(K):
+                    tk = (<uint64_t>cand[n * K + j]) << 32
+                    for o in range(DO):
+                        buckets[(n * K + j) * DO + o] = <int64_t>(splitmix64(st[o] ^ tk) % <uint64_t>hash_space)
+                if filt:   # features the filter does not train: -1, neither read nor updated
+                    for o in range(n * K * DO, (n + 1) * K * DO):
+                        b = buckets[o]
+                        buckets[o] = b if allowed[b] else -1
+        free(st)
+    with parallel(num_threads=T):
+        # 1. forward, logits, NCE gradient of the logits, d(loss)/dh -- by example
+        for n in prange(N, schedule="static"):
+            if n + AHEAD < N:
+                for j in range(c):
+                    nlt_prefetch_row(&R[ctx[n0 + n + AHEAD, j], 0], E)
+                for j in range(K):
+                    nlt_prefetch_row(&Q[cand[(n + AHEAD) * K + j], 0], E)
+                for o in range(K * DO):
+                    b = buckets[(n + AHEAD) * K * DO + o]
+                    if b >= 0:
+                        nlt_prefetch_row(&D[b], 1)
+            hrow = H + n * E
+            lbl_hidden(hrow, R, W, bias, has_bias, ctx, n0 + n)
+            lossv[n] = 0
+            drow = dH + n * E
+            for j in range(K):
+                r = cand[n * K + j]
+                s = <double>nlt_dotf(&Q[r, 0], hrow, E) + qb[r]
+                for o in range(DO):
+                    b = buckets[(n * K + j) * DO + o]
+                    if b >= 0:
+                        s = s + D[b]
+                x = s - logq[r] - logk
+                gf = <float>nce_term(x, j == 0, &lossv[n])
+                G[n * K + j] = gf
+                xs[n * K + j] = hrow
+                wrow = &Q[r, 0]
+                for e in range(E):
+                    drow[e] = drow[e] + gf * wrow[e]
+    for n in range(N):
+        loss += lossv[n]
+    i = 0
+    if DO:  # 2. direct features
+        i = direct_step(D, aD, gD, mD, buckets, G, N * K, DO, lr, eps, T)
+    if i == 0:
+        # 3. the output rows and biases, 4. the context side: embeddings, W and the bias
+        i = sparse_rows_step(Q, aQ, &qb[0], &aqb[0], cand, N * K, xs, NULL, G, G, lr, l2, eps, T)
+    if i == 0:
+        i = lbl_context_step(R, W, bias, aR, aW, abias, ctx, n0, N, dH, has_bias, lr, l2, eps, T)
+    free(H); free(dH); free(G); free(xs); free(lossv); free(cand); free(buckets)
+    loss_out[0] = loss
+    return i
+
+
+cdef check_lbl_step(float[:, ::1] R, float[:, ::1] W, float[:, ::1] Q, float[::1] D, float[:, ::1] aR,
+                    float[:, ::1] aQ, const int32_t[:, ::1] ctx, const int32_t[::1] target,
+                    const int32_t[:, ::1] noise, int direct_order, int64_t hash_space, const uint8_t[::1] allowed):
+    """ValueError unless the arrays of :func:`nce_lbl_step` fit together."""
+    cdef int64_t N = ctx.shape[0]
+    cdef int K = noise.shape[1] + 1
+    if direct_order > 16:
+        raise ValueError("direct order above 16")
+    if (W.shape[0] != ctx.shape[1] or W.shape[1] != R.shape[1] or Q.shape[1] != R.shape[1]
+            or target.shape[0] != N or noise.shape[0] != N):
+        raise ValueError("inconsistent shapes")
+    check_sums(R, aR, Q, aQ)
+    if direct_order and D.shape[0] < hash_space:
+        raise ValueError("direct weights shorter than the hash space")
+    if direct_order and allowed.shape[0] > 0 and allowed.shape[0] < hash_space:
+        raise ValueError("the feature filter is shorter than the hash space")
+    check_ngrams(ctx, target, &noise[0, 0] if N and K > 1 else NULL, N * (K - 1), Q.shape[0], R.shape[0])
 
 
 def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1] Q, float[::1] qb,
@@ -1048,111 +1172,54 @@ def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1
     updates, and every row's gradient is summed in example order whatever the thread count:
     results do not depend on ``threads``.  ``gD`` and the marks ``mD`` are zero on entry and
     on exit.  Returns the summed loss."""
-    cdef int64_t N = ctx.shape[0], n, r, b, V = Q.shape[0], VR = R.shape[0]
-    cdef int c = ctx.shape[1], K = noise.shape[1] + 1, E = R.shape[1], j, e, t, T = max(1, threads), o, i
-    cdef int DO = direct_order
-    cdef bint has_bias = bias.shape[0] > 0, filt = allowed.shape[0] > 0
-    cdef double logk = log(<double>(K - 1)) if K > 1 else 0.0, x, s, loss = 0
-    cdef uint64_t* st
-    cdef uint64_t tk
-    cdef int64_t* buckets
-    cdef float* H
-    cdef float* dH
-    cdef float* G
-    cdef const float** xs
-    cdef double* lossv
-    cdef int32_t* cand
-    cdef float* hrow
-    cdef float* drow
-    cdef float* wrow
-    cdef float* xrow
-    cdef float gf
-    if DO > 16:
-        raise ValueError("direct order above 16")
-    if W.shape[0] != c or W.shape[1] != E or Q.shape[1] != E or target.shape[0] != N or noise.shape[0] != N:
-        raise ValueError("inconsistent shapes")
-    check_sums(R, aR, Q, aQ)
-    if DO and D.shape[0] < hash_space:
-        raise ValueError("direct weights shorter than the hash space")
-    if DO and filt and allowed.shape[0] < hash_space:
-        raise ValueError("the feature filter is shorter than the hash space")
-    check_ngrams(ctx, target, &noise[0, 0] if N and K > 1 else NULL, N * (K - 1), V, VR)
-    if N == 0:
-        return 0.0
-    H = <float*>malloc(N * E * sizeof(float))
-    dH = <float*>calloc(N * E, sizeof(float))
-    G = <float*>malloc(N * K * sizeof(float))
-    xs = <const float**>malloc(N * K * sizeof(float*))
-    lossv = <double*>malloc(N * sizeof(double))
-    cand = <int32_t*>malloc(N * K * sizeof(int32_t))
-    buckets = <int64_t*>malloc(max(1, N * K * DO) * sizeof(int64_t))
-    if H == NULL or dH == NULL or G == NULL or xs == NULL or lossv == NULL or cand == NULL or buckets == NULL:
-        free(H); free(dH); free(G); free(xs); free(lossv); free(cand); free(buckets)
-        raise MemoryError()
-    with nogil, parallel(num_threads=T):
-        # 0. candidates and their direct-feature buckets
-        st = <uint64_t*>malloc(16 * sizeof(uint64_t))
-        for n in prange(N, schedule="static"):
-            cand[n * K] = target[n]
-            for j in range(1, K):
-                cand[n * K + j] = noise[n, j - 1]
-            if DO:
-                st[0] = splitmix64(<uint64_t>0)
-                for o in range(1, DO):
-                    st[o] = splitmix64(st[o - 1] ^ <uint64_t>ctx[n, c - o])
-                for j in range(K):
-                    tk = (<uint64_t>cand[n * K + j]) << 32
-                    for o in range(DO):
-                        buckets[(n * K + j) * DO + o] = <int64_t>(splitmix64(st[o] ^ tk) % <uint64_t>hash_space)
-                if filt:   # features the filter does not train: -1, neither read nor updated
-                    for o in range(n * K * DO, (n + 1) * K * DO):
-                        b = buckets[o]
-                        buckets[o] = b if allowed[b] else -1
-        free(st)
-    with nogil, parallel(num_threads=T):
-        # 1. forward, logits, NCE gradient of the logits, d(loss)/dh -- by example
-        for n in prange(N, schedule="static"):
-            if n + AHEAD < N:
-                for j in range(c):
-                    nlt_prefetch_row(&R[ctx[n + AHEAD, j], 0], E)
-                for j in range(K):
-                    nlt_prefetch_row(&Q[cand[(n + AHEAD) * K + j], 0], E)
-                for o in range(K * DO):
-                    b = buckets[(n + AHEAD) * K * DO + o]
-                    if b >= 0:
-                        nlt_prefetch_row(&D[b], 1)
-            hrow = H + n * E
-            lbl_hidden(hrow, R, W, bias, has_bias, ctx, n)
-            lossv[n] = 0
-            drow = dH + n * E
-            for j in range(K):
-                r = cand[n * K + j]
-                s = <double>nlt_dotf(&Q[r, 0], hrow, E) + qb[r]
-                for o in range(DO):
-                    b = buckets[(n * K + j) * DO + o]
-                    if b >= 0:
-                        s = s + D[b]
-                x = s - logq[r] - logk
-                gf = <float>nce_term(x, j == 0, &lossv[n])
-                G[n * K + j] = gf
-                xs[n * K + j] = hrow
-                wrow = &Q[r, 0]
-                for e in range(E):
-                    drow[e] = drow[e] + gf * wrow[e]
-    for n in range(N):
-        loss += lossv[n]
-    if DO:  # 2. direct features
-        with nogil:
-            i = direct_step(D, aD, gD, mD, buckets, G, N * K, DO, lr, eps, T)
-        if i != 0:
-            free(H); free(dH); free(G); free(xs); free(lossv); free(cand); free(buckets)
-            raise MemoryError()
+    cdef double loss = 0
+    cdef int rc
+    check_lbl_step(R, W, Q, D, aR, aQ, ctx, target, noise, direct_order, hash_space, allowed)
+    if direct_order and (gD.shape[0] < hash_space or mD.shape[0] < hash_space):
+        raise ValueError("direct gradient buffers shorter than the hash space")
     with nogil:
-        # 3. the output rows and biases, 4. the context side: embeddings, W and the bias
-        i = sparse_rows_step(Q, aQ, &qb[0], &aqb[0], cand, N * K, xs, NULL, G, G, lr, l2, eps, T)
-        if i == 0:
-            i = lbl_context_step(R, W, bias, aR, aW, abias, ctx, dH, has_bias, lr, l2, eps, T)
-    free(H); free(dH); free(G); free(xs); free(lossv); free(cand); free(buckets)
-    if i != 0:
+        rc = nce_lbl_core(R, W, bias, Q, qb, D, aR, aW, abias, aQ, aqb, aD,
+                          &gD[0] if direct_order else NULL, &mD[0] if direct_order else NULL,
+                          ctx, target, noise, 0, ctx.shape[0], logq, direct_order, max(1, hash_space), allowed,
+                          lr, l2, eps, max(1, threads), &loss)
+    if rc != 0:
         raise MemoryError()
     return loss
+
+
+def nce_lbl_rounds(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1] Q, float[::1] qb,
+                   float[::1] D,
+                   float[:, ::1] aR, float[:, ::1] aW, float[::1] abias, float[:, ::1] aQ, float[::1] aqb,
+                   float[::1] aD, float[:, ::1] gD, uint8_t[:, ::1] mD,
+                   const int32_t[:, ::1] ctx, const int32_t[::1] target, const int32_t[:, ::1] noise,
+                   const int64_t[::1] bounds, const double[::1] logq, int direct_order, int64_t hash_space,
+                   const uint8_t[::1] allowed, double lr, double l2, double eps):
+    """Hogwild! (Recht et al. 2011): the M = len(bounds) - 1 minibatches ``bounds[m] ..
+    bounds[m + 1] - 1`` of the rows of ``ctx``, ``target`` and ``noise``, trained at once, each
+    by :func:`nce_lbl_step` on a thread of its own (M threads), all reading and updating the
+    shared parameters and AdaGrad sums without locks.  Minibatch m uses row m of the direct
+    gradient buffers ``gD`` and marks ``mD`` (zero on entry and on exit; at least M rows).  An
+    update may overwrite another thread's concurrent update of the same weight, so the result
+    depends on the threads' timing.  Returns the M summed losses (float64)."""
+    cdef int64_t M = bounds.shape[0] - 1, m
+    cdef int rc = 0
+    if M < 1:
+        raise ValueError("no minibatch")
+    if bounds[0] != 0 or bounds[M] != ctx.shape[0]:
+        raise ValueError("the minibatch bounds do not cover the rows")
+    for m in range(M):
+        if bounds[m + 1] < bounds[m]:
+            raise ValueError("the minibatch bounds decrease")
+    check_lbl_step(R, W, Q, D, aR, aQ, ctx, target, noise, direct_order, hash_space, allowed)
+    if direct_order and (gD.shape[0] < M or gD.shape[1] < hash_space or mD.shape[0] < M or mD.shape[1] < hash_space):
+        raise ValueError("direct gradient buffers: fewer rows than minibatches, or shorter than the hash space")
+    out = np.zeros(M, dtype=np.float64)
+    cdef double[::1] losses = out
+    for m in prange(M, nogil=True, num_threads=M, schedule="static", chunksize=1):
+        rc += nce_lbl_core(R, W, bias, Q, qb, D, aR, aW, abias, aQ, aqb, aD,
+                           &gD[m, 0] if direct_order else NULL, &mD[m, 0] if direct_order else NULL,
+                           ctx, target, noise, bounds[m], bounds[m + 1] - bounds[m], logq, direct_order,
+                           max(1, hash_space), allowed, lr, l2, eps, 1, &losses[m])
+    if rc != 0:
+        raise MemoryError()
+    return out

@@ -542,13 +542,10 @@ class Trainer:
         self.objective = Objective(train_header, live, ospec, threads=kt)
         self.grads = Gradients(self.params, names, threads=kt)
         self._fused = self.fused()
-        self._pool = None   # the Hogwild threads, started at the first round
-        self._direct_buffers = []   # a direct-feature gradient buffer and its marks per concurrent step
-        if self._fused and "direct.weights" in self.params:
-            self._direct_buffers = [(self.grads.g["direct.weights"], self.grads.mark["direct.weights"])]
-            for _ in range(1, self.hogwild_threads):
-                self._direct_buffers.append((np.zeros_like(self.grads.g["direct.weights"]),
-                                             np.zeros_like(self.grads.mark["direct.weights"])))
+        # Hogwild threads: a direct-feature gradient buffer and its marks each
+        hw, hs = self.hogwild_threads, len(self.params["direct.weights"]) if "direct.weights" in self.params else 0
+        self._direct_buffers = (arrays.zeros((hw, hs) if hw > 1 else (0, 0), np.float32),
+                                np.zeros((hw, hs) if hw > 1 else (0, 0), np.uint8))
         if cfg.row_adagrad and not self._fused:
             raise NLMFeatureError("--row-adagrad applies to the fused step of the diagonal log-bilinear model "
                              "trained by NCE (the default recipe) without dropout or hidden layers")
@@ -809,46 +806,44 @@ class Trainer:
     @property
     def hogwild_threads(self) -> int:
         """Minibatches trained at once, one per thread, without locks (Hogwild!, Recht et al.
-        2011): ``--threads`` for the fused step unless ``--no-hogwild``, else 1 (the threads then
-        share each minibatch)."""
-        return self.cfg.threads if self._fused and self.cfg.hogwild and self.cfg.threads > 1 else 1
+        2011): ``--threads`` for the fused step with per-word noise unless ``--no-hogwild``, else
+        1 (the threads then share each minibatch)."""
+        cfg = self.cfg
+        return cfg.threads if self._fused and cfg.hogwild and not cfg.shared_noise and cfg.threads > 1 else 1
 
-    def _fused_step(self, ctx: np.ndarray, targets: np.ndarray, noise: Any, l2: float, threads: int,
-                    slot: int = 0) -> float:
-        """The fused native step on one minibatch with ``threads`` kernel threads; ``slot``
-        names the direct-feature gradient buffer it may use (one per concurrent step)."""
+    def _fused_args(self) -> Tuple[List[np.ndarray], List[np.ndarray]]:
+        """The parameters and their AdaGrad sums in the fused kernels' order (an empty array
+        for one the model lacks)."""
+        e32 = np.zeros(0, dtype=np.float32)
+        names = ["embeddings", "branch0.weights", "branch0.bias", "output.weight", "output.bias"]
+        if not self.cfg.shared_noise:
+            names.append("direct.weights")
+        return [self.params.get(n, e32) for n in names], [self.opt.state.get(n, e32) for n in names]
+
+    def _fused_step(self, ctx: np.ndarray, targets: np.ndarray, noise: Any, l2: float) -> float:
+        """The fused native step on one minibatch (:func:`nlmfeature._train.nce_lbl_step`)."""
         from nlmfeature import _train
 
-        p, a = self.params, self.opt.state
-        e32, e8 = np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.uint8)
-        has_d = "direct.weights" in p
-        has_b = "branch0.bias" in p
+        ps, sums = self._fused_args()
         spec = self.objective.out.s
         ctx32 = np.ascontiguousarray(ctx, dtype=np.int32)
         t32 = np.ascontiguousarray(targets, dtype=np.int32)
+        lr, eps, kt = self.opt.lr, self.opt.eps, self.kernel_threads
         if self.cfg.shared_noise:
-            return _train.nce_lbl_shared_step(
-                p["embeddings"], p["branch0.weights"], p["branch0.bias"] if has_b else e32,
-                p["output.weight"], p["output.bias"],
-                a["embeddings"], a["branch0.weights"], a["branch0.bias"] if has_b else e32,
-                a["output.weight"], a["output.bias"],
-                ctx32, t32, noise.words, spec.logq, self.opt.lr, l2, self.opt.eps, threads)
-        gD, mD = self._direct_buffers[slot] if has_d else (e32, e8)
-        return _train.nce_lbl_step(
-            p["embeddings"], p["branch0.weights"], p["branch0.bias"] if has_b else e32,
-            p["output.weight"], p["output.bias"], p["direct.weights"] if has_d else e32,
-            a["embeddings"], a["branch0.weights"], a["branch0.bias"] if has_b else e32,
-            a["output.weight"], a["output.bias"], a["direct.weights"] if has_d else e32,
-            gD, mD, ctx32, t32, noise.words, spec.logq, spec.direct_order if has_d else 0, max(1, spec.hash_space),
-            spec.allowed if spec.allowed is not None else e8,
-            self.opt.lr, l2, self.opt.eps, threads)
+            return _train.nce_lbl_shared_step(*ps, *sums, ctx32, t32, noise.words, spec.logq, lr, l2, eps, kt)
+        has_d = "direct.weights" in self.params
+        e32, e8 = np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.uint8)
+        g, m = (self.grads.g["direct.weights"], self.grads.mark["direct.weights"]) if has_d else (e32, e8)
+        return _train.nce_lbl_step(*ps, *sums, g, m, ctx32, t32, noise.words, spec.logq,
+                                   spec.direct_order if has_d else 0, max(1, spec.hash_space),
+                                   spec.allowed if spec.allowed is not None else e8, lr, l2, eps, kt)
 
     def train_step(self, ctx: np.ndarray, targets: np.ndarray, l2: float) -> float:
         """One AdaGrad update on a minibatch (the fused native step when :meth:`fused`);
         returns its summed loss."""
         noise, mask = self.noise_and_mask(targets)
         if self._fused:
-            return self._fused_step(ctx, targets, noise, l2, self.kernel_threads)
+            return self._fused_step(ctx, targets, noise, l2)
         loss = self.objective.loss_and_grads(ctx, targets, noise, self.grads, mask)
         if math.isfinite(loss):
             self.opt.step(self.grads, l2=l2)
@@ -857,21 +852,26 @@ class Trainer:
     def train_round(self, batches: List[Tuple[np.ndarray, np.ndarray]], l2: float) -> List[float]:
         """Train the minibatches ``batches`` (numbers ``step``, ``step + 1``, ...): one at a time
         (:meth:`train_step`), or, with :attr:`hogwild_threads` > 1, all at once, each on a thread
-        of its own with one kernel thread, reading and updating the shared parameters without
-        locks.  Returns their summed losses."""
+        of its own, reading and updating the shared parameters without locks
+        (:func:`nlmfeature._train.nce_lbl_rounds`).  Returns their summed losses."""
         if len(batches) == 1:
             return [self.train_step(batches[0][0], batches[0][1], l2)]
-        if self._pool is None:
-            from concurrent.futures import ThreadPoolExecutor
+        from nlmfeature import _train
 
-            self._pool = ThreadPoolExecutor(self.hogwild_threads, thread_name_prefix="nlmfeature-hogwild")
-
-        def one(i: int) -> float:
-            ctx, targets = batches[i]
-            noise, _ = self.noise_and_mask(targets, self.step + i, threads=1)
-            return self._fused_step(ctx, targets, noise, l2, 1, slot=i)
-
-        return [f.result() for f in [self._pool.submit(one, i) for i in range(len(batches))]]
+        ps, sums = self._fused_args()
+        spec = self.objective.out.s
+        has_d = "direct.weights" in self.params
+        noise = [self.noise_and_mask(t, self.step + i)[0].words for i, (_, t) in enumerate(batches)]
+        bounds = np.cumsum([0] + [len(t) for _, t in batches]).astype(np.int64)
+        gD, mD = self._direct_buffers
+        losses = _train.nce_lbl_rounds(
+            *ps, *sums, gD, mD, np.ascontiguousarray(np.concatenate([c for c, _ in batches]), dtype=np.int32),
+            np.ascontiguousarray(np.concatenate([t for _, t in batches]), dtype=np.int32),
+            np.ascontiguousarray(np.concatenate(noise), dtype=np.int32), bounds, spec.logq,
+            spec.direct_order if has_d else 0, max(1, spec.hash_space),
+            spec.allowed if spec.allowed is not None else np.zeros(0, dtype=np.uint8),
+            self.opt.lr, l2, self.opt.eps)
+        return [float(x) for x in losses]
 
     def _round_size(self, nb: int, every: int, updates: int) -> int:
         """Minibatches in the next round: :attr:`hogwild_threads`, fewer where the epoch, an
@@ -1009,9 +1009,6 @@ class Trainer:
         finally:
             if bar is not None:
                 bar.close()
-            if self._pool is not None:
-                self._pool.shutdown()
-                self._pool = None
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
         if stop_reason == "interrupted":
