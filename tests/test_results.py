@@ -2,6 +2,7 @@
 and the README's headline table is written from those sections (a figure changed in
 docs/results.md changes the README when it is regenerated, and a stale README is caught)."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import sys
 import pytest
 
 from nlmfeature import cli
-from nlmfeature.bench.results import HEADLINES, headline_table, read_sections
+from nlmfeature.bench.results import HEADLINES, headline_table, read_sections, scale_speed
 from nlmfeature.errors import NLMFeatureError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -18,11 +19,16 @@ RESULTS = os.path.join(ROOT, "docs", "results.md")
 
 def test_headline_sections_name_command_commit_and_date():
     sections = read_sections(open(RESULTS, encoding="utf-8").read())
-    for _, title, render in HEADLINES:
+    for _, title, render, command in HEADLINES:
         s = sections[title]
         assert s.commands and s.commands[-1].split()[0] in ("nlmfeature", "python3", "MOSES_ROOT=..."), title
         assert s.commits and s.date.startswith("20"), (title, s.provenance)
-        assert render(s)
+        assert render(s) and command(s) in s.commands
+    # a bench scale section's rows show the command that measured their part
+    scale = sections["Training at scale (`nlmfeature bench scale`)"]
+    for title, render, command in [(t, r, c) for _, t, r, c in HEADLINES if t == scale.title]:
+        m = re.search(r"--parts\s+(\S+)", command(scale))
+        assert m is None or ("speed" if render is scale_speed else "quality") in m.group(1).split(",")
     row = sections["BLEU with the NLM inside Moses' search"].row("decoding", "test", "bleu")
     base, nlm, diff = (c.split()[0] for c in row[3:6])
     assert f"| {base} → {nlm} (**{diff}**, p = " in headline_table(open(RESULTS, encoding="utf-8").read())

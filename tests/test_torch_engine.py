@@ -215,11 +215,11 @@ def test_ctrl_c_exits_130_and_resume_equals_uninterrupted(tmp_path):
     import time
 
     kw = dict(iterations=1, output="class", classes=12, noise_samples=5, evals_per_epoch=2, word_width=16,
-              minibatch_size=256)
+              minibatch_size=32)   # small minibatches: an epoch of several seconds, so the signal lands in it
     cfg = config(tmp_path, name="int.nlm", **kw)
     cmd = [sys.executable, "-m", "nlmfeature.cli", "train", "--engine", "torch", "--train", cfg.train, "--test-set",
            cfg.test_set, "--model-out", cfg.model_out, "--order", "4", "--word-width", "16", "--output", "class",
-           "--classes", "12", "-k", "5", "--iterations", "1", "--minibatch-size", "256", "--threads", "1",
+           "--classes", "12", "-k", "5", "--iterations", "1", "--minibatch-size", "32", "--threads", "1",
            "--seed", "3", "--direct-order", "2", "--patience", "0", "--evals-per-epoch", "2", "--corpus-dir",
            cfg.corpus_dir, "--no-progress"]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}

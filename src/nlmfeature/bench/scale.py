@@ -169,6 +169,8 @@ def run(args: argparse.Namespace) -> int:
         with open(os.path.join(w, "bench-scale.json"), encoding="utf-8") as f:
             earlier = json.load(f)
         result["command"] = earlier.get("command", "") + "\n    " + result["command"]
+        if earlier.get("commit") and result["commit"] not in earlier["commit"].split(", "):
+            result["commit"] = f"{earlier['commit']}, {result['commit']}"   # the commits of the parts shown
         # the parts not measured now are the earlier run's from the start, so that a run that
         # stops half-way (its bench-scale.json is saved after every measurement) loses nothing
         for part in ("speed", "quality", "memory"):
