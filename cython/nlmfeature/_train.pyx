@@ -1081,7 +1081,7 @@ cdef int nce_lbl_core(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:
                 if filt:   # features the filter does not train: -1, neither read nor updated
                     for o in range(n * K * DO, (n + 1) * K * DO):
                         b = buckets[o]
-                        buckets[o] = b if allowed[b] else -1
+                        buckets[o] = b if (allowed[b >> 3] >> (b & 7)) & 1 else -1
         free(st)
     with parallel(num_threads=T):
         # 1. forward, logits, NCE gradient of the logits, d(loss)/dh -- by example
@@ -1142,7 +1142,7 @@ cdef check_lbl_step(float[:, ::1] R, float[:, ::1] W, float[:, ::1] Q, float[::1
     check_sums(R, aR, Q, aQ)
     if direct_order and D.shape[0] < hash_space:
         raise ValueError("direct weights shorter than the hash space")
-    if direct_order and allowed.shape[0] > 0 and allowed.shape[0] < hash_space:
+    if direct_order and allowed.shape[0] > 0 and allowed.shape[0] * 8 < hash_space:
         raise ValueError("the feature filter is shorter than the hash space")
     check_ngrams(ctx, target, &noise[0, 0] if N and K > 1 else NULL, N * (K - 1), Q.shape[0], R.shape[0])
 
@@ -1163,8 +1163,10 @@ def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1
     minibatch, then every touched row of R, Q, qb, D and the dense W (and ``bias``, when it
     has entries) take an AdaGrad step (L2 ``l2`` on R, Q, W).
 
-    ``allowed`` (when not empty) is the frequency filter of the direct features: a bucket with
-    ``allowed[b] == 0`` is neither trained nor read (it counts as 0, which its weight is in every
+    ``allowed`` (when not empty) is the frequency filter of the direct features as a bitmap
+    (``numpy.packbits(filter, bitorder="little")``: 1 bit per bucket, so that the lookups of
+    every candidate's buckets hit the CPU caches): a bucket whose bit is 0 is neither trained nor
+    read (it counts as 0, which its weight is in every
     model the trainer makes: the filter allows each non-zero weight of an initial model), so
     the many unseen n-grams of noise words cost one byte's lookup, not a weight's.
 

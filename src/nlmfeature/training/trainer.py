@@ -542,6 +542,9 @@ class Trainer:
         self.objective = Objective(train_header, live, ospec, threads=kt)
         self.grads = Gradients(self.params, names, threads=kt)
         self._fused = self.fused()
+        # the direct-feature filter as the fused kernels read it: a bit per bucket
+        self._allowed_bits = (np.packbits(ospec.allowed, bitorder="little") if ospec.allowed is not None
+                              else np.zeros(0, dtype=np.uint8))
         # Hogwild threads: a direct-feature gradient buffer and its marks each
         hw, hs = self.hogwild_threads, len(self.params["direct.weights"]) if "direct.weights" in self.params else 0
         self._direct_buffers = (arrays.zeros((hw, hs) if hw > 1 else (0, 0), np.float32),
@@ -836,7 +839,7 @@ class Trainer:
         g, m = (self.grads.g["direct.weights"], self.grads.mark["direct.weights"]) if has_d else (e32, e8)
         return _train.nce_lbl_step(*ps, *sums, g, m, ctx32, t32, noise.words, spec.logq,
                                    spec.direct_order if has_d else 0, max(1, spec.hash_space),
-                                   spec.allowed if spec.allowed is not None else e8, lr, l2, eps, kt)
+                                   self._allowed_bits, lr, l2, eps, kt)
 
     def train_step(self, ctx: np.ndarray, targets: np.ndarray, l2: float) -> float:
         """One AdaGrad update on a minibatch (the fused native step when :meth:`fused`);
@@ -868,8 +871,7 @@ class Trainer:
             *ps, *sums, gD, mD, np.ascontiguousarray(np.concatenate([c for c, _ in batches]), dtype=np.int32),
             np.ascontiguousarray(np.concatenate([t for _, t in batches]), dtype=np.int32),
             np.ascontiguousarray(np.concatenate(noise), dtype=np.int32), bounds, spec.logq,
-            spec.direct_order if has_d else 0, max(1, spec.hash_space),
-            spec.allowed if spec.allowed is not None else np.zeros(0, dtype=np.uint8),
+            spec.direct_order if has_d else 0, max(1, spec.hash_space), self._allowed_bits,
             self.opt.lr, l2, self.opt.eps)
         return [float(x) for x in losses]
 
