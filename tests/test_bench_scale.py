@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from helpers import BROWN_TRAIN, BROWN_VALID, run_cli
 from nlmfeature.bench.scale import BEGIN, END, SPEED_RECIPES
 
@@ -65,6 +66,22 @@ def test_bench_scale_corpus_and_speed(tmp_path):
     kept = json.loads((tmp_path / "w" / "bench-scale.json").read_text(encoding="utf-8"))
     assert kept["memory"] == r["memory"] and kept["corpora"] == r["corpora"]
     assert [s["words_per_s"] for s in kept["speed"]] == [1234]
+    # timing one engine keeps the other engine's rows of the earlier run
+    pytest.importorskip("torch")
+    import nlmfeature.training.torch_engine as torch_engine
+
+    real_torch = torch_engine.torch_words_per_second
+    torch_engine.torch_words_per_second = lambda *a, **k: 4321.0
+    try:
+        rc = cli.main(["bench", "scale", "--train", BROWN_TRAIN, "--valid", BROWN_VALID, "--test", BROWN_VALID,
+                       "--workdir", str(tmp_path / "w"), "--sizes", "10K,all", "--repeat", "", "--threads", "1",
+                       "--parts", "speed", "--engines", "torch", "-q", "--json"])
+    finally:
+        torch_engine.torch_words_per_second = real_torch
+    assert rc == 0
+    both = json.loads((tmp_path / "w" / "bench-scale.json").read_text(encoding="utf-8"))
+    assert [(s["engine"].split()[0], s["words_per_s"]) for s in both["speed"]] == \
+        [("native", 1234)] + [("torch", 4321)] * sum("hogwild" not in extra for _, extra in SPEED_RECIPES)
     missing = run_cli("bench", "scale", "--train", BROWN_TRAIN, "--valid", BROWN_VALID, "--test", BROWN_VALID,
                       "--workdir", tmp_path / "nothing", "--parts", "none")
     assert missing.returncode != 0 and "no earlier run" in missing.stderr and "Traceback" not in missing.stderr

@@ -27,7 +27,7 @@ def rows(out_dir: str) -> None:
                                 torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]] if rank == 0 else [[10.0, 20.0]]),
                                 (5, 2))
     b = torch.sparse_coo_tensor(torch.tensor([[0, 4]]), torch.tensor([[1.0], [2.0]]), (6, 1)) if rank == 0 else None
-    ra, rb = all_reduce_rows(a, (5, 2), world), all_reduce_rows(b, (6, 1), world)
+    ra, rb = all_reduce_rows([a, b], [(5, 2), (6, 1)], world)
     np.savez(os.path.join(out_dir, f"rows{rank}.npz"), a=ra.to_dense().numpy(), b=rb.to_dense().numpy())
     dist.destroy_process_group()
 

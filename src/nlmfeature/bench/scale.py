@@ -221,6 +221,8 @@ def run(args: argparse.Namespace) -> int:
     if engines - {"native", "torch"}:
         raise NLMFeatureError(f"--engines: unknown engine(s) {', '.join(sorted(engines - {'native', 'torch'}))}; "
                               "choose from native, torch")
+    if "speed" in parts:   # the engines not timed now keep the earlier run's rows
+        result["speed"] = [r for r in earlier.get("speed", []) if r["engine"].split()[0] not in engines]
     for recipe, extra in SPEED_RECIPES if "speed" in parts and "native" in engines else []:
         for t in threads:
             log(f"speed, native trainer, {recipe}, {t} thread(s)")

@@ -302,7 +302,8 @@ def _scale(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", default="1,2", metavar="LIST", help="thread counts to time (default 1,2)")
     p.add_argument("--engines", default="native,torch", metavar="LIST",
                    help="training engines the speed part times (default native,torch; torch only when "
-                        "it is installed, on the GPU when there is one)")
+                        "it is installed, on the GPU when there is one); the others keep the speed rows "
+                        "of the earlier run in --workdir")
     p.add_argument("--max-vocab", type=int, default=100000, metavar="V",
                    help="vocabulary size of every model (default 100000)")
     p.add_argument("--hash-space", type=int, default=1 << 22, metavar="H",

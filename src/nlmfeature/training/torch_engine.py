@@ -459,35 +459,52 @@ class RowAdaGrad:
 # distributed set-up
 # ---------------------------------------------------------------------------------------
 
-def all_reduce_rows(grad: Optional["torch.Tensor"], shape: Sequence[int], world: int) -> "torch.Tensor":
-    """The mean over the ``world`` ranks of a row-sparse gradient (a sparse COO tensor of
-    ``shape``, or ``None`` where this rank touched no row), as DDP averages dense gradients:
-    the same coalesced sparse tensor on every rank.  Built from dense collectives (the ranks'
-    row counts, then their rows and values, padded to the longest, by ``all_gather``) because
-    DDP's own sparse reduction through gloo corrupts the heap now and then (torch 2.13 on the
-    CPU: two processes training sparse embeddings die of SIGSEGV or glibc's "unaligned tcache
-    chunk" within a few thousand steps)."""
-    if grad is None:
-        grad = torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.long), torch.zeros((0,) + tuple(shape[1:])),
-                                       tuple(shape), check_invariants=False)
-    grad = grad.coalesce()
-    rows, vals = grad.indices()[0], grad.values()
-    n = rows.numel()
-    counts = [torch.zeros(1, dtype=torch.long, device=rows.device) for _ in range(world)]
-    dist.all_gather(counts, torch.tensor([n], dtype=torch.long, device=rows.device))
-    counts = [int(c) for c in counts]
-    m = max(counts)
-    prows = torch.zeros(m, dtype=rows.dtype, device=rows.device)
-    prows[:n] = rows
-    pvals = torch.zeros((m,) + tuple(vals.shape[1:]), dtype=vals.dtype, device=vals.device)
-    pvals[:n] = vals
-    all_rows = [torch.empty_like(prows) for _ in range(world)]
-    all_vals = [torch.empty_like(pvals) for _ in range(world)]
-    dist.all_gather(all_rows, prows)
-    dist.all_gather(all_vals, pvals)
-    rows = torch.cat([r[:c] for r, c in zip(all_rows, counts)])
-    vals = torch.cat([v[:c] for v, c in zip(all_vals, counts)]).div_(world)
-    return torch.sparse_coo_tensor(rows[None], vals, tuple(shape), check_invariants=False).coalesce()
+def all_reduce_rows(grads: Sequence[Optional["torch.Tensor"]], shapes: Sequence[Sequence[int]],
+                    world: int) -> List["torch.Tensor"]:
+    """The mean over the ``world`` ranks of each row-sparse gradient of ``grads`` (sparse COO
+    tensors of ``shapes``; ``None`` where this rank touched no row of that table), as DDP
+    averages dense gradients: the same coalesced sparse tensors on every rank.  Three dense
+    ``all_gather`` calls whatever the number of tables (each rank's row counts per table, then
+    all its rows, then all its values, padded to the longest rank's), because DDP's own sparse
+    reduction through gloo corrupts the heap now and then (torch 2.13 on the CPU: two
+    processes training sparse embeddings die of SIGSEGV or glibc's "unaligned tcache chunk"
+    within a few thousand steps)."""
+    rows, vals = [], []
+    for g, shape in zip(grads, shapes):
+        if g is None:
+            rows.append(torch.zeros(0, dtype=torch.long))
+            vals.append(torch.zeros(0))
+            continue
+        g = g.coalesce()
+        rows.append(g.indices()[0])
+        vals.append(g.values().reshape(-1))
+    device = rows[0].device if rows else torch.device("cpu")
+    widths = [math.prod(shape[1:]) for shape in shapes]
+
+    def gather(t: "torch.Tensor", lengths: List[int]) -> List["torch.Tensor"]:
+        """Every rank's ``t`` (1-D, its first ``lengths[rank]`` entries meaningful)."""
+        padded = torch.zeros(max(1, max(lengths)), dtype=t.dtype, device=device)
+        padded[:t.numel()] = t
+        out = [torch.empty_like(padded) for _ in range(world)]
+        dist.all_gather(out, padded)
+        return [o[:n] for o, n in zip(out, lengths)]
+
+    counts = gather(torch.tensor([r.numel() for r in rows], dtype=torch.long, device=device),
+                    [len(rows)] * world)
+    counts = [[int(c) for c in rank] for rank in counts]              # [rank][table]
+    all_rows = gather(torch.cat(rows).to(device), [sum(c) for c in counts])
+    all_vals = gather(torch.cat(vals).to(device), [sum(n * w for n, w in zip(c, widths)) for c in counts])
+    out = []
+    for t, (shape, w) in enumerate(zip(shapes, widths)):
+        tr, tv = [], []
+        for r in range(world):
+            at = sum(counts[r][:t])
+            tr.append(all_rows[r][at:at + counts[r][t]])
+            vat = sum(n * ww for n, ww in zip(counts[r][:t], widths))
+            tv.append(all_vals[r][vat:vat + counts[r][t] * w])
+        v = torch.cat(tv).reshape((-1,) + tuple(shape[1:])).div_(world)
+        out.append(torch.sparse_coo_tensor(torch.cat(tr)[None], v, tuple(shape), check_invariants=False).coalesce())
+    return out
 
 
 def init_distributed() -> Tuple[int, int, "torch.device"]:
@@ -694,8 +711,11 @@ class TorchTrainer(Trainer):
                 self._tensor(mask[lo:hi], torch.float32) if mask is not None else None]
         loss = self.ddp(*args) * self.world
         loss.backward()
-        for p in self.sparse_params:
-            p.grad = all_reduce_rows(p.grad, p.shape, self.world)
+        if self.sparse_params:
+            reduced = all_reduce_rows([p.grad for p in self.sparse_params], [p.shape for p in self.sparse_params],
+                                      self.world)
+            for p, g in zip(self.sparse_params, reduced):
+                p.grad = g
         self.topt.step(l2)
         return float(loss.detach())
 
