@@ -29,6 +29,8 @@ def test_headline_sections_name_command_commit_and_date():
     for title, render, command in [(t, r, c) for _, t, r, c in HEADLINES if t == scale.title]:
         m = re.search(r"--parts\s+(\S+)", command(scale))
         assert m is None or ("speed" if render is scale_speed else "quality") in m.group(1).split(",")
+        e = re.search(r"--engines\s+(\S+)", command(scale))
+        assert render is not scale_speed or e is None or "native" in e.group(1).split(",")
     row = sections["BLEU with the NLM inside Moses' search"].row("decoding", "test", "bleu")
     base, nlm, diff = (c.split()[0] for c in row[3:6])
     assert f"| {base} → {nlm} (**{diff}**, p = " in headline_table(open(RESULTS, encoding="utf-8").read())

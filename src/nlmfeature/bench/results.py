@@ -155,13 +155,17 @@ def last_command(s: Section) -> str:
     return s.commands[-1]
 
 
-def command_with_part(part: str) -> Callable[[Section], str]:
+def command_with_part(part: str, engine: str = "") -> Callable[[Section], str]:
     """The last of a ``bench scale`` section's commands that measured ``part`` (its
-    ``--parts`` names it, or it has none: all parts)."""
+    ``--parts`` names it, or it has none: all parts), and with ``engine`` that engine (its
+    ``--engines`` names it, or it has none: all engines)."""
+    def names(command: str, flag: str, item: str) -> bool:
+        m = re.search(rf"{flag}\s+(\S+)", command)
+        return m is None or item in m.group(1).split(",")
+
     def choose(s: Section) -> str:
         for c in reversed(s.commands):
-            m = re.search(r"--parts\s+(\S+)", c)
-            if m is None or part in m.group(1).split(","):
+            if names(c, "--parts", part) and (not engine or names(c, "--engines", engine)):
                 return c
         raise NLMFeatureError(f"docs/results.md, section {s.title!r}: no command measured {part}")
     return choose
@@ -189,7 +193,7 @@ HEADLINES: Sequence[Tuple[str, str, Callable[[Section], str], Callable[[Section]
      "KenLM 5-gram of the same text",
      "Training at scale (`nlmfeature bench scale`)", scale_headline, command_with_part("quality")),
     ("training speed of the default recipe (LBL 200, NCE, direct features), V = 100k, Gutenberg",
-     "Training at scale (`nlmfeature bench scale`)", scale_speed, command_with_part("speed")),
+     "Training at scale (`nlmfeature bench scale`)", scale_speed, command_with_part("speed", "native")),
     ("Moses decode CPU time with the NLM (LBL 200)", "Decode time in Moses",
      cell("KenLM + NLM (unnormalised)", 1, "**{}** KenLM alone"), last_command),
     ("lookups per second, one thread, a real Moses query stream", "Lookups per second",
