@@ -29,8 +29,8 @@ decay.  So a run is the native run with another engine:
   ``theta -= lr g / (sqrt(sum g^2) + 1e-8)``, L2 ``lambda B / N`` on weights only, and rows
   of the row-indexed arrays (embeddings, output rows, biases, direct weights) updated lazily,
   only when a minibatch touches them.  On the CPU those arrays get sparse gradients (reduced
-  by :func:`all_reduce_rows`, DDP the rest); on a GPU dense ones (a row is touched when its reduced gradient
-  is not zero).  Measured on a CPU (Brown, LBL 200 NCE, one process): 13,000 words/s with
+  by :func:`all_reduce_rows`, DDP the rest); on a GPU dense ones (a row is touched when its
+  reduced gradient is not zero).  Measured on a CPU (Brown, LBL 200 NCE, one process): 13,000 words/s with
   sparse gradients, 3,000-3,900 with dense ones (which update the whole V x D output matrix
   every step).
 * **Direct n-gram features** are hashed in torch exactly as the scorer
