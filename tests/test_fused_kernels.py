@@ -196,9 +196,13 @@ def test_hogwild_threads_train_as_well_and_count_every_minibatch_once(tmp_path, 
 
 
 def test_hogwild_round_of_one_minibatch_is_the_fused_step():
-    """nce_lbl_rounds with one minibatch is nce_lbl_step bit for bit; bad bounds are refused."""
+    """nce_lbl_rounds with one minibatch, drawing its own noise, is nce_lbl_step on the noise
+    UnigramNoise.draw gives that minibatch, bit for bit; bad arguments are refused."""
+    from nlmfeature.training.sampling import UnigramNoise
+
     rng = np.random.default_rng(5)
-    V, E, c, N, k, HS, DO = 50, 8, 3, 40, 4, 256, 2
+    V, E, c, N, k, HS, DO, seed, step = 50, 8, 3, 40, 4, 256, 2, 7, 11
+
     def params():
         r = np.random.default_rng(1)
         P = dict(R=r.normal(0, .1, (V, E)), W=r.normal(1, .1, (c, E)), bias=np.zeros(E), Q=r.normal(0, .1, (V, E)),
@@ -208,8 +212,9 @@ def test_hogwild_round_of_one_minibatch_is_the_fused_step():
         return P, A
     ctx = rng.integers(0, V, (N, c)).astype(np.int32)
     tg = rng.integers(0, V, N).astype(np.int32)
-    noise = rng.integers(0, V, (N, k)).astype(np.int32)
-    logq = np.full(V, -np.log(V))
+    sampler = UnigramNoise(rng.integers(1, 100, V).astype(np.float64), k)
+    noise = sampler.draw(tg, seed, step).words
+    logq = sampler.logq
     allowed = np.packbits(np.arange(HS) % 3 != 0, bitorder="little")   # a bit per bucket
     order = ["R", "W", "bias", "Q", "qb", "D"]
     P1, A1 = params()
@@ -217,18 +222,21 @@ def test_hogwild_round_of_one_minibatch_is_the_fused_step():
                              np.zeros(HS, np.uint8), ctx, tg, noise, logq, DO, HS, allowed, 0.05, 1e-4, 1e-8, 1)
     P2, A2 = params()
     gD, mD = np.zeros((1, HS), np.float32), np.zeros((1, HS), np.uint8)
-    l2 = _train.nce_lbl_rounds(*[P2[n] for n in order], *[A2[n] for n in order], gD, mD, ctx, tg, noise,
-                               np.array([0, N], np.int64), logq, DO, HS, allowed, 0.05, 1e-4, 1e-8)
+    l2 = _train.nce_lbl_rounds(*[P2[n] for n in order], *[A2[n] for n in order], gD, mD, ctx, tg,
+                               np.array([0, N], np.int64), *sampler.kernel_args(seed, [step]), logq, DO, HS,
+                               allowed, 0.05, 1e-4, 1e-8)
     assert l2.tolist() == [l1]
     for n in order:
         np.testing.assert_array_equal(P1[n], P2[n], err_msg=n)
         np.testing.assert_array_equal(A1[n], A2[n], err_msg=n)
     assert not gD.any() and not mD.any()
     args = [*[P2[n] for n in order], *[A2[n] for n in order]]
-    for bounds, msg in (([0, 10], "do not cover"), ([0, 30, 20, N], "decrease"), ([0, 20, N], "fewer rows")):
+    accept, alias, values, kk, s64, steps = sampler.kernel_args(seed, [step, step + 1])
+    for bounds, table, msg in (([0, 10], values, "do not cover"), ([0, 30, 20, N], values, "decrease"),
+                               ([0, 20, N], values, "fewer rows"), ([0, N], values + V, "noise word out of range")):
         with pytest.raises(ValueError, match=msg):
-            _train.nce_lbl_rounds(*args, gD, mD, ctx, tg, noise, np.array(bounds, np.int64), logq, DO, HS,
-                                  allowed, 0.05, 1e-4, 1e-8)
+            _train.nce_lbl_rounds(*args, gD, mD, ctx, tg, np.array(bounds, np.int64), accept, alias, table, kk,
+                                  s64, steps, logq, DO, HS, allowed, 0.05, 1e-4, 1e-8)
 
 
 def test_hogwild_rounds_stop_at_the_update_limit_and_resume(tmp_path):

@@ -166,6 +166,22 @@ cdef inline uint64_t stream_base(uint64_t seed, uint64_t step) noexcept nogil:
     return splitmix64(splitmix64(seed ^ 0x5851F42D4C957F2DULL) ^ step)
 
 
+cdef inline void alias_row(const double* accept, const int32_t* alias, const int32_t* values, int64_t a,
+                           int64_t size, uint64_t base, int64_t n, int k, int32_t* out) noexcept nogil:
+    """Row n's k draws from the alias table of positions a .. a+size-1 (stream ``base``)."""
+    cdef int j
+    cdef uint64_t r
+    cdef int64_t pos
+    cdef double u
+    for j in range(k):
+        r = splitmix64(base + <uint64_t>(n * k + j))
+        pos = <int64_t>(((r >> 32) * <uint64_t>size) >> 32)
+        u = <double>(r & 0xFFFFFFFFULL) * (1.0 / 4294967296.0)
+        if u >= accept[a + pos]:
+            pos = alias[a + pos]
+        out[j] = values[a + pos]
+
+
 def sample_blocks(const double[::1] accept, const int32_t[::1] alias, const int32_t[::1] values,
                   const int64_t[::1] starts, const int32_t[::1] block_of_row, int k,
                   uint64_t seed, uint64_t step, int threads=1):
@@ -176,22 +192,16 @@ def sample_blocks(const double[::1] accept, const int32_t[::1] alias, const int3
     thread count, and a resumed run draws what an uninterrupted one would.
     Returns (N, k) int32.
     """
-    cdef int64_t N = block_of_row.shape[0], n, a, size, pos
-    cdef int j
-    cdef uint64_t base = stream_base(seed, step), r
-    cdef double u
+    cdef int64_t N = block_of_row.shape[0], n, a, size
+    cdef uint64_t base = stream_base(seed, step)
     out = np.empty((N, k), dtype=np.int32)
     cdef int32_t[:, ::1] o = out
+    if N == 0 or k == 0:
+        return out
     for n in prange(N, nogil=True, num_threads=threads, schedule="static"):
         a = starts[block_of_row[n]]
         size = starts[block_of_row[n] + 1] - a
-        for j in range(k):
-            r = splitmix64(base + <uint64_t>(n * k + j))
-            pos = <int64_t>(((r >> 32) * <uint64_t>size) >> 32)
-            u = <double>(r & 0xFFFFFFFFULL) * (1.0 / 4294967296.0)
-            if u >= accept[a + pos]:
-                pos = alias[a + pos]
-            o[n, j] = values[a + pos]
+        alias_row(&accept[0], &alias[0], &values[0], a, size, base, n, k, &o[n, 0])
     return out
 
 
@@ -1026,15 +1036,15 @@ def nce_lbl_shared_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float
 cdef int nce_lbl_core(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1] Q, float[::1] qb,
                       float[::1] D, float[:, ::1] aR, float[:, ::1] aW, float[::1] abias, float[:, ::1] aQ,
                       float[::1] aqb, float[::1] aD, float* gD, uint8_t* mD,
-                      const int32_t[:, ::1] ctx, const int32_t[::1] target, const int32_t[:, ::1] noise,
+                      const int32_t[:, ::1] ctx, const int32_t[::1] target, const int32_t* noise, int k,
                       int64_t n0, int64_t N, const double[::1] logq, int DO, int64_t hash_space,
                       const uint8_t[::1] allowed, double lr, double l2, double eps, int T,
                       double* loss_out) noexcept nogil:
-    """:func:`nce_lbl_step` on the N n-grams from row ``n0`` of ``ctx``, ``target`` and
-    ``noise`` (checked by the caller), with T threads; the summed loss in ``*loss_out``.
-    Returns 0, or -1 when out of memory."""
+    """:func:`nce_lbl_step` on the N n-grams from row ``n0`` of ``ctx`` and ``target``, whose
+    k noise words each are ``noise`` (N x k, row-major; all checked by the caller), with T
+    threads; the summed loss in ``*loss_out``.  Returns 0, or -1 when out of memory."""
     cdef int64_t n, r, b
-    cdef int c = ctx.shape[1], K = noise.shape[1] + 1, E = R.shape[1], j, e, o, i
+    cdef int c = ctx.shape[1], K = k + 1, E = R.shape[1], j, e, o, i
     cdef bint has_bias = bias.shape[0] > 0, filt = allowed.shape[0] > 0
     cdef double logk = log(<double>(K - 1)) if K > 1 else 0.0, x, s, loss = 0
     cdef uint64_t* st
@@ -1069,7 +1079,7 @@ cdef int nce_lbl_core(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:
         for n in prange(N, schedule="static"):
             cand[n * K] = target[n0 + n]
             for j in range(1, K):
-                cand[n * K + j] = noise[n0 + n, j - 1]
+                cand[n * K + j] = noise[n * k + j - 1]
             if DO:
                 st[0] = splitmix64(<uint64_t>0)
                 for o in range(1, DO):
@@ -1130,21 +1140,22 @@ cdef int nce_lbl_core(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:
 
 cdef check_lbl_step(float[:, ::1] R, float[:, ::1] W, float[:, ::1] Q, float[::1] D, float[:, ::1] aR,
                     float[:, ::1] aQ, const int32_t[:, ::1] ctx, const int32_t[::1] target,
-                    const int32_t[:, ::1] noise, int direct_order, int64_t hash_space, const uint8_t[::1] allowed):
-    """ValueError unless the arrays of :func:`nce_lbl_step` fit together."""
+                    const int32_t* noise, int64_t n_noise, int direct_order, int64_t hash_space,
+                    const uint8_t[::1] allowed):
+    """ValueError unless the arrays of :func:`nce_lbl_step` fit together (``noise``: its
+    ``n_noise`` noise words, or NULL)."""
     cdef int64_t N = ctx.shape[0]
-    cdef int K = noise.shape[1] + 1
     if direct_order > 16:
         raise ValueError("direct order above 16")
     if (W.shape[0] != ctx.shape[1] or W.shape[1] != R.shape[1] or Q.shape[1] != R.shape[1]
-            or target.shape[0] != N or noise.shape[0] != N):
+            or target.shape[0] != N):
         raise ValueError("inconsistent shapes")
     check_sums(R, aR, Q, aQ)
     if direct_order and D.shape[0] < hash_space:
         raise ValueError("direct weights shorter than the hash space")
     if direct_order and allowed.shape[0] > 0 and allowed.shape[0] * 8 < hash_space:
         raise ValueError("the feature filter is shorter than the hash space")
-    check_ngrams(ctx, target, &noise[0, 0] if N and K > 1 else NULL, N * (K - 1), Q.shape[0], R.shape[0])
+    check_ngrams(ctx, target, noise, n_noise, Q.shape[0], R.shape[0])
 
 
 def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1] Q, float[::1] qb,
@@ -1176,13 +1187,17 @@ def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1
     on exit.  Returns the summed loss."""
     cdef double loss = 0
     cdef int rc
-    check_lbl_step(R, W, Q, D, aR, aQ, ctx, target, noise, direct_order, hash_space, allowed)
+    if noise.shape[0] != ctx.shape[0]:
+        raise ValueError("inconsistent shapes")
+    check_lbl_step(R, W, Q, D, aR, aQ, ctx, target, &noise[0, 0] if noise.shape[0] and noise.shape[1] else NULL,
+                   noise.shape[0] * noise.shape[1], direct_order, hash_space, allowed)
     if direct_order and (gD.shape[0] < hash_space or mD.shape[0] < hash_space):
         raise ValueError("direct gradient buffers shorter than the hash space")
     with nogil:
         rc = nce_lbl_core(R, W, bias, Q, qb, D, aR, aW, abias, aQ, aqb, aD,
                           &gD[0] if direct_order else NULL, &mD[0] if direct_order else NULL,
-                          ctx, target, noise, 0, ctx.shape[0], logq, direct_order, max(1, hash_space), allowed,
+                          ctx, target, &noise[0, 0] if noise.shape[0] and noise.shape[1] else NULL,
+                          noise.shape[1], 0, ctx.shape[0], logq, direct_order, max(1, hash_space), allowed,
                           lr, l2, eps, max(1, threads), &loss)
     if rc != 0:
         raise MemoryError()
@@ -1193,18 +1208,24 @@ def nce_lbl_rounds(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, :
                    float[::1] D,
                    float[:, ::1] aR, float[:, ::1] aW, float[::1] abias, float[:, ::1] aQ, float[::1] aqb,
                    float[::1] aD, float[:, ::1] gD, uint8_t[:, ::1] mD,
-                   const int32_t[:, ::1] ctx, const int32_t[::1] target, const int32_t[:, ::1] noise,
-                   const int64_t[::1] bounds, const double[::1] logq, int direct_order, int64_t hash_space,
+                   const int32_t[:, ::1] ctx, const int32_t[::1] target, const int64_t[::1] bounds,
+                   const double[::1] accept, const int32_t[::1] alias, const int32_t[::1] values, int k,
+                   uint64_t seed, const uint64_t[::1] steps,
+                   const double[::1] logq, int direct_order, int64_t hash_space,
                    const uint8_t[::1] allowed, double lr, double l2, double eps):
     """Hogwild! (Recht et al. 2011): the M = len(bounds) - 1 minibatches ``bounds[m] ..
-    bounds[m + 1] - 1`` of the rows of ``ctx``, ``target`` and ``noise``, trained at once, each
-    by :func:`nce_lbl_step` on a thread of its own (M threads), all reading and updating the
-    shared parameters and AdaGrad sums without locks.  Minibatch m uses row m of the direct
-    gradient buffers ``gD`` and marks ``mD`` (zero on entry and on exit; at least M rows).  An
-    update may overwrite another thread's concurrent update of the same weight, so the result
-    depends on the threads' timing.  Returns the M summed losses (float64)."""
-    cdef int64_t M = bounds.shape[0] - 1, m
-    cdef int rc = 0
+    bounds[m + 1] - 1`` of the rows of ``ctx`` and ``target``, trained at once, each by
+    :func:`nce_lbl_step` on a thread of its own (M threads), all reading and updating the
+    shared parameters and AdaGrad sums without locks.  Each thread first draws its minibatch's
+    k noise words per n-gram from one alias table (``accept``, ``alias``, ``values``: one block
+    of :func:`alias_blocks`) as :func:`sample_blocks` would with ``seed`` and ``steps[m]``, so
+    that nothing of a round but fetching its n-grams is serial.  Minibatch m uses row m of the
+    direct gradient buffers ``gD`` and marks ``mD`` (zero on entry and on exit; at least M
+    rows).  An update may overwrite another thread's concurrent update of the same weight, so
+    the result depends on the threads' timing.  Returns the M summed losses (float64)."""
+    cdef int64_t M = bounds.shape[0] - 1, m, i, size = values.shape[0], V = Q.shape[0]
+    cdef int rc = 0, bad = 0, ok
+    cdef int32_t* noise
     if M < 1:
         raise ValueError("no minibatch")
     if bounds[0] != 0 or bounds[M] != ctx.shape[0]:
@@ -1212,16 +1233,40 @@ def nce_lbl_rounds(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, :
     for m in range(M):
         if bounds[m + 1] < bounds[m]:
             raise ValueError("the minibatch bounds decrease")
-    check_lbl_step(R, W, Q, D, aR, aQ, ctx, target, noise, direct_order, hash_space, allowed)
+    if steps.shape[0] < M:
+        raise ValueError("fewer noise steps than minibatches")
+    if k < 1 or size < 1 or accept.shape[0] < size or alias.shape[0] < size:
+        raise ValueError("no noise table, or no noise words")
+    for i in range(size):
+        if alias[i] < 0 or alias[i] >= size:
+            raise ValueError("the noise alias table is out of range")
+    check_lbl_step(R, W, Q, D, aR, aQ, ctx, target, NULL, 0, direct_order, hash_space, allowed)
     if direct_order and (gD.shape[0] < M or gD.shape[1] < hash_space or mD.shape[0] < M or mD.shape[1] < hash_space):
         raise ValueError("direct gradient buffers: fewer rows than minibatches, or shorter than the hash space")
     out = np.zeros(M, dtype=np.float64)
     cdef double[::1] losses = out
     for m in prange(M, nogil=True, num_threads=M, schedule="static", chunksize=1):
-        rc += nce_lbl_core(R, W, bias, Q, qb, D, aR, aW, abias, aQ, aqb, aD,
-                           &gD[m, 0] if direct_order else NULL, &mD[m, 0] if direct_order else NULL,
-                           ctx, target, noise, bounds[m], bounds[m + 1] - bounds[m], logq, direct_order,
-                           max(1, hash_space), allowed, lr, l2, eps, 1, &losses[m])
+        noise = <int32_t*>malloc(max(1, (bounds[m + 1] - bounds[m]) * k) * sizeof(int32_t))
+        if noise == NULL:
+            rc += 1
+            continue
+        for i in range(bounds[m + 1] - bounds[m]):
+            alias_row(&accept[0], &alias[0], &values[0], 0, size, stream_base(seed, steps[m]), i, k, noise + i * k)
+        ok = 1
+        for i in range((bounds[m + 1] - bounds[m]) * k):
+            if noise[i] < 0 or noise[i] >= V:
+                ok = 0
+                break
+        if not ok:
+            bad += 1
+        else:
+            rc += nce_lbl_core(R, W, bias, Q, qb, D, aR, aW, abias, aQ, aqb, aD,
+                               &gD[m, 0] if direct_order else NULL, &mD[m, 0] if direct_order else NULL,
+                               ctx, target, noise, k, bounds[m], bounds[m + 1] - bounds[m], logq, direct_order,
+                               max(1, hash_space), allowed, lr, l2, eps, 1, &losses[m])
+        free(noise)
+    if bad:
+        raise ValueError("noise word out of range")
     if rc != 0:
         raise MemoryError()
     return out

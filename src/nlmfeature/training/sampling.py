@@ -10,7 +10,7 @@ and a run resumed from a checkpoint draws what the uninterrupted run would have 
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Sequence, Tuple
 
 import numpy as np
 
@@ -57,6 +57,15 @@ class UnigramNoise:
         """Noise for a minibatch of targets."""
         blocks = np.zeros(len(targets), dtype=np.int32)
         return Noise(words=self.sampler.sample(blocks, self.k, seed, 2 * step, threads))
+
+    def kernel_args(self, seed: int, steps: Sequence[int]) -> Tuple[np.ndarray, np.ndarray, np.ndarray, int,
+                                                                     np.uint64, np.ndarray]:
+        """What a native kernel needs to draw, itself, the noise :meth:`draw` gives minibatches
+        number ``steps``: the alias table (accept, alias, values), k, the seed and the
+        sampler's step of each minibatch (:func:`nlmfeature._train.nce_lbl_rounds`)."""
+        sp = self.sampler
+        return (sp.accept, sp.alias, sp.values, self.k, np.uint64(seed & 0xFFFFFFFFFFFFFFFF),
+                np.array([2 * s for s in steps], dtype=np.uint64))
 
     def draw_shared(self, seed: int, step: int) -> Noise:
         """k noise words for a whole minibatch (``words`` of shape (k,)), shared by its n-grams."""

@@ -864,14 +864,14 @@ class Trainer:
         ps, sums = self._fused_args()
         spec = self.objective.out.s
         has_d = "direct.weights" in self.params
-        noise = [self.noise_and_mask(t, self.step + i)[0].words for i, (_, t) in enumerate(batches)]
         bounds = np.cumsum([0] + [len(t) for _, t in batches]).astype(np.int64)
         gD, mD = self._direct_buffers
+        # each thread draws its minibatch's noise, as noise_and_mask would
+        noise = self.noise.kernel_args(self.cfg.seed, [self.step + i for i in range(len(batches))])
         losses = _train.nce_lbl_rounds(
             *ps, *sums, gD, mD, np.ascontiguousarray(np.concatenate([c for c, _ in batches]), dtype=np.int32),
-            np.ascontiguousarray(np.concatenate([t for _, t in batches]), dtype=np.int32),
-            np.ascontiguousarray(np.concatenate(noise), dtype=np.int32), bounds, spec.logq,
-            spec.direct_order if has_d else 0, max(1, spec.hash_space), self._allowed_bits,
+            np.ascontiguousarray(np.concatenate([t for _, t in batches]), dtype=np.int32), bounds, *noise,
+            spec.logq, spec.direct_order if has_d else 0, max(1, spec.hash_space), self._allowed_bits,
             self.opt.lr, l2, self.opt.eps)
         return [float(x) for x in losses]
 
