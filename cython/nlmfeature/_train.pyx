@@ -1175,11 +1175,11 @@ def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1
     has entries) take an AdaGrad step (L2 ``l2`` on R, Q, W).
 
     ``allowed`` (when not empty) is the frequency filter of the direct features as a bitmap
-    (``numpy.packbits(filter, bitorder="little")``: 1 bit per bucket, so that the lookups of
-    every candidate's buckets hit the CPU caches): a bucket whose bit is 0 is neither trained nor
-    read (it counts as 0, which its weight is in every
-    model the trainer makes: the filter allows each non-zero weight of an initial model), so
-    the many unseen n-grams of noise words cost one byte's lookup, not a weight's.
+    (``numpy.packbits(filter, bitorder="little")``, a bit per bucket, so that its lookups stay in
+    the CPU caches): a bucket whose bit is 0 is neither trained nor read (it counts as 0, which
+    its weight is in every model the trainer makes: the filter allows each non-zero weight of an
+    initial model), so the many unseen n-grams of noise words cost one bit's lookup, not a
+    weight's.
 
     Threads split the examples for the forward and backward passes, then the rows for the
     updates, and every row's gradient is summed in example order whatever the thread count:
@@ -1187,17 +1187,17 @@ def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1
     on exit.  Returns the summed loss."""
     cdef double loss = 0
     cdef int rc
+    cdef const int32_t* nz = &noise[0, 0] if noise.shape[0] and noise.shape[1] else NULL
     if noise.shape[0] != ctx.shape[0]:
         raise ValueError("inconsistent shapes")
-    check_lbl_step(R, W, Q, D, aR, aQ, ctx, target, &noise[0, 0] if noise.shape[0] and noise.shape[1] else NULL,
-                   noise.shape[0] * noise.shape[1], direct_order, hash_space, allowed)
+    check_lbl_step(R, W, Q, D, aR, aQ, ctx, target, nz, noise.shape[0] * noise.shape[1], direct_order,
+                   hash_space, allowed)
     if direct_order and (gD.shape[0] < hash_space or mD.shape[0] < hash_space):
         raise ValueError("direct gradient buffers shorter than the hash space")
     with nogil:
         rc = nce_lbl_core(R, W, bias, Q, qb, D, aR, aW, abias, aQ, aqb, aD,
                           &gD[0] if direct_order else NULL, &mD[0] if direct_order else NULL,
-                          ctx, target, &noise[0, 0] if noise.shape[0] and noise.shape[1] else NULL,
-                          noise.shape[1], 0, ctx.shape[0], logq, direct_order, max(1, hash_space), allowed,
+                          ctx, target, nz, noise.shape[1], 0, ctx.shape[0], logq, direct_order, max(1, hash_space), allowed,
                           lr, l2, eps, max(1, threads), &loss)
     if rc != 0:
         raise MemoryError()
@@ -1226,6 +1226,7 @@ def nce_lbl_rounds(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, :
     cdef int64_t M = bounds.shape[0] - 1, m, i, size = values.shape[0], V = Q.shape[0]
     cdef int rc = 0, bad = 0, ok
     cdef int32_t* noise
+    cdef uint64_t base
     if M < 1:
         raise ValueError("no minibatch")
     if bounds[0] != 0 or bounds[M] != ctx.shape[0]:
@@ -1250,8 +1251,9 @@ def nce_lbl_rounds(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, :
         if noise == NULL:
             rc += 1
             continue
+        base = stream_base(seed, steps[m])
         for i in range(bounds[m + 1] - bounds[m]):
-            alias_row(&accept[0], &alias[0], &values[0], 0, size, stream_base(seed, steps[m]), i, k, noise + i * k)
+            alias_row(&accept[0], &alias[0], &values[0], 0, size, base, i, k, noise + i * k)
         ok = 1
         for i in range((bounds[m + 1] - bounds[m]) * k):
             if noise[i] < 0 or noise[i] >= V:

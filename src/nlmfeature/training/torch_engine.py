@@ -30,9 +30,9 @@ decay.  So a run is the native run with another engine:
   of the row-indexed arrays (embeddings, output rows, biases, direct weights) updated lazily,
   only when a minibatch touches them.  On the CPU those arrays get sparse gradients (reduced
   by :func:`all_reduce_rows`, DDP the rest); on a GPU dense ones (a row is touched when its
-  reduced gradient is not zero).  Measured on a CPU (Brown, LBL 200 NCE, one process): 13,000 words/s with
-  sparse gradients, 3,000-3,900 with dense ones (which update the whole V x D output matrix
-  every step).
+  reduced gradient is not zero).  Measured on a CPU (Brown, LBL 200 NCE, one process): 13,000
+  words/s with sparse gradients, 3,000-3,900 with dense ones (which update the whole V x D
+  output matrix every step).
 * **Direct n-gram features** are hashed in torch exactly as the scorer
   (``splitmix64`` keys of the last k context words and the target, int64 arithmetic with
   logical shifts), so the trained weights sit where the scorer looks them up.
@@ -494,16 +494,14 @@ def all_reduce_rows(grads: Sequence[Optional["torch.Tensor"]], shapes: Sequence[
     counts = [[int(c) for c in rank] for rank in counts]              # [rank][table]
     all_rows = gather(torch.cat(rows).to(device), [sum(c) for c in counts])
     all_vals = gather(torch.cat(vals).to(device), [sum(n * w for n, w in zip(c, widths)) for c in counts])
+    # [rank][table] pieces, then each table's pieces of every rank, in rank order
+    row_parts = [r.split(c) for r, c in zip(all_rows, counts)]
+    val_parts = [v.split([n * w for n, w in zip(c, widths)]) for v, c in zip(all_vals, counts)]
     out = []
-    for t, (shape, w) in enumerate(zip(shapes, widths)):
-        tr, tv = [], []
-        for r in range(world):
-            at = sum(counts[r][:t])
-            tr.append(all_rows[r][at:at + counts[r][t]])
-            vat = sum(n * ww for n, ww in zip(counts[r][:t], widths))
-            tv.append(all_vals[r][vat:vat + counts[r][t] * w])
-        v = torch.cat(tv).reshape((-1,) + tuple(shape[1:])).div_(world)
-        out.append(torch.sparse_coo_tensor(torch.cat(tr)[None], v, tuple(shape), check_invariants=False).coalesce())
+    for t, shape in enumerate(shapes):
+        v = torch.cat([p[t] for p in val_parts]).reshape((-1,) + tuple(shape[1:])).div_(world)
+        out.append(torch.sparse_coo_tensor(torch.cat([p[t] for p in row_parts])[None], v, tuple(shape),
+                                           check_invariants=False).coalesce())
     return out
 
 

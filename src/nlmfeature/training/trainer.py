@@ -790,20 +790,18 @@ class Trainer:
     #: how the run's log line names the engine ("" for the native one)
     engine_note = ""
 
-    def noise_and_mask(self, targets: np.ndarray, step: Optional[int] = None,
-                       threads: Optional[int] = None) -> Tuple[Any, Optional[np.ndarray]]:
-        """(NCE noise or None, dropout mask or None) of minibatch number ``step`` (default: the
-        current one): functions of the seed and the minibatch number only."""
+    def noise_and_mask(self, targets: np.ndarray) -> Tuple[Any, Optional[np.ndarray]]:
+        """(NCE noise or None, dropout mask or None) of the current minibatch: functions of the
+        seed and the minibatch number only."""
         cfg = self.cfg
-        step = self.step if step is None else step
         if self.noise is None:
             noise = None
         elif cfg.shared_noise:
-            noise = self.noise.draw_shared(cfg.seed, step)
+            noise = self.noise.draw_shared(cfg.seed, self.step)
         else:
-            noise = self.noise.draw(targets, cfg.seed, step, self.kernel_threads if threads is None else threads)
+            noise = self.noise.draw(targets, cfg.seed, self.step, self.kernel_threads)
         mask = dropout_mask((len(targets), self.header["output"]["dim"]), cfg.dropout, cfg.seed,
-                            step) if cfg.dropout else None
+                            self.step) if cfg.dropout else None
         return noise, mask
 
     @property
