@@ -29,8 +29,9 @@ $NLMFEATURE_SHARED point elsewhere; 100 test2016 sentences):
 
 ``--decoder moses2`` (alone or beside ``moses``) decodes the same prepared system with Moses2
 (``--moses2`` or MOSES_ROOT's, built with moses_ff/moses2): KenLM alone and KenLM + each NLM,
-each with Moses2's normal search and its batch search (``search-algorithm 4``, the NLM scoring a
-stack's hypotheses in one ``nlm_score_spans`` call), on each thread count: CPU time minus
+each with Moses2's normal search, its batch search (``search-algorithm 4``, the NLM scoring a
+stack's hypotheses in one ``nlm_score_spans`` call) and cube pruning (``search-algorithm 1``,
+the search Moses2's authors optimised), on each thread count: CPU time minus
 loading, ratios to KenLM alone, the batch search's gain, thread scaling, and with ``moses`` too
 the CPU time against Moses' with the same model.
 
@@ -388,14 +389,20 @@ def bench_cdec(args, models: Dict[str, str], extras: Dict[str, str], shared: str
     return res
 
 
+#: Moses2's searches by name: its ``[search-algorithm]`` numbers (4: the batch search of
+#: moses2.patch; 1: cube pruning, the search Moses2's authors made fastest and expect in use)
+MOSES2_SEARCHES = {"normal": "0", "batch": "4", "cube": "1"}
+
+
 def bench_moses2(args, models: Dict[str, str], extras: Dict[str, str], base: str, weights: Weights, work: str,
                  src: str, refs: List[str], moses_res: Optional[Dict]) -> Dict:
-    """Moses2 with KenLM alone and KenLM + each NLM, each with Moses2's normal search
-    (per-hypothesis evaluation) and the batch search (``search-algorithm 4``: a stack's new
-    hypotheses evaluated at once, the NLM scoring them in one ``nlm_score_spans`` call), on
-    each thread count: CPU and wall time minus loading, ratios to KenLM alone on the same
-    search, BLEU, whether the two searches and the thread counts give the same translations,
-    and (with the Moses part run too) the CPU time against Moses' with the same model."""
+    """Moses2 with KenLM alone and KenLM + each NLM, each with the searches of
+    ``--moses2-search`` (:data:`MOSES2_SEARCHES`: the normal search, evaluating hypothesis by
+    hypothesis; the batch search, a stack's new hypotheses evaluated at once, the NLM scoring
+    them in one ``nlm_score_spans`` call; cube pruning), on each thread count: CPU and wall time
+    minus loading, ratios to KenLM alone on the same search, BLEU, whether the thread counts
+    (and the batch and normal searches) give the same translations, and (with the Moses part
+    run too) the CPU time against Moses' with the same model."""
     moses2 = args.moses2 or mo.find_program("moses2")
     if not moses2:
         sys.exit("no moses2: give --moses2 or MOSES_ROOT (a tree with moses2 built, moses_ff/README.md)")
@@ -405,7 +412,13 @@ def bench_moses2(args, models: Dict[str, str], extras: Dict[str, str], base: str
     configs: Dict[str, str] = {}
     given = dict(c.split("=", 1) for c in args.config)
     names = list(given) or ["kenlm"] + list(models)
-    for search, algo in (("normal", "0"), ("batch", "4")):
+    searches = [x.strip() for x in args.moses2_search.split(",") if x.strip()]
+    bad = [x for x in searches if x not in MOSES2_SEARCHES]
+    if bad or not searches:
+        sys.exit(f"--moses2-search: unknown search {bad[0] if bad else '(none)'} "
+                 f"(known: {', '.join(MOSES2_SEARCHES)})")
+    for search in searches:
+        algo = MOSES2_SEARCHES[search]
         for name in names:
             path = os.path.join(d, f"{name}.{search}.ini")
             if given:       # a ready-made configuration, its own [search-algorithm] replaced
@@ -434,17 +447,21 @@ def bench_moses2(args, models: Dict[str, str], extras: Dict[str, str], base: str
     print(f"\nMoses2 ({n} sentences; 'cpu' = the process's CPU time minus that of loading (an empty input); "
           f"ratios to {names[0]} with the same search; paired = median over repeats of back-to-back ratios; "
           f"'vs moses' = CPU time over Moses' with the same model and threads; 'load s' = the wall "
-          f"seconds of decoding an empty input; 'RSS MB' = the process's peak resident memory)\n"
+          f"seconds of decoding an empty input; 'RSS MB' = the process's peak resident memory; 'same' = the "
+          f"same translations on every thread count (batch: as the normal search's))\n"
           f"{'config':22s} {'thr':>3s} {'cpu ms/s':>9s} {'ratio':>6s} {'paired':>6s} {'wall ms/s':>9s} "
           f"{'BLEU':>6s} {'same':>5s} {'vs moses':>8s} {'load s':>6s} {'RSS MB':>7s}")
     for key in configs:
         name, search = key.split("/")
         base_key = f"{names[0]}/{search}"
         b = bleu(runs.outputs[(key, threads[0])], refs)
-        same = all(runs.outputs[(key, t)] == runs.outputs[(f"{name}/normal", threads[0])] for t in threads)
+        # the batch search must translate as the normal one does; every search the same on
+        # every thread count
+        ref_key = f"{name}/normal" if search == "batch" and f"{name}/normal" in configs else key
+        same = all(runs.outputs[(key, t)] == runs.outputs[(ref_key, threads[0])] for t in threads)
         c = res["configs"].setdefault(key, {"bleu": b, "load_seconds": runs.load[key], "threads": {},
                                             "load_max_rss_bytes": runs.load_rss[key],
-                                            "same_translations_as_normal_search_one_thread": same})
+                                            "same_translations": same, "same_as": f"{ref_key}, {threads[0]} thread(s)"})
         for t in threads:
             k, kb = (key, t), (base_key, t)
             cper, cratio, cpaired = figures(runs.cpus[k], runs.load_cpu[key], runs.cpus[kb], runs.load_cpu[base_key], n)
@@ -459,7 +476,7 @@ def bench_moses2(args, models: Dict[str, str], extras: Dict[str, str], base: str
             print(f"{key:22s} {t:3d} {cper:9.1f} {cratio:6.2f} {cpaired:6.2f} {wper:9.1f} {b:6.2f} "
                   f"{str(same):>5s} {('%.2f' % vs) if vs else '-':>8s} {runs.load[key]:6.2f} "
                   f"{runs.rss[k] / 1e6:7.0f}", flush=True)
-    for name in names:
+    for name in names if {"normal", "batch"} <= set(searches) else []:
         # the batch path's gain: CPU of the normal search over the batch search's, same threads
         for t in threads:
             nb, bb = (f"{name}/normal", t), (f"{name}/batch", t)
@@ -470,7 +487,7 @@ def bench_moses2(args, models: Dict[str, str], extras: Dict[str, str], base: str
     for name in names:
         # thread scaling: CPU and wall of the most threads against one thread
         if len(threads) > 1:
-            for search in ("normal", "batch"):
+            for search in searches:
                 key = f"{name}/{search}"
                 c = res["configs"][key]["threads"]
                 c[threads[-1]]["wall_speedup_over_one_thread"] = c[threads[0]]["wall_ms_per_sentence"] / \
@@ -524,6 +541,10 @@ def main(argv=None) -> int:
                     help="add configuration kenlm+kenlm: the system's KenLM model a second time as its own "
                          "feature at weight 0 (the same search): what any second n-gram LM feature costs "
                          "Moses, KenLM's own lookups and minimised state included (Moses only)")
+    ap.add_argument("--moses2-search", default="normal,batch,cube",
+                    help="comma-separated Moses2 searches to time (default normal,batch,cube): normal "
+                         "(search-algorithm 0), batch (4: a stack's hypotheses scored in one call) and cube "
+                         "(1: cube pruning at Moses2's default pop limit, the search its authors optimised)")
     ap.add_argument("--config", action="append", default=[], metavar="NAME=MOSES_INI",
                     help="Moses2 only: decode this ready-made moses.ini as configuration NAME instead of "
                          "the system with --model features (repeatable; the first is the baseline of the "

@@ -16,7 +16,7 @@ from nlmfeature.mt import moses
 from nlmfeature.mt.tuning.driver import first_hypotheses
 from nlmfeature.mt.weights import read_weights
 
-from helpers import build_moses_with_shim, fake_moses, make_model
+from helpers import build_moses2_with_shim, build_moses_with_shim, fake_moses, make_model
 
 TUNING = os.path.join(os.path.dirname(__file__), "data", "tuning")
 KBEST = os.path.join(TUNING, "multi30k.dev.iter1.200x30.kbest.gz")
@@ -169,6 +169,32 @@ def test_bench_mt_end_to_end_with_moses(tmp_path, capsys):
     assert again["second_pass"]["scores"] == sp["scores"]
     assert np.isclose(again["rescoring"]["scores"]["test"]["bleu"]["nlm"]["mean"],
                       doc["rescoring"]["scores"]["test"]["bleu"]["nlm"]["mean"])
+
+
+@pytest.mark.decoder
+@pytest.mark.skipif(not os.path.exists(os.path.join(os.environ.get("MOSES_ROOT", "/nonexistent"), "moses2", "Jamfile"))
+                    or not os.path.isdir(DATA), reason="needs MOSES_ROOT with moses2 and the shared data")
+def test_bench_mt_cube_pruning_in_moses2(tmp_path, capsys):
+    """``--search cube``: both sides tuned and decoded by Moses2 with cube pruning, kept apart
+    from the normal search's work (its own config, tunings and key)."""
+    moses2 = build_moses2_with_shim(os.environ["MOSES_ROOT"])
+    model = make_model(tmp_path, order=5)
+    work = tmp_path / "bench"
+    argv = ["bench", "mt", "--decoder", "moses2", "--search", "cube", "--quick", "--quick-sentences", "10",
+            "--test-sentences", "10", "--tunings", "1", "--max-iterations", "1", "--no-rescoring",
+            "--model", model, "--workdir", str(work), "--threads", "1", "--bootstrap", "100",
+            "--moses", moses2, "--json"]
+    assert cli_main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert "(cube search)" in doc["label"]
+    for side in ("base", "nlm"):
+        assert len(doc["decoding"]["scores"]["test"]["bleu"][side]["runs"]) == 1
+    [base] = list(work.glob("base.*-cube.moses.ini"))
+    tuned = list(work.glob("tuning.*-cube/*/run1.moses.ini"))
+    assert len(tuned) == 2 and all(d.name.endswith("-cube") for d in work.glob("tuning.*"))
+    for ini in [base, *tuned]:
+        text = ini.read_text()
+        assert text.count("[search-algorithm]") == 1 and "[search-algorithm]\n1\n" in text
 
 
 @pytest.mark.skipif(not os.access(MOSES, os.X_OK) or not os.path.isdir(DATA),

@@ -1,8 +1,9 @@
 """The Moses2 feature (moses_ff/moses2/), built into the Moses2 of the mosesdecoder tree at
 $MOSES_ROOT and decoding real fr->en sentences with a real phrase table: every n-best
 entry's NLM feature value equals the Python scorer's sentence log-probability of its
-output, with the per-hypothesis search and with the batch search (search-algorithm 4,
-which moses_ff/moses2.patch implements), which gives the same translations.
+output, with the per-hypothesis search, with the batch search (search-algorithm 4,
+which moses_ff/moses2.patch implements), which gives the same translations, and with cube
+pruning (search-algorithm 1).
 
 Skipped unless MOSES_ROOT points at a mosesdecoder tree with a built moses2.  The test
 copies moses_ff/moses2/NLMFeature.{h,cpp} into $MOSES_ROOT/moses2/LM, applies
@@ -30,6 +31,9 @@ pytestmark = pytest.mark.skipif(
 pytestmark = [pytest.mark.decoder, pytestmark]
 
 BATCH = ("[search-algorithm]", "4")
+#: cube pruning: the search Moses2 is optimised for
+CUBE = ("[search-algorithm]", "1")
+SEARCHES = {"normal": (), "batch": BATCH, "cube": CUBE}
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +63,9 @@ def decode(moses2, ini, tmp_path, *extra, nbest=20, tag="run"):
 
 
 @pytest.mark.parametrize("kind", ["unnormalised", "class", "large"])
-@pytest.mark.parametrize("search", ["normal", "batch"])
+@pytest.mark.parametrize("search", ["normal", "batch", "cube"])
 def test_nbest_feature_equals_python_sentence_score(moses2, models, tmp_path, kind, search):
-    extra = BATCH if search == "batch" else ()
+    extra = SEARCHES[search]
     ini = write_ini(tmp_path / "nlm.ini", f"NLMFeature name=NLM0 path={models[kind]} factor=0", extra=extra)
     out, entries, _ = decode(moses2, ini, tmp_path)
     assert len(out) == 10 and all(out)
@@ -121,13 +125,13 @@ def test_bad_feature_lines_are_clean_errors(moses2, models, tmp_path, line, mess
     assert "Feature NLM0: error:" in p.stderr or "Feature : error:" in p.stderr
 
 
-@pytest.mark.parametrize("search", ["normal", "batch"])
+@pytest.mark.parametrize("search", ["normal", "batch", "cube"])
 def test_oov_feature_counts_the_words_the_model_does_not_know(moses2, models, tmp_path, search):
     """oov-feature=true: a second score, the number of output words outside the model's
     vocabulary (as Moses' language models give it); the first score is unchanged."""
     path = models["unnormalised"]
     ini = write_ini(tmp_path / "oov.ini", f"NLMFeature name=NLM0 path={path} oov-feature=true",
-                    weight="0.2 -0.5", extra=BATCH if search == "batch" else ())
+                    weight="0.2 -0.5", extra=SEARCHES[search])
     out, entries, _ = decode(moses2, ini, tmp_path)
     assert len(out) == 10
     check_nbest(entries, path)

@@ -68,6 +68,7 @@ import copy
 import io
 import math
 import os
+import re
 import shlex
 import sys
 import time
@@ -75,6 +76,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from nlmfeature.io.atomicfile import atomic_write_text
 from nlmfeature.io.jsonout import dumps_json
 from nlmfeature.errors import InputError, NLMFeatureError
 from nlmfeature.io.textio import read_lines as _read
@@ -128,8 +130,6 @@ def _made_by(path: str, recipe: str) -> bool:
 
 
 def _write(path: str, lines: Sequence[str]) -> None:
-    from nlmfeature.io.atomicfile import atomic_write_text
-
     atomic_write_text(path, "".join(l + "\n" for l in lines))
 
 
@@ -179,6 +179,11 @@ def prepare_sets(args: argparse.Namespace, work: str) -> Dict[str, dict]:
 
 
 # -- 2. system ----------------------------------------------------------------------------------
+#: ``--search``: the ``[search-algorithm]`` of Moses and Moses2 for each search but the
+#: system's own (normal stack decoding)
+SEARCH_ALGORITHMS = {"cube": "1"}
+
+
 def build_system(args: argparse.Namespace, work: str, sets: Dict[str, dict]) -> Tuple[str, dict]:
     """A moses.ini on tables filtered to every set's source and a binarised LM
     (:func:`nlmfeature.mt.moses.prepare_system`); returns (path, its weights)."""
@@ -190,7 +195,15 @@ def build_system(args: argparse.Namespace, work: str, sets: Dict[str, dict]) -> 
     # the filtered tables depend on the inputs: one copy per set of input files
     system = prepare_system(ini_src, work, [s["src"] for s in sets.values()], args.system,
                             kenlm_bin=[os.path.join(args.moses_root, "bin")], log=_log)
-    return system.ini, read_weights(system.ini)
+    ini = system.ini
+    if getattr(args, "search", "normal") != "normal":
+        # another search: its own config, named (and so keyed: tunings, lists) by the search
+        name, key, rest = os.path.basename(ini).split(".", 2)
+        ini = os.path.join(os.path.dirname(ini), f"{name}.{key}-{args.search}.{rest}")
+        with open(system.ini, encoding="utf-8") as f:
+            text = re.sub(r"(?ms)^\[search-algorithm\]\n[^\[]*", "", f.read()).rstrip("\n")
+        atomic_write_text(ini, text + f"\n\n[search-algorithm]\n{SEARCH_ALGORITHMS[args.search]}\n")
+    return ini, read_weights(ini)
 
 
 def nlm_ini(base_ini: str, dst: str, models: Sequence[str], base_weights: dict) -> dict:
@@ -1017,7 +1030,9 @@ def _bench(args: argparse.Namespace) -> int:
     work = os.path.abspath(args.workdir)
     os.makedirs(work, exist_ok=True)
     decoders = {"moses": "Moses", "moses2": "Moses2", "cdec": "cdec", "both": "Moses + cdec"}[args.decoder]
-    label = (f"{decoders} {os.path.basename(args.system)}, {args.algorithm} x{args.tunings} "
+    label = (f"{decoders} {os.path.basename(args.system)}"
+             + (f" ({args.search} search)" if getattr(args, "search", "normal") != "normal" and with_moses else "")
+             + f", {args.algorithm} x{args.tunings} "
              f"(<= {args.max_iterations} iterations), "
              + (f"QUICK: tuned on the first {args.quick_sentences} {args.dev} sentences"
                 if args.quick else f"tuned on all of {args.dev}")
@@ -1099,8 +1114,6 @@ def _bench(args: argparse.Namespace) -> int:
                        "not run: --decoder moses (--decoder cdec or both runs it)")
     doc["seconds"] = time.time() - t_start
     json_path = os.path.join(work, "bench-mt.json")
-    from nlmfeature.io.atomicfile import atomic_write_text
-
     atomic_write_text(json_path, dumps_json(doc, indent=1, sort_keys=True) + "\n")
     note = (plot(args.plot or os.path.join(work, "bench-mt.png"), doc)
             if _parts(doc) else "nothing measured: no plot")

@@ -127,6 +127,12 @@ def _mt(bench_sub: argparse._SubParsersAction) -> None:
                         "tuning loop is the same), cdec's hiero system made from the same training "
                         "pairs, alignment and LM (labelled cdec in every output; KenLM and "
                         "KenLM + NLM only, no --joint), or both (default moses)")
+    p.add_argument("--search", default="normal", choices=("normal", "cube"),
+                   help="the Moses / Moses2 search of every side: normal (the system's own, stack "
+                        "decoding: every expansion scored) or cube (cube pruning, [search-algorithm] 1 "
+                        "at the decoder's default pop limit: far fewer expansions scored, the search "
+                        "Moses2 is optimised for); tunings, decodes and k-best lists of each search "
+                        "are kept apart in the workdir (default normal)")
     p.add_argument("--moses", default=None,
                    help="Moses (or, with --decoder moses2, Moses2) executable built with NLMFeature "
                         "(default $MOSES_ROOT/bin/moses, else "
