@@ -476,6 +476,19 @@ def bench_moses2(args, models: Dict[str, str], extras: Dict[str, str], base: str
             print(f"{key:22s} {t:3d} {cper:9.1f} {cratio:6.2f} {cpaired:6.2f} {wper:9.1f} {b:6.2f} "
                   f"{str(same):>5s} {('%.2f' % vs) if vs else '-':>8s} {runs.load[key]:6.2f} "
                   f"{runs.rss[k] / 1e6:7.0f}", flush=True)
+    if args.markdown:
+        # the same figures as one markdown table (docs/results.md)
+        print(f"\n| configuration | search | threads | CPU ms per sentence | x {names[0]} (paired) | "
+              f"wall ms per sentence | BLEU |\n|---|---|---|---|---|---|---|")
+        for key in configs:
+            name, search = key.split("/")
+            c = res["configs"][key]
+            for t in threads:
+                f = c["threads"][t]
+                print(f"| {name} | {search} | {t} | {f['cpu_ms_per_sentence']:.1f} | "
+                      f"{f['cpu_ratio_to_kenlm']:.2f} ({f['cpu_paired_ratio_median']:.2f}) | "
+                      f"{f['wall_ms_per_sentence']:.1f} | {c['bleu']:.2f} |")
+        print()
     for name in names if {"normal", "batch"} <= set(searches) else []:
         # the batch path's gain: CPU of the normal search over the batch search's, same threads
         for t in threads:
@@ -545,6 +558,8 @@ def main(argv=None) -> int:
                     help="comma-separated Moses2 searches to time (default normal,batch,cube): normal "
                          "(search-algorithm 0), batch (4: a stack's hypotheses scored in one call) and cube "
                          "(1: cube pruning at Moses2's default pop limit, the search its authors optimised)")
+    ap.add_argument("--markdown", action="store_true",
+                    help="also print the Moses2 figures as one markdown table (docs/results.md)")
     ap.add_argument("--config", action="append", default=[], metavar="NAME=MOSES_INI",
                     help="Moses2 only: decode this ready-made moses.ini as configuration NAME instead of "
                          "the system with --model features (repeatable; the first is the baseline of the "

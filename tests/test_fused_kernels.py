@@ -237,6 +237,10 @@ def test_hogwild_round_of_one_minibatch_is_the_fused_step():
         with pytest.raises(ValueError, match=msg):
             _train.nce_lbl_rounds(*args, gD, mD, ctx, tg, np.array(bounds, np.int64), accept, alias, table, kk,
                                   s64, steps, logq, DO, HS, allowed, 0.05, 1e-4, 1e-8)
+    # an alias table pointing outside itself: the draws that take an alias are refused, not read
+    with pytest.raises(ValueError, match="noise word out of range"):
+        _train.nce_lbl_rounds(*args, gD, mD, ctx, tg, np.array([0, N], np.int64), accept, alias + len(alias),
+                              values, kk, s64, steps, logq, DO, HS, allowed, 0.05, 1e-4, 1e-8)
 
 
 def test_hogwild_rounds_stop_at_the_update_limit_and_resume(tmp_path):

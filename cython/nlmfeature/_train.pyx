@@ -168,7 +168,9 @@ cdef inline uint64_t stream_base(uint64_t seed, uint64_t step) noexcept nogil:
 
 cdef inline void alias_row(const double* accept, const int32_t* alias, const int32_t* values, int64_t a,
                            int64_t size, uint64_t base, int64_t n, int k, int32_t* out) noexcept nogil:
-    """Row n's k draws from the alias table of positions a .. a+size-1 (stream ``base``)."""
+    """Row n's k draws from the alias table of positions a .. a+size-1 (stream ``base``).  An
+    alias outside the table draws -1 (no word: the callers refuse it), so a bad table costs a
+    compare per draw instead of a pass over the table per call."""
     cdef int j
     cdef uint64_t r
     cdef int64_t pos
@@ -179,6 +181,9 @@ cdef inline void alias_row(const double* accept, const int32_t* alias, const int
         u = <double>(r & 0xFFFFFFFFULL) * (1.0 / 4294967296.0)
         if u >= accept[a + pos]:
             pos = alias[a + pos]
+            if pos < 0 or pos >= size:
+                out[j] = -1
+                continue
         out[j] = values[a + pos]
 
 
@@ -1238,9 +1243,6 @@ def nce_lbl_rounds(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, :
         raise ValueError("fewer noise steps than minibatches")
     if k < 1 or size < 1 or accept.shape[0] < size or alias.shape[0] < size:
         raise ValueError("no noise table, or no noise words")
-    for i in range(size):
-        if alias[i] < 0 or alias[i] >= size:
-            raise ValueError("the noise alias table is out of range")
     check_lbl_step(R, W, Q, D, aR, aQ, ctx, target, NULL, 0, direct_order, hash_space, allowed)
     if direct_order and (gD.shape[0] < M or gD.shape[1] < hash_space or mD.shape[0] < M or mD.shape[1] < hash_space):
         raise ValueError("direct gradient buffers: fewer rows than minibatches, or shorter than the hash space")
