@@ -85,3 +85,27 @@ def test_bench_scale_corpus_and_speed(tmp_path):
     missing = run_cli("bench", "scale", "--train", BROWN_TRAIN, "--valid", BROWN_VALID, "--test", BROWN_VALID,
                       "--workdir", tmp_path / "nothing", "--parts", "none")
     assert missing.returncode != 0 and "no earlier run" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_bench_scale_quality_model_belongs_to_its_flags(tmp_path):
+    """The quality part trains its model once per set of options: the same command reuses it,
+    other --train-flags train a new one (not the earlier model under the new flags' name)."""
+    import nlmfeature
+
+    base = ["bench", "scale", "--train", BROWN_TRAIN, "--valid", BROWN_VALID, "--test", BROWN_VALID,
+            "--workdir", tmp_path / "w", "--sizes", "all", "--repeat", "", "--threads", "1", "--parts", "corpus,quality",
+            "--max-vocab", "2000", "--test-tokens", "2000", "--json", "-q"]
+    model = tmp_path / "w" / "scale.nlm"
+
+    def run(flags):
+        p = run_cli(*base, "--train-flags", flags, timeout=600)
+        assert p.returncode == 0, p.stderr[-3000:]
+        q = json.loads(p.stdout)["quality"]
+        assert q["train_flags"] == flags and q["perplexity"]
+        return model.stat().st_mtime_ns, nlmfeature.load(str(model)).header["embed_dim"]
+
+    first = run("--iterations 1 --word-width 16")
+    assert first[1] == 16
+    assert run("--iterations 1 --word-width 16") == first      # reused
+    second = run("--iterations 1 --word-width 24")
+    assert second[1] == 24 and second[0] != first[0]

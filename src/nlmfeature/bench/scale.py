@@ -40,6 +40,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 
 from nlmfeature.errors import NLMFeatureError
+from nlmfeature.io.atomicfile import atomic_write_text
 
 
 # ---------------------------------------------------------------------------------------
@@ -311,8 +312,6 @@ def _report_earlier(args: argparse.Namespace) -> int:
 def save(workdir: str, result: Dict[str, Any]) -> None:
     """The result so far, as WORKDIR/bench-scale.json (atomically): a long run that stops keeps
     what it measured."""
-    from nlmfeature.io.atomicfile import atomic_write_text
-
     atomic_write_text(os.path.join(workdir, "bench-scale.json"), json.dumps(result, indent=2))
 
 
@@ -329,14 +328,24 @@ def quality(args: argparse.Namespace, corpus: str, w: str, log) -> Dict[str, Any
     from nlmfeature.training.kenlm_baseline import find_tool, train_kenlm
 
     model = os.path.join(w, "scale.nlm")
-    if not os.path.exists(model) or os.path.exists(model + ".ckpt.npz"):
-        log(f"training the quality model for {args.train_minutes} minutes")
-        cmd = nlm("train", "--train", corpus, "--test-set", args.valid, "-o", model, "--threads",
-                  str(max(_ints(args.threads, "--threads"))), "--max-vocab", str(args.max_vocab),
-                  "--max-minutes", str(args.train_minutes), "--no-progress")
-        if args.order:
-            cmd += ["--order", str(args.order)]
-        cmd += shlex.split(args.train_flags or "")
+    f16 = os.path.join(w, "scale.f16.nlm")
+    cmd = nlm("train", "--train", corpus, "--test-set", args.valid, "-o", model, "--threads",
+              str(max(_ints(args.threads, "--threads"))), "--max-vocab", str(args.max_vocab),
+              "--max-minutes", str(args.train_minutes), "--no-progress")
+    if args.order:
+        cmd += ["--order", str(args.order)]
+    cmd += shlex.split(args.train_flags or "")
+    # the model (and its checkpoint) belong to the options in a marker beside it: another
+    # --train-flags, --order, --max-vocab, --threads or time limit trains a new one
+    recipe = shlex.join(cmd[cmd.index("--threads"):])
+    marker, ckpt = model + ".recipe", model + ".ckpt.npz"
+    if not (os.path.exists(marker) and open(marker, encoding="utf-8").read().strip() == recipe):
+        for old in (model, f16, ckpt, marker):
+            if os.path.exists(old):
+                os.remove(old)
+        atomic_write_text(marker, recipe + "\n")
+    if not os.path.exists(model) or os.path.exists(ckpt):
+        log(f"training the quality model for at most {args.train_minutes} minutes")
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     lm = nlmfeature.load(model)
     test = os.path.join(w, "test.sample.txt")
@@ -354,7 +363,6 @@ def quality(args: argparse.Namespace, corpus: str, w: str, log) -> Dict[str, Any
             subprocess.run([build, *extra[:-1], extra[-1], arpa, out], check=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         bins[kind] = out
-    f16 = os.path.join(w, "scale.f16.nlm")
     if not os.path.exists(f16):
         subprocess.run(nlm("convert", "--float16", model, f16, "-q"), check=True, stdout=subprocess.DEVNULL)
     log("perplexities")
