@@ -38,6 +38,14 @@ def test_headline_sections_name_command_commit_and_date():
     assert all("\\" not in c for s in sections.values() for c in s.commands)
 
 
+def test_commits_of_a_provenance_paragraph():
+    """Hashes with a letter anywhere; all-digit ones only in a list after "commit" (a number
+    is not a commit); "@hash" names another repository's commit, not ours."""
+    text = ("## X\n\n    nlmfeature bench x\n\n2026-11-30, commit 378f2a0, 5707153, 2 cores; 41152068 tokens, "
+            "mosesdecoder @34452895f, then c4d3e3e.\n")
+    assert read_sections(text)["X"].commits == ["378f2a0", "5707153", "c4d3e3e"]
+
+
 def _copy(tmp_path):
     (tmp_path / "docs").mkdir()
     shutil.copy(os.path.join(ROOT, "README.md"), tmp_path / "README.md")

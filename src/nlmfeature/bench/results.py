@@ -15,7 +15,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from nlmfeature.errors import NLMFeatureError
 
-_COMMIT = re.compile(r"(?<![0-9a-z])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,12}(?![0-9a-z])")
+#: a commit of this repository: 7-12 hex digits with a letter among them (an all-digit one is
+#: a commit only in a list after the word "commit"); "@hash" is another repository's
+_COMMIT = re.compile(r"(?<![0-9a-z@])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,12}(?![0-9a-z])")
+_COMMIT_LIST = re.compile(r"\bcommits?\s+((?:[0-9a-f]{7,12},\s*)*[0-9a-f]{7,12})(?![0-9a-z])")
 _DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
 
 
@@ -31,7 +34,11 @@ class Section:
     @property
     def commits(self) -> List[str]:
         """The commit hashes the provenance paragraph names, in order."""
-        return list(dict.fromkeys(_COMMIT.findall(self.provenance)))
+        p = self.provenance
+        found = [(m.start(), m.group(0)) for m in _COMMIT.finditer(p)]
+        for m in _COMMIT_LIST.finditer(p):
+            found += [(m.start(1) + t.start(), t.group(0)) for t in re.finditer(r"[0-9a-f]+", m.group(1))]
+        return list(dict.fromkeys(c for _, c in sorted(found)))
 
     @property
     def date(self) -> str:
@@ -150,6 +157,21 @@ def scale_speed(s: Section) -> str:
     return f"**{most}** words/s on {n_most} threads" + (f", {others}" if others else "")
 
 
+def moses2_ratio(s: Section) -> str:
+    """Moses2's decode CPU time with the NLM against KenLM alone from ``bench_decoder.py
+    --markdown``'s table (configuration | search | threads | CPU ms | ratio (paired) | ...):
+    ``**1.84x** KenLM alone with cube pruning on 1 thread, 1.84x on 2; normal search 2.86x``."""
+    rows = [r for t in s.tables for r in t if len(r) == 7 and r[2].isdigit() and r[0] != "kenlm"]
+    cube = [(r[2], r[4].split()[0]) for r in rows if r[1] == "cube"]
+    normal = [r[4].split()[0] for r in rows if r[1] == "normal" and r[2] == "1"]
+    if not cube:
+        raise NLMFeatureError(f"docs/results.md, section {s.title!r}: no cube pruning row")
+    (t0, first), rest = cube[0], cube[1:]
+    out = f"**{first}x** KenLM alone with cube pruning on {t0} thread{'s' if t0 != '1' else ''}"
+    out += "".join(f", {r}x on {t}" for t, r in rest)
+    return out + (f"; normal search {normal[0]}x" if normal else "")
+
+
 def last_command(s: Section) -> str:
     """The section's last command (the one that printed its tables)."""
     return s.commands[-1]
@@ -196,6 +218,8 @@ HEADLINES: Sequence[Tuple[str, str, Callable[[Section], str], Callable[[Section]
      "Training at scale (`nlmfeature bench scale`)", scale_speed, command_with_part("speed", "native")),
     ("Moses decode CPU time with the NLM (LBL 200)", "Decode time in Moses",
      cell("KenLM + NLM (unnormalised)", 1, "**{}** KenLM alone"), last_command),
+    ("Moses2 decode CPU time with the NLM (order-8 LBL 200, unnormalised)",
+     "Decode time in Moses2 (beside Moses)", moses2_ratio, last_command),
     ("lookups per second, one thread, a real Moses query stream", "Lookups per second",
      cell("unnormalised LBL 200", 1, "**{}**"), last_command),
 )
