@@ -400,7 +400,7 @@ def format_markdown(r: Dict[str, Any]) -> str:
         out.append(f"| {m['tokens']:,} | {m['peak_rss_mib']} | {m['note'] and 'repeated ' + m['note']} |")
     out += ["", "| engine | recipe | threads/processes | words/s | minutes per epoch (whole corpus) |",
             "|---|---|---|---|---|"]
-    for s in r["speed"]:
+    for s in sorted(r["speed"], key=lambda s: s["engine"] != "native"):   # native rows first
         out.append(f"| {s['engine']} | {s.get('recipe', 'default')} | {s['workers']} | {s['words_per_s']:,} "
                    f"| {s['epoch_minutes']} |")
     q = r.get("quality")
