@@ -329,7 +329,9 @@ def _scale(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--order", type=int, default=None, metavar="N", help="NLM order (default: train's)")
     p.add_argument("--train-flags", default="", metavar="FLAGS",
                    help="more 'nlmfeature train' flags for the quality model, as one quoted string "
-                        "(e.g. '--lr-decay 0.5 --patience 2'; default none: train's defaults)")
+                        "(e.g. '--lr-decay 0.5 --patience 2'; default none: train's defaults).  The "
+                        "workdir keeps the quality model of the last options only: other flags, "
+                        "--order, --max-vocab, --threads or --train-minutes train a new one")
     p.add_argument("--parts", default="corpus,speed,quality,memory", metavar="LIST",
                    help="what to measure (default corpus,speed,quality,memory); a run of some parts "
                         "reuses the workdir's corpora and keeps the other parts' figures from its "
