@@ -421,17 +421,10 @@ def bench_moses2(args, models: Dict[str, str], extras: Dict[str, str], base: str
         algo = MOSES2_SEARCHES[search]
         for name in names:
             path = os.path.join(d, f"{name}.{search}.ini")
-            if given:       # a ready-made configuration, its own [search-algorithm] replaced
-                with open(given[name], encoding="utf-8") as f:
-                    text = re.sub(r"(?ms)^\[search-algorithm\]\n[^\[]*", "", f.read())
-                with open(path, "w", encoding="utf-8") as f:
-                    f.write(text.rstrip("\n") + "\n")
-                ini = path
-            else:
-                ini = write_ini(path, base, weights, models.get(name), args.nlm_weight, extras.get(name, ""))
-            with open(ini, "a", encoding="utf-8") as f:
-                f.write(f"\n[search-algorithm]\n{algo}\n")
-            configs[f"{name}/{search}"] = ini
+            # a ready-made configuration or the system with the model, its search set
+            made = given[name] if given else write_ini(path, base, weights, models.get(name), args.nlm_weight,
+                                                       extras.get(name, ""))
+            configs[f"{name}/{search}"] = mo.set_search_algorithm(made, path, algo)
     threads = [int(t) for t in args.threads.split(",")]
     n = len(refs)
     empty = write_lines(os.path.join(d, "empty.src"), [])

@@ -68,7 +68,6 @@ import copy
 import io
 import math
 import os
-import re
 import shlex
 import sys
 import time
@@ -81,7 +80,7 @@ from nlmfeature.io.jsonout import dumps_json
 from nlmfeature.errors import InputError, NLMFeatureError
 from nlmfeature.io.textio import read_lines as _read
 from nlmfeature.mt.moses import (add_features, decode, drop_features, find_moses, prepare_system,
-                                 rewrite_moses_ini)
+                                 rewrite_moses_ini, set_search_algorithm)
 
 from nlmfeature.mt.weights import new_feature_weight
 
@@ -196,13 +195,11 @@ def build_system(args: argparse.Namespace, work: str, sets: Dict[str, dict]) -> 
     system = prepare_system(ini_src, work, [s["src"] for s in sets.values()], args.system,
                             kenlm_bin=[os.path.join(args.moses_root, "bin")], log=_log)
     ini = system.ini
-    if getattr(args, "search", "normal") != "normal":
+    if args.search != "normal":
         # another search: its own config, named (and so keyed: tunings, lists) by the search
         name, key, rest = os.path.basename(ini).split(".", 2)
-        ini = os.path.join(os.path.dirname(ini), f"{name}.{key}-{args.search}.{rest}")
-        with open(system.ini, encoding="utf-8") as f:
-            text = re.sub(r"(?ms)^\[search-algorithm\]\n[^\[]*", "", f.read()).rstrip("\n")
-        atomic_write_text(ini, text + f"\n\n[search-algorithm]\n{SEARCH_ALGORITHMS[args.search]}\n")
+        ini = set_search_algorithm(system.ini, os.path.join(os.path.dirname(ini), f"{name}.{key}-{args.search}.{rest}"),
+                                   SEARCH_ALGORITHMS[args.search])
     return ini, read_weights(ini)
 
 
@@ -1031,7 +1028,7 @@ def _bench(args: argparse.Namespace) -> int:
     os.makedirs(work, exist_ok=True)
     decoders = {"moses": "Moses", "moses2": "Moses2", "cdec": "cdec", "both": "Moses + cdec"}[args.decoder]
     label = (f"{decoders} {os.path.basename(args.system)}"
-             + (f" ({args.search} search)" if getattr(args, "search", "normal") != "normal" and with_moses else "")
+             + (f" ({args.search} search)" if args.search != "normal" and with_moses else "")
              + f", {args.algorithm} x{args.tunings} "
              f"(<= {args.max_iterations} iterations), "
              + (f"QUICK: tuned on the first {args.quick_sentences} {args.dev} sentences"

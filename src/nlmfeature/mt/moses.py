@@ -19,6 +19,7 @@ and (Moses' tuning programs) ``benchmarks/bench_tuning.py``.
   whose ARPA LM is binarised, kept in a work folder and reused;
 - :func:`add_features` / :func:`rewrite_moses_ini`: copies with feature lines added, weights
   set and ``key=value`` options set on the lines of given feature classes;
+  :func:`set_search_algorithm`: a copy with another ``[search-algorithm]``;
 - :func:`command`, :func:`run` (timed: wall, CPU, per-sentence "Translation took" seconds) and
   :func:`decode` (outputs written atomically, reused when present); :func:`decode_to_files`
   and :func:`run` serve cdec too (:mod:`nlmfeature.mt.cdec`, which also reuses
@@ -492,6 +493,16 @@ def add_features(src: str, dst: str, features: Sequence[str], weights: Weights,
     """``src`` plus the feature lines ``features`` (at the start of the ``[feature]`` section
     with ``first``, else at its end) and ``weights`` set, written to ``dst``; returns ``dst``."""
     return rewrite_moses_ini(src, dst, weights, features=features, first=first)
+
+
+def set_search_algorithm(src: str, dst: str, algorithm: str) -> str:
+    """``src`` with its ``[search-algorithm]`` section (if any) replaced by one holding
+    ``algorithm`` (Moses' and Moses2's numbers: 0 normal, 1 cube pruning, ...), written to
+    ``dst`` (which may be ``src``); returns ``dst``."""
+    with open(src, encoding="utf-8") as f:
+        text = re.sub(r"(?ms)^\[search-algorithm\]\n[^\[]*", "", f.read()).rstrip("\n")
+    atomic_write_text(dst, text + f"\n\n[search-algorithm]\n{algorithm}\n")
+    return dst
 
 
 # -- running the decoder -------------------------------------------------------------------------

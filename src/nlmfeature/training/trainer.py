@@ -821,6 +821,13 @@ class Trainer:
             names.append("direct.weights")
         return [self.params.get(n, e32) for n in names], [self.opt.state.get(n, e32) for n in names]
 
+    def _direct_args(self) -> Tuple[int, int, np.ndarray]:
+        """The fused kernels' direct-feature arguments: the order (0: none), the hash space and
+        the filter's bitmap."""
+        spec = self.objective.out.s
+        return (spec.direct_order if "direct.weights" in self.params else 0, max(1, spec.hash_space),
+                self._allowed_bits)
+
     def _fused_step(self, ctx: np.ndarray, targets: np.ndarray, noise: Any, l2: float) -> float:
         """The fused native step on one minibatch (:func:`nlmfeature._train.nce_lbl_step`)."""
         from nlmfeature import _train
@@ -835,9 +842,8 @@ class Trainer:
         has_d = "direct.weights" in self.params
         e32, e8 = np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.uint8)
         g, m = (self.grads.g["direct.weights"], self.grads.mark["direct.weights"]) if has_d else (e32, e8)
-        return _train.nce_lbl_step(*ps, *sums, g, m, ctx32, t32, noise.words, spec.logq,
-                                   spec.direct_order if has_d else 0, max(1, spec.hash_space),
-                                   self._allowed_bits, lr, l2, eps, kt)
+        return _train.nce_lbl_step(*ps, *sums, g, m, ctx32, t32, noise.words, spec.logq, *self._direct_args(),
+                                   lr, l2, eps, kt)
 
     def train_step(self, ctx: np.ndarray, targets: np.ndarray, l2: float) -> float:
         """One AdaGrad update on a minibatch (the fused native step when :meth:`fused`);
@@ -860,8 +866,6 @@ class Trainer:
         from nlmfeature import _train
 
         ps, sums = self._fused_args()
-        spec = self.objective.out.s
-        has_d = "direct.weights" in self.params
         bounds = np.cumsum([0] + [len(t) for _, t in batches]).astype(np.int64)
         gD, mD = self._direct_buffers
         # each thread draws its minibatch's noise, as noise_and_mask would
@@ -869,8 +873,7 @@ class Trainer:
         losses = _train.nce_lbl_rounds(
             *ps, *sums, gD, mD, np.ascontiguousarray(np.concatenate([c for c, _ in batches]), dtype=np.int32),
             np.ascontiguousarray(np.concatenate([t for _, t in batches]), dtype=np.int32), bounds, *noise,
-            spec.logq, spec.direct_order if has_d else 0, max(1, spec.hash_space), self._allowed_bits,
-            self.opt.lr, l2, self.opt.eps)
+            self.objective.out.s.logq, *self._direct_args(), self.opt.lr, l2, self.opt.eps)
         return [float(x) for x in losses]
 
     def _round_size(self, nb: int, every: int, updates: int) -> int:
