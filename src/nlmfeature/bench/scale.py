@@ -240,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
         torch_words_per_second = None
     for recipe, extra in (SPEED_RECIPES if torch_words_per_second is not None and "speed" in parts
                           and "torch" in engines else []):
-        if "hogwild" in extra:   # (the torch engine trains one minibatch at a time)
+        if not torch_trains(extra):
             continue
         flags = ["--max-vocab", str(args.max_vocab)] + (["--order", str(args.order)] if args.order else [])
         for k, v in extra.items():
@@ -425,8 +425,17 @@ def format_markdown(r: Dict[str, Any]) -> str:
 #: the native trainer's configurations timed by the speed part: (name, train settings)
 SPEED_RECIPES = (("default", {}), ("default, threads share each minibatch", {"hogwild": False}),
                  ("no direct features", {"direct_order": 0}),
+                 ("no direct features, row-wise AdaGrad", {"direct_order": 0, "row_adagrad": True}),
                  ("shared noise, no direct features", {"direct_order": 0, "shared_noise": True,
                                                        "minibatch_size": 1000}))
+
+
+
+def torch_trains(extra: Dict[str, Any]) -> bool:
+    """Whether the torch engine trains a speed recipe: it trains one minibatch at a time (no
+    Hogwild switch) and keeps an AdaGrad sum per weight (no row-wise sums)."""
+    return "hogwild" not in extra and "row_adagrad" not in extra
+
 
 BEGIN = "<!-- bench-scale:begin: written by `nlmfeature bench scale --results`; do not edit by hand -->"
 END = "<!-- bench-scale:end -->"
