@@ -109,3 +109,26 @@ def test_bench_scale_quality_model_belongs_to_its_flags(tmp_path):
     assert run("--iterations 1 --word-width 16") == first      # reused
     second = run("--iterations 1 --word-width 24")
     assert second[1] == 24 and second[0] != first[0]
+
+
+def test_spread_text_samples_the_whole_text(tmp_path):
+    """A smaller corpus of bench scale takes whole lines from stretches across the text, not
+    its first lines: at least the tokens asked for (about as many), in the text's order, from its start to its end."""
+    from nlmfeature.bench.scale import spread_text
+    from nlmfeature.io.textio import iter_lines
+
+    lines = [line.rstrip("\n") for _, line in iter_lines(BROWN_TRAIN) if line.split()]
+    total = sum(len(line.split()) for line in lines)
+    out = tmp_path / "spread.txt"
+    n = spread_text(BROWN_TRAIN, str(out), total // 10, pieces=20)
+    got = out.read_text(encoding="utf-8").splitlines()
+    assert n == sum(len(line.split()) for line in got)
+    longest = max(len(line.split()) for line in lines)
+    assert total // 10 <= n <= total // 10 + 20 * longest
+    where, i = [], 0
+    for line in got:                                   # a subsequence of the text: its order
+        i = lines.index(line, i)
+        where.append(i)
+        i += 1
+    assert where[0] == 0 and where[-1] > 0.9 * len(lines)   # from its start to its end
+    assert spread_text(BROWN_TRAIN, str(out), 5) == n  # an existing sample is kept

@@ -117,6 +117,35 @@ def prefix_text(src: str, dst: str, tokens: int) -> int:
     return n
 
 
+def spread_text(src: str, dst: str, tokens: int, pieces: int = 100) -> int:
+    """Write at least ``tokens`` tokens of ``src`` to ``dst`` (fewer only when ``src`` has
+    fewer), as whole lines from the starts of ``pieces`` equal stretches of the text
+    (atomically; kept when it exists), so that a smaller corpus samples the whole text (its
+    authors, its vocabulary) rather than its first books; returns the tokens written.  Two
+    passes: the first counts the tokens."""
+    from nlmfeature.io.atomicfile import open_output
+    from nlmfeature.io.textio import iter_lines
+
+    if os.path.exists(dst):
+        with open(dst, encoding="utf-8") as f:
+            return sum(len(line.split()) for line in f)
+    total = sum(len(line.split()) for _, line in iter_lines(src))
+    stretch, take = total / max(1, pieces), tokens / max(1, pieces)
+    seen = n = here = 0
+    piece = -1
+    with open_output(dst) as out:
+        for _, line in iter_lines(src):
+            k = len(line.split())
+            if int(seen / stretch) != piece:   # a new stretch: take its first lines again
+                piece, here = int(seen / stretch), 0
+            if k and here < take:
+                out.write(line.rstrip("\n") + "\n")
+                n += k
+                here += k
+            seen += k
+    return n
+
+
 def repeat_corpus(path: str, times: int, out: str) -> None:
     """A compiled corpus holding ``path``'s id stream ``times`` times over (for memory curves:
     the same vocabulary, a corpus ``times`` as long), written with the corpus format's own writer
@@ -181,9 +210,9 @@ def run(args: argparse.Namespace) -> int:
     compiled: List[Tuple[int, str]] = []
     for size in sizes:
         name = "all" if size is None else f"{size}"
-        text = args.train if size is None else os.path.join(w, f"train.{name}.txt")
+        text = args.train if size is None else os.path.join(w, f"train.{name}.spread.txt")
         if size is not None:
-            prefix_text(args.train, text, size)
+            spread_text(args.train, text, size)
         out = os.path.join(w, f"train.{name}.nlmcorpus")
         if "corpus" not in parts:
             row = next((c for c in earlier.get("corpora", []) if c.get("path") == out), None)

@@ -301,7 +301,8 @@ def _scale(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--test", required=True, metavar="TEXT", help="test text (never trained on)")
     p.add_argument("--workdir", required=True, metavar="DIR", help="where corpora and models are written")
     p.add_argument("--sizes", default="10M,50M,all", metavar="LIST",
-                   help="corpus sizes in tokens (K/M/B suffixes; 'all' is the whole text); default 10M,50M,all")
+                   help="corpus sizes in tokens (K/M/B suffixes; 'all' is the whole text; a smaller size "
+                        "takes whole lines from 100 stretches across the text); default 10M,50M,all")
     p.add_argument("--repeat", default="4", metavar="LIST",
                    help="also measure memory on the largest corpus repeated this many times "
                         "(comma-separated; default 4; e.g. 32 for about 1B tokens from 30M)")
