@@ -42,6 +42,21 @@ def test_stream_ngrams_equal_the_in_memory_reader(compiled, reverse):
     assert compiled.tokens == sum(len(s) for s in sents) and compiled.sentences == len(sents)
 
 
+@pytest.mark.parametrize("min_count,max_vocab", [(1, None), (2, None), (1, 500), (3, 1000), (1, 6)])
+def test_vocabulary_of_a_compiled_corpus_equals_the_reader_rules(tmp_path, min_count, max_vocab):
+    """The vocabulary chosen from a compiled corpus (looking only at the words that can be
+    kept) is the in-memory reader's, with its counts and the full id map."""
+    from nlmfeature.core.vocab import Vocabulary
+
+    corpus = cf.compile_corpus(BROWN_TRAIN, str(tmp_path / "t.nlmcorpus"))
+    sents = read_corpus(BROWN_TRAIN)
+    vocab, counts = build_vocabulary(sents, min_count, max_vocab)
+    v2, c2, remap = corpus.vocabulary(min_count, max_vocab)
+    assert v2 == vocab and np.array_equal(c2, counts)
+    assert np.array_equal(remap, corpus.remap_to(vocab))
+    assert isinstance(v2, Vocabulary) and (max_vocab is None or len(vocab) == max_vocab)
+
+
 def test_an_epoch_serves_every_ngram_once_seeded_and_resumable(compiled):
     vocab, _, remap = compiled.vocabulary(2)
     stream = cf.NgramStream(compiled, remap, vocab.bos, 4, window_tokens=3000)   # many windows

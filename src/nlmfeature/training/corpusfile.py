@@ -257,7 +257,26 @@ class CompiledCorpus:
         if verify:
             self.verify()
         v = secs["vocab"]
-        self.words: List[str] = bytes(mm[v["offset"]:v["offset"] + v["bytes"]]).decode("utf-8").split("\n")
+        self._vocab_raw = bytes(mm[v["offset"]:v["offset"] + v["bytes"]])
+        nl = np.flatnonzero(np.frombuffer(self._vocab_raw, dtype=np.uint8) == 10)
+        if len(nl) != len(self.counts) - 1:
+            raise InputError(path, 0, "corrupt: the word list does not match the counts")
+        # word i is _vocab_raw[_bounds[i] + 1:_bounds[i + 1]]; the list of every word is decoded
+        # only where it is asked for (training looks at the words it keeps)
+        self._bounds = np.concatenate(([-1], nl, [len(self._vocab_raw)]))
+        self._words: Optional[List[str]] = None
+
+    @property
+    def words(self) -> List[str]:
+        """Every word of the text in id order (id 0: the empty string, for ``</s>``); decoded
+        on first use, one Python string per word type."""
+        if self._words is None:
+            self._words = self._vocab_raw.decode("utf-8").split("\n")
+        return self._words
+
+    def word(self, i: int) -> str:
+        """The word of id ``i`` (without decoding the others)."""
+        return self._vocab_raw[self._bounds[i] + 1:self._bounds[i + 1]].decode("utf-8")
 
     def verify(self) -> None:
         """Check every section's SHA-256 and the structure (raises :class:`InputError`)."""
@@ -329,15 +348,27 @@ class CompiledCorpus:
         the vocabulary rules of :func:`nlmfeature.training.corpus.build_vocabulary` (words below
         ``min_count`` and beyond ``max_vocab`` become ``<unk>``; ``</s>`` counted once per
         sentence; ``<s>`` and ``<null>`` never)."""
-        vocab = Vocabulary.from_counts(self.word_counts(), min_count=max(1, min_count), max_size=max_vocab)
-        counts, remap = self.counts_in(vocab)
+        c = self.counts
+        keep = np.flatnonzero(c[1:] >= max(1, min_count)) + 1
+        if max_vocab is not None and len(keep) > max_vocab:   # words below the max_vocab-th count
+            cut = np.partition(c[keep], len(keep) - max_vocab)[len(keep) - max_vocab]   # cannot be kept
+            keep = keep[c[keep] >= cut]
+        # only those words are decoded and looked at (a compiled text holds no special token):
+        # the Python objects of the choice grow with the vocabulary kept, not with the text's types
+        words = {int(i): self.word(i) for i in keep}
+        vocab = Vocabulary.from_counts({w: int(c[i]) for i, w in words.items()}, min_count=max(1, min_count),
+                                       max_size=max_vocab)
+        remap = np.full(len(c), vocab.unk, dtype=np.int32)
+        remap[keep] = [vocab.id(words[int(i)]) for i in keep]
+        remap[0] = vocab.eos
+        counts, remap = self.counts_in(vocab, remap)
         return vocab, counts, remap
 
-    def counts_in(self, vocab: Vocabulary) -> Tuple[np.ndarray, np.ndarray]:
+    def counts_in(self, vocab: Vocabulary, remap: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
         """(count of every id of ``vocab`` in this corpus, map from corpus id to ``vocab`` id):
         the corpus read with a vocabulary of its own or another's (words it lacks: ``<unk>``;
-        ``<s>`` and ``<null>`` never counted)."""
-        remap = self.remap_to(vocab)
+        ``<s>`` and ``<null>`` never counted); ``remap`` when the caller has it."""
+        remap = self.remap_to(vocab) if remap is None else remap
         counts = np.bincount(remap, weights=self.counts.astype(np.float64), minlength=len(vocab))
         counts[vocab.bos] = 0
         counts[vocab.null] = 0

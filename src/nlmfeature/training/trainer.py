@@ -587,7 +587,7 @@ class Trainer:
         self.corpus = corpus
         if time.time() - t0 > 5:
             self.log(f"compiled corpus {corpus.path}: {corpus.tokens:,} tokens, "
-                     f"{len(corpus.words) - 1:,} word types [{time.time() - t0:.0f}s]")
+                     f"{int(corpus.header['types']):,} word types [{time.time() - t0:.0f}s]")
         if vocab is not None:   # a continued model's vocabulary; the text's other words are <unk>
             self.vocab = vocab
             self.counts, remap = corpus.counts_in(vocab)
