@@ -113,7 +113,8 @@ def test_bench_scale_quality_model_belongs_to_its_flags(tmp_path):
 
 def test_spread_text_samples_the_whole_text(tmp_path):
     """A smaller corpus of bench scale takes whole lines from stretches across the text, not
-    its first lines: at least the tokens asked for (about as many), in the text's order, from its start to its end."""
+    its first lines: at least the tokens asked for (about as many), in the text's order, from
+    its start to its end."""
     from nlmfeature.bench.scale import spread_text
     from nlmfeature.io.textio import iter_lines
 

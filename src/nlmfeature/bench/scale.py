@@ -130,7 +130,7 @@ def spread_text(src: str, dst: str, tokens: int, pieces: int = 100) -> int:
         with open(dst, encoding="utf-8") as f:
             return sum(len(line.split()) for line in f)
     total = sum(len(line.split()) for _, line in iter_lines(src))
-    stretch, take = total / max(1, pieces), tokens / max(1, pieces)
+    stretch, take = max(1, total) / max(1, pieces), tokens / max(1, pieces)
     seen = n = here = 0
     piece = -1
     with open_output(dst) as out:
@@ -457,7 +457,6 @@ SPEED_RECIPES = (("default", {}), ("default, threads share each minibatch", {"ho
                  ("no direct features, row-wise AdaGrad", {"direct_order": 0, "row_adagrad": True}),
                  ("shared noise, no direct features", {"direct_order": 0, "shared_noise": True,
                                                        "minibatch_size": 1000}))
-
 
 
 def torch_trains(extra: Dict[str, Any]) -> bool:

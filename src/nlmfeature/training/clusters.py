@@ -189,7 +189,7 @@ def _stream_ids(lines: Iterable[Sequence[str]], index: Mapping[str, int]) -> np.
 def _corpus_words(corpus, min_count: int) -> Tuple[List[str], List[int], np.ndarray]:
     """(words, their counts, their corpus ids) of a compiled corpus's words seen
     ``min_count`` times, in :func:`_clustered_words` order."""
-    counts = dict(zip(corpus.words[1:], corpus.counts[1:].tolist()))
+    counts = corpus.word_counts()
     words = _clustered_words(counts, min_count)
     position = {w: i for i, w in enumerate(corpus.words)}
     return words, [counts[w] for w in words], np.asarray([position[w] for w in words], dtype=np.int64)
