@@ -98,23 +98,7 @@ def nlm(*args: str) -> List[str]:
 def prefix_text(src: str, dst: str, tokens: int) -> int:
     """Write the first whole lines of ``src`` holding at least ``tokens`` tokens to ``dst``
     (atomically; kept when it exists); returns the tokens written."""
-    from nlmfeature.io.atomicfile import open_output
-    from nlmfeature.io.textio import iter_lines
-
-    if os.path.exists(dst):
-        with open(dst, encoding="utf-8") as f:
-            return sum(len(line.split()) for line in f)
-    n = 0
-    with open_output(dst) as out:
-        for _, line in iter_lines(src):
-            k = len(line.split())
-            if not k:
-                continue
-            out.write(line.rstrip("\n") + "\n")
-            n += k
-            if n >= tokens:
-                break
-    return n
+    return spread_text(src, dst, tokens, pieces=1)
 
 
 def spread_text(src: str, dst: str, tokens: int, pieces: int = 100) -> int:

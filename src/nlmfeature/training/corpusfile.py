@@ -355,11 +355,11 @@ class CompiledCorpus:
             keep = keep[c[keep] >= cut]
         # only those words are decoded and looked at (a compiled text holds no special token):
         # the Python objects of the choice grow with the vocabulary kept, not with the text's types
-        words = {int(i): self.word(i) for i in keep}
-        vocab = Vocabulary.from_counts({w: int(c[i]) for i, w in words.items()}, min_count=max(1, min_count),
+        words = [self.word(i) for i in keep]
+        vocab = Vocabulary.from_counts(dict(zip(words, c[keep].tolist())), min_count=max(1, min_count),
                                        max_size=max_vocab)
         remap = np.full(len(c), vocab.unk, dtype=np.int32)
-        remap[keep] = [vocab.id(words[int(i)]) for i in keep]
+        remap[keep] = vocab.ids(words)
         remap[0] = vocab.eos
         counts, remap = self.counts_in(vocab, remap)
         return vocab, counts, remap
