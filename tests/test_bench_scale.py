@@ -133,3 +133,18 @@ def test_spread_text_samples_the_whole_text(tmp_path):
         i += 1
     assert where[0] == 0 and where[-1] > 0.9 * len(lines)   # from its start to its end
     assert spread_text(BROWN_TRAIN, str(out), 5) == n  # an existing sample is kept
+
+
+def test_gpu_recipe_trains_under_torch():
+    """The recipe timed on a GPU is one the torch engine trains (here on the CPU, in small
+    minibatches), and the speed probe subtracts its warm-up run: positive words/s."""
+    pytest.importorskip("torch")
+    from nlmfeature.bench.scale import GPU_RECIPES, recipe_flags
+    from nlmfeature.training.torch_engine import torch_words_per_second
+
+    (name, extra), = GPU_RECIPES
+    assert extra["word_width"] == 500 and extra["shared_noise"] and torch_trains(extra)
+    assert recipe_flags({"direct_order": 0, "shared_noise": True}) == ["--direct-order", "0", "--shared-noise"]
+    small = recipe_flags(dict(extra, minibatch_size=200)) + ["--max-vocab", "3000"]
+    wps = torch_words_per_second(BROWN_TRAIN, 1, updates=6, extra_args=small, warmup=2)
+    assert 100 < wps < 1e8

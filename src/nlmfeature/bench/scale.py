@@ -16,8 +16,9 @@ Every measurement runs in a fresh process (``python -m nlmfeature.cli ...``), so
   the default recipe (more than one thread: Hogwild, a minibatch per thread), the same with the
   threads sharing each minibatch (``--no-hogwild``), the plain log-bilinear model without direct
   features and with ``--shared-noise``, and the same for the torch engine when it is installed
-  (``--engines``; on the GPU when there is one; one minibatch at a time); seconds per epoch
-  follow;
+  (``--engines``; on the GPU when there is one, with the 500-wide shared-noise recipe of
+  ``GPU_RECIPES`` too, one process per GPU; one minibatch at a time; a short run's words and
+  seconds subtracted, so that start-up does not count); seconds per epoch follow;
 * **quality**: a model trained for ``--train-minutes`` on the whole text (early-stopped on
   ``--valid``), its exactly normalised perplexity on ``--test`` (at most ``--test-tokens``
   tokens) beside a KenLM ``--kenlm-order``-gram model of the same text with the same
@@ -248,19 +249,23 @@ def run(args: argparse.Namespace) -> int:
     try:
         import torch
         from nlmfeature.training.torch_engine import torch_words_per_second  # optional extra
-        engine = "torch (GPU)" if torch.cuda.is_available() else "torch (CPU)"
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        engine = "torch (GPU)" if gpus else "torch (CPU)"
     except ImportError:
-        torch_words_per_second = None
-    for recipe, extra in (SPEED_RECIPES if torch_words_per_second is not None and "speed" in parts
-                          and "torch" in engines else []):
+        torch_words_per_second, gpus = None, 0
+    for recipe, extra in ((SPEED_RECIPES + (GPU_RECIPES if gpus else ())) if torch_words_per_second is not None
+                          and "speed" in parts and "torch" in engines else []):
         if not torch_trains(extra):
             continue
         flags = ["--max-vocab", str(args.max_vocab)] + (["--order", str(args.order)] if args.order else [])
-        for k, v in extra.items():
-            flags += [f"--{k.replace('_', '-')}"] if v is True else [f"--{k.replace('_', '-')}", str(v)]
+        flags += recipe_flags(extra)
         for t in threads:
+            if gpus and t > gpus:   # one process per GPU
+                log(f"speed, torch engine, {recipe}, {t} process(es): skipped, this machine has {gpus} GPU(s)")
+                continue
             log(f"speed, torch engine, {recipe}, {t} process(es)")
-            wps = torch_words_per_second(biggest, t, updates=args.speed_updates, extra_args=flags)
+            wps = torch_words_per_second(biggest, t, updates=args.speed_updates, extra_args=flags,
+                                         warmup=max(1, args.speed_updates // 10))
             result["speed"].append({"engine": engine, "recipe": recipe, "workers": t, "words_per_s": round(wps),
                                     "epoch_minutes": round(all_tokens / wps / 60, 1)})
             log(f"  {result['speed'][-1]}")
@@ -441,6 +446,20 @@ SPEED_RECIPES = (("default", {}), ("default, threads share each minibatch", {"ho
                  ("no direct features, row-wise AdaGrad", {"direct_order": 0, "row_adagrad": True}),
                  ("shared noise, no direct features", {"direct_order": 0, "shared_noise": True,
                                                        "minibatch_size": 1000}))
+
+#: timed by the torch engine on a GPU only: the 500-wide LBL with shared-noise NCE in minibatches
+#: large enough that its matrix products, not the kernel launches, set the pace
+GPU_RECIPES = (("width 500, shared noise, no direct features, minibatch 16384",
+                {"word_width": 500, "direct_order": 0, "shared_noise": True, "minibatch_size": 16384}),)
+
+
+def recipe_flags(extra: Dict[str, Any]) -> List[str]:
+    """The ``train`` flags of a speed recipe's settings (``{"direct_order": 0}`` ->
+    ``--direct-order 0``; ``True`` -> the bare flag)."""
+    flags: List[str] = []
+    for k, v in extra.items():
+        flags += [f"--{k.replace('_', '-')}"] if v is True else [f"--{k.replace('_', '-')}", str(v)]
+    return flags
 
 
 def torch_trains(extra: Dict[str, Any]) -> bool:

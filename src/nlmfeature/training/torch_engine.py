@@ -512,6 +512,9 @@ def init_distributed() -> Tuple[int, int, "torch.device"]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     cuda = torch.cuda.is_available()
     local = int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda and local >= torch.cuda.device_count():
+        raise NLMFeatureError(f"process {local} of this machine has no GPU of its own (the machine has "
+                              f"{torch.cuda.device_count()}): start one process per GPU (--nproc_per_node)")
     device = torch.device(f"cuda:{local}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
@@ -746,35 +749,48 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = None) -> TrainResult:
 
 
 def torch_words_per_second(corpus_path: str, processes: int = 1, updates: int = 200, threads: int = 1,
-                           corpus_dir: str = "", extra_args: Sequence[str] = (), timeout: float = 3600.0) -> float:
+                           corpus_dir: str = "", extra_args: Sequence[str] = (), timeout: float = 3600.0,
+                           warmup: int = 0) -> float:
     """Training words per second of the torch engine (all processes together) on
     ``corpus_path``, launched as ``torchrun --nproc_per_node processes`` for ``updates``
     minibatches with the ``train`` defaults (LBL 200, NCE, direct features) plus
     ``extra_args`` (``train`` flags); ``threads`` torch threads per process.  The corpus is
-    compiled (or reused) before the timed part, which is the minibatch loop only."""
+    compiled (or reused) before the timed part, which is the minibatch loop only.  With
+    ``warmup`` > 0 a second run of ``warmup`` minibatches is timed too and subtracted (words
+    and seconds), so that what the first minibatches pay once (on a GPU: CUDA's and the
+    libraries' start, memory pools) does not count."""
     import json
     import socket
     import subprocess
     import tempfile
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(int(processes)),
-               "--nnodes", "1", "--master_addr", "127.0.0.1", "--master_port", str(port),
-               "-m", "nlmfeature.cli", "train", "--engine", "torch", "--train", corpus_path,
-               "--model-out", os.path.join(tmp, "bench.nlm"), "--iterations", "1", "--max-updates", str(int(updates)),
-               "--threads", str(int(threads)), "--no-resume", "-q", "--json", *extra_args]
-        if corpus_dir:
-            cmd += ["--corpus-dir", corpus_dir]
-        env = dict(os.environ, OMP_NUM_THREADS=str(int(threads)))
-        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-            env.pop(k, None)
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-        if proc.returncode != 0:
-            raise NLMFeatureError(f"torch training benchmark failed ({proc.returncode}): {proc.stderr[-2000:]}")
-        return float(json.loads(proc.stdout[proc.stdout.index("{"):])["words_per_second"])
+    def timed(n: int) -> Tuple[float, float]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with tempfile.TemporaryDirectory() as tmp:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(int(processes)),
+                   "--nnodes", "1", "--master_addr", "127.0.0.1", "--master_port", str(port),
+                   "-m", "nlmfeature.cli", "train", "--engine", "torch", "--train", corpus_path,
+                   "--model-out", os.path.join(tmp, "bench.nlm"), "--iterations", "1", "--max-updates", str(int(n)),
+                   "--threads", str(int(threads)), "--no-resume", "-q", "--json", *extra_args]
+            if corpus_dir:
+                cmd += ["--corpus-dir", corpus_dir]
+            env = dict(os.environ, OMP_NUM_THREADS=str(int(threads)))
+            for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+                env.pop(k, None)
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+            if proc.returncode != 0:
+                raise NLMFeatureError(f"torch training benchmark failed ({proc.returncode}): {proc.stderr[-2000:]}")
+            r = json.loads(proc.stdout[proc.stdout.index("{"):])
+            return float(r["trained_words"]), float(r["train_seconds"])
+
+    words, seconds = timed(updates)
+    if 0 < warmup < updates:
+        w0, s0 = timed(warmup)
+        if seconds > s0:
+            words, seconds = words - w0, seconds - s0
+    return words / max(1e-9, seconds)
 
 
 __all__ = ["all_reduce_rows", "torch_words_per_second", "TorchLM", "TorchTrainer", "RowAdaGrad", "direct_indices", "splitmix64", "init_distributed", "train",

@@ -254,6 +254,8 @@ class TrainResult:
     train_tokens: int
     estimator: str
     resumed_from: Optional[str] = None
+    trained_words: int = 0           #: target words trained on (all runs of a resumed model)
+    train_seconds: float = 0.0       #: seconds in the minibatch loop (``words_per_second``'s divisor)
 
     def as_dict(self) -> Dict[str, Any]:
         """Plain JSON-able values (no held-out set: ``best_perplexity`` is None)."""
@@ -1020,7 +1022,8 @@ class Trainer:
         return TrainResult(model_out=cfg.model_out, best_perplexity=self.best, best_epoch=self.best_epoch,
                            epochs=round(ep, 4), words_per_second=self.trained_words / max(1e-9, self.train_seconds),
                            history=self.history, vocab_size=len(self.vocab), train_tokens=len(self.data),
-                           estimator=self.estimator, resumed_from=self.resumed_from)
+                           estimator=self.estimator, resumed_from=self.resumed_from,
+                           trained_words=self.trained_words, train_seconds=self.train_seconds)
 
 
 def train(cfg: TrainConfig, log: Callable[[str], None] = None) -> TrainResult:
