@@ -107,6 +107,14 @@ def test_bench_scale_quality_model_belongs_to_its_flags(tmp_path):
     first = run("--iterations 1 --word-width 16")
     assert first[1] == 16
     assert run("--iterations 1 --word-width 16") == first      # reused
+    # a model newer than its float16 copy (a run resumed from its checkpoint) gets a new copy
+    import os
+
+    f16 = tmp_path / "w" / "scale.f16.nlm"
+    before = f16.stat().st_mtime_ns
+    os.utime(model, ns=(before + 10 ** 9, before + 10 ** 9))
+    run("--iterations 1 --word-width 16")
+    assert f16.stat().st_mtime_ns > before
     second = run("--iterations 1 --word-width 24")
     assert second[1] == 24 and second[0] != first[0]
 

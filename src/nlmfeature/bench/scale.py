@@ -381,7 +381,7 @@ def quality(args: argparse.Namespace, corpus: str, w: str, log) -> Dict[str, Any
             subprocess.run([build, *extra[:-1], extra[-1], arpa, out], check=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         bins[kind] = out
-    if not os.path.exists(f16):
+    if not os.path.exists(f16) or os.path.getmtime(f16) < os.path.getmtime(model):   # a resumed run's model
         subprocess.run(nlm("convert", "--float16", model, f16, "-q"), check=True, stdout=subprocess.DEVNULL)
     log("perplexities")
     _, _, so = rss_of(nlm("perplexity", "-m", model, "--exact", "--test", test, "--kenlm", bins["probing"],
