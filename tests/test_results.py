@@ -80,3 +80,27 @@ def test_a_missing_section_is_a_clear_error(tmp_path):
                        text=True)
     assert p.returncode == 2 and "Lookups per second" in p.stderr and "Traceback" not in p.stderr
     assert open(readme, encoding="utf-8").read() == open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+
+
+def test_moses2_ratio_reads_the_rows_of_its_configuration():
+    """The Tatoeba decode-cost headline reads the KenLM + NLM configuration's rows, not the
+    KenLM-only rows beside them (each at 1.00x), and a section without them is an error."""
+    from nlmfeature.bench.results import moses2_ratio
+
+    text = """## Cost
+
+    python3 benchmarks/bench_decoder.py --decoder moses2
+
+abc1234, 2026-11-30.
+
+| configuration | search | threads | CPU ms per sentence | x kenlm-big (paired) | wall ms per sentence | BLEU |
+|---|---|---|---|---|---|---|
+| kenlm-big | normal | 1 | 16.4 | 1.00 (1.00) | 16.4 | 54.65 |
+| kenlm-big+nlm | normal | 1 | 37.1 | 2.26 (2.24) | 37.0 | 57.67 |
+| kenlm-big | cube | 1 | 4.4 | 1.00 (1.00) | 4.4 | 54.58 |
+| kenlm-big+nlm | cube | 1 | 5.4 | 1.21 (1.30) | 5.4 | 57.68 |
+"""
+    s = read_sections(text)["Cost"]
+    assert moses2_ratio("kenlm-big+nlm")(s) == "**1.21x** KenLM alone with cube pruning on 1 thread; normal search 2.26x"
+    with pytest.raises(NLMFeatureError, match="no cube pruning row of nlm-alone"):
+        moses2_ratio("nlm-alone")(s)
