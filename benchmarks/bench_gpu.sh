@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 3 ]; then
-    sed -n '2,14p' "$0" >&2
+    sed -n '2,13p' "$0" >&2
     exit 2
 fi
 text=$1 valid=$2 out=$3
