@@ -35,7 +35,5 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 python3 -m nlmfeature.cli bench scale --train "$text" --valid "$valid" --test "$valid" --workdir "$work" \
     --sizes all --repeat '' --threads 1 --engines torch --parts corpus,speed --max-vocab 100000 "$@" \
-    --json > "$out/bench-scale.json" 2> >(tee "$out/bench-scale.log" >&2)
-python3 -m nlmfeature.cli bench scale --train "$text" --valid "$valid" --test "$valid" --workdir "$work" \
-    --parts none --markdown > "$out/bench-scale.md"
+    --results "$out/bench-scale.md" --json > "$out/bench-scale.json" 2> >(tee "$out/bench-scale.log" >&2)
 cat "$out/bench-scale.md"

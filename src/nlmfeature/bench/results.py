@@ -157,8 +157,8 @@ def scale_speed(s: Section) -> str:
     return f"**{most}** words/s on {n_most} threads" + (f", {others}" if others else "")
 
 
-def moses2_ratio(config: str = "", base: str = "KenLM alone") -> Callable[[Section], str]:
-    """Moses2's decode CPU time with the NLM against ``base`` from ``bench_decoder.py
+def moses2_ratio(config: str = "") -> Callable[[Section], str]:
+    """Moses2's decode CPU time with the NLM against KenLM alone from ``bench_decoder.py
     --markdown``'s table (configuration | search | threads | CPU ms | ratio (paired) | ...):
     ``**1.84x** KenLM alone with cube pruning on 1 thread, 1.84x on 2; normal search 2.86x``.
     The rows of ``config``, or (without it) of every configuration but ``kenlm``."""
@@ -171,7 +171,7 @@ def moses2_ratio(config: str = "", base: str = "KenLM alone") -> Callable[[Secti
             raise NLMFeatureError(f"docs/results.md, section {s.title!r}: no cube pruning row"
                                   + (f" of {config}" if config else ""))
         (t0, first), rest = cube[0], cube[1:]
-        out = f"**{first}x** {base} with cube pruning on {t0} thread{'s' if t0 != '1' else ''}"
+        out = f"**{first}x** KenLM alone with cube pruning on {t0} thread{'s' if t0 != '1' else ''}"
         out += "".join(f", {r}x on {t}" for t, r in rest)
         return out + (f"; normal search {normal[0]}x" if normal else "")
     return render
@@ -227,7 +227,7 @@ HEADLINES: Sequence[Tuple[str, str, Callable[[Section], str], Callable[[Section]
      "Decode time in Moses2 (beside Moses)", moses2_ratio(), last_command),
     ("Moses2 decode CPU time on the Tatoeba system, the adapted NLM beside the 1.6 GB KenLM",
      "Decode cost side by side on the Tatoeba system (Moses2)",
-     moses2_ratio("kenlm-big+nlm", "KenLM alone"), last_command),
+     moses2_ratio("kenlm-big+nlm"), last_command),
     ("lookups per second, one thread, a real Moses query stream", "Lookups per second",
      cell("unnormalised LBL 200", 1, "**{}**"), last_command),
 )
