@@ -53,6 +53,37 @@ def test_exact_renormalisation_is_a_distribution(trained):
     np.testing.assert_allclose(np.exp(nlm_log_distribution(norm, ctx[:5])).sum(axis=1), 1.0, atol=1e-5)
 
 
+def test_exact_perplexity_reports_how_far_raw_scores_are_from_normalised(trained, capsys):
+    d, a, _ = trained
+    test = str(d / "test.txt")
+
+    def rows(*flags):
+        assert main(["perplexity", "-m", a, "--test", test, "--json", "--quiet", *flags]) == 0
+        return json.loads(capsys.readouterr().out)["rows"]
+
+    raw_row, = rows()
+    exact_row, = rows("--exact")
+    model = nlmfeature.load(a)
+    sents = read_tokens(test)
+    raw = nlm_token_scores(model, sents).logprob
+    exact = nlm_token_scores(model, sents, exact=True).logprob
+    z = raw - exact                                         # log Z of each token's context
+    assert "log_z_mean" not in raw_row                      # raw scores alone: nothing to compare
+    assert exact_row["raw_perplexity"] == pytest.approx(raw_row["perplexity"], rel=1e-9)
+    assert exact_row["log_z_mean"] == pytest.approx(
+        (raw_row["log_prob"] - exact_row["log_prob"]) / exact_row["tokens"], rel=1e-9)
+    assert exact_row["log_z_sd"] == pytest.approx(float(z.std()), rel=1e-9) and z.std() > 0.01
+    assert exact_row["log_z_max"] == pytest.approx(float(z.max()))
+    assert exact_row["log_z_p95"] <= exact_row["log_z_max"]
+    assert exact_row["log_z_over_1"] == pytest.approx(float((z > 1).mean()))
+    # --exclude-oov measures the same statistics over the in-vocabulary tokens only
+    ex_row, = rows("--exact", "--exclude-oov")
+    keep = ~nlm_token_scores(model, sents).oov
+    assert keep.sum() < len(z) and ex_row["log_z_sd"] == pytest.approx(float(z[keep].std()), rel=1e-9)
+    assert main(["perplexity", "-m", a, "--test", test, "--exact", "--quiet"]) == 0
+    assert "log Z per token (raw - exact): mean" in capsys.readouterr().out
+
+
 def test_em_weights_are_the_likelihood_optimum(trained):
     d, a, b = trained
     valid = read_tokens(str(d / "valid.txt"))

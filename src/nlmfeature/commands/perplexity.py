@@ -43,7 +43,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="renormalise the scores of unnormalised (NCE / self-normalised) models "
                         "exactly, by a softmax over the vocabulary per token, so that every "
                         "figure is a true perplexity (default: their raw scores, as a decoder "
-                        "uses them)"),
+                        "uses them); also reports how far the raw scores are from normalised "
+                        "on this text: the raw-score perplexity and the per-token log Z (raw - "
+                        "exact score) mean, spread, 95th percentile, maximum and share above 1 "
+                        "nat (a decoder's output, scored so, shows whether the search seeks "
+                        "out contexts the model overstates)"),
     p.add_argument("-i", "--input", "--test", dest="test", required=True, metavar="FILE",
                    help="test text, one sentence per line (.gz allowed)")
     p.add_argument("--kenlm", metavar="ARPA_OR_BIN",
@@ -134,6 +138,10 @@ def run(args: argparse.Namespace) -> int:
     notes = []
     if args.exact:
         notes.append("unnormalised models renormalised exactly (--exact)")
+        for row, m, s in zip(rows, models, scores):
+            if not m.normalised:
+                row.update(_normalisation(nlm_token_scores(m, test).logprob, s.logprob, s.oov, ex))
+                notes.append(f"{row['model']}: " + _normalisation_note(row))
     result: Dict[str, Any] = {"model": paths[0] if len(paths) == 1 else paths, "test": args.test,
                               "exclude_oov": ex}
     vscores = [nlm_token_scores(m, valid, exact=args.exact) for m in models] if valid is not None else None
@@ -239,6 +247,30 @@ def _check_kenlm(args, scorer: KenLMScorer, kn_oov: int, test, notes: List[str])
         print(f"nlmfeature perplexity: warning: {msg}", file=sys.stderr)
 
 
+def _normalisation(raw: np.ndarray, exact: np.ndarray, oov: np.ndarray, exclude: bool) -> Dict[str, float]:
+    """How far an unnormalised model's raw scores are from log-probabilities on a text: per
+    token log Z = raw score - exact score (the log of the softmax normaliser of its context;
+    0 for a perfectly self-normalised model).  A decoder adds the raw scores, so a positive
+    log Z overstates the token by that many nats: its mean is the bias, its spread and upper
+    tail what a search can seek out."""
+    keep = ~oov if exclude else np.ones(len(raw), dtype=bool)
+    z = (raw - exact)[keep]
+    if not z.size:
+        return {}
+    return {"raw_perplexity": float(np.exp(-raw[keep].mean())), "log_z_mean": float(z.mean()),
+            "log_z_sd": float(z.std()), "log_z_p95": float(np.percentile(z, 95)),
+            "log_z_max": float(z.max()), "log_z_over_1": float((z > 1).mean())}
+
+
+def _normalisation_note(row: Dict[str, Any]) -> str:
+    if "log_z_mean" not in row:
+        return "no tokens"
+    return (f"raw-score perplexity {row['raw_perplexity']:.3f}; log Z per token (raw - exact): "
+            f"mean {row['log_z_mean']:.3f}, sd {row['log_z_sd']:.3f}, 95th percentile "
+            f"{row['log_z_p95']:.3f}, max {row['log_z_max']:.2f}; "
+            f"{100 * row['log_z_over_1']:.2f}% of tokens above 1 nat")
+
+
 def _nonempty(sentences: List, path: str) -> List:
     """``sentences``, or an error: a perplexity over no tokens is undefined."""
     if not sentences:
@@ -266,14 +298,9 @@ def _run_joint(args: argparse.Namespace, model) -> int:
     js = joint_token_scores(exactly_normalised(model) if args.exact else model, srcs, tgts, affs)
     extra: Dict[str, Any] = {"source_window": model.window}
     if args.exact and not model.normalised:
-        # how well the model self-normalises: log Z = raw score - exact score, per token
         raw = joint_token_scores(model, srcs, tgts, affs)
-        logz = raw.logprob - js.logprob
-        extra.update(raw_perplexity=_row("raw", raw.logprob, js.oov, ex)["perplexity"],
-                     log_z_mean=float(logz.mean()), log_z_sd=float(logz.std()))
-        notes.append(f"joint model renormalised exactly (--exact): raw-score perplexity "
-                     f"{extra['raw_perplexity']:.3f}, log Z mean {extra['log_z_mean']:.3f}, "
-                     f"sd {extra['log_z_sd']:.3f}")
+        extra.update(_normalisation(raw.logprob, js.logprob, js.oov, ex))
+        notes.append("joint model renormalised exactly (--exact): " + _normalisation_note(extra))
     if model.target_to_source:
         notes.append(f"inverse joint model (train --target-to-source): the perplexity is of the "
                      f"--source text {args.source} given --test; --compare and --kenlm models "
