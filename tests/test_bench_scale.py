@@ -7,7 +7,7 @@ import json
 
 import pytest
 from helpers import BROWN_TRAIN, BROWN_VALID, run_cli
-from nlmfeature.bench.scale import BEGIN, END, SPEED_RECIPES, torch_trains
+from nlmfeature.bench.scale import BEGIN, END, SPEED_RECIPES, merge_commands, torch_trains
 
 
 def test_bench_scale_corpus_and_speed(tmp_path):
@@ -85,6 +85,16 @@ def test_bench_scale_corpus_and_speed(tmp_path):
     missing = run_cli("bench", "scale", "--train", BROWN_TRAIN, "--valid", BROWN_VALID, "--test", BROWN_VALID,
                       "--workdir", tmp_path / "nothing", "--parts", "none")
     assert missing.returncode != 0 and "no earlier run" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_commands_of_the_parts_shown_appear_once_each():
+    first, speed, quality = ("nlmfeature bench scale --parts corpus", "nlmfeature bench scale --parts speed",
+                             "nlmfeature bench scale --parts quality")
+    shown = merge_commands(merge_commands(first, speed), quality)
+    assert shown.split("\n    ") == [first, speed, quality]
+    # the speed part timed again: its command moves to the end, once
+    assert merge_commands(shown, speed).split("\n    ") == [first, quality, speed]
+    assert merge_commands("", first) == first
 
 
 def test_bench_scale_quality_model_belongs_to_its_flags(tmp_path):

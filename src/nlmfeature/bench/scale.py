@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
     if parts != {"corpus", "speed", "quality", "memory"} and os.path.exists(os.path.join(w, "bench-scale.json")):
         with open(os.path.join(w, "bench-scale.json"), encoding="utf-8") as f:
             earlier = json.load(f)
-        result["command"] = earlier.get("command", "") + "\n    " + result["command"]
+        result["command"] = merge_commands(earlier.get("command", ""), result["command"])
         if earlier.get("commit") and result["commit"] not in earlier["commit"].split(", "):
             result["commit"] = f"{earlier['commit']}, {result['commit']}"   # the commits of the parts shown
         # the parts not measured now are the earlier run's from the start, so that a run that
@@ -438,6 +438,14 @@ def format_markdown(r: Dict[str, Any]) -> str:
         for s in r["sizes"]:
             out.append(f"| {s['model']} | {s['mib']} |")
     return "\n".join(out)
+
+
+def merge_commands(earlier: str, command: str) -> str:
+    """The command lines shown above the tables (one per line, joined as the results block
+    indents them): ``earlier``'s, then ``command``; a command run again moves to the end
+    instead of appearing twice."""
+    lines = [c for c in earlier.split("\n    ") if c and c != command]
+    return "\n    ".join(lines + [command])
 
 
 #: the native trainer's configurations timed by the speed part: (name, train settings)
