@@ -263,3 +263,38 @@ def test_run_reports_output_times_and_the_childs_peak_memory(tmp_path):
     with pytest.raises(DecoderError, match="bad input"):
         moses.run([sys.executable, "-c", "import sys; sys.stderr.write('bad input'); sys.exit(3)"])
     del ballast
+
+
+def test_decoder_outputs_are_reused_until_their_config_changes(tmp_path):
+    """A finished decode is reused; rewriting its config with the same content keeps it, a
+    config that changed (a tuning run on to more iterations) makes it again."""
+    from nlmfeature.io.atomicfile import atomic_write_text_if_changed
+
+    ini, out, kb = tmp_path / "final.moses.ini", tmp_path / "test.1best", tmp_path / "test.kbest"
+    ini.write_text("[weight]\nLM0= 0.5\n", encoding="utf-8")
+    runs = []
+
+    def cmd(ktmp):
+        runs.append(ktmp)
+        code = f"open({ktmp!r}, 'w').write('k\\n'); print('run {len(runs)}')"
+        return [sys.executable, "-c", code]
+
+    def decode():
+        moses.decode_to_files(cmd, str(out), str(kb), inputs=(str(ini),))
+        return out.read_text(encoding="utf-8")
+
+    assert decode() == "run 1\n" and kb.exists()
+    assert decode() == "run 1\n" and len(runs) == 1
+    assert not atomic_write_text_if_changed(str(ini), "[weight]\nLM0= 0.5\n")
+    assert decode() == "run 1\n" and len(runs) == 1
+    old = os.path.getmtime(out) - 10
+    for p in (out, kb):
+        os.utime(p, (old, old))
+    assert atomic_write_text_if_changed(str(ini), "[weight]\nLM0= 0.4\n")
+    assert decode() == "run 2\n" and len(runs) == 2 and kb.read_text(encoding="utf-8") == "k\n"
+    # the same through moses.rewrite_moses_ini: the same weights leave the config's time alone
+    t = os.path.getmtime(ini)
+    moses.rewrite_moses_ini(str(ini), str(tmp_path / "copy.ini"), {"LM0": [0.4]})
+    t_copy = os.path.getmtime(tmp_path / "copy.ini")
+    moses.rewrite_moses_ini(str(ini), str(tmp_path / "copy.ini"), {"LM0": [0.4]})
+    assert os.path.getmtime(tmp_path / "copy.ini") == t_copy and os.path.getmtime(ini) == t

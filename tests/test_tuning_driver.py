@@ -141,6 +141,30 @@ def test_driver_iteration_merges_optimises_and_writes_config(tmp_path):
     assert float(rows[1].split("\t")[1]) == pytest.approx(state.history[0]["dev_bleu"], abs=1e-3)
 
 
+def test_driver_tunes_on_when_the_iteration_limit_is_raised(tmp_path):
+    wd = tmp_path / "work"
+    seed_lists(wd, [1, 2])
+    first = Driver(settings_for(wd, max_iterations=1), log=lambda m: None).run()
+    assert first.iteration == 1 and "max-iterations 1" in first.stop_reason
+    # the same limit: nothing to do
+    logs = []
+    Driver(settings_for(wd, max_iterations=1), log=logs.append).run()
+    assert any("already finished" in m for m in logs)
+    # a higher limit: iteration 2 decodes with iteration 1's output (its list is here already)
+    # and is merged into the same pool, as an uninterrupted 2-iteration tuning would be
+    logs = []
+    again = Driver(settings_for(wd, max_iterations=2), log=logs.append).run()
+    assert any("continuing from iteration 1" in m for m in logs)
+    assert again.step == "done" and again.iteration == 2 and "max-iterations 2" in again.stop_reason
+    assert [h["iteration"] for h in again.history] == [1, 2]
+    straight = tmp_path / "straight"
+    seed_lists(straight, [1, 2])
+    ref = Driver(settings_for(straight, max_iterations=2), log=lambda m: None).run()
+    assert again.weights == ref.weights
+    assert read_weights(str(wd / "moses.ini")) == read_weights(str(straight / "moses.ini"))
+    assert len(open(wd / "log.tsv", encoding="utf-8").read().splitlines()) == 3
+
+
 @pytest.mark.parametrize("rule", ["last", "best"])
 def test_final_weights_rule(tmp_path, rule):
     """'last' keeps the last optimiser output, 'best' the weights whose decode scored the best

@@ -251,6 +251,22 @@ def atomic_write_text(path: str, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def atomic_write_text_if_changed(path: str, text: str) -> bool:
+    """Write ``text`` (UTF-8) to ``path`` atomically unless the file already holds exactly it,
+    so that its modification time says when its content last changed (what was made from it
+    stays valid); returns whether it wrote."""
+    data = text.encode("utf-8")
+    try:
+        if os.path.getsize(path) == len(data):
+            with open(path, "rb") as f:
+                if f.read() == data:
+                    return False
+    except OSError:
+        pass
+    atomic_write_bytes(path, data)
+    return True
+
+
 class _TextOutput(io.TextIOWrapper):
     """UTF-8 text (gzip-compressed for ``compress``) written through an :class:`AtomicFile`."""
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from nlmfeature.errors import DecoderError, InputError
-from nlmfeature.io.atomicfile import open_output
+from nlmfeature.io.atomicfile import atomic_write_text_if_changed, open_output
 from nlmfeature.io.textio import iter_lines, read_lines
 from nlmfeature.mt import moses
 
@@ -277,8 +277,7 @@ def rewrite_cdec_ini(src: str, dst: str,
                 for k, v in feature_options[name].items():
                     line = _set_flag(line, k, v)
         out.append(line)
-    with open_output(dst) as f:
-        f.write("\n".join(out) + "\n")
+    atomic_write_text_if_changed(dst, "\n".join(out) + "\n")
 
 
 def write_cdec_weights(path: str, weights: Weights) -> str:
@@ -286,13 +285,14 @@ def write_cdec_weights(path: str, weights: Weights) -> str:
     returns ``path``."""
     from nlmfeature.mt.kbest import format_number
 
-    with open_output(path) as f:
-        for label, vals in weights.items():
-            if len(vals) == 1:
-                f.write(f"{label} {format_number(vals[0])}\n")
-            else:
-                for i, v in enumerate(vals):
-                    f.write(f"{label}_{i} {format_number(v)}\n")
+    lines = []
+    for label, vals in weights.items():
+        if len(vals) == 1:
+            lines.append(f"{label} {format_number(vals[0])}\n")
+        else:
+            lines.extend(f"{label}_{i} {format_number(v)}\n" for i, v in enumerate(vals))
+    # unchanged weights keep the file's time: decodes made with them stay valid
+    atomic_write_text_if_changed(path, "".join(lines))
     return path
 
 
@@ -327,7 +327,8 @@ def decode(cdec: str, ini: str, weights: str, src: str, out: str) -> float:
     with its per-sentence seconds (:func:`sentence_seconds`), in ``out.log``); the output appears whole
     or not at all and an existing one is reused.  Returns the wall seconds (those of the run
     that wrote ``out``, kept in ``out.seconds``)."""
-    seconds = moses.decode_to_files(lambda _: command(cdec, ini, weights, src), out)
+    seconds = moses.decode_to_files(lambda _: command(cdec, ini, weights, src), out,
+                                    inputs=(ini, weights, src))
     n, got = len(read_lines(src)), len(read_lines(out))
     if got != n:
         os.unlink(out)

@@ -42,7 +42,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from nlmfeature.errors import DecoderError, InputError, NLMFeatureError
-from nlmfeature.io.atomicfile import atomic_write_text, open_output, remove_stale, temp_prefix
+from nlmfeature.io.atomicfile import (atomic_write_text, atomic_write_text_if_changed, open_output, remove_stale,
+                                     temp_prefix)
 from nlmfeature.io.textio import read_lines
 
 Weights = Dict[str, List[float]]
@@ -442,8 +443,8 @@ def rewrite_moses_ini(src: str, dst: str, weights: Weights,
     """Write a copy of moses.ini ``src`` to ``dst`` (atomically) with ``weights``, feature
     options and added feature lines (:func:`moses_ini_lines`); returns ``dst``."""
     lines = moses_ini_lines(src, weights, feature_options, features, first)
-    with open_output(dst) as f:
-        f.write("\n".join(lines) + "\n")
+    # an unchanged config keeps its time: decodes made with it stay valid (decode_to_files)
+    atomic_write_text_if_changed(dst, "\n".join(lines) + "\n")
     return dst
 
 
@@ -618,22 +619,30 @@ def decode(moses: str, ini: str, src: str, out: str, threads: int = 1, kbest: in
            alignment: bool = False) -> float:
     """Translate ``src`` into ``out`` (1-best; the decoder's log in ``out.log``), and with
     ``kbest`` the ``kbest``-best list into ``kbest_out`` (``alignment``: with word
-    alignments); the outputs appear whole or not at all, and existing ones are reused.
-    Returns the wall seconds (those of the run that wrote ``out``, kept in ``out.seconds``;
-    0 when unknown)."""
+    alignments); the outputs appear whole or not at all, and existing ones are reused unless
+    ``ini`` or ``src`` changed after they were written (e.g. a tuning run on to more
+    iterations).  Returns the wall seconds (those of the run that wrote ``out``, kept in
+    ``out.seconds``; 0 when unknown)."""
     return decode_to_files(
         lambda ktmp: command(moses, ini, src, threads, ktmp, kbest, distinct, alignment),
-        out, kbest_out if kbest else None)
+        out, kbest_out if kbest else None, inputs=(ini, src))
 
 
 def decode_to_files(cmd_for: Callable[[Optional[str]], List[str]], out: str,
-                    kbest_out: Optional[str] = None, stdin: Optional[str] = None) -> float:
+                    kbest_out: Optional[str] = None, stdin: Optional[str] = None,
+                    inputs: Sequence[str] = ()) -> float:
     """Run the decoder command ``cmd_for(KBEST_TMP)`` (``KBEST_TMP``: where it writes its
     k-best list, None without ``kbest_out``) with the file ``stdin`` (if any) as its standard
     input, its standard output into ``out`` and its standard error into ``out.log``; the outputs appear whole or not at all (temporary names
-    of this process, renamed when the decoder succeeded) and existing ones are reused.
+    of this process, renamed when the decoder succeeded) and existing ones are reused, unless
+    one of the files ``inputs`` is newer.
     Returns the wall seconds (kept in ``out.seconds``; 0 when unknown).  Moses'
     :func:`decode` and :func:`nlmfeature.mt.cdec.decode` run through it."""
+    done = [p for p in (out, kbest_out) if p]
+    if all(os.path.exists(p) for p in done) and any(
+            os.path.exists(i) and os.path.getmtime(i) > os.path.getmtime(p) for i in inputs for p in done):
+        for p in done:
+            os.unlink(p)
     if os.path.exists(out) and (not kbest_out or os.path.exists(kbest_out)):
         meta = out + ".seconds"
         return float(open(meta).read()) if os.path.exists(meta) else 0.0

@@ -347,6 +347,15 @@ class Driver:
     def run(self) -> DriverState:
         """Run or resume until convergence or ``max_iterations``; returns the final state."""
         state = self.load_state()
+        if (state.step == "done" and state.stop_reason.startswith("reached --max-iterations")
+                and state.iteration < self.s.max_iterations):
+            # stopped by the iteration limit, not converged: a higher limit tunes on from the
+            # last optimiser output, with the pool of every iteration so far
+            self.log(f"continuing from iteration {state.iteration} (stopped by its --max-iterations) "
+                     f"up to {self.s.max_iterations}")
+            state.iteration += 1
+            state.step, state.stop_reason = "start", ""
+            state.save(self.state_path)
         if state.step == "done":
             self.log(f"already finished ({state.stop_reason}); tuned config in {self.dir}")
             return state
