@@ -203,7 +203,8 @@ def _mt(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--algorithm", default="mert", choices=("mert", "mira"),
                    help="optimiser of nlmfeature-tune (default mert)")
     p.add_argument("--max-iterations", type=int, default=None,
-                   help="decoding iterations per tuning at most (default 10; 6 with --quick)")
+                   help="decoding iterations per tuning at most (default 10; 6 with --quick); "
+                        "raised on a workdir, the tunings the lower limit stopped tune on")
     p.add_argument("--nbest-size", type=int, default=100, help="k-best size while tuning (100)")
     p.add_argument("--final-weights", choices=FINAL_WEIGHTS, default=FINAL_WEIGHTS_DEFAULT,
                    help="which weights of a tuning the headline scores use (both are always "

@@ -154,7 +154,9 @@ def _driver_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--distinct", action="store_true",
                    help="ask the decoder for distinct k-best strings (Moses 'distinct', cdec -r)")
     p.add_argument("--max-iterations", type=Number(int, 1, MAX_INT), default=25,
-                   help="stop after this many decoding iterations (default: 25)")
+                   help="stop after this many decoding iterations (default: 25); a tuning "
+                        "this limit stopped, run again with a higher one, tunes on from where it "
+                        "stopped (a converged one is left as it is)")
     p.add_argument("--min-change", type=Number(float, 0), default=1e-5,
                    help="stop when no L1-normalised weight changes by this much (default: 1e-5)")
     p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
