@@ -214,7 +214,7 @@ HEADLINES: Sequence[Tuple[str, str, Callable[[Section], str], Callable[[Section]
      "and continued on the in-domain side (`train --init-model`; float16, 1/11 of KenLM's size), "
      "in Moses2 with cube pruning (3 tunings per side)",
      "The adapted NLM with cube pruning (`--search cube`), in Moses2",
-     bleu_gain("decoding", "test", "newstest2014"), last_command),
+     bleu_gain("decoding", "test", "newstest2013", "newstest2014"), last_command),
     ("BLEU, the same Tatoeba system and NLM with the 5-gram of the in-domain side alone (1.3M "
      "words, which holds a third of the test sentences) instead of the 42M-word KenLM",
      "Beside the in-domain 5-gram (KenLM-small) instead of KenLM-big",
