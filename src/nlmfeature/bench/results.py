@@ -218,7 +218,7 @@ HEADLINES: Sequence[Tuple[str, str, Callable[[Section], str], Callable[[Section]
     ("BLEU, the same Tatoeba system and NLM with the 5-gram of the in-domain side alone (1.3M "
      "words, which holds a third of the test sentences) instead of the 42M-word KenLM",
      "Beside the in-domain 5-gram (KenLM-small) instead of KenLM-big",
-     bleu_gain("decoding", "test", "newstest2014"), last_command),
+     bleu_gain("decoding", "test", "newstest2013", "newstest2014"), last_command),
     ("BLEU, the demo (bundled 100-best lists)", "The demo", demo_gain, last_command),
     ("test perplexity on Project Gutenberg books never trained on, V = 100k: the NLM against a "
      "KenLM 5-gram of the same text",
