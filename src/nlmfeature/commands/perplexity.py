@@ -136,11 +136,13 @@ def run(args: argparse.Namespace) -> int:
     rows: List[Dict] = [_row("neural" if i == 0 else f"neural{i + 1}", s.logprob, s.oov, ex)
                         for i, s in enumerate(scores)]
     notes = []
+    raws = [nlm_token_scores(m, test) if args.exact and not m.normalised else s
+            for m, s in zip(models, scores)]       # the raw scores a decoder adds
     if args.exact:
         notes.append("unnormalised models renormalised exactly (--exact)")
-        for row, m, s in zip(rows, models, scores):
+        for row, m, s, r in zip(rows, models, scores, raws):
             if not m.normalised:
-                row.update(_normalisation(nlm_token_scores(m, test).logprob, s.logprob, s.oov, ex))
+                row.update(_normalisation(r.logprob, s.logprob, s.oov, ex))
                 notes.append(f"{row['model']}: " + _normalisation_note(row))
     result: Dict[str, Any] = {"model": paths[0] if len(paths) == 1 else paths, "test": args.test,
                               "exclude_oov": ex}
@@ -198,8 +200,7 @@ def run(args: argparse.Namespace) -> int:
                 notes.append("log-linear interpolation skipped: whole-vocabulary distributions "
                              "of models with direct n-gram features are not supported")
             else:
-                raw = nlm if model.normalised or not args.exact else nlm_token_scores(model, test)
-                rows.append(_loglinear(args, model, kenlm_path, scorer, test, valid, raw, kn))
+                rows.append(_loglinear(args, model, kenlm_path, scorer, test, valid, raws[0], kn))
         else:
             notes.append("no --valid (or --weight): interpolations not reported")
     return _emit(args, result, rows, notes)

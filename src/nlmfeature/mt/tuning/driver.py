@@ -56,6 +56,10 @@ FINAL_WEIGHTS = ("last", "best")
 FINAL_WEIGHTS_DEFAULT = "last"
 
 
+#: the stop reason of a tuning the iteration limit stopped (then the limit): a higher limit tunes on
+LIMIT_REASON = "reached --max-iterations"
+
+
 @dataclass
 class DriverSettings:
     """Everything the driver needs; see ``nlmfeature-tune moses --help`` for the meanings."""
@@ -347,7 +351,7 @@ class Driver:
     def run(self) -> DriverState:
         """Run or resume until convergence or ``max_iterations``; returns the final state."""
         state = self.load_state()
-        if (state.step == "done" and state.stop_reason.startswith("reached --max-iterations")
+        if (state.step == "done" and state.stop_reason.startswith(LIMIT_REASON)
                 and state.iteration < self.s.max_iterations):
             # stopped by the iteration limit, not converged: a higher limit tunes on from the
             # last optimiser output, with the pool of every iteration so far
@@ -400,7 +404,7 @@ class Driver:
                     state.stop_reason = (f"no weight changed by {self.s.min_change} after "
                                          f"iteration {k}")
                 elif k >= self.s.max_iterations:
-                    state.stop_reason = f"reached --max-iterations {self.s.max_iterations}"
+                    state.stop_reason = f"{LIMIT_REASON} {self.s.max_iterations}"
                 if state.stop_reason:
                     state.step = "optimised"
                 else:
