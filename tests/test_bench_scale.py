@@ -166,3 +166,30 @@ def test_gpu_recipe_trains_under_torch():
     small = recipe_flags(dict(extra, minibatch_size=200)) + ["--max-vocab", "3000"]
     wps = torch_words_per_second(BROWN_TRAIN, 1, updates=6, extra_args=small, warmup=2)
     assert 100 < wps < 1e8
+
+
+def test_bench_scale_perplexity_against_corpus_size(tmp_path):
+    """--quality-sizes trains the quality recipe and KenLM on a smaller sample too: one row per
+    corpus size (the smaller one first) with both models' perplexities on the same test text,
+    in the markdown table and the plot; a size that is not one of --sizes is refused."""
+    base = ["bench", "scale", "--train", BROWN_TRAIN, "--valid", BROWN_VALID, "--test", BROWN_VALID,
+            "--workdir", tmp_path / "w", "--sizes", "30K,all", "--repeat", "", "--threads", "1",
+            "--parts", "corpus,quality", "--max-vocab", "2000", "--test-tokens", "2000",
+            "--train-flags", "--iterations 1 --word-width 16", "-q"]
+    p = run_cli(*base, "--quality-sizes", "30K", "--json", "--png", tmp_path / "scale.png", timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout)
+    small, whole = r["curve"]
+    assert small["tokens"] == r["corpora"][0]["tokens"] and whole["tokens"] == r["corpora"][1]["tokens"]
+    assert 30_000 <= small["tokens"] < whole["tokens"]
+    for row in (small, whole):
+        assert row["neural"] > 1 and row["kenlm"] > 1 and row["linear"] < max(row["neural"], row["kenlm"])
+    assert whole["neural"] == dict((n, v) for n, v in
+                                   ((x["model"], x["perplexity"]) for x in r["quality"]["perplexity"]["rows"]))["neural"]
+    assert (tmp_path / "w" / "scale.30000.nlm").exists() and (tmp_path / "w" / "kenlm5.30000.arpa").exists()
+    assert (tmp_path / "scale.png").stat().st_size > 1000
+    md = run_cli(*base[:-1], "--parts", "none", "--markdown")
+    assert md.returncode == 0, md.stderr[-3000:]
+    assert f"| {small['tokens']:,} |" in md.stdout and "| training tokens | V | epochs | NLM | KenLM |" in md.stdout
+    bad = run_cli(*base, "--quality-sizes", "5K")
+    assert bad.returncode != 0 and "--quality-sizes" in bad.stderr and "Traceback" not in bad.stderr

@@ -155,6 +155,42 @@ def test_unknown_step_and_big_lm_without_text(tmp_path):
         systems.run(_args(tmp_path, steps="big-lm"))
 
 
+def test_big_lm_step_writes_the_big_and_the_two_lm_systems(tmp_path):
+    """The step 'big-lm' on a system whose big LM exists already: OUT/big loads the big LM,
+    OUT/big-small both (LM0 the big one, LM1 the in-domain one, the same weight), both share
+    the tables by relative links, and the earlier run's figures in build.json stay."""
+    out = tmp_path / "s"
+    big = out / "big"
+    big.mkdir(parents=True)
+    untuned = ["[feature]", "WordPenalty",
+               "PhraseDictionaryMemory name=TranslationModel0 num-features=4 path=MODEL_DIR/phrase-table.gz",
+               "KENLM name=LM0 factor=0 path=MODEL_DIR/lm.en.5g.arpa.gz order=5", "",
+               "[weight]", "WordPenalty0= -1", "TranslationModel0= 0.2 0.2 0.2 0.2", "LM0= 0.5"]
+    (out / "moses.untuned.ini").write_text("\n".join(untuned) + "\n")
+    for name in ("phrase-table.gz", "lm.en.5g.arpa.gz", "train.tok.lc.en.gz"):
+        (out / name).write_bytes(b"x")
+    (big / systems.BIG_LM_ARPA).write_text("\\data\\\nngram 1=3\nngram 2=2\n\n\\1-grams:\n")
+    (big / systems.BIG_LM_BIN).write_bytes(b"mmap lm")
+    (out / "build.json").write_text(json.dumps({"big-lm": {"lmplz_seconds": 161, "seconds": 256.0,
+                                                           "texts": ["books.txt"]}}))
+    record = systems.build(_args(tmp_path, steps=["big-lm"], big_lm_text=[str(tmp_path / "books.txt")]))
+    assert record["big-lm"]["lmplz_seconds"] == 161 and record["big-lm"]["seconds"] == 256.0
+    assert record["big-lm"]["ngrams"] == [3, 2] and record["big-lm"]["texts"] == ["books.txt"]
+    big_ini = (big / "moses.untuned.ini").read_text().splitlines()
+    assert "KENLM name=LM0 factor=0 path=MODEL_DIR/lm.en.5g.bin order=5" in big_ini
+    both = out / systems.BOTH_DIR
+    lines = (both / "moses.untuned.ini").read_text().splitlines()
+    kenlm = [l for l in lines if l.startswith("KENLM")]
+    assert kenlm == ["KENLM name=LM0 factor=0 path=MODEL_DIR/lm.en.5g.bin order=5",
+                     "KENLM name=LM1 factor=0 path=MODEL_DIR/lm.en.5g.arpa.gz order=5"]
+    assert lines[-2:] == ["LM0= 0.5", "LM1= 0.5"]
+    for name in ("phrase-table.gz", "lm.en.5g.arpa.gz", systems.BIG_LM_BIN, "train.tok.lc.en.gz"):
+        assert os.path.islink(both / name) and not os.path.isabs(os.readlink(both / name)), name
+    assert (both / systems.BIG_LM_BIN).read_bytes() == b"mmap lm"
+    assert "lm.en.5g.arpa.gz" not in os.listdir(big)
+    assert all(os.path.exists(p) for p in systems.outputs("big-lm", str(out)))
+
+
 def _args(tmp_path, **kw):
     from nlmfeature.cli import build_parser
 

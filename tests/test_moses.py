@@ -42,6 +42,35 @@ def _dev(tmp_path, n: int, skip: int = 0) -> str:
 
 
 @needs_system
+def test_prepare_system_binarises_each_of_two_lms_into_its_own_file(tmp_path):
+    """A system with two ARPA LMs (as with a big LM beside the in-domain one): the first is
+    binarised into lm.bin, the second into lm.1.bin, and each line loads its own."""
+    ini = os.path.join(SYSTEM, "moses.tuned.ini")
+    lines = moses.read_ini(ini, SYSTEM)
+    lm_line = next(l for l in lines if l.split() and l.split()[0] == "KENLM")
+    two = str(tmp_path / "two.ini")
+    out = []
+    for line in lines:
+        out.append(line)
+        if line == lm_line:
+            out.append(line.replace("name=LM0", "name=LM1"))
+        elif line.startswith("LM0="):
+            out.append(line.replace("LM0=", "LM1="))
+    open(two, "w", encoding="utf-8").write("".join(l + "\n" for l in out))
+    work = str(tmp_path / "work")
+    sys_ = moses.prepare_system(two, work, [_dev(tmp_path, 5)], SYSTEM)
+    lms = [l for l in moses.feature_lines(read_lines(sys_.ini)) if l.split()[0] == "KENLM"]
+    assert len(lms) == 2
+    first, second = os.path.join(work, "lm.bin"), os.path.join(work, "lm.1.bin")
+    assert f"path={first} " in lms[0] and "name=LM0" in lms[0]
+    assert f"path={second} " in lms[1] and "name=LM1" in lms[1]
+    assert sys_.lm == first
+    for path in (first, second):
+        assert open(path, "rb").read(7) == b"mmap lm"        # a KenLM binary each
+    assert read_weights(sys_.ini)["LM1"] == read_weights(ini)["LM0"]
+
+
+@needs_system
 def test_prepare_system_filters_as_moses_script_and_binarises_the_lm(tmp_path):
     src = _dev(tmp_path, 40)
     work = str(tmp_path / "work")

@@ -22,7 +22,10 @@ Every measurement runs in a fresh process (``python -m nlmfeature.cli ...``), so
 * **quality**: a model trained for ``--train-minutes`` on the whole text (early-stopped on
   ``--valid``), its exactly normalised perplexity on ``--test`` (at most ``--test-tokens``
   tokens) beside a KenLM ``--kenlm-order``-gram model of the same text with the same
-  vocabulary and their linear interpolation (``nlmfeature perplexity``);
+  vocabulary and their linear interpolation (``nlmfeature perplexity``); with
+  ``--quality-sizes`` the same recipe and comparison on those smaller corpora too (each model
+  trained for at most ``--quality-size-minutes``, KenLM on the same sample of the text): the
+  perplexities against corpus size;
 * **size**: the model file in float32 and float16 beside KenLM's probing, trie and quantised
   trie (8-bit) binaries.
 """
@@ -178,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
     result: Dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "commit": _commit(),
                               "command": " ".join(shlex.quote(a) for a in ["nlmfeature"] + sys.argv[1:]),
                               "corpora": [],
-                              "memory": [], "speed": [], "quality": None, "sizes": []}
+                              "memory": [], "speed": [], "quality": None, "curve": [], "sizes": []}
     earlier: Dict[str, Any] = {}
     if parts != {"corpus", "speed", "quality", "memory"} and os.path.exists(os.path.join(w, "bench-scale.json")):
         with open(os.path.join(w, "bench-scale.json"), encoding="utf-8") as f:
@@ -191,14 +194,22 @@ def run(args: argparse.Namespace) -> int:
         for part in ("speed", "quality", "memory"):
             if part not in parts and part in earlier:
                 result[part] = earlier[part]
+        if "quality" not in parts:
+            result["curve"] = earlier.get("curve", [])
+    quality_sizes = [parse_count(s) for s in args.quality_sizes.split(",") if s.strip()]
+    if set(quality_sizes) - set(sizes) or None in quality_sizes:
+        raise NLMFeatureError("--quality-sizes: each must be one of the smaller --sizes (the whole text "
+                              "is the quality part's own)")
     # 1. corpora
     compiled: List[Tuple[int, str]] = []
+    by_size: Dict[Optional[int], Tuple[str, str]] = {}    # size -> (text, compiled corpus)
     for size in sizes:
         name = "all" if size is None else f"{size}"
         text = args.train if size is None else os.path.join(w, f"train.{name}.spread.txt")
         if size is not None:
             spread_text(args.train, text, size)
         out = os.path.join(w, f"train.{name}.nlmcorpus")
+        by_size[size] = (text, out)
         if "corpus" not in parts:
             row = next((c for c in earlier.get("corpora", []) if c.get("path") == out), None)
             if row is None or not os.path.exists(out):
@@ -273,6 +284,15 @@ def run(args: argparse.Namespace) -> int:
     # 3. quality and 4. sizes
     if args.train_minutes > 0 and "quality" in parts:
         result["quality"] = quality(args, biggest, w, log)
+        result["curve"] = []
+        minutes = args.quality_size_minutes or args.train_minutes
+        for size in sorted(quality_sizes):
+            text, corpus = by_size[size]
+            q = quality(args, corpus, w, log, text=text, tag=f".{size}", minutes=minutes)
+            result["curve"].append(curve_row(q, next(t for t, p in compiled if p == corpus)))
+            save(w, result)
+        if result["quality"]:
+            result["curve"].append(curve_row(result["quality"], biggest_tokens))
     result["sizes"] = sizes_of(result.get("quality"))
     save(w, result)
     # 5. memory (last: the repeated corpora take longest)
@@ -340,16 +360,21 @@ def valid_sample(args: argparse.Namespace, w: str) -> str:
     return valid
 
 
-def quality(args: argparse.Namespace, corpus: str, w: str, log) -> Dict[str, Any]:
-    """Train the quality model, KenLM on the same text and vocabulary, and compare them."""
+def quality(args: argparse.Namespace, corpus: str, w: str, log, text: Optional[str] = None,
+            tag: str = "", minutes: Optional[float] = None) -> Dict[str, Any]:
+    """Train the quality model on the compiled ``corpus`` of ``text`` (default ``--train``),
+    KenLM on the same text and vocabulary, and compare them.  ``tag`` names the files of a
+    smaller corpus (``scale.TAG.nlm``, ``kenlmN.TAG.arpa``), for which only the perplexities
+    are measured (no float16 copy, no KenLM binaries but the probing one)."""
     import nlmfeature
     from nlmfeature.training.kenlm_baseline import find_tool, train_kenlm
 
-    model = os.path.join(w, "scale.nlm")
-    f16 = os.path.join(w, "scale.f16.nlm")
+    text = text or args.train
+    model = os.path.join(w, f"scale{tag}.nlm")
+    f16 = os.path.join(w, f"scale{tag}.f16.nlm")
     cmd = nlm("train", "--train", corpus, "--test-set", args.valid, "-o", model, "--threads",
               str(max(_ints(args.threads, "--threads"))), "--max-vocab", str(args.max_vocab),
-              "--max-minutes", str(args.train_minutes), "--no-progress")
+              "--max-minutes", str(minutes or args.train_minutes), "--no-progress")
     if args.order:
         cmd += ["--order", str(args.order)]
     cmd += shlex.split(args.train_flags or "")
@@ -363,25 +388,28 @@ def quality(args: argparse.Namespace, corpus: str, w: str, log) -> Dict[str, Any
                 os.remove(old)
         atomic_write_text(marker, recipe + "\n")
     if not os.path.exists(model) or os.path.exists(ckpt):
-        log(f"training the quality model for at most {args.train_minutes} minutes")
+        log(f"training the quality model on {corpus} for at most {minutes or args.train_minutes} minutes")
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     lm = nlmfeature.load(model)
     test = os.path.join(w, "test.sample.txt")
     prefix_text(args.test, test, args.test_tokens)
     valid = valid_sample(args, w)
-    arpa = os.path.join(w, f"kenlm{args.kenlm_order}.arpa")
+    arpa = os.path.join(w, f"kenlm{args.kenlm_order}{tag}.arpa")
     if not os.path.exists(arpa):
-        log("training KenLM on the same text and vocabulary")
-        train_kenlm(args.train, arpa, order=args.kenlm_order, vocab=lm.vocab, memory="25%")
+        log(f"training KenLM on {text} with the model's vocabulary")
+        train_kenlm(text, arpa, order=args.kenlm_order, vocab=lm.vocab, memory="25%")
     bins = {}
     build = find_tool("build_binary")
-    for kind, extra in (("probing", ["probing"]), ("trie", ["trie"]), ("trie q8", ["-q", "8", "-b", "8", "trie"])):
-        out = os.path.join(w, f"kenlm{args.kenlm_order}.{kind.replace(' ', '-')}.bin")
+    kinds = (("probing", ["probing"]), ("trie", ["trie"]), ("trie q8", ["-q", "8", "-b", "8", "trie"]))
+    for kind, extra in kinds[:1] if tag else kinds:
+        out = os.path.join(w, f"kenlm{args.kenlm_order}{tag}.{kind.replace(' ', '-')}.bin")
+        if os.path.exists(out) and os.path.getmtime(out) < os.path.getmtime(arpa):
+            os.remove(out)
         if not os.path.exists(out):
             subprocess.run([build, *extra[:-1], extra[-1], arpa, out], check=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         bins[kind] = out
-    if not os.path.exists(f16) or os.path.getmtime(f16) < os.path.getmtime(model):   # a resumed run's model
+    if not tag and (not os.path.exists(f16) or os.path.getmtime(f16) < os.path.getmtime(model)):   # resumed
         subprocess.run(nlm("convert", "--float16", model, f16, "-q"), check=True, stdout=subprocess.DEVNULL)
     log("perplexities")
     _, _, so = rss_of(nlm("perplexity", "-m", model, "--exact", "--test", test, "--kenlm", bins["probing"],
@@ -404,6 +432,13 @@ def sizes_of(q: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:
 def _ppl_rows(q: Dict[str, Any]) -> List[Tuple[str, float]]:
     rows = q["perplexity"].get("rows") or q["perplexity"].get("results") or []
     return [(r.get("name") or r.get("model"), r.get("perplexity")) for r in rows]
+
+
+def curve_row(q: Dict[str, Any], tokens: int) -> Dict[str, Any]:
+    """One point of the perplexities against corpus size: the training corpus's tokens, the
+    model's epochs and vocabulary, and each model's test perplexity (:func:`quality`'s)."""
+    return {"tokens": tokens, "epochs": q.get("epochs"), "vocab": q.get("vocab"),
+            **{name: p for name, p in _ppl_rows(q) if isinstance(p, (int, float))}}
 
 
 def format_markdown(r: Dict[str, Any]) -> str:
@@ -434,6 +469,16 @@ def format_markdown(r: Dict[str, Any]) -> str:
                 continue
             ratio = f"{p / ken:.3f}" if isinstance(ken, (int, float)) and ken else ""
             out.append(f"| {name} | {p:.2f} | {ratio} |")
+        if len(r.get("curve") or []) > 1:
+            out += ["", "The same recipe and KenLM on smaller samples of the text (the same test text):", "",
+                    "| training tokens | V | epochs | NLM | KenLM | linear | NLM / KenLM | linear / KenLM |",
+                    "|---|---|---|---|---|---|---|---|"]
+            for c in r["curve"]:
+                ken = c.get("kenlm")
+                cells = [f"{c[m]:.2f}" if m in c else "" for m in ("neural", "kenlm", "linear")]
+                ratios = [f"{c[m] / ken:.3f}" if m in c and ken else "" for m in ("neural", "linear")]
+                out.append(f"| {c['tokens']:,} | {c.get('vocab') or 0:,} | {c.get('epochs')} | "
+                           + " | ".join(cells + ratios) + " |")
         out += ["", "| model file | MiB |", "|---|---|"]
         for s in r["sizes"]:
             out.append(f"| {s['model']} | {s['mib']} |")
@@ -518,7 +563,18 @@ def plot(r: Dict[str, Any], path: str) -> None:
     axes[0].legend()
     axes[0].set_title("memory against corpus size")
     q = r.get("quality")
-    if q:
+    curve = sorted(r.get("curve") or [], key=lambda c: c["tokens"])
+    if len(curve) > 1:
+        for name, style in (("neural", "o-"), ("kenlm", "s--"), ("linear", "^:")):
+            pts = [(c["tokens"] / 1e6, c[name]) for c in curve if name in c]
+            axes[1].plot([x for x, _ in pts], [y for _, y in pts], style,
+                         label={"neural": "NLM", "kenlm": "KenLM 5-gram", "linear": "linear mix"}[name])
+        axes[1].set_xscale("log")
+        axes[1].set_xlabel("corpus tokens (millions)")
+        axes[1].set_ylabel("test perplexity (held-out books)")
+        axes[1].legend()
+        axes[1].set_title("perplexity against corpus size")
+    elif q:
         rows = [(n, p) for n, p in _ppl_rows(q) if isinstance(p, (int, float))]
         axes[1].bar(range(len(rows)), [p for _, p in rows])
         axes[1].set_xticks(range(len(rows)), [n for n, _ in rows], rotation=20, fontsize=8)

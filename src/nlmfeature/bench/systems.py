@@ -37,7 +37,9 @@ that shares the tables and differs only in its LM:
 8. ``big-lm``: ``lmplz -o 5`` on those files plus the English training side
    (``OUT/big/lm.en.5g.arpa``; ``--big-lm-memory`` bounds lmplz's memory) and its KenLM
    binary ``lm.en.5g.bin``, which ``OUT/big/moses.untuned.ini`` loads (binarising an LM
-   of this size for every work folder would take minutes each time);
+   of this size for every work folder would take minutes each time); and a third system
+   folder ``OUT/big-small``, the same tables with both LMs as two features, as Moses systems
+   are usually built (LM0 the big LM, LM1 the 5-gram of step 4);
 9. ``big-tune``: step 6 on ``OUT/big`` (``--big-start small-tuned``: MERT starts from the small
    system's tuned weights, which takes fewer iterations).
 
@@ -85,6 +87,8 @@ PHRASE_TABLE = "phrase-table.gz"
 REORDERING_TABLE = "reordering-table.wbe-msd-bidirectional-fe.gz"
 ALIGNMENT = "train.align.grow-diag-final-and.gz"
 BIG_LM_ARPA, BIG_LM_BIN = "lm.en.5g.arpa", "lm.en.5g.bin"
+#: the folder (in OUT) of the system with both LMs, the big one and the in-domain one
+BOTH_DIR = "big-small"
 
 
 def _log(msg: str) -> None:
@@ -723,21 +727,49 @@ def step_big_lm(args: argparse.Namespace, out: str) -> dict:
         t0 = time.time()
         res = build_lm(args, texts, arpa, args.big_lm_memory)
         res["lmplz_seconds"] = round(time.time() - t0)
+        res["texts"] = texts
     else:
         res["ngrams"] = arpa_counts(arpa)
     t0 = time.time()
-    binarise_lm(arpa, os.path.join(big, BIG_LM_BIN), *kenlm_dirs(args))
-    res["build_binary_seconds"] = round(time.time() - t0)
+    if binarise_lm(arpa, os.path.join(big, BIG_LM_BIN), *kenlm_dirs(args)):
+        res["build_binary_seconds"] = round(time.time() - t0)
+    res["reused"] = "lmplz_seconds" not in res and "build_binary_seconds" not in res
     res["bytes"] = {n: os.path.getsize(os.path.join(big, n)) for n in (BIG_LM_ARPA, BIG_LM_BIN)}
+    small_lines = list(read_lines(untuned))
+    lines = [l.replace(f"path=MODEL_DIR/{LM_NAME}", f"path=MODEL_DIR/{BIG_LM_BIN}") for l in small_lines]
+    _link_tables(out, big)
+    _write_lines(os.path.join(big, "moses.untuned.ini"), lines)
+    both = os.path.join(out, BOTH_DIR)
+    os.makedirs(both, exist_ok=True)
+    _link_tables(out, both, (LM_NAME,))
+    if not os.path.lexists(os.path.join(both, BIG_LM_BIN)):
+        os.symlink(os.path.join("..", os.path.basename(big), BIG_LM_BIN), os.path.join(both, BIG_LM_BIN))
+    _write_lines(os.path.join(both, "moses.untuned.ini"), with_second_lm(lines, small_lines))
+    return res
+
+
+def _link_tables(out: str, folder: str, extra: Sequence[str] = ()) -> None:
+    """Relative links in ``folder`` to the tables, the alignment, the training text and
+    ``extra`` of the system in ``out``."""
     for name in os.listdir(out):
-        if name in (PHRASE_TABLE, REORDERING_TABLE, ALIGNMENT) or name.startswith("train.tok.lc."):
-            link = os.path.join(big, name)
+        if name in (PHRASE_TABLE, REORDERING_TABLE, ALIGNMENT) + tuple(extra) or name.startswith("train.tok.lc."):
+            link = os.path.join(folder, name)
             if not os.path.lexists(link):
                 os.symlink(os.path.join("..", name), link)
-    lines = [l.replace(f"path=MODEL_DIR/{LM_NAME}", f"path=MODEL_DIR/{BIG_LM_BIN}")
-             for l in read_lines(untuned)]
-    _write_lines(os.path.join(big, "moses.untuned.ini"), lines)
-    res["texts"] = texts
+
+
+def with_second_lm(lines: Sequence[str], small_lines: Sequence[str]) -> List[str]:
+    """The moses.ini ``lines`` with the LM of ``small_lines`` (the same config on another
+    LM) as a second LM feature ``LM1``, after ``LM0`` and with its weight."""
+    small = next(l for l in small_lines if l.split() and l.split()[0] == "KENLM")
+    res = []
+    for line in lines:
+        res.append(line)
+        toks = line.split()
+        if toks and toks[0] == "KENLM":
+            res.append(small.replace("name=LM0", "name=LM1"))
+        elif toks and toks[0] == "LM0=":
+            res.append("LM1= " + " ".join(toks[1:]))
     return res
 
 
@@ -764,7 +796,8 @@ def outputs(step: str, out: str) -> List[str]:
         "train": [os.path.join(out, n) for n in (PHRASE_TABLE, REORDERING_TABLE, "moses.untuned.ini")],
         "tune": [os.path.join(out, "moses.tuned.ini"), os.path.join(out, "results.json")],
         "nbest": [os.path.join(out, NBEST_DIR, n) for n in ("test.tuned.100best.gz", "moses.tuned.ini")],
-        "big-lm": [os.path.join(big, BIG_LM_BIN), os.path.join(big, "moses.untuned.ini")],
+        "big-lm": [os.path.join(big, BIG_LM_BIN), os.path.join(big, "moses.untuned.ini"),
+                   os.path.join(out, BOTH_DIR, "moses.untuned.ini")],
         "big-tune": [os.path.join(big, "moses.tuned.ini"), os.path.join(big, "results.json")],
     }[step]
 
@@ -795,7 +828,10 @@ def build(args: argparse.Namespace) -> dict:
         _log(f"{step} ...")
         t0 = time.time()
         res = RUNNERS[step](args, out)
-        res["seconds"] = round(time.time() - t0, 1)
+        if res.pop("reused", False) and step in record:
+            res = {**record[step], **res}   # finished an earlier run: its figures and seconds stay
+        else:
+            res["seconds"] = round(time.time() - t0, 1)
         record[step] = res
         _write_json(record_path, record)
         _log(f"{step}: {res['seconds']:.0f} s")

@@ -324,6 +324,12 @@ def _scale(bench_sub: argparse._SubParsersAction) -> None:
                    help="timed minibatches of each speed run (default 400)")
     p.add_argument("--train-minutes", type=float, default=30.0, metavar="M",
                    help="training time of the quality model (default 30; 0 skips the quality part)")
+    p.add_argument("--quality-sizes", default="", metavar="LIST",
+                   help="also train the quality recipe and KenLM on these smaller --sizes (e.g. 10M,50M) "
+                        "and compare them on the same test text: perplexity against corpus size "
+                        "(default none)")
+    p.add_argument("--quality-size-minutes", type=float, default=0.0, metavar="M",
+                   help="training time of each --quality-sizes model (default: --train-minutes)")
     p.add_argument("--test-tokens", type=int, default=20000, metavar="N",
                    help="test tokens scored (exact normalisation costs a pass over the vocabulary "
                         "per token; default 20000)")

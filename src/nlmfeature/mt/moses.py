@@ -296,8 +296,9 @@ def prepare_system(ini: str, work: str, inputs: Sequence[str], system: Optional[
     """A copy of the moses.ini ``ini`` that loads fast, in ``work`` (``base.KEY.moses.ini``):
     paths made absolute (:func:`read_ini`, relative to ``system``), the tables of
     :data:`FILTERED_FEATURES` filtered to the phrases of ``inputs``
-    (``filtered.KEY.NAME``, unless ``do_filter`` is false) and an ARPA LM binarised
-    (``lm.bin``).  Files already in ``work`` are reused: name the inputs by their content."""
+    (``filtered.KEY.NAME``, unless ``do_filter`` is false) and each ARPA LM binarised (the
+    first LM line's into ``lm.bin``, the N-th's into ``lm.N.bin``, N from 1).  Files already in
+    ``work`` are reused: name the inputs by their content."""
     t_start = time.time()
     os.makedirs(work, exist_ok=True)
     key = inputs_key(inputs)
@@ -306,6 +307,7 @@ def prepare_system(ini: str, work: str, inputs: Sequence[str], system: Optional[
     filter_seconds = 0.0
     out_lines = []
     section = None
+    n_lm = 0                                   # LM feature lines so far
     for line in read_ini(ini, system):
         m = _SECTION.match(line)
         if m:
@@ -318,13 +320,14 @@ def prepare_system(ini: str, work: str, inputs: Sequence[str], system: Optional[
                 from nlmfeature.training.kenlm_baseline import is_arpa
 
                 if is_arpa(src):
-                    dst = os.path.join(work, "lm.bin")
+                    dst = os.path.join(work, "lm.bin" if n_lm == 0 else f"lm.{n_lm}.bin")
                     t0 = time.time()
                     if binarise_lm(src, dst, *kenlm_bin) and log:
                         log(f"binarised {src} ({time.time() - t0:.0f} s)")
                     line = line.replace(pm.group(0), "path=" + dst, 1)
                     src = dst
                 res.lm = res.lm or src
+                n_lm += 1
             elif do_filter and toks[0] in FILTERED_FEATURES:
                 name = re.sub(r"\.gz$", "", os.path.basename(src))
                 dst = os.path.join(work, f"filtered.{key}.{name}")
