@@ -104,3 +104,40 @@ abc1234, 2026-11-30.
     assert moses2_ratio("kenlm-big+nlm")(s) == "**1.21x** KenLM alone with cube pruning on 1 thread; normal search 2.26x"
     with pytest.raises(NLMFeatureError, match="no cube pruning row of nlm-alone"):
         moses2_ratio("nlm-alone")(s)
+
+
+def test_scale_headline_reads_the_perplexity_against_size_table():
+    """The scale headline gives the whole corpus's perplexities and the NLM's ratio on each
+    smaller corpus of the eight-column table (not the whole corpus's row of it again)."""
+    from nlmfeature.bench.results import scale_headline
+
+    text = """## Scale
+
+    nlmfeature bench scale --parts quality
+
+2026-11-30, commit abc1234, 2 cores.
+
+| corpus tokens | word types | compile s | MB/s | file MiB | compile peak RSS MiB |
+|---|---|---|---|---|---|
+| 10,001,792 | 119,666 | 2.4 | 19.8 | 41.8 | 122.4 |
+| 235,573,736 | 791,975 | 54.9 | 20.3 | 952.3 | 268.5 |
+
+| training corpus tokens | peak RSS of training MiB | |
+|---|---|---|
+| 10,001,792 | 743.6 |  |
+| 235,573,736 | 797.3 |  |
+
+| model | test perplexity | ratio to KenLM |
+|---|---|---|
+| neural | 65.66 | 1.005 |
+| kenlm | 65.34 | 1.000 |
+| linear | 55.77 | 0.853 |
+
+| training tokens | V | epochs | NLM | KenLM | linear | NLM / KenLM | linear / KenLM |
+|---|---|---|---|---|---|---|---|
+| 10,001,792 | 61,938 | 1.25 | 88.84 | 109.28 | 79.02 | 0.813 | 0.723 |
+| 235,573,736 | 100,000 | 2.0 | 65.66 | 65.34 | 55.77 | 1.005 | 0.853 |
+"""
+    s = read_sections(text)["Scale"]
+    assert scale_headline(s) == ("NLM 65.66, KenLM 65.34 (**1.005x**), interpolated **0.853x**; trained on 236M "
+                                 "tokens; on 10M tokens 0.813x; training peak RSS 0.73-0.78 GiB from 10M to 236M tokens")

@@ -127,9 +127,10 @@ def demo_gain(s: Section) -> str:
 
 def scale_headline(s: Section) -> str:
     """``bench scale``'s perplexities against KenLM, its corpus and its memory curve: ``NLM
-    79.15, KenLM 79.90 (**0.991x**), interpolated **0.848x**; trained on 41M tokens; training
-    peak RSS 1.16-1.19 GiB from 10M to 988M tokens``.  The corpus table is the one of six
-    columns, the memory table the one of three whose rows start with a token count."""
+    79.15, KenLM 79.90 (**0.991x**), interpolated **0.848x**; trained on 41M tokens; on 10M
+    tokens 0.812x; training peak RSS 1.16-1.19 GiB from 10M to 988M tokens``.  The corpus table is
+    the one of six columns, the memory table the one of three and the perplexity-against-size
+    table the one of eight whose rows start with a token count."""
     nlm, kenlm, linear = s.row("neural"), s.row("kenlm"), s.row("linear")
 
     def counted(columns: int) -> List[List[str]]:
@@ -140,8 +141,13 @@ def scale_headline(s: Section) -> str:
     if not corpora or not memory:
         raise NLMFeatureError(f"docs/results.md, section {s.title!r}: no corpus or memory table")
     tokens, rss = [t for t, _ in memory], [m for _, m in memory]
+    # the perplexity-against-size table (eight columns): the NLM's ratio on the smaller corpora
+    smaller = [(int(r[0].replace(",", "")), r[6]) for r in counted(8)
+               if int(r[0].replace(",", "")) < max(corpora) and r[6]]
+    curve = (f"; on {' and '.join(f'{t / 1e6:.0f}M' for t, _ in sorted(smaller))} tokens "
+             f"{' and '.join(f'{r}x' for _, r in sorted(smaller))}" if smaller else "")
     return (f"NLM {nlm[1]}, KenLM {kenlm[1]} (**{float(nlm[2]):.3f}x**), interpolated **{float(linear[2]):.3f}x**; "
-            f"trained on {max(corpora) / 1e6:.0f}M tokens; training peak RSS {min(rss) / 1024:.2f}-"
+            f"trained on {max(corpora) / 1e6:.0f}M tokens{curve}; training peak RSS {min(rss) / 1024:.2f}-"
             f"{max(rss) / 1024:.2f} GiB from {min(tokens) / 1e6:.0f}M to {max(tokens) / 1e6:,.0f}M tokens")
 
 
@@ -218,6 +224,10 @@ HEADLINES: Sequence[Tuple[str, str, Callable[[Section], str], Callable[[Section]
     ("BLEU, the same Tatoeba system and NLM with the 5-gram of the in-domain side alone (1.3M "
      "words, which holds a third of the test sentences) instead of the 42M-word KenLM",
      "Beside the in-domain 5-gram (KenLM-small) instead of KenLM-big",
+     bleu_gain("decoding", "test", "newstest2013", "newstest2014"), last_command),
+    ("BLEU, the same Tatoeba system and NLM with both n-gram LMs as two features (the 42M-word "
+     "KenLM and the in-domain 5-gram), as Moses systems are usually built",
+     "Beside both LMs (KenLM-big and KenLM-small as two features)",
      bleu_gain("decoding", "test", "newstest2013", "newstest2014"), last_command),
     ("BLEU, the demo (bundled 100-best lists)", "The demo", demo_gain, last_command),
     ("test perplexity on Project Gutenberg books never trained on, V = 100k: the NLM against a "
