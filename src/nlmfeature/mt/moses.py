@@ -297,8 +297,8 @@ def prepare_system(ini: str, work: str, inputs: Sequence[str], system: Optional[
     paths made absolute (:func:`read_ini`, relative to ``system``), the tables of
     :data:`FILTERED_FEATURES` filtered to the phrases of ``inputs``
     (``filtered.KEY.NAME``, unless ``do_filter`` is false) and each ARPA LM binarised (the
-    first LM line's into ``lm.bin``, the N-th's into ``lm.N.bin``, N from 1).  Files already in
-    ``work`` are reused: name the inputs by their content."""
+    first LM line's into ``lm.bin``, the next ones' into ``lm.1.bin``, ``lm.2.bin``, ...).
+    Files already in ``work`` are reused: name the inputs by their content."""
     t_start = time.time()
     os.makedirs(work, exist_ok=True)
     key = inputs_key(inputs)
