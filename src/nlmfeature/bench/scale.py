@@ -470,7 +470,7 @@ def format_markdown(r: Dict[str, Any]) -> str:
             ratio = f"{p / ken:.3f}" if isinstance(ken, (int, float)) and ken else ""
             out.append(f"| {name} | {p:.2f} | {ratio} |")
         if len(r.get("curve") or []) > 1:
-            out += ["", "The same recipe and KenLM on smaller samples of the text (the same test text):", "",
+            out += ["", "The same recipe and KenLM on each corpus size (the smaller ones samples of the text; the same test text):", "",
                     "| training tokens | V | epochs | NLM | KenLM | linear | NLM / KenLM | linear / KenLM |",
                     "|---|---|---|---|---|---|---|---|"]
             for c in r["curve"]:
