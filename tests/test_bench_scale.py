@@ -193,3 +193,17 @@ def test_bench_scale_perplexity_against_corpus_size(tmp_path):
     assert f"| {small['tokens']:,} |" in md.stdout and "| training tokens | V | epochs | NLM | KenLM |" in md.stdout
     bad = run_cli(*base, "--quality-sizes", "5K")
     assert bad.returncode != 0 and "--quality-sizes" in bad.stderr and "Traceback" not in bad.stderr
+    # --parts curve: the smaller corpora alone, beside the whole text's model, which stays as
+    # it is even with a checkpoint beside it (a quality part would train it on)
+    whole_model = tmp_path / "w" / "scale.nlm"
+    (tmp_path / "w" / "scale.nlm.ckpt.npz").write_bytes(b"")
+    before = whole_model.stat().st_mtime_ns
+    (tmp_path / "w" / "scale.30000.nlm").unlink()
+    curve = run_cli(*base[:-1], "--parts", "curve", "--quality-sizes", "30K", "--json", timeout=600)
+    assert curve.returncode == 0, curve.stderr[-3000:]
+    again = json.loads(curve.stdout)
+    assert whole_model.stat().st_mtime_ns == before and again["quality"] == r["quality"]
+    assert [c["tokens"] for c in again["curve"]] == [small["tokens"], whole["tokens"]]
+    assert again["curve"][1] == whole and (tmp_path / "w" / "scale.30000.nlm").exists()
+    none = run_cli(*base[:-1], "--parts", "curve")
+    assert none.returncode != 0 and "--quality-sizes" in none.stderr and "Traceback" not in none.stderr

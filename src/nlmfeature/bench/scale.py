@@ -25,7 +25,8 @@ Every measurement runs in a fresh process (``python -m nlmfeature.cli ...``), so
   vocabulary and their linear interpolation (``nlmfeature perplexity``); with
   ``--quality-sizes`` the same recipe and comparison on those smaller corpora too (each model
   trained for at most ``--quality-size-minutes``, KenLM on the same sample of the text): the
-  perplexities against corpus size;
+  perplexities against corpus size (``--parts curve``: these alone, beside the whole text's
+  model of an earlier quality part, which is neither trained nor scored again);
 * **size**: the model file in float32 and float16 beside KenLM's probing, trie and quantised
   trie (8-bit) binaries.
 """
@@ -169,10 +170,10 @@ def run(args: argparse.Namespace) -> int:
     parts = {x.strip() for x in args.parts.split(",") if x.strip()}
     if parts == {"none"}:
         return _report_earlier(args)
-    unknown = parts - {"corpus", "speed", "quality", "memory"}
+    unknown = parts - {"corpus", "speed", "quality", "curve", "memory"}
     if unknown or not parts:
         raise NLMFeatureError(f"--parts: unknown part(s) {', '.join(sorted(unknown)) or '(none given)'}; "
-                              "choose from corpus, speed, quality, memory")
+                              "choose from corpus, speed, quality, curve, memory")
     os.makedirs(args.workdir, exist_ok=True)
     w = args.workdir
     log = (lambda m: None) if args.quiet else (lambda m: print(f"bench scale: {m}", file=sys.stderr, flush=True))
@@ -194,12 +195,14 @@ def run(args: argparse.Namespace) -> int:
         for part in ("speed", "quality", "memory"):
             if part not in parts and part in earlier:
                 result[part] = earlier[part]
-        if "quality" not in parts:
+        if not parts & {"quality", "curve"}:
             result["curve"] = earlier.get("curve", [])
     quality_sizes = [parse_count(s) for s in args.quality_sizes.split(",") if s.strip()]
     if set(quality_sizes) - set(sizes) or None in quality_sizes:
         raise NLMFeatureError("--quality-sizes: each must be one of the smaller --sizes (the whole text "
                               "is the quality part's own)")
+    if "curve" in parts and not quality_sizes:
+        raise NLMFeatureError("--parts curve needs --quality-sizes (the smaller corpora to train on)")
     # 1. corpora
     compiled: List[Tuple[int, str]] = []
     by_size: Dict[Optional[int], Tuple[str, str]] = {}    # size -> (text, compiled corpus)
@@ -284,6 +287,7 @@ def run(args: argparse.Namespace) -> int:
     # 3. quality and 4. sizes
     if args.train_minutes > 0 and "quality" in parts:
         result["quality"] = quality(args, biggest, w, log)
+    if args.train_minutes > 0 and parts & {"quality", "curve"}:
         result["curve"] = []
         minutes = args.quality_size_minutes or args.train_minutes
         for size in sorted(quality_sizes):

@@ -341,7 +341,8 @@ def _scale(bench_sub: argparse._SubParsersAction) -> None:
                         "workdir keeps the quality model of the last options only: other flags, "
                         "--order, --max-vocab, --threads or --train-minutes train a new one")
     p.add_argument("--parts", default="corpus,speed,quality,memory", metavar="LIST",
-                   help="what to measure (default corpus,speed,quality,memory); a run of some parts "
+                   help="what to measure (default corpus,speed,quality,memory; 'curve': the "
+                        "--quality-sizes models alone, beside an earlier quality part's); a run of some parts "
                         "reuses the workdir's corpora and keeps the other parts' figures from its "
                         "earlier bench-scale.json, e.g. --parts speed to time again on an idle machine; "
                         "'none' measures nothing and writes the earlier run's tables (--results, --png)")
