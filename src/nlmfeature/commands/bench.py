@@ -396,7 +396,8 @@ def _system(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lm-memory", default="1G", help="lmplz -S for the small LM (default 1G)")
     p.add_argument("--big-lm-text", action="append", default=[], metavar="FILE",
                    help="tokenised lowercased English text of the big LM (repeatable; the "
-                        "English training side is added); makes OUT/big")
+                        "English training side is added); makes OUT/big, and OUT/big-small with "
+                        "both LMs as two features")
     p.add_argument("--big-start", choices=("untuned", "small-tuned"), default="untuned",
                    help="weights the big-LM system's MERT starts from: Moses' defaults "
                         "(untuned) or the small system's tuned ones (default untuned)")
