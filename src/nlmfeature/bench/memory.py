@@ -23,10 +23,23 @@ is replaced by the model's log-probability of the whole hypothesis (``<s>`` cont
 scored; an unnormalised neural model's raw scores, as a decoder adds them), the weights are
 tuned on dev by MERT ``--tunings`` times (seeds 1..N, from the system's tuned weights) and the
 test list reranked; BLEU (tokenised, lowercased reference, sacrebleu ``-tok none``) is the mean
-of the tunings.  The row ``system-lm`` keeps the decoder's own LM (the unchanged lists): the
-reference point.  It is rescoring, not decoding: the lists were searched with the system's LM.
+of the tunings.  Then the same with the model **beside the lists' LM**: ``LM0`` kept, the
+model's log-probability a second feature ``LM1`` (its weight starting at half ``LM0``'s, as
+``bench mt`` starts an NLM), tuned and reranked the same way.  The row ``system-lm`` keeps the
+decoder's own LM (the unchanged lists): the reference point.  It is rescoring, not decoding:
+the lists were searched with the system's LM.
 
-A table (or ``--json``) and, with ``--plot``, a PNG of perplexity (and BLEU) against size.
+The decoder's memory (with ``--moses``, a Moses or Moses2 with NLMFeature, and
+``--decoder-config``, a moses.ini of the system with one KENLM feature): every model in turn
+replaces that KENLM line (an NLMFeature line for a neural model, a KENLM line for a KenLM file;
+same label and weight) and the decoder translates the first ``--decoder-sentences`` lines of
+``--decoder-input`` on one thread: its peak resident memory (a memory-mapped model counts the
+pages the search touched), its load time (the wall seconds of translating an empty input) and
+its milliseconds per sentence; the same config without a language model is the reference (what
+the tables and the search take).
+
+A table (or ``--json``) and, with ``--plot``, a PNG of perplexity (and BLEU, and the decoder's
+peak memory) against size.
 """
 from __future__ import annotations
 
@@ -114,6 +127,19 @@ def run(args: argparse.Namespace) -> int:
                                       "and --dev-nbest, or --no-bleu)")
         if args.tunings < 1:
             raise NLMFeatureError(f"--tunings must be at least 1, got {args.tunings}")
+    if args.moses:              # refused before any work
+        from nlmfeature.mt.moses import find_moses
+
+        args.moses = find_moses(args.moses)
+        for flag, f in (("--decoder-config", args.decoder_config), ("--decoder-input", args.decoder_input)):
+            if not f:
+                raise NLMFeatureError(f"--moses needs {flag}")
+            if not os.path.isfile(f):
+                raise NLMFeatureError(f"{flag} {f}: no such file")
+        if args.decoder_sentences < 1:
+            raise NLMFeatureError(f"--decoder-sentences must be at least 1, got {args.decoder_sentences}")
+    elif args.decoder_config or args.decoder_input:
+        raise NLMFeatureError("--decoder-config and --decoder-input are for --moses (the decoder)")
     if args.plot:
         try:
             import matplotlib  # noqa: F401
@@ -193,6 +219,10 @@ def run(args: argparse.Namespace) -> int:
         bleu = None
         if not args.no_bleu:
             bleu = lm_swap_bleu(rows, vocab, args, os.path.join(out, "bleu"), log)
+        # -- the decoder ----------------------------------------------------------------------
+        decoder = None
+        if args.moses:
+            decoder = decoder_figures(rows, args, os.path.join(out, "decoder"), log)
         # -- figures ------------------------------------------------------------------------
         ref = next(r for r in rows if r["model"] == "kenlm-probing")
         ref_test, ref_valid = ref["test_logprob"], ref["valid_logprob"]
@@ -209,8 +239,11 @@ def run(args: argparse.Namespace) -> int:
                   "vocab": len(vocab) if vocab is not None else None, "rows": rows}
         if bleu is not None:
             result["bleu"] = bleu
+        if decoder is not None:
+            result["decoder"] = decoder
         if args.plot:
-            plot(rows, args.plot, "quick run: figures mean nothing" if args.quick else os.path.basename(args.test))
+            plot(rows, args.plot, "quick run: figures mean nothing" if args.quick else os.path.basename(args.test),
+                 decoder["no_lm"]["decoder_peak_mb"] if decoder else None)
             result["plot"] = args.plot
         if args.json:
             print(dumps_json(result, indent=2))
@@ -220,16 +253,30 @@ def run(args: argparse.Namespace) -> int:
             print(f"test perplexity against file size ({args.test}; vocabulary {result['vocab']})"
                   + ("  [--quick: figures mean nothing]" if args.quick else ""))
             print(f"{'model':34s} {'MB':>9s} {'test ppl':>9s} {'x KenLM':>8s} {'linear w/ KenLM':>16s}"
-                  + (f" {'BLEU (only LM)':>15s} {'dev':>6s}" if bleu else ""))
+                  + (f" {'BLEU (only LM)':>15s} {'dev':>6s} {'BLEU (beside)':>15s} {'dev':>6s}" if bleu else "")
+                  + (f" {'dec. MB':>8s} {'load s':>6s} {'ms/sent':>7s}" if decoder else ""))
+
+            def b_(r: Dict[str, Any], prefix: str) -> str:
+                return (f" {r[prefix + 'test_bleu']:8.2f} +-{r[prefix + 'test_bleu_sd']:4.2f} "
+                        f"{r[prefix + 'dev_bleu']:6.2f}" if prefix + "test_bleu" in r else "")
+
+            def d_(r: Dict[str, Any]) -> str:
+                return (f" {r['decoder_peak_mb']:8.0f} {r['decoder_load_seconds']:6.2f} "
+                        f"{r['decoder_ms_per_sentence']:7.1f}" if "decoder_peak_mb" in r else "")
+
             for r in rows:
                 lin = f"{r['linear_with_kenlm_ppl']:10.2f} (w {r['linear_weight']:.2f})" if "linear_weight" in r else ""
-                b_ = f" {r['test_bleu']:8.2f} +-{r['test_bleu_sd']:4.2f} {r['dev_bleu']:6.2f}" if "test_bleu" in r else ""
-                print(f"{r['model']:34s} {r['MB']:9.2f} {r['test_ppl']:9.2f} {r['ratio_to_kenlm']:8.3f} {lin:>16s}{b_}")
+                print(f"{r['model']:34s} {r['MB']:9.2f} {r['test_ppl']:9.2f} {r['ratio_to_kenlm']:8.3f} {lin:>16s}"
+                      f"{b_(r, '')}{b_(r, 'beside_')}{d_(r)}")
             if bleu:
-                sl = bleu["system_lm"]
-                print(f"{'system-lm (the decoder LM0)':34s} {'':>9s} {'':>9s} {'':>8s} {'':>16s} "
-                      f"{sl['test_bleu']:8.2f} +-{sl['test_bleu_sd']:4.2f} {sl['dev_bleu']:6.2f}")
+                print(f"{'system-lm (the decoder LM0)':34s} {'':>9s} {'':>9s} {'':>8s} {'':>16s}"
+                      f"{b_(bleu['system_lm'], '')}")
                 print(f"BLEU: {bleu['note']}")
+            if decoder:
+                print(f"{'no LM (decoder tables and search)':34s} {'':>9s} {'':>9s} {'':>8s} {'':>16s}"
+                      f"{' ' * 46 if bleu else ''}{d_(decoder['no_lm'])}")
+                print(f"decoder: {decoder['moses']} on {decoder['sentences']} sentences of {decoder['input']}, "
+                      "1 thread; peak resident memory, load = an empty input's wall seconds")
             if args.plot:
                 print(f"plot: {args.plot}")
     finally:
@@ -240,21 +287,43 @@ def run(args: argparse.Namespace) -> int:
 
 def format_markdown(result: Dict[str, Any]) -> str:
     """The rows of a run (``--json``'s document) as one markdown table."""
-    bleu = result.get("bleu")
+    bleu, dec = result.get("bleu"), result.get("decoder")
+    beside = bool(bleu) and any("beside_test_bleu" in r for r in result["rows"])
     head = ["model", "MB", "test ppl", "x KenLM probing", "linear with KenLM probing (weight)"]
     if bleu:
         head += ["test BLEU as the only LM (sd)", "dev BLEU"]
+    if beside:
+        head += ["test BLEU beside the lists' LM (sd)", "dev BLEU"]
+    if dec:
+        head += ["decoder peak MB", "decoder load s", "decoder ms/sentence"]
+
+    def bleu_cells(r: Dict[str, Any], prefix: str) -> List[str]:
+        return [f"{r[prefix + 'test_bleu']:.2f} ({r[prefix + 'test_bleu_sd']:.2f})", f"{r[prefix + 'dev_bleu']:.2f}"]
+
+    def dec_cells(r: Dict[str, Any]) -> List[str]:
+        return [f"{r['decoder_peak_mb']:.0f}", f"{r['decoder_load_seconds']:.2f}", f"{r['decoder_ms_per_sentence']:.1f}"]
+
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in result["rows"]:
         cells = [r["model"], f"{r['MB']:.2f}", f"{r['test_ppl']:.2f}", f"{r['ratio_to_kenlm']:.3f}",
                  f"{r['linear_with_kenlm_ppl']:.2f} ({r['linear_weight']:.2f})" if "linear_weight" in r else ""]
         if bleu:
-            cells += [f"{r['test_bleu']:.2f} ({r['test_bleu_sd']:.2f})", f"{r['dev_bleu']:.2f}"]
+            cells += bleu_cells(r, "")
+        if beside:
+            cells += bleu_cells(r, "beside_")
+        if dec:
+            cells += dec_cells(r)
         lines.append("| " + " | ".join(cells) + " |")
     if bleu:
-        sl = bleu["system_lm"]
-        lines.append("| the system's own LM (the lists' LM0) | | | | | "
-                     f"{sl['test_bleu']:.2f} ({sl['test_bleu_sd']:.2f}) | {sl['dev_bleu']:.2f} |")
+        cells = ["the system's own LM (the lists' LM0)", "", "", "", ""] + bleu_cells(bleu["system_lm"], "")
+        if beside:
+            cells += ["", ""]
+        if dec:
+            cells += ["", "", ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    if dec:
+        cells = ["no LM (the decoder's tables and search)"] + [""] * (len(head) - 4) + dec_cells(dec["no_lm"])
+        lines.append("| " + " | ".join(cells) + " |")
     if result.get("quick"):
         lines.append("")
         lines.append("(--quick: figures mean nothing)")
@@ -295,8 +364,9 @@ def _neural_rows(name: str, path: str, m, out: str, test: List[str], valid: List
 
 def lm_swap_bleu(rows: List[Dict[str, Any]], vocab, args: argparse.Namespace, work: str,
                  log) -> Dict[str, Any]:
-    """BLEU with each row's model as the only LM of the --nbest-dir lists (module doc).  Adds
-    ``test_bleu``, ``test_bleu_sd``, ``test_bleu_runs`` and ``dev_bleu`` to every row and returns
+    """BLEU with each row's model as the only LM of the --nbest-dir lists, and beside their LM
+    (module doc).  Adds ``test_bleu``, ``test_bleu_sd``, ``test_bleu_runs`` and ``dev_bleu`` to
+    every row, the same prefixed ``beside_``, and returns
     {"system_lm": the same for the unchanged lists, "lists", "tunings", "note"}."""
     from nlmfeature.bench.mt import KbestMatrix, rerank
     from nlmfeature.core.model import load
@@ -305,7 +375,7 @@ def lm_swap_bleu(rows: List[Dict[str, Any]], vocab, args: argparse.Namespace, wo
     from nlmfeature.mt.evaluate import make_metrics, scores_from_stats, sentence_stats
     from nlmfeature.mt.kbest import format_number, read_kbest
     from nlmfeature.mt.rescore import sentence_logprobs
-    from nlmfeature.mt.weights import read_weights, write_weights
+    from nlmfeature.mt.weights import new_feature_weight, read_weights, write_weights
     from nlmfeature.errors import NLMFeatureError
     from nlmfeature.training.kenlm_baseline import KenLMScorer
 
@@ -329,11 +399,19 @@ def lm_swap_bleu(rows: List[Dict[str, Any]], vocab, args: argparse.Namespace, wo
             raise NLMFeatureError(f"{path}: no LM0= feature to replace (a Moses k-best list of a "
                                   "system with one KenLM feature is expected)")
         lists[name] = hyps
+    for name, hyps in lists.items():
+        if any(label == BESIDE_LABEL for label, _ in hyps[0].features):
+            raise NLMFeatureError(f"{srcs[name]}: the list has a {BESIDE_LABEL}= feature already (a "
+                                  "system with two LMs); give the lists of a system with one KenLM feature")
     texts = sorted({h.text for hyps in lists.values() for h in hyps})
     index = {t: i for i, t in enumerate(texts)}
     tokens = [t.split() for t in texts]
     init = os.path.join(work, "init.weights")
-    write_weights(init, read_weights(os.path.join(d, "moses.tuned.ini")))
+    tuned = read_weights(os.path.join(d, "moses.tuned.ini"))
+    write_weights(init, tuned)
+    # beside the lists' LM, the model starts at half its weight (as bench mt starts an NLM)
+    init_beside = os.path.join(work, "init.beside.weights")
+    write_weights(init_beside, dict(tuned, **{BESIDE_LABEL: [new_feature_weight(tuned)]}))
     bleu = make_metrics("none", False, 0, ("bleu",))["bleu"]
     dev_ref = _quick_ref(refs["dev"], work) if limit else os.path.join(d, "dev.ref.en.gz")
     tune = argparse.Namespace(dev="dev", algorithm="mert", jobs=args.jobs,
@@ -346,24 +424,28 @@ def lm_swap_bleu(rows: List[Dict[str, Any]], vocab, args: argparse.Namespace, wo
     lines = {name: [_around_lm0(h) for h in hyps] for name, hyps in lists.items()}
     which = {name: np.asarray([index[h.text] for h in hyps], dtype=np.int64) for name, hyps in lists.items()}
 
-    def measure(tag: str, scores: Optional[List[float]]) -> Dict[str, Any]:
+    def measure(tag: str, scores: Optional[List[float]], beside: bool = False) -> Dict[str, Any]:
+        """BLEU with ``scores`` (one per distinct hypothesis) as the lists' LM0 values, or with
+        ``beside`` as a second LM feature after LM0; None: the lists as they are."""
         paths = {}
         matrices: Dict[str, Any] = {}       # the reranker's matrices, from the lists at hand
         for name, hyps in lists.items():
             p = os.path.join(work, f"{tag}.{name}.nbest.gz")
-            if scores is None:
-                values = base[name].x[:, base[name].column("LM0")]
-            else:
-                values = np.asarray(scores, dtype=np.float64)[which[name]]
+            lm0 = base[name].x[:, base[name].column("LM0")]
+            values = lm0 if scores is None else np.asarray(scores, dtype=np.float64)[which[name]]
             with open_output(p) as f:
-                f.writelines(pre + format_number(float(v)) + post
-                             for (pre, post), v in zip(lines[name], values))
+                if beside:
+                    f.writelines(pre + format_number(float(a)) + f" {BESIDE_LABEL}= " + format_number(float(v))
+                                 + post for (pre, post), a, v in zip(lines[name], lm0, values))
+                else:
+                    f.writelines(pre + format_number(float(v)) + post
+                                 for (pre, post), v in zip(lines[name], values))
             paths[name] = p
-            matrices[p] = base[name].with_column("LM0", values, p)
+            matrices[p] = base[name].with_column(BESIDE_LABEL if beside else "LM0", values, p)
         test, dev = [], []
         for seed in range(1, tunings + 1):
-            best = rerank(tune, work, tag, paths, init, dev_ref, seed, matrices, f"BLEU {tag}",
-                          lambda m: None)
+            best = rerank(tune, work, tag, paths, init_beside if beside else init, dev_ref, seed, matrices,
+                          f"BLEU {tag}", lambda m: None)
             for name, out in (("test", test), ("dev", dev)):
                 hyps = read_lines(best[name])[:len(refs[name])]
                 hyps += [""] * (len(refs[name]) - len(hyps))
@@ -382,13 +464,77 @@ def lm_swap_bleu(rows: List[Dict[str, Any]], vocab, args: argparse.Namespace, wo
         else:
             scores = KenLMScorer(r["path"], vocab).sentence_logprobs(tokens)
         r.update(measure(f"row{i}", scores))
-        log(f"BLEU: {r['model']} as the only LM: test {r['test_bleu']:.2f} ({time.time() - t0:.0f} s)")
+        r.update({f"beside_{k}": v for k, v in measure(f"row{i}.beside", scores, beside=True).items()})
+        log(f"BLEU: {r['model']}: test {r['test_bleu']:.2f} as the only LM, {r['beside_test_bleu']:.2f} "
+            f"beside the lists' LM ({time.time() - t0:.0f} s)")
     note = (f"each model as the only LM of the Moses k-best lists in {d} ({args.dev_nbest}, "
-            f"test.tuned.100best.gz{'; first %d sentences' % limit if limit else ''}), MERT x{tunings} "
-            "on dev; rescoring, not decoding")
+            f"test.tuned.100best.gz{'; first %d sentences' % limit if limit else ''}) and beside their "
+            f"LM ({BESIDE_LABEL}), MERT x{tunings} on dev; rescoring, not decoding")
     return {"system_lm": system, "lists": srcs, "tunings": tunings, "note": note}
 
 
+def decoder_figures(rows: List[Dict[str, Any]], args: argparse.Namespace, work: str, log) -> Dict[str, Any]:
+    """Each row's model as the language model of the decoder ``--moses`` (Moses or Moses2 with
+    NLMFeature): ``--decoder-config`` with its one KENLM line replaced by the row's model (a
+    KENLM line for a KenLM file, an NLMFeature line for a neural one, under the same label and
+    weight), one thread.  Adds to every row ``decoder_load_seconds`` (the wall seconds of
+    translating an empty input), ``decoder_peak_mb`` (the process's peak resident memory
+    translating the first ``--decoder-sentences`` lines of ``--decoder-input``) and
+    ``decoder_ms_per_sentence`` (that run's wall time minus loading); returns the same figures
+    of the config without a language model ("no_lm": what the tables and the search take) and
+    the run's settings."""
+    from nlmfeature.bench.scale import rss_of
+    from nlmfeature.core.model import load
+    from nlmfeature.errors import InputError, NLMFeatureError
+    from nlmfeature.io.atomicfile import atomic_write_text
+    from nlmfeature.io.textio import read_lines
+    from nlmfeature.mt.moses import add_features, command, drop_features
+    from nlmfeature.mt.weights import read_weights
+
+    cfg = args.decoder_config
+    os.makedirs(work, exist_ok=True)
+    no_lm = os.path.join(work, "no-lm.moses.ini")
+    labels = drop_features(cfg, no_lm, ("KENLM",))
+    if len(labels) != 1:
+        raise InputError(cfg, 0, f"{len(labels)} KENLM feature lines: the decoder figures swap the one "
+                         "language model of a system for each model")
+    label = labels[0]
+    weight = read_weights(cfg).get(label)
+    if not weight:
+        raise InputError(cfg, 0, f"no weight for the language model {label}")
+    src = read_lines(args.decoder_input)[:args.decoder_sentences]
+    if not src:
+        raise InputError(args.decoder_input, 0, "no sentences to translate")
+    inp, empty = os.path.join(work, "input.txt"), os.path.join(work, "empty.txt")
+    atomic_write_text(inp, "".join(line + "\n" for line in src))
+    atomic_write_text(empty, "")
+
+    def measure(ini: str) -> Dict[str, Any]:
+        try:
+            load_s, _, _ = rss_of(command(args.moses, ini, empty))
+            secs, rss, _ = rss_of(command(args.moses, ini, inp))
+        except NLMFeatureError as exc:
+            raise NLMFeatureError(f"the decoder failed on {ini}: {exc}") from None
+        return {"decoder_load_seconds": round(load_s, 2), "decoder_peak_mb": round(rss / 1e6, 1),
+                "decoder_ms_per_sentence": round(max(secs - load_s, 0.0) / len(src) * 1000, 2)}
+
+    base = measure(no_lm)
+    log(f"decoder: no LM: {base['decoder_peak_mb']:.0f} MB peak, {base['decoder_load_seconds']:.1f} s to load")
+    for i, r in enumerate(rows):
+        if r["kind"] == "neural":
+            line = f"NLMFeature name={label} path={os.path.abspath(r['path'])} order={load(r['path']).order}"
+        else:
+            line = f"KENLM name={label} factor=0 path={os.path.abspath(r['path'])} order=5"
+        ini = add_features(no_lm, os.path.join(work, f"row{i}.moses.ini"), [line], {label: weight})
+        r.update(measure(ini))
+        log(f"decoder: {r['model']}: {r['decoder_peak_mb']:.0f} MB peak, {r['decoder_load_seconds']:.1f} s "
+            "to load")
+    return {"no_lm": base, "moses": args.moses, "config": cfg, "input": args.decoder_input,
+            "sentences": len(src), "threads": 1}
+
+
+#: the label of a model added beside the lists' own LM (LM0)
+BESIDE_LABEL = "LM1"
 #: an LM0 value no list holds, marking where a line's LM0 value goes (see _around_lm0)
 _MARK = 0.12345678901234568
 
@@ -415,9 +561,10 @@ def _quick_ref(lines: List[str], work: str) -> str:
     return p
 
 
-def plot(rows: List[Dict[str, Any]], path: str, title: str) -> None:
-    """Perplexity (and, when measured, BLEU as the only LM) against size (log scale), neural
-    and KenLM models, as a PNG."""
+def plot(rows: List[Dict[str, Any]], path: str, title: str, no_lm_mb: Optional[float] = None) -> None:
+    """Perplexity (and, when measured, BLEU as the only LM and beside the lists' LM, and the
+    decoder's peak memory, with ``no_lm_mb``: that of the decoder without a language model)
+    against size (log scale), neural and KenLM models, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -425,24 +572,35 @@ def plot(rows: List[Dict[str, Any]], path: str, title: str) -> None:
 
     from nlmfeature.io.atomicfile import atomic_open
 
-    panels = [("test_ppl", "test perplexity")]
+    # (label, [(key, series label, filled markers)])
+    panels = [("test perplexity", [("test_ppl", "", True)])]
     if any("test_bleu" in r for r in rows):
-        panels.append(("test_bleu", "test BLEU, the model as the only LM (k-best)"))
-    fig, axes = plt.subplots(1, len(panels), figsize=(8 * len(panels), 5), squeeze=False)
-    for ax, (key, label) in zip(axes[0], panels):
-        for kind, marker, color in (("neural", "o", "tab:blue"), ("kenlm", "s", "tab:red")):
-            rs = [r for r in rows if r["kind"] == kind and key in r]
-            ax.scatter([r["MB"] for r in rs], [r[key] for r in rs], marker=marker, color=color,
-                       label="nlmfeature" if kind == "neural" else "KenLM 5-gram")
-            for r in rs:
-                ax.annotate(r["model"], (r["MB"], r[key]), fontsize=7, xytext=(3, 3),
-                            textcoords="offset points")
+        series = [("test_bleu", "as the only LM", True)]
+        if any("beside_test_bleu" in r for r in rows):
+            series.append(("beside_test_bleu", "beside the lists' LM", False))
+        panels.append(("test BLEU (k-best)", series))
+    if any("decoder_peak_mb" in r for r in rows):
+        panels.append(("decoder peak memory (MB)", [("decoder_peak_mb", "", True)]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 5), squeeze=False)
+    for ax, (label, series) in zip(axes[0], panels):
+        for key, what, filled in series:
+            for kind, marker, color in (("neural", "o", "tab:blue"), ("kenlm", "s", "tab:red")):
+                rs = [r for r in rows if r["kind"] == kind and key in r]
+                name = "nlmfeature" if kind == "neural" else "KenLM 5-gram"
+                ax.scatter([r["MB"] for r in rs], [r[key] for r in rs], marker=marker,
+                           color=color if filled else "none", edgecolors=color,
+                           label=f"{name}, {what}" if what else name)
+                for r in rs:
+                    ax.annotate(r["model"], (r["MB"], r[key]), fontsize=7, xytext=(3, 3),
+                                textcoords="offset points")
+        if series[0][0] == "decoder_peak_mb" and no_lm_mb is not None:
+            ax.axhline(no_lm_mb, color="gray", linestyle="--", label="the decoder without an LM")
         ax.set_xscale("log")
         ax.set_xlabel("model file size (MB, log scale)")
         ax.set_ylabel(label)
-        ax.set_title(f"{label.split(',')[0]} against size ({title})")
+        ax.set_title(f"{label} against size ({title})")
         ax.grid(True, alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=8)
     fig.tight_layout()
     with atomic_open(path, suffix=".png") as f:
         fig.savefig(f, format="png", dpi=120)

@@ -606,11 +606,16 @@ class KbestMatrix:
 
     def with_column(self, label: str, values: np.ndarray, path: str) -> "KbestMatrix":
         """The same list with single-valued feature ``label`` set to ``values`` (one per row),
-        as the list written to ``path``; this matrix is left as it is."""
+        as the list written to ``path``; a label the list lacks becomes a new last feature.
+        This matrix is left as it is."""
         other = copy.copy(self)
         other.path = path
-        other.x = self.x.copy()
-        other.x[:, self.column(label)] = values
+        if any(l == label for l, _ in self.labels):
+            other.x = self.x.copy()
+            other.x[:, self.column(label)] = values
+        else:
+            other.x = np.column_stack([self.x, np.asarray(values, dtype=np.float64)])
+            other.labels = self.labels + [(label, 1)]
         return other
 
     def one_best(self, weights: dict) -> List[str]:

@@ -271,7 +271,8 @@ def _memory(bench_sub: argparse._SubParsersAction) -> None:
                    help="tiny models for one epoch on the first 2000 training sentences: checks the "
                         "benchmark runs, the figures mean nothing")
     p.add_argument("--no-bleu", action="store_true",
-                   help="skip BLEU against size (the k-best rescoring with each model as the only LM)")
+                   help="skip BLEU against size (the k-best rescoring with each model as the only LM and "
+                        "beside the lists' LM)")
     p.add_argument("--nbest-dir", default=bench_memory._SHARED,
                    help="real Moses k-best lists for BLEU: DEV_NBEST, test.tuned.100best.gz, "
                         "dev.ref.en.gz, test.ref.en.gz and moses.tuned.ini (default: "
@@ -283,6 +284,19 @@ def _memory(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tunings", type=int, default=3,
                    help="MERT runs (seeds 1..N) per model for BLEU (default 3)")
     p.add_argument("--jobs", type=int, default=2, help="processes for MERT's restarts (default 2)")
+    p.add_argument("--moses", metavar="EXE", default=None,
+                   help="also measure each model as the language model of this decoder (Moses or Moses2 "
+                        "with NLMFeature): its peak memory and load time (needs --decoder-config and "
+                        "--decoder-input; default: not measured)")
+    p.add_argument("--decoder-config", metavar="INI", default=None,
+                   help="the decoder's moses.ini for --moses, with one KENLM feature: each model replaces "
+                        "it under the same label and weight (e.g. a tuned config of `bench mt`'s workdir, "
+                        "whose tables are filtered to the test set)")
+    p.add_argument("--decoder-input", metavar="FILE", default=None,
+                   help="source sentences the decoder translates for --moses (e.g. the test set's source "
+                        "side)")
+    p.add_argument("--decoder-sentences", type=int, default=100, metavar="N",
+                   help="translate the first N lines of --decoder-input (default 100)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--markdown", action="store_true",
                    help="print the results as one markdown table (the table of docs/training.md)")
