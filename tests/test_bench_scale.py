@@ -178,6 +178,8 @@ def test_bench_scale_perplexity_against_corpus_size(tmp_path):
             "--train-flags", "--iterations 1 --word-width 16", "-q"]
     p = run_cli(*base, "--quality-sizes", "30K", "--json", "--png", tmp_path / "scale.png", timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
+    # -q: nothing of the trainers' progress (they print epochs and perplexities otherwise)
+    assert "epoch" not in p.stderr and "perplexity" not in p.stderr, p.stderr[-2000:]
     r = json.loads(p.stdout)
     small, whole = r["curve"]
     assert small["tokens"] == r["corpora"][0]["tokens"] and whole["tokens"] == r["corpora"][1]["tokens"]

@@ -393,7 +393,12 @@ def quality(args: argparse.Namespace, corpus: str, w: str, log, text: Optional[s
         atomic_write_text(marker, recipe + "\n")
     if not os.path.exists(model) or os.path.exists(ckpt):
         log(f"training the quality model on {corpus} for at most {minutes or args.train_minutes} minutes")
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        # -q: the trainer's lines are kept back, and shown only if it fails
+        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE if args.quiet else None,
+                              text=True)
+        if proc.returncode != 0:
+            raise NLMFeatureError(f"training the quality model on {corpus} failed (exit {proc.returncode})"
+                                  + (":\n" + "\n".join(proc.stderr.strip().splitlines()[-10:]) if args.quiet else ""))
     lm = nlmfeature.load(model)
     test = os.path.join(w, "test.sample.txt")
     prefix_text(args.test, test, args.test_tokens)
