@@ -1,4 +1,4 @@
-"""``nlmfeature bench memory``: perplexity and BLEU against model size (Baltescu & Blunsom 2015, §7).
+"""``nlmfeature bench memory``: perplexity, BLEU and the decoder's memory against model size (Baltescu & Blunsom 2015, §7).
 
 Neural models (the decoder recipe, ``nlmfeature train --output unnormalised``: NCE) of
 several embedding widths, each also stored as float16 (``nlmfeature convert --float16``), and

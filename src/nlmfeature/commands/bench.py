@@ -241,8 +241,8 @@ def _mt(bench_sub: argparse._SubParsersAction) -> None:
 
 def _memory(bench_sub: argparse._SubParsersAction) -> None:
     """``nlmfeature bench memory``: the flags; the work is :mod:`nlmfeature.bench.memory`'s."""
-    p = bench_sub.add_parser("memory", help="perplexity and BLEU against model size (widths, float16, pruned "
-                                            "direct features; KenLM probing/trie/quantised/pruned)",
+    p = bench_sub.add_parser("memory", help="perplexity, BLEU and the decoder's memory against model size (widths, "
+                                            "float16, pruned direct features; KenLM probing/trie/quantised/pruned)",
                              description=bench_memory.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--train", default=bench_memory.DEFAULT_TRAIN,
                    help="training text (default: the English side of the shared Multi30k system)")
