@@ -183,9 +183,11 @@ def _poison(path: str, array: str) -> None:
     open(path, "wb").write(bytes(buf))
 
 
-@pytest.mark.parametrize("array", ["output.bias", "embeddings"])
-def test_a_model_with_nan_weights_is_refused_at_load(tmp_path, array):
-    path = make_model(tmp_path, "nan.nlm", tables=False)
+@pytest.mark.parametrize("array,fields", [("output.bias", {}), ("embeddings", {}),
+                                          # 16 MB: checked as read from the file in blocks
+                                          ("direct.weights", dict(direct_order=3, hash_space=1 << 22))])
+def test_a_model_with_nan_weights_is_refused_at_load(tmp_path, array, fields):
+    path = make_model(tmp_path, "nan.nlm", tables=False, **fields)
     _poison(path, array)
     with pytest.raises(ModelFileError, match="NaN or infinite"):
         nlmfeature.load(path)

@@ -1,6 +1,7 @@
 """The native scorer against the numpy reference, for every model x output x context type."""
 from __future__ import annotations
 
+import os
 import platform
 import re
 import shutil
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 import nlmfeature
+from nlmfeature.core import modelfile
 from helpers import BROWN_VALID, make_model, read_lines
 from reference import logprob, pad
 
@@ -541,6 +543,56 @@ def test_huge_page_copies_score_the_same_bits(tmp_path, monkeypatch, output):
                 got.append(sess.score_padded(*model.sentence_ngrams(line)))
         scores[huge] = np.concatenate(got)
     assert np.array_equal(scores["0"], scores["1"])
+
+
+def _resident_kib_of_mapping(path: str) -> int:
+    """KiB of the mappings of the file ``path`` that are resident in this process."""
+    real, total, inside = os.path.realpath(path), 0, False
+    with open("/proc/self/smaps", encoding="utf-8") as f:
+        for line in f:
+            if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line):
+                inside = line.rstrip("\n").endswith(" " + real)
+            elif inside and line.startswith("Rss:"):
+                total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
+@pytest.mark.parametrize("storage", ["float32", "float16"])
+def test_a_loaded_model_holds_its_arrays_once(tmp_path, monkeypatch, storage):
+    """What a decoder process keeps of a model: the arrays it reads at scattered rows in its
+    own huge-page copies, and nothing of the mapped file they came from (verified, copied or
+    packed, then released: the file stays in the page cache); a float16 model's widened rows
+    are read where they were widened (no second copy) and its halves copied once.  The same
+    scores as reading the mapping (NLMFEATURE_HUGE_PAGES=0), and model.arrays still reads the
+    file's values."""
+    monkeypatch.setenv("NLMFEATURE_HUGE_PAGES", "1")
+    # (wide enough that the halves, too, are past the 2 MB from which arrays are copied)
+    path = make_model(tmp_path, tables=False, word_width=320, direct_order=3, hash_space=1 << 20)
+    if storage == "float16":
+        header, arrays, _ = modelfile.read_model(path)
+        path = str(tmp_path / "half.nlm")
+        nlmfeature.save(path, header, {k: np.asarray(v) for k, v in arrays.items()}, half=True)
+    size_kib = os.path.getsize(path) // 1024
+    model = nlmfeature.load(path)
+    emb, out = model.arrays["embeddings"], model.arrays["output.weight"]
+    rows = emb.nbytes + out.nbytes
+    if storage == "float16":
+        assert modelfile.in_huge_buffer(emb) and not emb.flags.writeable
+        if model.native.half_rows:          # the halves, once; the widened rows in place
+            assert model.native.copied_bytes == rows // 2
+    else:
+        assert modelfile.file_backed(emb) and model.native.copied_bytes == rows
+    assert _resident_kib_of_mapping(path) < size_kib // 8, (_resident_kib_of_mapping(path), size_kib)
+    lines = [l.split() for l in read_lines(BROWN_VALID, 6)]
+    got = np.concatenate([model.score_sentence(l) for l in lines])
+    monkeypatch.setenv("NLMFEATURE_HUGE_PAGES", "0")
+    mapped = nlmfeature.load(path)
+    assert mapped.native.copied_bytes == 0
+    assert np.array_equal(got, np.concatenate([mapped.score_sentence(l) for l in lines]))
+    header, arrays, _ = modelfile.read_model(path)
+    for name in ("embeddings", "output.weight", "direct.weights"):
+        assert np.array_equal(model.arrays[name], arrays[name]), name
 
 
 @pytest.mark.skipif(shutil.which("objdump") is None or platform.machine() != "x86_64",

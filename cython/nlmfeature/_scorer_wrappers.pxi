@@ -76,20 +76,37 @@ cdef class NativeModel:
         data fills the TLB); one process's copy costs the array's size in memory, once for
         all its threads.  ``NLMFEATURE_HUGE_PAGES=0`` in the environment reads the mapping
         itself (processes then share the page cache's one copy)."""
+        from nlmfeature.core.modelfile import file_backed, in_huge_buffer
+
         cdef const float* p = fptr(arrays, name, required)
+        cdef const void* q
         if p == NULL:
             return p
-        return <const float*>self._hot_copy(p, arrays[name].nbytes)
+        a = arrays[name]
+        if in_huge_buffer(a):       # a float16 array widened into huge pages at load: as it is
+            return p
+        q = self._hot_copy(p, a.nbytes)
+        if q != <const void*>p and file_backed(a):
+            drop_pages(p, a.nbytes)
+        return <const float*>q
 
     cdef const void* _hot_copy(self, const void* p, size_t n) noexcept:
         """``p`` (``n`` bytes), or this model's huge-page copy of it (:meth:`hot`)."""
-        cdef void* q
-        if not self._huge or self._ncopies == NLM_MAX_COPIES or n < NLM_HUGE_PAGE:
-            return p
-        q = alloc_huge(n, 0)
+        cdef void* q = self._alloc_copy(n)
         if q == NULL:
             return p
         memcpy(q, p, n)
+        return q
+
+    cdef void* _alloc_copy(self, size_t n) noexcept:
+        """Huge-page memory for a copy of ``n`` bytes, owned by this model; NULL where the
+        array is read in place (small, no huge pages wanted, no memory)."""
+        cdef void* q
+        if not self._huge or self._ncopies == NLM_MAX_COPIES or n < NLM_HUGE_PAGE:
+            return NULL
+        q = alloc_huge(n, 0)
+        if q == NULL:
+            return NULL
         self._copies[self._ncopies] = q
         self._ncopies += 1
         self.copied_bytes += n
@@ -101,6 +118,8 @@ cdef class NativeModel:
         rows (the same bits, the tests compare the two).  ``hot_copies=False`` reads the
         arrays in place instead of huge-page copies (:meth:`hot`): for arrays already in
         memory, such as a training run's parameters."""
+        from nlmfeature.core.modelfile import file_backed
+
         cdef int k
         cdef ModelC* m = &self.m
         self._arrays = arrays
@@ -200,7 +219,17 @@ cdef class NativeModel:
             # which hashed weights are non-zero (few are: only trained n-grams get a weight),
             # each 512-bit block of the bitmap on one cache line
             weights = np.asarray(arrays["direct.weights"])
-            nonzero = weights != 0
+            # read once, a block at a time, for the packed copy: a mapped file's blocks then
+            # leave this process's memory as they are read (drop_pages)
+            backed = file_backed(weights)
+            nonzero = np.empty(weights.shape, dtype=bool)
+            parts = []
+            for s in range(0, weights.shape[0], 1 << 22):
+                block = weights[s:s + (1 << 22)]
+                np.not_equal(block, 0, out=nonzero[s:s + (1 << 22)])
+                parts.append(block[nonzero[s:s + (1 << 22)]])
+                if backed:
+                    drop_pages(cnp.PyArray_DATA(block), block.nbytes)
             bits = np.packbits(nonzero, bitorder="little")
             nblocks = (m.hash_space + 511) // 512
             nz = line_aligned_zeros(nblocks * 8, np.uint64)
@@ -209,7 +238,7 @@ cdef class NativeModel:
             m.direct_nonzero = <const uint64_t*>cnp.PyArray_DATA(nz)
             # the non-zero weights packed in index order, and their counts before each block
             # and each word (direct_weight_at): a lookup's weights come from a megabyte, not 16
-            packed = np.ascontiguousarray(weights[nonzero], dtype=np.float32)
+            packed = np.ascontiguousarray(np.concatenate(parts) if parts else weights[:0], dtype=np.float32)
             per_word = np.zeros(nblocks * 512, dtype=np.uint8)
             per_word[:m.hash_space] = nonzero
             per_word = per_word.reshape(nblocks, 8, 64).sum(axis=2, dtype=np.uint64)
@@ -219,6 +248,7 @@ cdef class NativeModel:
             for k in range(1, 8):  # words before word k, at bits 9 (k - 1)
                 rank[:, 1] |= within[:, k - 1] << np.uint64(9 * (k - 1))
             self._extra.extend((packed, rank))
+            del nonzero, bits, per_word, within, parts
             m.direct_packed = <const float*>cnp.PyArray_DATA(packed)
             m.direct_rank = <const uint64_t*>cnp.PyArray_DATA(rank)
             # the order-0 term of every word's (and class's) direct value, read from a small
@@ -257,14 +287,27 @@ cdef class NativeModel:
         """The float16 rows of a float32 array widened from them at load, kept by this model
         (:meth:`hot`'s huge-page copy from 2 MB up); NULL (read the float32 array) where the
         values are not all exactly halves (a model built in memory)."""
+        cdef void* q
+        cdef cnp.npy_intp n
         a = arrays.get(name)
         if a is None or a.dtype != np.float32:
             return NULL
-        h = np.ascontiguousarray(a, dtype=np.float16)
-        if not np.array_equal(h.astype(np.float32), a):
-            return NULL
-        self._extra.append(h)
-        return <const uint16_t*>self._hot_copy(cnp.PyArray_DATA(h), h.nbytes)
+        flat = a.reshape(-1)
+        n = flat.shape[0]
+        step = 1 << 22          # (bounded memory for the checks of a big array)
+        for s in range(0, n, step):
+            if not np.array_equal(flat[s:s + step].astype(np.float16).astype(np.float32), flat[s:s + step]):
+                return NULL
+        q = self._alloc_copy(n * 2)
+        if q == NULL:           # read in place: an array of this model's own
+            h = np.ascontiguousarray(a, dtype=np.float16)
+            self._extra.append(h)
+            return <const uint16_t*>cnp.PyArray_DATA(h)
+        # written straight into the huge-page copy (no float16 array of the whole)
+        h = cnp.PyArray_SimpleNewFromData(1, &n, cnp.NPY_FLOAT16, q)
+        for s in range(0, n, step):
+            h[s:s + step] = flat[s:s + step]
+        return <const uint16_t*>q
 
     def watch_file(self, str path, int fd, tuple identity) -> None:
         """Take ownership of ``fd``, an open descriptor of the mapped model file, whose

@@ -483,7 +483,7 @@ def decoder_figures(rows: List[Dict[str, Any]], args: argparse.Namespace, work: 
     ``decoder_ms_per_sentence`` (that run's wall time minus loading); returns the same figures
     of the config without a language model ("no_lm": what the tables and the search take) and
     the run's settings."""
-    from nlmfeature.bench.scale import rss_of
+    from nlmfeature.bench import rss_of
     from nlmfeature.core.model import load
     from nlmfeature.errors import InputError, NLMFeatureError
     from nlmfeature.io.atomicfile import atomic_write_text

@@ -43,7 +43,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-
+from nlmfeature.bench import rss_of
 from nlmfeature.errors import NLMFeatureError
 from nlmfeature.io.atomicfile import atomic_write_text
 
@@ -74,25 +74,6 @@ def _ints(text: str, flag: str) -> List[int]:
     if not vals or min(vals) < 1:
         raise NLMFeatureError(f"{flag}: values must be >= 1")
     return vals
-
-
-def rss_of(cmd: List[str]) -> Tuple[float, int, str]:
-    """(seconds, peak RSS bytes of this command alone, stdout): the command runs under
-    ``/usr/bin/time``-like accounting: a fresh Python that forks it and reports wait4's rusage."""
-    code = ("import os,sys,json,time,subprocess\n"
-            "t=time.time(); p=subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE)\n"
-            "out,err=p.communicate()\n"
-            "import resource; r=resource.getrusage(resource.RUSAGE_CHILDREN)\n"
-            "print(json.dumps({'rc':p.returncode,'rss':r.ru_maxrss*1024,'secs':time.time()-t,"
-            "'out':out.decode('utf-8','replace'),'err':err.decode('utf-8','replace')[-3000:]}))\n")
-    proc = subprocess.run([sys.executable, "-c", code, *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True)
-    if proc.returncode != 0:
-        raise NLMFeatureError(f"measuring {' '.join(cmd[:6])} failed:\n{proc.stderr[-2000:]}")
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
-    if r["rc"] != 0:
-        raise NLMFeatureError(f"{' '.join(cmd[:8])} ... failed (exit {r['rc']}):\n{r['err']}")
-    return float(r["secs"]), int(r["rss"]), r["out"]
 
 
 def nlm(*args: str) -> List[str]:

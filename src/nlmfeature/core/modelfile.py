@@ -608,38 +608,108 @@ def open_model(path: str, verify: bool = True) -> Tuple[Header, Arrays, str, int
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         fd = os.dup(f.fileno())
     try:
-        header, arrays, checksum = _read_mapped(path, mm, verify)
+        header, arrays, checksum = _read_mapped(path, mm, verify, fd)
     except BaseException:
         os.close(fd)
         raise
     return header, arrays, checksum, fd, ident
 
 
-def _read_mapped(path: str, mm, verify: bool) -> Tuple[Header, Arrays, str]:
+#: bytes read at a time when a model file is verified through its descriptor
+_READ_STEP = 1 << 24
+
+
+def _pread_chunks(fd: int, start: int, end: int):
+    """The bytes of the file ``fd`` from ``start`` to ``end``, in chunks of at most
+    :data:`_READ_STEP` read with ``pread``: verifying a model this way leaves the pages of its
+    mapping untouched, so they never count in the process's resident memory."""
+    while start < end:
+        chunk = os.pread(fd, min(_READ_STEP, end - start), start)
+        if not chunk:
+            raise OSError("unexpected end of file")
+        yield chunk
+        start += len(chunk)
+
+
+class HugeBuffer(mmap.mmap):
+    """Anonymous private memory advised for transparent huge pages: where a float16-stored
+    array is widened at load, so that the scorer reads it in place (no second copy:
+    ``NativeModel.hot``)."""
+
+
+def widened(stored: np.ndarray) -> np.ndarray:
+    """A float16 array widened to float32 in :class:`HugeBuffer` memory (2 MB-aligned from 2 MB
+    up; smaller ones in ordinary memory)."""
+    nbytes = stored.size * 4
+    huge = 2 << 20
+    if nbytes < huge or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return stored.astype(np.float32)
+    buf = HugeBuffer(-1, nbytes + huge, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    address = np.frombuffer(buf, dtype=np.uint8, count=1).ctypes.data
+    offset = (-address) % huge
+    buf.madvise(mmap.MADV_HUGEPAGE, offset, (nbytes + huge - 1) // huge * huge)
+    out = np.frombuffer(buf, dtype=np.float32, count=stored.size, offset=offset).reshape(stored.shape)
+    np.copyto(out, stored)
+    out.flags.writeable = False
+    return out
+
+
+def in_huge_buffer(arr: np.ndarray) -> bool:
+    """Whether ``arr`` lives in :class:`HugeBuffer` memory (a float16 array widened at load)."""
+    return isinstance(_root(arr), HugeBuffer)
+
+
+def file_backed(arr: np.ndarray) -> bool:
+    """Whether ``arr`` is a view of a model file's mapping (not memory of this process's own)."""
+    root = _root(arr)
+    return isinstance(root, mmap.mmap) and not isinstance(root, HugeBuffer)
+
+
+def _root(arr):
+    base = arr
+    while getattr(base, "base", None) is not None:
+        base = base.base
+    return base.obj if isinstance(base, memoryview) else base
+
+
+def _drop_pages(mm, start: int, end: int) -> None:
+    """Tell the kernel this process no longer needs the mapped pages of bytes
+    ``start..end`` (whole pages inside the range): they leave its resident memory and stay in
+    the page cache, to be mapped again if read."""
+    page = mmap.PAGESIZE
+    a, b = -(-start // page) * page, end // page * page
+    if b > a and hasattr(mm, "madvise"):
+        mm.madvise(mmap.MADV_DONTNEED, a, b - a)
+
+
+def _read_mapped(path: str, mm, verify: bool, fd: int) -> Tuple[Header, Arrays, str]:
     hoff, hlen, total, checksum = read_preamble(path, mm)
     if verify:
         digest = hashlib.blake2b(digest_size=8)
-        view = memoryview(mm)
-        step = 1 << 24
-        for start in range(PREAMBLE_SIZE, total, step):
-            digest.update(view[start:min(total, start + step)])
-        view.release()
+        try:
+            for chunk in _pread_chunks(fd, PREAMBLE_SIZE, total):
+                digest.update(chunk)
+        except OSError as exc:
+            raise ModelFileError(f"{path}: cannot read the model file: {exc}") from None
         if digest.digest() != checksum:
             raise ModelFileError(f"{path}: checksum mismatch: the file is corrupted; "
                                  "copy or write the model again")
     header = _parse_header(path, bytes(mm[hoff:hoff + hlen]))
     arrays: Arrays = {}
+    stored: Dict[str, Tuple[np.dtype, int, int]] = {}
     for name, e in header["arrays"].items():
         dt, shape, off = _array_entry(path, name, e, hoff + hlen, total)
         count = 1
         for x in shape:
             count *= x
+        stored[name] = (dt, off, count)
         arr = np.frombuffer(mm, dtype=dt, count=count, offset=off).reshape(shape)
         if dt == np.float16:
             if name not in HALF_ELIGIBLE and not name.endswith(".tables"):
                 raise ModelFileError(f"{path}: array {name!r} is stored as float16, which only "
                                      f"{', '.join(HALF_ELIGIBLE)} may be")
-            arr = arr.astype(np.float32)
+            arr = widened(arr)
+            _drop_pages(mm, off, off + count * dt.itemsize)
         arrays[name] = arr
     version = PREAMBLE.unpack_from(mm, 0)[1]
     if (header.get("source") is not None) != (version >= 2):
@@ -652,8 +722,29 @@ def _read_mapped(path: str, mm, verify: bool) -> Tuple[Header, Arrays, str]:
         raise ModelFileError(f"{path}: wrong architecture description: {exc}") from None
     if verify:       # the file was just read once for its checksum: the values too
         for name in sorted(arrays):
+            dt, off, count = stored[name]
             try:
-                check_finite(name, arrays[name])
+                if dt.kind == "f" and count * dt.itemsize >= _READ_STEP:
+                    # through the descriptor, as the checksum: the mapping stays unread
+                    _check_finite_file(fd, name, dt, off, count)
+                else:
+                    check_finite(name, arrays[name])
             except ValueError as exc:
                 raise ModelFileError(f"{path}: {exc}; train or write the model again") from None
+            except OSError as exc:
+                raise ModelFileError(f"{path}: cannot read the model file: {exc}") from None
     return header, arrays, checksum.hex()
+
+
+def _check_finite_file(fd: int, name: str, dt: np.dtype, off: int, count: int) -> None:
+    """:func:`check_finite` of the array stored at byte ``off`` of the file ``fd`` (``count``
+    values of type ``dt``), read in chunks of whole values."""
+    step = _READ_STEP // dt.itemsize * dt.itemsize
+    bad = 0
+    for start in range(off, off + count * dt.itemsize, step):
+        end = min(off + count * dt.itemsize, start + step)
+        values = np.frombuffer(b"".join(_pread_chunks(fd, start, end)), dtype=dt)
+        bad += int(values.size - np.count_nonzero(np.isfinite(values)))
+    if bad:
+        raise ValueError(f"array {name!r} holds {bad} NaN or infinite value(s) as "
+                         f"{dt.name}: the model would score NaN")
