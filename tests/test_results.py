@@ -141,3 +141,41 @@ def test_scale_headline_reads_the_perplexity_against_size_table():
     s = read_sections(text)["Scale"]
     assert scale_headline(s) == ("NLM 65.66, KenLM 65.34 (**1.005x**), interpolated **0.853x**; trained on 236M "
                                  "tokens; on 10M tokens 0.813x; training peak RSS 0.73-0.78 GiB from 10M to 236M tokens")
+
+
+def test_memory_headline_reads_the_decoder_columns():
+    """The memory headline takes the NLM's perplexity ratio, the decoder's peak memory of it
+    and of two KenLM rows, and BLEU as the only LM; a table without decoder columns is an
+    error."""
+    from nlmfeature.bench.results import memory_headline
+
+    text = """## Memory
+
+    nlmfeature bench memory --moses MOSES_ROOT/bin/moses2 --markdown
+
+2026-11-30, abc1234, 2 cores.
+
+| model | MB | test ppl | x KenLM probing | linear with KenLM probing (weight) | test BLEU as the only LM (sd) | dev BLEU | test BLEU beside the lists' LM (sd) | dev BLEU | decoder peak MB | decoder load s |
+|---|---|---|---|---|---|---|---|---|---|---|
+| adapted | 230.54 | 23.71 | 0.944 | 19.30 (0.69) | 51.79 (0.78) | 54.03 | 57.14 (0.02) | 57.48 | 437 | 2.49 |
+| kenlm-probing | 1629.45 | 25.13 | 1.000 |  | 55.53 (0.25) | 56.91 | 56.65 (0.83) | 57.48 | 1794 | 1.73 |
+| kenlm-trie-q8 | 421.79 | 25.13 | 1.000 |  | 55.49 (0.14) | 56.78 | 57.13 (0.02) | 57.48 | 586 | 1.62 |
+
+## Without the decoder
+
+    nlmfeature bench memory --markdown
+
+2026-11-30, abc1234, 2 cores.
+
+| model | MB | test ppl | x KenLM probing | linear with KenLM probing (weight) | test BLEU as the only LM (sd) | dev BLEU |
+|---|---|---|---|---|---|---|
+| adapted | 230.54 | 23.71 | 0.944 | 19.30 (0.69) | 51.79 (0.78) | 54.03 |
+| kenlm-probing | 1629.45 | 25.13 | 1.000 |  | 55.53 (0.25) | 56.91 |
+| kenlm-trie-q8 | 421.79 | 25.13 | 1.000 |  | 55.49 (0.14) | 56.78 |
+"""
+    sections = read_sections(text)
+    assert memory_headline("adapted")(sections["Memory"]) == (
+        "**0.944x** KenLM's perplexity; decoder peak **437 MB** against 1,794 (probing) and 586 (trie-q8); "
+        "as the only LM of the 100-best lists 51.79 against 55.53 BLEU")
+    with pytest.raises(NLMFeatureError, match="no decoder columns"):
+        memory_headline("adapted")(sections["Without the decoder"])

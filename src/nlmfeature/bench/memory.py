@@ -34,9 +34,9 @@ The decoder's memory (with ``--moses``, a Moses or Moses2 with NLMFeature, and
 replaces that KENLM line (an NLMFeature line for a neural model, a KENLM line for a KenLM file;
 same label and weight) and the decoder translates the first ``--decoder-sentences`` lines of
 ``--decoder-input`` on one thread: its peak resident memory (a memory-mapped model counts the
-pages the search touched), its load time (the wall seconds of translating an empty input) and
-its milliseconds per sentence; the same config without a language model is the reference (what
-the tables and the search take).
+pages the search touched) and its load time (the wall seconds of translating an empty input);
+the same config without a language model is the reference (what the tables and the search
+take).  Decode time is ``benchmarks/bench_decoder.py``'s measurement, not this one's.
 
 A table (or ``--json``) and, with ``--plot``, a PNG of perplexity (and BLEU, and the decoder's
 peak memory) against size.
@@ -254,15 +254,15 @@ def run(args: argparse.Namespace) -> int:
                   + ("  [--quick: figures mean nothing]" if args.quick else ""))
             print(f"{'model':34s} {'MB':>9s} {'test ppl':>9s} {'x KenLM':>8s} {'linear w/ KenLM':>16s}"
                   + (f" {'BLEU (only LM)':>15s} {'dev':>6s} {'BLEU (beside)':>15s} {'dev':>6s}" if bleu else "")
-                  + (f" {'dec. MB':>8s} {'load s':>6s} {'ms/sent':>7s}" if decoder else ""))
+                  + (f" {'dec. MB':>8s} {'load s':>6s}" if decoder else ""))
 
             def b_(r: Dict[str, Any], prefix: str) -> str:
                 return (f" {r[prefix + 'test_bleu']:8.2f} +-{r[prefix + 'test_bleu_sd']:4.2f} "
                         f"{r[prefix + 'dev_bleu']:6.2f}" if prefix + "test_bleu" in r else "")
 
             def d_(r: Dict[str, Any]) -> str:
-                return (f" {r['decoder_peak_mb']:8.0f} {r['decoder_load_seconds']:6.2f} "
-                        f"{r['decoder_ms_per_sentence']:7.1f}" if "decoder_peak_mb" in r else "")
+                return (f" {r['decoder_peak_mb']:8.0f} {r['decoder_load_seconds']:6.2f}"
+                        if "decoder_peak_mb" in r else "")
 
             for r in rows:
                 lin = f"{r['linear_with_kenlm_ppl']:10.2f} (w {r['linear_weight']:.2f})" if "linear_weight" in r else ""
@@ -295,13 +295,13 @@ def format_markdown(result: Dict[str, Any]) -> str:
     if beside:
         head += ["test BLEU beside the lists' LM (sd)", "dev BLEU"]
     if dec:
-        head += ["decoder peak MB", "decoder load s", "decoder ms/sentence"]
+        head += ["decoder peak MB", "decoder load s"]
 
     def bleu_cells(r: Dict[str, Any], prefix: str) -> List[str]:
         return [f"{r[prefix + 'test_bleu']:.2f} ({r[prefix + 'test_bleu_sd']:.2f})", f"{r[prefix + 'dev_bleu']:.2f}"]
 
     def dec_cells(r: Dict[str, Any]) -> List[str]:
-        return [f"{r['decoder_peak_mb']:.0f}", f"{r['decoder_load_seconds']:.2f}", f"{r['decoder_ms_per_sentence']:.1f}"]
+        return [f"{r['decoder_peak_mb']:.0f}", f"{r['decoder_load_seconds']:.2f}"]
 
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in result["rows"]:
@@ -319,10 +319,10 @@ def format_markdown(result: Dict[str, Any]) -> str:
         if beside:
             cells += ["", ""]
         if dec:
-            cells += ["", "", ""]
+            cells += ["", ""]
         lines.append("| " + " | ".join(cells) + " |")
     if dec:
-        cells = ["no LM (the decoder's tables and search)"] + [""] * (len(head) - 4) + dec_cells(dec["no_lm"])
+        cells = ["no LM (the decoder's tables and search)"] + [""] * (len(head) - 3) + dec_cells(dec["no_lm"])
         lines.append("| " + " | ".join(cells) + " |")
     if result.get("quick"):
         lines.append("")
@@ -479,8 +479,8 @@ def decoder_figures(rows: List[Dict[str, Any]], args: argparse.Namespace, work: 
     KENLM line for a KenLM file, an NLMFeature line for a neural one, under the same label and
     weight), one thread.  Adds to every row ``decoder_load_seconds`` (the wall seconds of
     translating an empty input), ``decoder_peak_mb`` (the process's peak resident memory
-    translating the first ``--decoder-sentences`` lines of ``--decoder-input``) and
-    ``decoder_ms_per_sentence`` (that run's wall time minus loading); returns the same figures
+    translating the first ``--decoder-sentences`` lines of ``--decoder-input``; decode time is
+    ``benchmarks/bench_decoder.py``'s measurement, not this one's); returns the same figures
     of the config without a language model ("no_lm": what the tables and the search take) and
     the run's settings."""
     from nlmfeature.bench import rss_of
@@ -512,11 +512,10 @@ def decoder_figures(rows: List[Dict[str, Any]], args: argparse.Namespace, work: 
     def measure(ini: str) -> Dict[str, Any]:
         try:
             load_s, _, _ = rss_of(command(args.moses, ini, empty))
-            secs, rss, _ = rss_of(command(args.moses, ini, inp))
+            _, rss, _ = rss_of(command(args.moses, ini, inp))
         except NLMFeatureError as exc:
             raise NLMFeatureError(f"the decoder failed on {ini}: {exc}") from None
-        return {"decoder_load_seconds": round(load_s, 2), "decoder_peak_mb": round(rss / 1e6, 1),
-                "decoder_ms_per_sentence": round(max(secs - load_s, 0.0) / len(src) * 1000, 2)}
+        return {"decoder_load_seconds": round(load_s, 2), "decoder_peak_mb": round(rss / 1e6, 1)}
 
     base = measure(no_lm)
     log(f"decoder: no LM: {base['decoder_peak_mb']:.0f} MB peak, {base['decoder_load_seconds']:.1f} s to load")

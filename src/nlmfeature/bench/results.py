@@ -183,6 +183,21 @@ def moses2_ratio(config: str = "") -> Callable[[Section], str]:
     return render
 
 
+def memory_headline(nlm: str, kenlm: str = "kenlm-probing", small: str = "kenlm-trie-q8") -> Callable[[Section], str]:
+    """``bench memory --moses``'s row of the neural model ``nlm`` against the KenLM rows
+    ``kenlm`` and ``small``: perplexity ratio, the decoder's peak memory and BLEU as the only
+    LM (``**0.944x** KenLM's perplexity; decoder peak **437 MB** against 1,794 (probing) and
+    586 (kenlm-trie-q8); as the only LM of the 100-best lists 51.79 against 55.53 BLEU``)."""
+    def render(s: Section) -> str:
+        n, k, q = s.row(nlm), s.row(kenlm), s.row(small)
+        if len(n) < 11:
+            raise NLMFeatureError(f"docs/results.md, section {s.title!r}: no decoder columns in the row of {nlm}")
+        return (f"**{n[3]}x** KenLM's perplexity; decoder peak **{int(n[9]):,} MB** against {int(k[9]):,} "
+                f"({kenlm.replace('kenlm-', '')}) and {int(q[9]):,} ({small.replace('kenlm-', '')}); as the only "
+                f"LM of the 100-best lists {_mean(n[5].split('(')[0])} against {_mean(k[5].split('(')[0])} BLEU")
+    return render
+
+
 def last_command(s: Section) -> str:
     """The section's last command (the one that printed its tables)."""
     return s.commands[-1]
@@ -242,11 +257,14 @@ HEADLINES: Sequence[Tuple[str, str, Callable[[Section], str], Callable[[Section]
     ("Moses2 decode CPU time on the Tatoeba system, the adapted NLM beside the 1.6 GB KenLM",
      "Decode cost side by side on the Tatoeba system (Moses2)",
      moses2_ratio("kenlm-big+nlm"), last_command),
+    ("memory against quality on the Tatoeba system: the adapted NLM (LBL 200, float32) against KenLM "
+     "5-gram models of the same 42M-word text, each as Moses2's LM",
+     "On the Tatoeba system: the big text's models", memory_headline("adapted"), last_command),
     ("lookups per second, one thread, a real Moses query stream", "Lookups per second",
      cell("unnormalised LBL 200", 1, "**{}**"), last_command),
 )
 
-_MARKS = ("¹", "²", "³", "⁴", "⁵", "⁶", "⁷", "⁸", "⁹", "¹⁰", "¹¹", "¹²")
+_MARKS = ("¹", "²", "³", "⁴", "⁵", "⁶", "⁷", "⁸", "⁹", "¹⁰", "¹¹", "¹²", "¹³")
 
 
 def _shown(command: str) -> str:
