@@ -22,11 +22,6 @@ cdef extern from * nogil:
 cdef extern from "<sys/mman.h>" nogil:
     int madvise(void* addr, size_t length, int advice)
     int MADV_HUGEPAGE
-    int MADV_DONTNEED
-
-cdef extern from "<unistd.h>" nogil:
-    long sysconf(int name)
-    int _SC_PAGESIZE
 
 cdef extern from "../../src/nlmfeature/decoder/capi/nlmfeature.h":
     enum:

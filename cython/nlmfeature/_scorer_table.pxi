@@ -40,18 +40,6 @@ cdef void* alloc_huge(size_t nbytes, int zero) noexcept nogil:
     return p
 
 
-cdef void drop_pages(const void* p, size_t n) noexcept nogil:
-    """Tell the kernel this process no longer needs the whole pages of ``p .. p + n``, part of
-    a model file's read-only shared mapping that the scorer reads from its own copy: they leave
-    the process's resident memory and stay in the page cache (read again, they are mapped
-    again).  Never for memory of the process's own, which this would zero."""
-    cdef size_t page = <size_t>sysconf(_SC_PAGESIZE)
-    cdef size_t a = (<size_t>p + page - 1) & ~(page - 1)
-    cdef size_t b = (<size_t>p + n) & ~(page - 1)
-    if b > a:
-        madvise(<void*>a, b - a, MADV_DONTNEED)
-
-
 cdef void* alloc_table(size_t nbytes) noexcept nogil:
     """Zeroed memory for a cache table (or a persistent-cache file read into memory):
     :c:func:`alloc_huge`."""

@@ -76,7 +76,7 @@ cdef class NativeModel:
         data fills the TLB); one process's copy costs the array's size in memory, once for
         all its threads.  ``NLMFEATURE_HUGE_PAGES=0`` in the environment reads the mapping
         itself (processes then share the page cache's one copy)."""
-        from nlmfeature.core.modelfile import file_backed, in_huge_buffer
+        from nlmfeature.core.modelfile import in_huge_buffer, release_pages
 
         cdef const float* p = fptr(arrays, name, required)
         cdef const void* q
@@ -86,8 +86,8 @@ cdef class NativeModel:
         if in_huge_buffer(a):       # a float16 array widened into huge pages at load: as it is
             return p
         q = self._hot_copy(p, a.nbytes)
-        if q != <const void*>p and file_backed(a):
-            drop_pages(p, a.nbytes)
+        if q != <const void*>p:     # read from the copy: the mapped file's pages are not needed
+            release_pages(a)
         return <const float*>q
 
     cdef const void* _hot_copy(self, const void* p, size_t n) noexcept:
@@ -118,7 +118,7 @@ cdef class NativeModel:
         rows (the same bits, the tests compare the two).  ``hot_copies=False`` reads the
         arrays in place instead of huge-page copies (:meth:`hot`): for arrays already in
         memory, such as a training run's parameters."""
-        from nlmfeature.core.modelfile import file_backed
+        from nlmfeature.core.modelfile import release_pages
 
         cdef int k
         cdef ModelC* m = &self.m
@@ -220,16 +220,14 @@ cdef class NativeModel:
             # each 512-bit block of the bitmap on one cache line
             weights = np.asarray(arrays["direct.weights"])
             # read once, a block at a time, for the packed copy: a mapped file's blocks then
-            # leave this process's memory as they are read (drop_pages)
-            backed = file_backed(weights)
+            # leave this process's memory as they are read (release_pages)
             nonzero = np.empty(weights.shape, dtype=bool)
             parts = []
             for s in range(0, weights.shape[0], 1 << 22):
                 block = weights[s:s + (1 << 22)]
                 np.not_equal(block, 0, out=nonzero[s:s + (1 << 22)])
                 parts.append(block[nonzero[s:s + (1 << 22)]])
-                if backed:
-                    drop_pages(cnp.PyArray_DATA(block), block.nbytes)
+                release_pages(block)
             bits = np.packbits(nonzero, bitorder="little")
             nblocks = (m.hash_space + 511) // 512
             nz = line_aligned_zeros(nblocks * 8, np.uint64)

@@ -406,9 +406,12 @@ def check_finite(name: str, stored: np.ndarray) -> None:
     step = 1 << 22          # (bounded memory for the mask of a big array)
     if all(np.isfinite(flat[a:a + step]).all() for a in range(0, flat.size, step)):
         return
-    bad = int(flat.size - np.count_nonzero(np.isfinite(flat)))
-    raise ValueError(f"array {name!r} holds {bad} NaN or infinite value(s) as "
-                     f"{stored.dtype.name}: the model would score NaN")
+    raise _not_finite(name, int(flat.size - np.count_nonzero(np.isfinite(flat))), stored.dtype)
+
+
+def _not_finite(name: str, bad: int, dtype: np.dtype) -> ValueError:
+    return ValueError(f"array {name!r} holds {bad} NaN or infinite value(s) as "
+                      f"{np.dtype(dtype).name}: the model would score NaN")
 
 
 def write_model(path: str, header: Header, arrays: Mapping[str, np.ndarray],
@@ -642,12 +645,11 @@ def widened(stored: np.ndarray) -> np.ndarray:
     up; smaller ones in ordinary memory)."""
     nbytes = stored.size * 4
     huge = 2 << 20
-    if nbytes < huge or not hasattr(mmap, "MADV_HUGEPAGE"):
+    if nbytes < huge or not all(hasattr(mmap, c) for c in ("MADV_HUGEPAGE", "MAP_ANONYMOUS", "MAP_PRIVATE")):
         return stored.astype(np.float32)
     buf = HugeBuffer(-1, nbytes + huge, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    address = np.frombuffer(buf, dtype=np.uint8, count=1).ctypes.data
-    offset = (-address) % huge
-    buf.madvise(mmap.MADV_HUGEPAGE, offset, (nbytes + huge - 1) // huge * huge)
+    offset = (-_address(buf)) % huge
+    buf.madvise(mmap.MADV_HUGEPAGE, offset, len(buf) - offset)
     out = np.frombuffer(buf, dtype=np.float32, count=stored.size, offset=offset).reshape(stored.shape)
     np.copyto(out, stored)
     out.flags.writeable = False
@@ -672,13 +674,23 @@ def _root(arr):
     return base.obj if isinstance(base, memoryview) else base
 
 
-def _drop_pages(mm, start: int, end: int) -> None:
-    """Tell the kernel this process no longer needs the mapped pages of bytes
-    ``start..end`` (whole pages inside the range): they leave its resident memory and stay in
-    the page cache, to be mapped again if read."""
+def _address(mm) -> int:
+    """Where the mapping ``mm`` starts in this process's memory."""
+    return np.frombuffer(mm, dtype=np.uint8, count=1).ctypes.data
+
+
+def release_pages(arr: np.ndarray) -> None:
+    """Tell the kernel this process no longer needs the whole pages of ``arr``, a view of a
+    model file's read-only shared mapping that was read once (verified, widened, copied or
+    packed): they leave the process's resident memory and stay in the page cache, mapped
+    again if read.  Nothing for an array of the process's own memory (which this would zero)."""
+    if not file_backed(arr) or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    mm = _root(arr)
+    start = arr.ctypes.data - _address(mm)
     page = mmap.PAGESIZE
-    a, b = -(-start // page) * page, end // page * page
-    if b > a and hasattr(mm, "madvise"):
+    a, b = -(-start // page) * page, (start + arr.nbytes) // page * page
+    if b > a:
         mm.madvise(mmap.MADV_DONTNEED, a, b - a)
 
 
@@ -708,8 +720,8 @@ def _read_mapped(path: str, mm, verify: bool, fd: int) -> Tuple[Header, Arrays, 
             if name not in HALF_ELIGIBLE and not name.endswith(".tables"):
                 raise ModelFileError(f"{path}: array {name!r} is stored as float16, which only "
                                      f"{', '.join(HALF_ELIGIBLE)} may be")
-            arr = widened(arr)
-            _drop_pages(mm, off, off + count * dt.itemsize)
+            stored_view, arr = arr, widened(arr)
+            release_pages(stored_view)
         arrays[name] = arr
     version = PREAMBLE.unpack_from(mm, 0)[1]
     if (header.get("source") is not None) != (version >= 2):
@@ -746,5 +758,4 @@ def _check_finite_file(fd: int, name: str, dt: np.dtype, off: int, count: int) -
         values = np.frombuffer(b"".join(_pread_chunks(fd, start, end)), dtype=dt)
         bad += int(values.size - np.count_nonzero(np.isfinite(values)))
     if bad:
-        raise ValueError(f"array {name!r} holds {bad} NaN or infinite value(s) as "
-                         f"{dt.name}: the model would score NaN")
+        raise _not_finite(name, bad, dt)
