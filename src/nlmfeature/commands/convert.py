@@ -30,7 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="store embeddings, output weights and tables as float16 (half the file size; "
                         "widened to float32 in memory at load, so the copy is no longer shared; the "
                         "scorer reads the embeddings and output rows as halves where the CPU has "
-                        "F16C: half the bytes per lookup, the same scores)")
+                        "F16C: half the bytes per lookup, the same scores.  A smaller file, not a "
+                        "smaller process: a decoder then holds the widened rows and the halves, more "
+                        "than the float32 file's rows)")
     p.add_argument("--normalise", action="store_true",
                    help="NPLM import: use an exact softmax output instead of NPLM's unnormalised scores")
     p.set_defaults(func=run)
