@@ -595,6 +595,26 @@ def test_a_loaded_model_holds_its_arrays_once(tmp_path, monkeypatch, storage):
         assert np.array_equal(model.arrays[name], arrays[name]), name
 
 
+def test_only_a_model_files_mapping_is_released(tmp_path):
+    """Releasing pages (MADV_DONTNEED) zeroes anonymous memory: a model built over arrays of
+    the process's own, on huge pages as a training run's parameters are, keeps every value
+    (its direct weights are read for their packed copy as a file's are)."""
+    from nlmfeature.core.model import Model
+    from nlmfeature.training import arrays as training_arrays
+
+    path = make_model(tmp_path, tables=False, word_width=320, direct_order=3, hash_space=1 << 20)
+    header, mapped, checksum = modelfile.read_model(path)
+    own = {k: training_arrays.copy(np.asarray(v)) for k, v in mapped.items()}
+    assert modelfile.in_huge_buffer(own["direct.weights"]) and not modelfile.file_backed(own["direct.weights"])
+    modelfile.release_pages(own["embeddings"])
+    for hot in (True, False):
+        model = Model(path, header, own, checksum, hot_copies=hot)
+        for name in ("embeddings", "output.weight", "direct.weights"):
+            assert np.array_equal(own[name], mapped[name]), name
+        line = read_lines(BROWN_VALID, 1)[0].split()
+        assert np.array_equal(model.score_sentence(line), nlmfeature.load(path).score_sentence(line))
+
+
 @pytest.mark.skipif(shutil.which("objdump") is None or platform.machine() != "x86_64",
                     reason="needs objdump on x86-64")
 def test_span_prefetch_is_compiled_in():

@@ -83,8 +83,8 @@ cdef class NativeModel:
         if p == NULL:
             return p
         a = arrays[name]
-        if in_huge_buffer(a):       # a float16 array widened into huge pages at load: as it is
-            return p
+        if in_huge_buffer(a):       # on huge pages of this process's own already (a float16
+            return p                # array widened at load, training parameters): read in place
         q = self._hot_copy(p, a.nbytes)
         if q != <const void*>p:     # read from the copy: the mapped file's pages are not needed
             release_pages(a)

@@ -608,7 +608,7 @@ def open_model(path: str, verify: bool = True) -> Tuple[Header, Arrays, str, int
         if st.st_size == 0:
             raise ModelFileError(f"{path}: not an nlmfeature model (the file is empty)")
         ident = file_identity(f.fileno())
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        mm = ModelMapping(f.fileno(), 0, access=mmap.ACCESS_READ)
         fd = os.dup(f.fileno())
     try:
         header, arrays, checksum = _read_mapped(path, mm, verify, fd)
@@ -634,37 +634,36 @@ def _pread_chunks(fd: int, start: int, end: int):
         start += len(chunk)
 
 
-class HugeBuffer(mmap.mmap):
-    """Anonymous private memory advised for transparent huge pages: where a float16-stored
-    array is widened at load, so that the scorer reads it in place (no second copy:
-    ``NativeModel.hot``)."""
+class ModelMapping(mmap.mmap):
+    """The read-only shared mapping of a model file made by :func:`open_model`: the only
+    memory :func:`release_pages` releases (anything else, such as a training run's anonymous
+    arrays, it would zero)."""
 
 
 def widened(stored: np.ndarray) -> np.ndarray:
-    """A float16 array widened to float32 in :class:`HugeBuffer` memory (2 MB-aligned from 2 MB
-    up; smaller ones in ordinary memory)."""
-    nbytes = stored.size * 4
-    huge = 2 << 20
-    if nbytes < huge or not all(hasattr(mmap, c) for c in ("MADV_HUGEPAGE", "MAP_ANONYMOUS", "MAP_PRIVATE")):
-        return stored.astype(np.float32)
-    buf = HugeBuffer(-1, nbytes + huge, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    offset = (-_address(buf)) % huge
-    buf.madvise(mmap.MADV_HUGEPAGE, offset, len(buf) - offset)
-    out = np.frombuffer(buf, dtype=np.float32, count=stored.size, offset=offset).reshape(stored.shape)
+    """A float16 array widened to float32, read-only, in memory of this process's own
+    (:func:`nlmfeature.training.arrays.zeros`: on huge pages from 2 MB up), which the scorer
+    reads in place (no second copy: ``NativeModel.hot``)."""
+    from nlmfeature.training.arrays import zeros
+
+    out = zeros(stored.shape, np.float32)
     np.copyto(out, stored)
     out.flags.writeable = False
     return out
 
 
 def in_huge_buffer(arr: np.ndarray) -> bool:
-    """Whether ``arr`` lives in :class:`HugeBuffer` memory (a float16 array widened at load)."""
-    return isinstance(_root(arr), HugeBuffer)
+    """Whether ``arr`` lives in anonymous memory of this process's own advised for huge pages
+    (:func:`nlmfeature.training.arrays.zeros`: a float16 array widened at load, a training
+    run's parameters), which the scorer reads in place rather than copying."""
+    root = _root(arr)
+    return isinstance(root, mmap.mmap) and not isinstance(root, ModelMapping)
 
 
 def file_backed(arr: np.ndarray) -> bool:
-    """Whether ``arr`` is a view of a model file's mapping (not memory of this process's own)."""
-    root = _root(arr)
-    return isinstance(root, mmap.mmap) and not isinstance(root, HugeBuffer)
+    """Whether ``arr`` is a view of a model file's read-only mapping (:class:`ModelMapping`),
+    not memory of this process's own."""
+    return isinstance(_root(arr), ModelMapping)
 
 
 def _root(arr):
