@@ -186,6 +186,21 @@ def test_short_run_beats_unigram_and_is_reproducible(tmp_path):
     assert not np.array_equal(model.arrays["embeddings"], m3.arrays["embeddings"])
 
 
+def test_held_out_evaluations_leave_the_parameters_alone(tmp_path):
+    """Each held-out evaluation builds a scorer over the run's own arrays (the direct weights,
+    4 MB, on huge pages: anonymous memory) and reads the direct weights for their packed copy;
+    a run evaluated every 20 updates ends with the same parameters, bit for bit, as the same
+    run evaluated only at its end."""
+    kw = dict(output="unnormalised", direct_order=3, hash_space=1 << 20, iterations=1, max_updates=60)
+    often = train(config(tmp_path, "often.nlm", eval_every=20, **kw), quiet)
+    once = train(config(tmp_path, "once.nlm", eval_every=60, **kw), quiet)
+    assert len(often.history) == 3 and len(once.history) == 1
+    assert often.history[-1]["perplexity"] == once.history[-1]["perplexity"]
+    a, b = nlmfeature.load(often.model_out), nlmfeature.load(once.model_out)
+    for k in ("embeddings", "output.weight", "output.bias", "direct.weights"):
+        np.testing.assert_array_equal(a.arrays[k], b.arrays[k], err_msg=k)
+
+
 def _checkpoint_params(path):
     with np.load(path, allow_pickle=False) as z:
         return {k: z[k].copy() for k in z.files if k != "meta"}, json.loads(bytes(z["meta"]))
