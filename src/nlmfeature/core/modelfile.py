@@ -4,7 +4,9 @@ Layout: a 64-byte preamble (magic, format version, header position and length, f
 length, checksum), a UTF-8 JSON header describing the architecture and the array table,
 then the arrays, each little-endian and 64-byte aligned.  The checksum (BLAKE2b, 8 bytes)
 covers every byte after the preamble.  Files are memory-mapped read-only, so decoder
-threads and processes share one copy in the page cache.  Nothing is ever pickled.
+threads and processes share one copy in the page cache; verification reads the file through
+its descriptor, and the scorer's own copies let the mapped pages they came from go
+(:func:`release_pages`).  Nothing is ever pickled.
 """
 from __future__ import annotations
 
