@@ -398,11 +398,10 @@ def lm_swap_bleu(rows: List[Dict[str, Any]], vocab, args: argparse.Namespace, wo
         if not hyps or not any(label == "LM0" for label, _ in hyps[0].features):
             raise NLMFeatureError(f"{path}: no LM0= feature to replace (a Moses k-best list of a "
                                   "system with one KenLM feature is expected)")
-        lists[name] = hyps
-    for name, hyps in lists.items():
         if any(label == BESIDE_LABEL for label, _ in hyps[0].features):
-            raise NLMFeatureError(f"{srcs[name]}: the list has a {BESIDE_LABEL}= feature already (a "
+            raise NLMFeatureError(f"{path}: the list has a {BESIDE_LABEL}= feature already (a "
                                   "system with two LMs); give the lists of a system with one KenLM feature")
+        lists[name] = hyps
     texts = sorted({h.text for hyps in lists.values() for h in hyps})
     index = {t: i for i, t in enumerate(texts)}
     tokens = [t.split() for t in texts]
@@ -484,7 +483,6 @@ def decoder_figures(rows: List[Dict[str, Any]], args: argparse.Namespace, work: 
     of the config without a language model ("no_lm": what the tables and the search take) and
     the run's settings."""
     from nlmfeature.bench import rss_of
-    from nlmfeature.core.model import load
     from nlmfeature.errors import InputError, NLMFeatureError
     from nlmfeature.io.atomicfile import atomic_write_text
     from nlmfeature.io.textio import read_lines
@@ -520,8 +518,8 @@ def decoder_figures(rows: List[Dict[str, Any]], args: argparse.Namespace, work: 
     base = measure(no_lm)
     log(f"decoder: no LM: {base['decoder_peak_mb']:.0f} MB peak, {base['decoder_load_seconds']:.1f} s to load")
     for i, r in enumerate(rows):
-        if r["kind"] == "neural":
-            line = f"NLMFeature name={label} path={os.path.abspath(r['path'])} order={load(r['path']).order}"
+        if r["kind"] == "neural":     # (its order comes from the file)
+            line = f"NLMFeature name={label} path={os.path.abspath(r['path'])}"
         else:
             line = f"KENLM name={label} factor=0 path={os.path.abspath(r['path'])} order=5"
         ini = add_features(no_lm, os.path.join(work, f"row{i}.moses.ini"), [line], {label: weight})
