@@ -1,6 +1,7 @@
 """The native scorer against the numpy reference, for every model x output x context type."""
 from __future__ import annotations
 
+import gc
 import os
 import platform
 import re
@@ -443,14 +444,17 @@ def test_linear_outputs_sum_position_terms(tmp_path, case, monkeypatch):
         pytest.approx(1.0, abs=1e-6)
 
 
-@pytest.mark.parametrize("case", ["unnormalised-direct", "joint", "class", "width-37"])
+@pytest.mark.parametrize("case", ["unnormalised-direct", "joint", "class", "class-direct", "softmax",
+                                  "full", "width-37"])
 def test_float16_rows_are_read_as_stored(tmp_path, case, monkeypatch):
     """A model stored with ``storage: float16`` has its embeddings (source ones too) and output
-    rows read by the scorer as stored, half the bytes of their float32 widening: the same
-    scores, bit for bit, as with ``half_rows=False`` (the widened rows), in decoder
-    and one-off sessions with their caches on and off, and within float16's rounding of the
-    float32 model's.  A model whose header says float16 but whose values are not all halves (built
-    in memory) reads its float32 rows."""
+    rows read by the scorer as stored, half the bytes of their float32 widening, in every
+    path that reads them (context layer, word logits, softmax and class normalisers, position
+    terms): the same scores, bit for bit, as with ``half_rows=False`` (the widened rows), in
+    decoder and one-off sessions with their caches on and off, and within float16's rounding
+    of the float32 model's.  A model with a full (not diagonal) context layer reads its
+    embeddings widened and its output rows as halves.  A model whose header says float16 but
+    whose values are not all halves (built in memory) reads its float32 rows."""
     from helpers import brown_vocab
     from nlmfeature.core.architecture import ModelSpec, random_model
 
@@ -459,8 +463,14 @@ def test_float16_rows_are_read_as_stored(tmp_path, case, monkeypatch):
     extra = {}
     if "direct" in case:
         fields.update(direct_order=3, hash_space=4099)
-    if case == "class":
+    if case.startswith("class"):
         fields.update(output="class", classes=13)
+    if case == "class-direct":
+        fields.update(direct_order=3, hash_space=4099)
+    if case == "softmax":
+        fields.update(output="softmax")
+    if case == "full":
+        fields.update(diagonal_contexts=False, word_width=24)
     if case == "width-37":  # (every kernel's tail)
         fields.update(word_width=37)
     if case == "joint":
@@ -491,6 +501,8 @@ def test_float16_rows_are_read_as_stored(tmp_path, case, monkeypatch):
 
     model, got = scores(half, True)
     assert model.native.half_rows == HALF_ROWS  # (a build without F16C: float rows)
+    # as stored: the rows the scorer reads as halves are not widened anywhere
+    assert (model.arrays["output.weight"].dtype == np.float16) and model._float32_arrays is None
     widened, want = scores(half, False)
     assert not widened.native.half_rows
     for a, b in zip(got, want):
@@ -557,18 +569,25 @@ def _resident_kib_of_mapping(path: str) -> int:
     return total
 
 
+def _anonymous_kib() -> int:
+    """KiB of this process's resident anonymous memory (its own, not a file's pages)."""
+    with open("/proc/self/status", encoding="utf-8") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("RssAnon:"))
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
 @pytest.mark.parametrize("storage", ["float32", "float16"])
 def test_a_loaded_model_holds_its_arrays_once(tmp_path, monkeypatch, storage):
     """What a decoder process keeps of a model: the arrays it reads at scattered rows in its
     own huge-page copies, and nothing of the mapped file they came from (verified, copied or
-    packed, then released: the file stays in the page cache); a float16 model's widened rows
-    are read where they were widened (no second copy) and its halves copied once.  The same
+    packed, then released: the file stays in the page cache); a float16 model's rows as
+    stored, halves copied once and never widened (half the float32 model's bytes).  The same
     scores as reading the mapping (NLMFEATURE_HUGE_PAGES=0), and model.arrays still reads the
     file's values."""
     monkeypatch.setenv("NLMFEATURE_HUGE_PAGES", "1")
     # (wide enough that the halves, too, are past the 2 MB from which arrays are copied)
-    path = make_model(tmp_path, tables=False, word_width=320, direct_order=3, hash_space=1 << 20)
+    path = path32 = make_model(tmp_path, tables=False, word_width=320, direct_order=3, hash_space=1 << 20)
+    kept = []
     if storage == "float16":
         header, arrays, _ = modelfile.read_model(path)
         path = str(tmp_path / "half.nlm")
@@ -577,12 +596,18 @@ def test_a_loaded_model_holds_its_arrays_once(tmp_path, monkeypatch, storage):
     model = nlmfeature.load(path)
     emb, out = model.arrays["embeddings"], model.arrays["output.weight"]
     rows = emb.nbytes + out.nbytes
-    if storage == "float16":
-        assert modelfile.in_huge_buffer(emb) and not emb.flags.writeable
-        if model.native.half_rows:          # the halves, once; the widened rows in place
-            assert model.native.copied_bytes == rows // 2
-    else:
-        assert modelfile.file_backed(emb) and model.native.copied_bytes == rows
+    assert modelfile.file_backed(emb) and emb.dtype == storage
+    if storage == "float32" or model.native.half_rows:  # (else: a build without F16C widens)
+        assert model.native.copied_bytes == rows
+    if storage == "float16" and model.native.half_rows:
+        # the process's own memory of a load (models kept: nothing freed is reused): the
+        # float16 file's costs half its rows' float32 bytes less than the float32 file's
+        grown = {}
+        for p in (path, path32, path, path32):
+            before = _anonymous_kib()
+            kept.append(nlmfeature.load(p))
+            grown[p] = _anonymous_kib() - before
+        assert grown[path32] - grown[path] > 0.75 * rows / 1024, (grown, rows)
     assert _resident_kib_of_mapping(path) < size_kib // 8, (_resident_kib_of_mapping(path), size_kib)
     lines = [l.split() for l in read_lines(BROWN_VALID, 6)]
     got = np.concatenate([model.score_sentence(l) for l in lines])
@@ -593,6 +618,8 @@ def test_a_loaded_model_holds_its_arrays_once(tmp_path, monkeypatch, storage):
     header, arrays, _ = modelfile.read_model(path)
     for name in ("embeddings", "output.weight", "direct.weights"):
         assert np.array_equal(model.arrays[name], arrays[name]), name
+        assert np.array_equal(model.float32_arrays()[name], arrays[name]), name
+    assert model.float32_arrays()["embeddings"].dtype == np.float32
 
 
 def test_only_a_model_files_mapping_is_released(tmp_path):

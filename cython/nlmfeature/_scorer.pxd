@@ -228,6 +228,7 @@ ctypedef struct SessionC:
     uint64_t* hscratch        # a direct-feature vector's indices, then their packed weights'
                               # places (max(V, padded classes))
     double* pbuf              # one context position's contribution to the hidden vector (max_width)
+    float* ebuf               # a float16 model's embedding row widened (max_width)
     double* clbuf             # a context's class logits when the context cache has no entry for it
     # the position terms are functions of the model alone, so they outlive the sentence: their
     # own arena, kept across sentences (a Moses sentence finds ~70% of its term vectors made by

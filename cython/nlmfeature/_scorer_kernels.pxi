@@ -124,62 +124,86 @@ cdef extern from *:
     #else
     #define NLM_FMAD(x, y, a) ((a) + (x) * (y))
     #endif
-    static double nlm_dot_fd(const float* w, const double* p, int D) {
-        double s;
-        int d = 0;
+    /* each written once over the loaders of its rows' type (float rows, or float16 rows
+       read as stored: a half converts to float, and so to double, exactly, so the twins give
+       the same bits): L1 one value as double, L4 four as __m256d */
+    #if defined(__F16C__)
+    #define NLM_H1D(p) ((double)_cvtsh_ss(*(p)))
+    #define NLM_H4D(p) _mm256_cvtps_pd(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i*)(p))))
+    #else
+    #define NLM_H1D(p) 0.0
+    #define NLM_H4D(p) _mm256_setzero_pd()
+    #endif
+    #define NLM_F1D(p) ((double)*(p))
+    #define NLM_F4D(p) _mm256_cvtps_pd(_mm_loadu_ps(p))
     #if defined(__AVX2__) && defined(__FMA__)
-        double l[4];
-        __m256d a = _mm256_setzero_pd();
-        for (; d + 4 <= D; d += 4)
-            a = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(w + d)), _mm256_loadu_pd(p + d), a);
+    #define NLM_DOT_D_VEC(L1, L4) \
+        double l[4]; \
+        __m256d a = _mm256_setzero_pd(); \
+        for (; d + 4 <= D; d += 4) a = _mm256_fmadd_pd(L4(w + d), _mm256_loadu_pd(p + d), a); \
         _mm256_storeu_pd(l, a);
     #else
-        double l[4] = {0, 0, 0, 0};
-        int k;
-        for (; d + 4 <= D; d += 4)
-            for (k = 0; k < 4; k++) l[k] = NLM_FMAD((double)w[d + k], p[d + k], l[k]);
+    #define NLM_DOT_D_VEC(L1, L4) \
+        double l[4] = {0, 0, 0, 0}; \
+        int k; \
+        for (; d + 4 <= D; d += 4) \
+            for (k = 0; k < 4; k++) l[k] = NLM_FMAD(L1(w + d + k), p[d + k], l[k]);
     #endif
-        s = (l[0] + l[1]) + (l[2] + l[3]);
-        for (; d < D; d++) s = NLM_FMAD((double)w[d], p[d], s);
-        return s;
+    #define NLM_DOT_D(NAME, T, L1, L4) \
+    static double NAME(const T* w, const double* p, int D) { \
+        double s; \
+        int d = 0; \
+        NLM_DOT_D_VEC(L1, L4) \
+        s = (l[0] + l[1]) + (l[2] + l[3]); \
+        for (; d < D; d++) s = NLM_FMAD(L1(w + d), p[d], s); \
+        return s; \
     }
-    /* out[k] = W[idx[k]] . p (W[k] . p when idx is NULL) for k < n: nlm_dot_fd of each row,
-       four rows at a time (the next four rows' first lines prefetched when gathered) */
-    static void nlm_gemv_rows_d(const float* W, const int32_t* idx, int n, int D, const double* p,
-                                double* out) {
-        int r = 0;
+    NLM_DOT_D(nlm_dot_fd, float, NLM_F1D, NLM_F4D)
+    NLM_DOT_D(nlm_dot_hd, uint16_t, NLM_H1D, NLM_H4D)
+    /* out[k] = W[idx[k]] . p (W[k] . p when idx is NULL) for k < n: the row dot (nlm_dot_fd,
+       nlm_dot_hd) of each row, four rows at a time (the next four rows' first lines prefetched
+       when gathered) */
     #if defined(__AVX2__) && defined(__FMA__)
-        int d, k, q;
-        for (; r + 4 <= n; r += 4) {
-            const float* w[4];
-            __m256d a[4];
-            double l[4], s;
-            for (k = 0; k < 4; k++) {
-                w[k] = W + (size_t)(idx ? idx[r + k] : r + k) * D;
-                a[k] = _mm256_setzero_pd();
-            }
-            if (idx)
-                for (k = r + 4; k < r + 8 && k < n; k++) {
-                    __builtin_prefetch(W + (size_t)idx[k] * D);
-                    __builtin_prefetch(W + (size_t)idx[k] * D + 16);
-                }
-            for (d = 0; d + 4 <= D; d += 4) {
-                __m256d x = _mm256_loadu_pd(p + d);
-                a[0] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(w[0] + d)), x, a[0]);
-                a[1] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(w[1] + d)), x, a[1]);
-                a[2] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(w[2] + d)), x, a[2]);
-                a[3] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(w[3] + d)), x, a[3]);
-            }
-            for (k = 0; k < 4; k++) {
-                _mm256_storeu_pd(l, a[k]);
-                s = (l[0] + l[1]) + (l[2] + l[3]);
-                for (q = d; q < D; q++) s = NLM_FMAD((double)w[k][q], p[q], s);
-                out[r + k] = s;
-            }
+    #define NLM_GEMV_D_VEC(T, L1, L4) \
+        int d, k, q; \
+        for (; r + 4 <= n; r += 4) { \
+            const T* w[4]; \
+            __m256d a[4]; \
+            double l[4], s; \
+            for (k = 0; k < 4; k++) { \
+                w[k] = W + (size_t)(idx ? idx[r + k] : r + k) * D; \
+                a[k] = _mm256_setzero_pd(); \
+            } \
+            if (idx) \
+                for (k = r + 4; k < r + 8 && k < n; k++) { \
+                    __builtin_prefetch(W + (size_t)idx[k] * D); \
+                    __builtin_prefetch(W + (size_t)idx[k] * D + 64 / sizeof(T)); \
+                } \
+            for (d = 0; d + 4 <= D; d += 4) { \
+                __m256d x = _mm256_loadu_pd(p + d); \
+                a[0] = _mm256_fmadd_pd(L4(w[0] + d), x, a[0]); \
+                a[1] = _mm256_fmadd_pd(L4(w[1] + d), x, a[1]); \
+                a[2] = _mm256_fmadd_pd(L4(w[2] + d), x, a[2]); \
+                a[3] = _mm256_fmadd_pd(L4(w[3] + d), x, a[3]); \
+            } \
+            for (k = 0; k < 4; k++) { \
+                _mm256_storeu_pd(l, a[k]); \
+                s = (l[0] + l[1]) + (l[2] + l[3]); \
+                for (q = d; q < D; q++) s = NLM_FMAD(L1(w[k] + q), p[q], s); \
+                out[r + k] = s; \
+            } \
         }
+    #else
+    #define NLM_GEMV_D_VEC(T, L1, L4)
     #endif
-        for (; r < n; r++) out[r] = nlm_dot_fd(W + (size_t)(idx ? idx[r] : r) * D, p, D);
+    #define NLM_GEMV_D(NAME, T, DOT, L1, L4) \
+    static void NAME(const T* W, const int32_t* idx, int n, int D, const double* p, double* out) { \
+        int r = 0; \
+        NLM_GEMV_D_VEC(T, L1, L4) \
+        for (; r < n; r++) out[r] = DOT(W + (size_t)(idx ? idx[r] : r) * D, p, D); \
     }
+    NLM_GEMV_D(nlm_gemv_rows_d, float, nlm_dot_fd, NLM_F1D, NLM_F4D)
+    NLM_GEMV_D(nlm_gemv_rows_hd, uint16_t, nlm_dot_hd, NLM_H1D, NLM_H4D)
     /* a + (b - c) in that order: a class's log-probability plus the word's within-class one
        (b, c may be huge and nearly equal, e.g. a mutated bias, and must not swallow a) */
     static double nlm_add_diff(double a, double b, double c) {
@@ -261,6 +285,7 @@ cdef extern from *:
     #define NLM_H16(p) _mm512_setzero_ps()
     #endif
     #define NLM_F1(p) (*(p))
+    static inline float nlm_half_to_float(const uint16_t* p) { return NLM_H1(p); }
     #define NLM_F8(p) _mm256_loadu_ps(p)
     #define NLM_F16(p) _mm512_loadu_ps(p)
     /* diagonal log-bilinear context layer in one pass: v[i] = bias[i] + sum_j W[j, i] * emb[ctx[j], i],
@@ -342,6 +367,23 @@ cdef extern from *:
     }
     NLM_DOT(nlm_dot_rh, uint16_t, NLM_H1, NLM_H8, NLM_H16)
     NLM_DOT(nlm_dot_rf, float, NLM_F1, NLM_F8, NLM_F16)
+    /* out[k] = W[idx[k]] . h (W[k] . h when idx is NULL) for k < n, each with the row dot
+       of a float16 model (nlm_dot_rh on its half rows, nlm_dot_rf on their float32 widening:
+       the same bits, and each the very value of that word's own logit); gathered rows four
+       ahead prefetched */
+    #define NLM_GEMV_R(NAME, T, DOT) \
+    static void NAME(const T* W, const int32_t* idx, int n, int D, const float* h, float* out) { \
+        int r; \
+        for (r = 0; r < n; r++) { \
+            if (idx && r + 4 < n) { \
+                __builtin_prefetch(W + (size_t)idx[r + 4] * D); \
+                __builtin_prefetch(W + (size_t)idx[r + 4] * D + 64 / sizeof(T)); \
+            } \
+            out[r] = DOT(W + (size_t)(idx ? idx[r] : r) * D, h, D); \
+        } \
+    }
+    NLM_GEMV_R(nlm_gemv_rows_rh, uint16_t, nlm_dot_rh)
+    NLM_GEMV_R(nlm_gemv_rows_rf, float, nlm_dot_rf)
     static inline float nlm_expf_neg(float x) {   /* e^x for x <= 0 */
         float t, fl, f, p;
         union { int i; float f; } u;
@@ -407,7 +449,9 @@ cdef extern from *:
     void nlm_gemv_rows(const float* W, int n, int D, const float* h, float* out) nogil
     void nlm_gemv_rows_idx(const float* W, const int32_t* idx, int n, int D, const float* h, float* out) nogil
     void nlm_gemv_rows_d(const float* W, const int32_t* idx, int n, int D, const double* p, double* out) nogil
+    void nlm_gemv_rows_hd(const uint16_t* W, const int32_t* idx, int n, int D, const double* p, double* out) nogil
     double nlm_dot_fd(const float* w, const double* p, int D) nogil
+    double nlm_dot_hd(const uint16_t* w, const double* p, int D) nogil
     double nlm_add_diff(double a, double b, double c) nogil
     int nlm_fstat_identity(int fd, long long* size, long long* mtime_ns) nogil
     void nlm_gemv_t(const float* WT, int D, int n, int npad, const float* h, const float* bias, float* out) nogil
@@ -419,6 +463,9 @@ cdef extern from *:
                             int E, float* v) nogil
     float nlm_dot_rh(const uint16_t* r, const float* h, int D) nogil
     float nlm_dot_rf(const float* r, const float* h, int D) nogil
+    void nlm_gemv_rows_rh(const uint16_t* W, const int32_t* idx, int n, int D, const float* h, float* out) nogil
+    void nlm_gemv_rows_rf(const float* W, const int32_t* idx, int n, int D, const float* h, float* out) nogil
+    float nlm_half_to_float(const uint16_t* p) nogil
     double nlm_prod_sum_f(const float* b, const float** p, int count, int n) nogil
 
 

@@ -75,6 +75,7 @@ cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t n
     s.dacc = <double*>nlm_alloc_lines(nscratch * sizeof(double))
     s.hscratch = <uint64_t*>nlm_alloc_lines(nscratch * sizeof(uint64_t))
     s.pbuf = <double*>nlm_alloc_lines(m.max_width * sizeof(double))
+    s.ebuf = <float*>nlm_alloc_lines(m.max_width * sizeof(float))
     s.clbuf = <double*>nlm_alloc_lines((m.n_classes + 1) * sizeof(double))
     s.linear = m.linear_out and terms
     if s.linear:
@@ -84,7 +85,8 @@ cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t n
         s.pos_stamp = <uint32_t*>calloc(npos, sizeof(uint32_t))
         s.term_cols = m.n_classes + 1 if m.output_type == OUT_CLASS else 1
     if s.buf0 == NULL or s.buf1 == NULL or s.buf2 == NULL or s.hidden == NULL or s.fscratch == NULL \
-            or s.vscratch == NULL or s.dacc == NULL or s.hscratch == NULL or s.pbuf == NULL or s.clbuf == NULL \
+            or s.vscratch == NULL or s.dacc == NULL or s.hscratch == NULL or s.pbuf == NULL or s.ebuf == NULL \
+            or s.clbuf == NULL \
             or (s.linear and (s.pos_q == NULL or s.pos_stamp == NULL)):
         nlm_session_free(s)
         return NULL
@@ -143,6 +145,7 @@ cdef void nlm_session_free(SessionC* s) noexcept nogil:
     free(s.hscratch)
     free(s.escratch)
     free(s.pbuf)
+    free(s.ebuf)
     free(s.vec_arena)
     free(s.term_arena)
     free(s.clbuf)
@@ -487,6 +490,7 @@ cdef const double* position_vector(SessionC* s, int j, int32_t u) noexcept nogil
     cdef const BranchC* br = &m.branches[0]
     cdef int H = br.hidden, E = m.embed_dim, w0 = m.src_window, i, k
     cdef const float* e
+    cdef const uint16_t* eh
     cdef const float* r
     cdef double x
     if j < 0:
@@ -500,7 +504,14 @@ cdef const double* position_vector(SessionC* s, int j, int32_t u) noexcept nogil
         for i in range(H):
             s.pbuf[i] = r[i]
         return s.pbuf
-    e = (m.src_embeddings if j < w0 else m.embeddings) + <int64_t>u * E
+    eh = (m.src_embeddings_h if j < w0 else m.embeddings_h)
+    if eh != NULL:      # a float16 model's half rows: each value widened exactly
+        eh += <int64_t>u * E
+        for i in range(E):
+            s.ebuf[i] = nlm_half_to_float(eh + i)
+        e = s.ebuf
+    else:
+        e = (m.src_embeddings if j < w0 else m.embeddings) + <int64_t>u * E
     if br.diagonal:
         for i in range(E):
             s.pbuf[i] = <double>br.weights[<int64_t>j * E + i] * e[i]
@@ -514,20 +525,39 @@ cdef const double* position_vector(SessionC* s, int j, int32_t u) noexcept nogil
     return s.pbuf
 
 
-cdef inline int32_t term_rows(const ModelC* m, int what, int32_t c, const int32_t** idx,
-                              const float** W) noexcept nogil:
-    """The output rows of a term vector: their number, index list (NULL: consecutive) and
-    matrix."""
+cdef inline int32_t term_rows(const ModelC* m, int what, int32_t c, const int32_t** idx) noexcept nogil:
+    """The output rows of a term vector: their number and index list (NULL: consecutive) in
+    the class matrix (``what`` 2) or the output matrix."""
     if what == 2:
         idx[0] = NULL
-        W[0] = m.class_weight
         return m.n_classes
-    W[0] = m.out_weight
     if c < 0:
         idx[0] = NULL
         return m.vocab_size
     idx[0] = m.class_members + m.class_start[c]
     return m.class_start[c + 1] - m.class_start[c]
+
+
+cdef inline void term_dots(const ModelC* m, int what, const int32_t* idx, int32_t n,
+                           const double* p, double* out) noexcept nogil:
+    """``out[k]`` = row k of :c:func:`term_rows` (``what``, ``idx``) times ``p``, in double (a
+    float16 model's output rows read as stored where it keeps them so: the same bits)."""
+    if what == 2:
+        nlm_gemv_rows_d(m.class_weight, idx, n, m.out_dim, p, out)
+    elif m.out_weight_h != NULL:
+        nlm_gemv_rows_hd(m.out_weight_h, idx, n, m.out_dim, p, out)
+    else:
+        nlm_gemv_rows_d(m.out_weight, idx, n, m.out_dim, p, out)
+
+
+cdef inline double term_dot(const ModelC* m, int what, int64_t row, const double* p) noexcept nogil:
+    """Row ``row`` of the class (``what`` 2) or output matrix times ``p``: one element of
+    :c:func:`term_dots`, the same value."""
+    if what == 2:
+        return nlm_dot_fd(m.class_weight + row * m.out_dim, p, m.out_dim)
+    if m.out_weight_h != NULL:
+        return nlm_dot_hd(m.out_weight_h + row * m.out_dim, p, m.out_dim)
+    return nlm_dot_fd(m.out_weight + row * m.out_dim, p, m.out_dim)
 
 
 cdef int64_t term_vector(SessionC* s, int what, int32_t c, int j, int32_t u, int make) noexcept nogil:
@@ -540,7 +570,6 @@ cdef int64_t term_vector(SessionC* s, int what, int32_t c, int j, int32_t u, int
     cdef int64_t at, q, off
     cdef int32_t n
     cdef const int32_t* idx
-    cdef const float* W
     cdef int64_t* grown
     cdef int64_t k
     cdef int fact
@@ -569,13 +598,13 @@ cdef int64_t term_vector(SessionC* s, int what, int32_t c, int j, int32_t u, int
     off = s.term_off[k]
     if off >= 0 or not make:
         return off
-    n = term_rows(m, what, c, &idx, &W)
+    n = term_rows(m, what, c, &idx)
     fact = s.fact_k > 0 and what == 1  # room for the exponentials (exp_terms), not filled yet
     off = arena_alloc(&s.term_arena, &s.term_used, &s.term_cap, s.term_limit,
                       n + (n + 1) // 2 + 2 if fact else n)
     if off < 0:
         return -1
-    nlm_gemv_rows_d(W, idx, n, m.out_dim, position_vector(s, j, u), s.term_arena + off)
+    term_dots(m, what, idx, n, position_vector(s, j, u), s.term_arena + off)
     if fact:
         s.term_arena[off + n] = NAN
     s.term_off[k] = off
@@ -588,8 +617,7 @@ cdef void lin_logits(SessionC* s, const int32_t* ctx, int what, int32_t c, doubl
     double."""
     cdef const ModelC* m = s.model
     cdef const int32_t* idx
-    cdef const float* W
-    cdef int32_t n = term_rows(m, what, c, &idx, &W), i
+    cdef int32_t n = term_rows(m, what, c, &idx), i
     cdef int j, first = 1
     cdef int64_t off
     cdef const double* v
@@ -600,7 +628,7 @@ cdef void lin_logits(SessionC* s, const int32_t* ctx, int what, int32_t c, doubl
         if off >= 0:
             v = s.term_arena + off
         else:  # not stored: the same terms, computed here
-            nlm_gemv_rows_d(W, idx, n, m.out_dim, position_vector(s, j, ctx[j] if j >= 0 else 0), s.vscratch)
+            term_dots(m, what, idx, n, position_vector(s, j, ctx[j] if j >= 0 else 0), s.vscratch)
             v = s.vscratch
         if first:
             for i in range(n):
@@ -619,8 +647,7 @@ cdef double lin_logit(SessionC* s, const int32_t* ctx, int what, int32_t c, int3
     each from a stored vector or computed alone (:c:func:`nlm_dot_fd`, the same value)."""
     cdef const ModelC* m = s.model
     cdef const int32_t* idx
-    cdef const float* W
-    cdef int32_t n = term_rows(m, what, c, &idx, &W)
+    cdef int32_t n = term_rows(m, what, c, &idx)
     cdef int j, first = 1
     cdef int64_t off
     cdef double x = 0, t
@@ -629,8 +656,8 @@ cdef double lin_logit(SessionC* s, const int32_t* ctx, int what, int32_t c, int3
         if off >= 0:
             t = s.term_arena[off + i]
         else:
-            t = nlm_dot_fd(W + <int64_t>(idx[i] if idx != NULL else i) * m.out_dim,
-                           position_vector(s, j, ctx[j] if j >= 0 else 0), m.out_dim)
+            t = term_dot(m, what, idx[i] if idx != NULL else i,
+                         position_vector(s, j, ctx[j] if j >= 0 else 0))
         x = t if first else x + t
         first = 0
     return x
@@ -682,14 +709,13 @@ cdef const double* exp_terms(SessionC* s, int32_t c, int j, int32_t u, int32_t n
     cdef const ModelC* m = s.model
     cdef double* v
     cdef const int32_t* idx
-    cdef const float* W
     if off >= 0:
         v = s.term_arena + off
         if isnan(v[n]):
             exp_fill(v, <float*>(v + n + 2), n, v + n)
         return v
-    term_rows(m, 1, c, &idx, &W)
-    nlm_gemv_rows_d(W, idx, n, m.out_dim, position_vector(s, j, u), scratch)
+    term_rows(m, 1, c, &idx)
+    term_dots(m, 1, idx, n, position_vector(s, j, u), scratch)
     exp_fill(scratch, <float*>(scratch + n + 2), n, scratch + n)
     return scratch
 

@@ -114,16 +114,29 @@ cdef class NativeModel:
 
     def __init__(self, dict header, dict arrays, bint use_tables=True, bint half_rows=True,
                  bint hot_copies=True):
-        """``half_rows=False`` reads a float16 model's float32 widening instead of its half
+        """``arrays`` may hold the float16 arrays of a float16 model file as stored
+        (:func:`nlmfeature.core.modelfile.open_model` with ``widen=False``): the scorer reads
+        its embeddings and output rows as halves where the build has F16C (the embeddings when
+        every first-layer branch is diagonal), and widens any other float16 array to float32.
+        ``half_rows=False`` reads a float16 model's float32 widening instead of its half
         rows (the same bits, the tests compare the two).  ``hot_copies=False`` reads the
         arrays in place instead of huge-page copies (:meth:`hot`): for arrays already in
         memory, such as a training run's parameters."""
-        from nlmfeature.core.modelfile import release_pages
+        from nlmfeature.core.modelfile import release_pages, widen_arrays
 
         cdef int k
         cdef ModelC* m = &self.m
         self._arrays = arrays
         self._extra = []
+        # float16 arrays as stored: kept as halves where every path that reads them has a
+        # half kernel, else widened here (once; the mapped file's pages then released)
+        halves = set()
+        if header.get("storage") == "float16" and NLM_HAVE_HALF and half_rows:
+            halves.add("output.weight")
+            if all(br["diagonal"] for br in header["branches"]):
+                halves.update(("embeddings", "source.embeddings"))
+        arrays = widen_arrays(arrays, keep=halves)
+        self._extra.append(arrays)
         self.path = None
         if m.file_fd >= 0:
             close(m.file_fd)
@@ -139,7 +152,7 @@ cdef class NativeModel:
         m.embed_dim = header["embed_dim"]
         sp = header["special"]
         m.unk, m.bos, m.eos, m.null = sp["<unk>"], sp["<s>"], sp["</s>"], sp["<null>"]
-        m.embeddings = self.hot(arrays, "embeddings")
+        m.embeddings = self.hot(arrays, "embeddings") if arrays["embeddings"].dtype != np.float16 else NULL
         branches = header["branches"]
         if not 1 <= len(branches) <= NLM_MAX_BRANCHES:
             raise ValueError(f"between 1 and {NLM_MAX_BRANCHES} first-layer branches are supported")
@@ -175,7 +188,7 @@ cdef class NativeModel:
         m.out_dim = out["dim"]
         m.max_width = max(m.max_width, m.out_dim)
         m.output_type = OUTPUTS[out["type"]]
-        m.out_weight = self.hot(arrays, "output.weight")
+        m.out_weight = self.hot(arrays, "output.weight") if arrays["output.weight"].dtype != np.float16 else NULL
         m.out_bias = fptr(arrays, "output.bias")
         if m.output_type == OUT_CLASS:
             m.n_classes = out["classes"]
@@ -267,7 +280,8 @@ cdef class NativeModel:
             m.src_vocab_size = source["vocab_size"]
             ssp = source["special"]
             m.src_unk, m.src_bos, m.src_eos, m.src_null = ssp["<unk>"], ssp["<s>"], ssp["</s>"], ssp["<null>"]
-            m.src_embeddings = self.hot(arrays, "source.embeddings")
+            m.src_embeddings = (self.hot(arrays, "source.embeddings")
+                                if arrays["source.embeddings"].dtype != np.float16 else NULL)
             for k in range(m.n_branches):
                 m.branches[k].src_tables = self.hot(arrays, f"branch{k}.source.tables", False)
                 if (m.branches[k].tables == NULL) != (m.branches[k].src_tables == NULL):
@@ -282,12 +296,25 @@ cdef class NativeModel:
                 m.src_embeddings_h = self.hot_half(arrays, "source.embeddings")
 
     cdef const uint16_t* hot_half(self, arrays, name) except? NULL:
-        """The float16 rows of a float32 array widened from them at load, kept by this model
-        (:meth:`hot`'s huge-page copy from 2 MB up); NULL (read the float32 array) where the
-        values are not all exactly halves (a model built in memory)."""
+        """The float16 rows of an array: a float16 array as stored (:meth:`hot`: read in place
+        or from a huge-page copy), or the halves of a float32 array widened from them, kept by
+        this model (:meth:`hot`'s huge-page copy from 2 MB up); NULL (read the float32 array)
+        where its values are not all exactly halves (a model built in memory)."""
+        from nlmfeature.core.modelfile import in_huge_buffer, release_pages
+
         cdef void* q
+        cdef const void* p
         cdef cnp.npy_intp n
         a = arrays.get(name)
+        if a is not None and a.dtype == np.float16:
+            _check(a, name, np.float16)
+            p = <const void*>cnp.PyArray_DATA(a)
+            if in_huge_buffer(a):
+                return <const uint16_t*>p
+            q = <void*>self._hot_copy(p, a.nbytes)
+            if q != p:
+                release_pages(a)
+            return <const uint16_t*>q
         if a is None or a.dtype != np.float32:
             return NULL
         flat = a.reshape(-1)

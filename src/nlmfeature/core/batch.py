@@ -39,7 +39,7 @@ class BatchScorer:
     def __init__(self, model: "Model") -> None:
         self.native = model.native
         self.h = model.header
-        self.a: Dict[str, np.ndarray] = model.arrays
+        self.a: Dict[str, np.ndarray] = model.float32_arrays()
         self.use_tables = model.native.uses_tables
 
     def hidden(self, ctx: np.ndarray) -> np.ndarray:

@@ -24,7 +24,7 @@ import os
 import threading
 from dataclasses import dataclass
 from typing import (AbstractSet, Any, Callable, Dict, Iterable, Iterator, List, Mapping,
-                    Sequence, Tuple, Union)
+                    Optional, Sequence, Tuple, Union)
 
 import numpy as np
 
@@ -163,6 +163,15 @@ class Model:
         self.native = NativeModel(header, arrays, use_tables, hot_copies=hot_copies)
         self._local = threading.local()   # the calling thread's own default session
         self._batch = None
+        self._float32_arrays: Optional[Dict[str, np.ndarray]] = None
+
+    def float32_arrays(self) -> Dict[str, np.ndarray]:
+        """The model's arrays with any float16-stored one widened to float32 (made on first
+        use and kept): what numpy computations over the parameters read.  :attr:`arrays`
+        holds a float16 model file's arrays as stored, which the scorer reads as halves."""
+        if self._float32_arrays is None:
+            self._float32_arrays = modelfile.widen_arrays(self.arrays)
+        return self._float32_arrays
 
     # -- description --------------------------------------------------------------------
     @property
@@ -514,7 +523,8 @@ def load(path: str, verify: bool = True, use_tables: bool = True) -> Model:
     ``use_tables=False`` ignores precomputed first-layer tables (for comparisons).
     Raises :class:`nlmfeature.errors.ModelFileError` naming the file and the problem.
     """
-    header, arrays, checksum, fd, identity = modelfile.open_model(path, verify=verify)
+    # float16 arrays as stored: the scorer reads the rows as halves (half the memory)
+    header, arrays, checksum, fd, identity = modelfile.open_model(path, verify=verify, widen=False)
     try:
         cls = next((kind for test, kind in MODEL_KINDS if test(header)), Model)
         model = cls(path, header, arrays, checksum, use_tables)

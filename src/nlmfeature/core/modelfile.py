@@ -16,7 +16,7 @@ import mmap
 import os
 import stat
 import struct
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -572,20 +572,22 @@ def file_identity(fd: int) -> Tuple[int, int, int, int]:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
-def read_model(path: str, verify: bool = True) -> Tuple[Header, Arrays, str]:
+def read_model(path: str, verify: bool = True, widen: bool = True) -> Tuple[Header, Arrays, str]:
     """Map a model file read-only; returns (header, arrays, checksum hex).
 
-    Arrays are zero-copy views of the mapping except float16-stored ones, which are widened.
+    Arrays are zero-copy views of the mapping, except that float16-stored ones are widened
+    to float32 (:func:`widen_arrays`) unless ``widen=False``, which leaves them as stored.
     ``verify`` recomputes the checksum over the whole file (recommended; costs one read).
     The whole model is validated (:func:`validate_structure`), so native code may trust the
     arrays; every problem is a :class:`ModelFileError` naming the file and what is wrong.
     """
-    header, arrays, checksum, fd, _ = open_model(path, verify)
+    header, arrays, checksum, fd, _ = open_model(path, verify, widen)
     os.close(fd)
     return header, arrays, checksum
 
 
-def open_model(path: str, verify: bool = True) -> Tuple[Header, Arrays, str, int, Tuple[int, int, int, int]]:
+def open_model(path: str, verify: bool = True, widen: bool = True,
+               ) -> Tuple[Header, Arrays, str, int, Tuple[int, int, int, int]]:
     """:func:`read_model` plus an open descriptor of the mapped file (the caller closes it)
     and the file's :func:`file_identity` when it was mapped: a loaded model compares them at
     each sentence start to notice the file being overwritten in place."""
@@ -614,6 +616,8 @@ def open_model(path: str, verify: bool = True) -> Tuple[Header, Arrays, str, int
         fd = os.dup(f.fileno())
     try:
         header, arrays, checksum = _read_mapped(path, mm, verify, fd)
+        if widen:
+            arrays = widen_arrays(arrays)
     except BaseException:
         os.close(fd)
         raise
@@ -651,6 +655,20 @@ def widened(stored: np.ndarray) -> np.ndarray:
     out = zeros(stored.shape, np.float32)
     np.copyto(out, stored)
     out.flags.writeable = False
+    return out
+
+
+def widen_arrays(arrays: Arrays, keep: Iterable[str] = ()) -> Arrays:
+    """``arrays`` with each float16 array (but those named in ``keep``) :func:`widened` to
+    float32 (a new dict where any is; the mapped file's pages of those widened released)."""
+    keep = set(keep)
+    names = [name for name, a in arrays.items() if a.dtype == np.float16 and name not in keep]
+    if not names:
+        return arrays
+    out = dict(arrays)
+    for name in names:
+        out[name] = widened(arrays[name])
+        release_pages(arrays[name])
     return out
 
 
@@ -717,12 +735,9 @@ def _read_mapped(path: str, mm, verify: bool, fd: int) -> Tuple[Header, Arrays, 
             count *= x
         stored[name] = (dt, off, count)
         arr = np.frombuffer(mm, dtype=dt, count=count, offset=off).reshape(shape)
-        if dt == np.float16:
-            if name not in HALF_ELIGIBLE and not name.endswith(".tables"):
-                raise ModelFileError(f"{path}: array {name!r} is stored as float16, which only "
-                                     f"{', '.join(HALF_ELIGIBLE)} may be")
-            stored_view, arr = arr, widened(arr)
-            release_pages(stored_view)
+        if dt == np.float16 and name not in HALF_ELIGIBLE and not name.endswith(".tables"):
+            raise ModelFileError(f"{path}: array {name!r} is stored as float16, which only "
+                                 f"{', '.join(HALF_ELIGIBLE)} may be")
         arrays[name] = arr
     version = PREAMBLE.unpack_from(mm, 0)[1]
     if (header.get("source") is not None) != (version >= 2):

@@ -357,7 +357,7 @@ def nlm_log_scores(model, ctx: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     (natural logs): :func:`nlmfeature.core.forward.vocab_log_scores` of the model's hidden vectors.
     Models with direct n-gram features are not supported."""
     try:
-        return vocab_log_scores(model.header, model.arrays, model.hidden(ctx))
+        return vocab_log_scores(model.header, model.float32_arrays(), model.hidden(ctx))
     except ValueError as exc:
         raise NLMFeatureError(f"{model.path}: {exc}") from None
 
