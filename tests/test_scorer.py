@@ -89,6 +89,21 @@ def test_scorer_equals_reference(tmp_path, arch, out):
     assert np.allclose(model.score_batch(ctx, words), one, atol=1e-5)
 
 
+def test_a_large_direct_store_equals_reference(tmp_path):
+    """The scorer packs the non-zero direct weights a piece of 4M entries at a time: a store
+    of two pieces (not a whole number of 512-entry blocks), half its weights zero at random,
+    scores as the reference does."""
+    path = make_model(tmp_path, min_count=6, order=4, **ARCHS["lbl-full"], direct_order=3,
+                      hash_space=(2 << 22) - 4099)
+    header, arrays, _ = modelfile.read_model(path)
+    arrays = {k: np.array(v) for k, v in arrays.items()}
+    w = arrays["direct.weights"]
+    rng = np.random.default_rng(3)
+    w[:] = rng.standard_normal(w.shape[0]).astype(np.float32) * (rng.random(w.shape[0]) < 0.5)
+    nlmfeature.save(path, header, arrays)
+    _check_against_reference(path)
+
+
 @pytest.mark.parametrize("out", ["unnormalised", "softmax", "class"])
 @pytest.mark.parametrize("arch", ["lbl-full", "nplm"])
 def test_direct_features_equal_reference(tmp_path, arch, out):

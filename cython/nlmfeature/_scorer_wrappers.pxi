@@ -230,36 +230,43 @@ cdef class NativeModel:
             if not 1 <= m.direct_order <= m.order:
                 raise ValueError("direct feature order must be between 1 and the model order")
             # which hashed weights are non-zero (few are: only trained n-grams get a weight),
-            # each 512-bit block of the bitmap on one cache line
+            # each 512-bit block of the bitmap on one cache line; the non-zero weights packed
+            # in index order, and their counts before each block and each word
+            # (direct_weight_at): a lookup's weights come from a megabyte, not 16.  Built a
+            # piece at a time (a mapped file's pieces leave this process's memory as they
+            # are read: release_pages), with no temporary the size of the whole store
             weights = np.asarray(arrays["direct.weights"])
-            # read once, a block at a time, for the packed copy: a mapped file's blocks then
-            # leave this process's memory as they are read (release_pages)
-            nonzero = np.empty(weights.shape, dtype=bool)
-            parts = []
-            for s in range(0, weights.shape[0], 1 << 22):
-                block = weights[s:s + (1 << 22)]
-                np.not_equal(block, 0, out=nonzero[s:s + (1 << 22)])
-                parts.append(block[nonzero[s:s + (1 << 22)]])
-                release_pages(block)
-            bits = np.packbits(nonzero, bitorder="little")
+            step = 1 << 22                      # (a multiple of the 512-entry block)
+            total = 0
+            for s in range(0, weights.shape[0], step):
+                total += int(np.count_nonzero(weights[s:s + step]))
+                release_pages(weights[s:s + step])
             nblocks = (m.hash_space + 511) // 512
             nz = line_aligned_zeros(nblocks * 8, np.uint64)
-            nz.view(np.uint8)[:bits.shape[0]] = bits
-            self._extra.append(nz)
-            m.direct_nonzero = <const uint64_t*>cnp.PyArray_DATA(nz)
-            # the non-zero weights packed in index order, and their counts before each block
-            # and each word (direct_weight_at): a lookup's weights come from a megabyte, not 16
-            packed = np.ascontiguousarray(np.concatenate(parts) if parts else weights[:0], dtype=np.float32)
-            per_word = np.zeros(nblocks * 512, dtype=np.uint8)
-            per_word[:m.hash_space] = nonzero
-            per_word = per_word.reshape(nblocks, 8, 64).sum(axis=2, dtype=np.uint64)
-            within = np.cumsum(per_word, axis=1, dtype=np.uint64)  # through word k of the block
+            packed = np.empty(total, dtype=np.float32)
             rank = line_aligned_zeros(2 * nblocks, np.uint64).reshape(nblocks, 2)
-            rank[1:, 0] = np.cumsum(within[:-1, 7], dtype=np.uint64)
-            for k in range(1, 8):  # words before word k, at bits 9 (k - 1)
-                rank[:, 1] |= within[:, k - 1] << np.uint64(9 * (k - 1))
-            self._extra.extend((packed, rank))
-            del nonzero, bits, per_word, within, parts
+            bitmap = nz.view(np.uint8)
+            done = 0
+            for s in range(0, weights.shape[0], step):
+                block = weights[s:s + step]
+                nonzero = np.zeros(-(-block.shape[0] // 512) * 512, dtype=bool)
+                np.not_equal(block, 0, out=nonzero[:block.shape[0]])
+                kept = block[nonzero[:block.shape[0]]]
+                packed[done:done + kept.shape[0]] = kept
+                bitmap[s // 8:s // 8 + nonzero.shape[0] // 8] = np.packbits(nonzero, bitorder="little")
+                per_word = nonzero.reshape(-1, 8, 64).sum(axis=2, dtype=np.uint64)
+                within = np.cumsum(per_word, axis=1, dtype=np.uint64)  # through word k of the block
+                b = s // 512
+                nb = within.shape[0]
+                rank[b + 1:b + nb, 0] = np.cumsum(within[:-1, 7], dtype=np.uint64)
+                rank[b:b + nb, 0] += np.uint64(done)
+                for k in range(1, 8):  # words before word k, at bits 9 (k - 1)
+                    rank[b:b + nb, 1] |= within[:, k - 1] << np.uint64(9 * (k - 1))
+                done += kept.shape[0]
+                release_pages(block)
+                del block, nonzero, kept, per_word, within
+            self._extra.extend((nz, packed, rank))
+            m.direct_nonzero = <const uint64_t*>cnp.PyArray_DATA(nz)
             m.direct_packed = <const float*>cnp.PyArray_DATA(packed)
             m.direct_rank = <const uint64_t*>cnp.PyArray_DATA(rank)
             # the order-0 term of every word's (and class's) direct value, read from a small
