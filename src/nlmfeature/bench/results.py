@@ -186,8 +186,8 @@ def moses2_ratio(config: str = "") -> Callable[[Section], str]:
 def memory_headline(nlm: str, kenlm: str = "kenlm-probing", small: str = "kenlm-trie-q8") -> Callable[[Section], str]:
     """``bench memory --moses``'s row of the neural model ``nlm`` against the KenLM rows
     ``kenlm`` and ``small``: perplexity ratio, the decoder's peak memory and BLEU as the only
-    LM (``**0.944x** KenLM's perplexity; decoder peak **438 MB** against 1,794 (probing) and
-    586 (trie-q8); as the only LM of the 100-best lists 51.79 against 55.53 BLEU``)."""
+    LM (``**0.944x** KenLM's perplexity; decoder peak **359 MB** against 1,794 (probing) and
+    586 (trie-q8); as the only LM of the 100-best lists 51.66 against 55.53 BLEU``)."""
     def render(s: Section) -> str:
         n, k, q = s.row(nlm), s.row(kenlm), s.row(small)
         if len(n) < 11:
@@ -257,9 +257,9 @@ HEADLINES: Sequence[Tuple[str, str, Callable[[Section], str], Callable[[Section]
     ("Moses2 decode CPU time on the Tatoeba system, the adapted NLM beside the 1.6 GB KenLM",
      "Decode cost side by side on the Tatoeba system (Moses2)",
      moses2_ratio("kenlm-big+nlm"), last_command),
-    ("memory against quality on the Tatoeba system: the adapted NLM (LBL 200, float32) against KenLM "
+    ("memory against quality on the Tatoeba system: the adapted NLM (LBL 200, float16) against KenLM "
      "5-gram models of the same 42M-word text, each as Moses2's LM",
-     "On the Tatoeba system: the big text's models", memory_headline("adapted"), last_command),
+     "On the Tatoeba system: the big text's models", memory_headline("adapted float16"), last_command),
     ("lookups per second, one thread, a real Moses query stream", "Lookups per second",
      cell("unnormalised LBL 200", 1, "**{}**"), last_command),
 )

@@ -27,12 +27,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-tables", action="store_true",
                    help="do not store precomputed first-layer tables (smaller file, slower scoring)")
     p.add_argument("--float16", action="store_true",
-                   help="store embeddings, output weights and tables as float16 (half the file size; "
-                        "widened to float32 in memory at load, so the copy is no longer shared; the "
-                        "scorer reads the embeddings and output rows as halves where the CPU has "
-                        "F16C: half the bytes per lookup, the same scores.  A smaller file, not a "
-                        "smaller process: a decoder then holds the widened rows and the halves, more "
-                        "than the float32 file's rows)")
+                   help="store embeddings, output weights and tables as float16: half the file, and "
+                        "half the memory of those rows in a decoder where the CPU has F16C (the "
+                        "scorer reads them as stored; tables, and all of them without F16C, are "
+                        "widened to float32 at load).  Scores within float16's rounding of the "
+                        "float32 model's")
     p.add_argument("--normalise", action="store_true",
                    help="NPLM import: use an exact softmax output instead of NPLM's unnormalised scores")
     p.set_defaults(func=run)
