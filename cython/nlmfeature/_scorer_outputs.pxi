@@ -33,18 +33,15 @@ cdef inline double class_logit(const ModelC* m, const float* h, int32_t c, const
 cdef inline void output_rows(const ModelC* m, int32_t first, const int32_t* idx, int32_t n,
                              const float* h, float* out) noexcept nogil:
     """``out[k]`` = the output row ``idx[k]`` (``first + k`` when ``idx`` is NULL) times ``h``,
-    without the bias: a float16 model's rows by its word logits' dot (:c:func:`word_logit`:
-    the same bits from its half rows and from their float32 widening)."""
+    without the bias, with the fixed-order row dot (a float16 model's: that of its word
+    logits, :c:func:`word_logit`, the same bits from its half rows and from their float32
+    widening)."""
     if m.out_weight_h != NULL:
         nlm_gemv_rows_rh(m.out_weight_h + (<int64_t>first * m.out_dim if idx == NULL else 0),
                          idx, n, m.out_dim, h, out)
-    elif m.half:
+    else:
         nlm_gemv_rows_rf(m.out_weight + (<int64_t>first * m.out_dim if idx == NULL else 0),
                          idx, n, m.out_dim, h, out)
-    elif idx == NULL:
-        nlm_gemv_rows(m.out_weight + <int64_t>first * m.out_dim, n, m.out_dim, h, out)
-    else:
-        nlm_gemv_rows_idx(m.out_weight, idx, n, m.out_dim, h, out)
 
 
 cdef double softmax_lognorm(const ModelC* m, const float* h, const double* dv, float* scratch) noexcept nogil:
@@ -80,7 +77,7 @@ cdef double within_class_lognorm(const ModelC* m, const float* h, int32_t c, con
         for i in range(b - a):
             scratch[i] += m.out_bias[first + i]
     else:
-        # Brown classes: rows scattered over megabytes, gathered four at a time
+        # Brown classes: rows scattered over megabytes, each prefetched four rows ahead
         output_rows(m, 0, m.class_members + a, b - a, h, scratch)
         for i in range(a, b):
             scratch[i - a] += m.out_bias[m.class_members[i]]
