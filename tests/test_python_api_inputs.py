@@ -119,3 +119,31 @@ def test_state_scoring_as_kenlm(lm):
         lm.score_word(("the",), "jury")
 
 
+
+
+def test_a_loaded_vocabulary_is_decoded_on_its_first_lookup(tmp_path):
+    """A loaded model's words become Python strings only when a word is looked up (a decoder
+    looks them up in the file's table through the C library and scores by id): scoring by id
+    and the specials need none; the first lookup decodes them all, once, and the vocabulary
+    then equals the file's, in every thread."""
+    import threading
+
+    from nlmfeature.core.vocab import Vocabulary
+
+    path = make_model(str(tmp_path), direct_order=0)
+    lm = nlmfeature.load(path)
+    v = lm.vocab
+    assert "_words" not in v.__dict__
+    ctx = np.ascontiguousarray(lm.pad([v.bos])[None], dtype=np.int32)   # </s> after <s>, by id
+    assert np.isfinite(lm.session().score_padded(ctx, np.array([v.eos], dtype=np.int32))).all()
+    assert (v.unk, v.bos, v.eos, v.null) == (0, 1, 2, 3) and len(v) == lm.header["vocab_size"]
+    assert "_words" not in v.__dict__
+    found = []
+    threads = [threading.Thread(target=lambda: found.append(v.id("the"))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert "_words" in v.__dict__ and len(set(found)) == 1 and found[0] != v.unk
+    eager = Vocabulary.from_arrays(lm.arrays["vocab.offsets"], lm.arrays["vocab.bytes"])
+    assert v == eager and v.words == eager.words and v[found[0]] == "the"

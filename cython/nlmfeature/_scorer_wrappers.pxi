@@ -85,18 +85,26 @@ cdef class NativeModel:
         a = arrays[name]
         if in_huge_buffer(a):       # on huge pages of this process's own already (a float16
             return p                # array widened at load, training parameters): read in place
-        q = self._hot_copy(p, a.nbytes)
-        if q != <const void*>p:     # read from the copy: the mapped file's pages are not needed
-            release_pages(a)
-        return <const float*>q
+        return <const float*>self._hot_copy(a)
 
-    cdef const void* _hot_copy(self, const void* p, size_t n) noexcept:
-        """``p`` (``n`` bytes), or this model's huge-page copy of it (:meth:`hot`)."""
-        cdef void* q = self._alloc_copy(n)
+    cdef const void* _hot_copy(self, a) except? NULL:
+        """The data of the array ``a``, or this model's huge-page copy of it (:meth:`hot`),
+        copied a piece at a time: the mapped file's pages of each piece leave the process as
+        it is copied (release_pages), so the file and the copy are never both resident."""
+        from nlmfeature.core.modelfile import release_pages
+
+        cdef const char* p = <const char*>cnp.PyArray_DATA(a)
+        cdef size_t n = a.nbytes, s, k
+        cdef size_t step = 1 << 22
+        cdef char* q = <char*>self._alloc_copy(n)
         if q == NULL:
-            return p
-        memcpy(q, p, n)
-        return q
+            return <const void*>p
+        flat = a.reshape(-1).view(np.uint8)
+        for s in range(0, n, step):
+            k = min(step, n - s)
+            memcpy(q + s, p + s, k)
+            release_pages(flat[s:s + k])
+        return <const void*>q
 
     cdef void* _alloc_copy(self, size_t n) noexcept:
         """Huge-page memory for a copy of ``n`` bytes, owned by this model; NULL where the
@@ -307,7 +315,7 @@ cdef class NativeModel:
         or from a huge-page copy), or the halves of a float32 array widened from them, kept by
         this model (:meth:`hot`'s huge-page copy from 2 MB up); NULL (read the float32 array)
         where its values are not all exactly halves (a model built in memory)."""
-        from nlmfeature.core.modelfile import in_huge_buffer, release_pages
+        from nlmfeature.core.modelfile import in_huge_buffer
 
         cdef void* q
         cdef const void* p
@@ -318,10 +326,7 @@ cdef class NativeModel:
             p = <const void*>cnp.PyArray_DATA(a)
             if in_huge_buffer(a):
                 return <const uint16_t*>p
-            q = <void*>self._hot_copy(p, a.nbytes)
-            if q != p:
-                release_pages(a)
-            return <const uint16_t*>q
+            return <const uint16_t*>self._hot_copy(a)
         if a is None or a.dtype != np.float32:
             return NULL
         flat = a.reshape(-1)

@@ -193,7 +193,7 @@ class JointModel(Model):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         a = self.arrays
-        self.source_vocab = Vocabulary.from_arrays(a["source.vocab.offsets"], a["source.vocab.bytes"])
+        self.source_vocab = Vocabulary.from_arrays(a["source.vocab.offsets"], a["source.vocab.bytes"], lazy=True)
         self.window = int(self.header["source"]["window"])
 
     def describe(self):

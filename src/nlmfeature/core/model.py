@@ -159,7 +159,7 @@ class Model:
         self.header = header
         self.arrays = arrays
         self.checksum = checksum
-        self.vocab = Vocabulary.from_arrays(arrays["vocab.offsets"], arrays["vocab.bytes"])
+        self.vocab = Vocabulary.from_arrays(arrays["vocab.offsets"], arrays["vocab.bytes"], lazy=True)
         self.native = NativeModel(header, arrays, use_tables, hot_copies=hot_copies)
         self._local = threading.local()   # the calling thread's own default session
         self._batch = None

@@ -624,8 +624,9 @@ def open_model(path: str, verify: bool = True, widen: bool = True,
     return header, arrays, checksum, fd, ident
 
 
-#: bytes read at a time when a model file is verified through its descriptor
-_READ_STEP = 1 << 24
+#: bytes read at a time when a model file is verified through its descriptor (small: the
+#: process's peak memory is not to grow by a piece of a big file)
+_READ_STEP = 1 << 20
 
 
 def _pread_chunks(fd: int, start: int, end: int):
@@ -653,7 +654,11 @@ def widened(stored: np.ndarray) -> np.ndarray:
     from nlmfeature.training.arrays import zeros
 
     out = zeros(stored.shape, np.float32)
-    np.copyto(out, stored)
+    src, dst = stored.reshape(-1), out.reshape(-1)
+    step = 1 << 21      # (a file's pages leave the process a piece at a time: release_pages)
+    for s in range(0, src.shape[0], step):
+        dst[s:s + step] = src[s:s + step]
+        release_pages(src[s:s + step])
     out.flags.writeable = False
     return out
 

@@ -8,6 +8,7 @@ the words, usually by decreasing frequency.  A vocabulary is stored in the model
 from __future__ import annotations
 
 import re
+import threading
 from collections import Counter
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence
 
@@ -25,6 +26,20 @@ _MARKERS = frozenset((BOS, EOS, NULL))
 #: the white space that separates tokens (:func:`nlmfeature.io.textio.split_tokens`): no word
 #: holds it
 _SPACE = re.compile("[ \t\n\r\x0b\x0c]")
+
+
+def _decode(offsets: np.ndarray, data: np.ndarray) -> List[str]:
+    """The words of the ``vocab.offsets`` / ``vocab.bytes`` arrays."""
+    raw = bytes(data)
+    offs = np.asarray(offsets).tolist()
+    try:
+        return [raw[a:b].decode("utf-8") for a, b in zip(offs[:-1], offs[1:])]
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"vocabulary is not valid UTF-8: {exc}") from None
+
+
+#: one thread decodes a lazy vocabulary
+_DECODING = threading.Lock()
 
 
 class Vocabulary:
@@ -65,15 +80,31 @@ class Vocabulary:
         return cls(list(SPECIALS) + kept)
 
     @classmethod
-    def from_arrays(cls, offsets: np.ndarray, data: np.ndarray) -> "Vocabulary":
-        """Decode the ``vocab.offsets`` / ``vocab.bytes`` arrays of a model file."""
-        raw = bytes(data)
-        offs = np.asarray(offsets).tolist()
-        try:
-            words = [raw[a:b].decode("utf-8") for a, b in zip(offs[:-1], offs[1:])]
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"vocabulary is not valid UTF-8: {exc}") from None
-        return cls(words)
+    def from_arrays(cls, offsets: np.ndarray, data: np.ndarray, lazy: bool = False) -> "Vocabulary":
+        """Decode the ``vocab.offsets`` / ``vocab.bytes`` arrays of a model file.  ``lazy``
+        decodes them on the first lookup by word or id (arrays a model file's validation has
+        checked, whose specials are at ids 0-3): a decoder, which looks words up in the
+        file's own table through the C library, never holds the words as Python strings."""
+        if not lazy:
+            return cls(_decode(offsets, data))
+        v = cls.__new__(cls)
+        v._size = len(offsets) - 1
+        v._raw = (offsets, data)
+        v.unk, v.bos, v.eos, v.null = range(len(SPECIALS))
+        return v
+
+    def __getattr__(self, name: str):
+        # the words and their index of a lazy vocabulary (from_arrays), decoded once
+        if name not in ("_words", "_index") or "_raw" not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        with _DECODING:
+            if "_words" not in self.__dict__:
+                full = Vocabulary(_decode(*self._raw))
+                if (full.unk, full.bos, full.eos, full.null) != (self.unk, self.bos, self.eos, self.null):
+                    raise ValueError("vocabulary's special tokens are not at ids 0-3")
+                self._index = full._index
+                self._words = full._words
+        return self.__dict__[name]
 
     def to_arrays(self) -> Dict[str, np.ndarray]:
         """The arrays stored in a model file for this vocabulary."""
@@ -88,7 +119,7 @@ class Vocabulary:
 
     # -- lookups ------------------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self._words)
+        return self._size if "_raw" in self.__dict__ else len(self._words)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._words)
