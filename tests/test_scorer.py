@@ -463,9 +463,9 @@ def test_linear_outputs_sum_position_terms(tmp_path, case, monkeypatch):
                                   "full", "width-37"])
 def test_float16_rows_are_read_as_stored(tmp_path, case, monkeypatch):
     """A model stored with ``storage: float16`` has its embeddings (source ones too) and output
-    rows read by the scorer as stored, half the bytes of their float32 widening, in every
-    path that reads them (context layer, word logits, softmax and class normalisers, position
-    terms): the same scores, bit for bit, as with ``half_rows=False`` (the widened rows), in
+    rows (and its direct-feature weights) read by the scorer as stored, half the bytes of their
+    float32 widening, in every path that reads them (context layer, word logits, softmax and
+    class normalisers, position terms, direct values): the same scores, bit for bit, as with ``half_rows=False`` (the widened rows), in
     decoder and one-off sessions with their caches on and off, and within float16's rounding
     of the float32 model's.  A model with a full (not diagonal) context layer reads its
     embeddings widened and its output rows as halves.  A model whose header says float16 but
@@ -518,6 +518,7 @@ def test_float16_rows_are_read_as_stored(tmp_path, case, monkeypatch):
     assert model.native.half_rows == HALF_ROWS  # (a build without F16C: float rows)
     # as stored: the rows the scorer reads as halves are not widened anywhere
     assert (model.arrays["output.weight"].dtype == np.float16) and model._float32_arrays is None
+    assert "direct" not in case or model.arrays["direct.weights"].dtype == np.float16
     widened, want = scores(half, False)
     assert not widened.native.half_rows
     for a, b in zip(got, want):

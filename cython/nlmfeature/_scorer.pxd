@@ -98,6 +98,7 @@ ctypedef struct ModelC:
                                     # without direct features
     const float* direct_packed    # the non-zero direct weights in index order (per process:
                                   # a 4M-entry table of Multi30k holds 6% non-zero, 1 MB of 16 MB)
+    const uint16_t* direct_packed_h  # or their halves, a float16 model's as stored (direct_packed NULL)
     const uint64_t* direct_rank   # (hash_space / 512 rounded up, 2): per 512-bit block of
                                   # direct_nonzero, the non-zero weights before it and, in 9-bit
                                   # fields, before each of its words 1..7 (rank9)

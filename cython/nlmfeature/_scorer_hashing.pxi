@@ -103,9 +103,23 @@ cdef inline uint64_t direct_rank_of(const ModelC* m, uint64_t i) noexcept nogil:
     return r + <uint64_t>__builtin_popcountll(m.direct_nonzero[i >> 6] & ((<uint64_t>1 << (i & 63)) - 1))
 
 
-cdef inline const float* direct_weight_at(const ModelC* m, uint64_t i) noexcept nogil:
-    """Where the (non-zero) direct weight at index ``i`` is: :c:func:`direct_rank_of`."""
-    return m.direct_packed + direct_rank_of(m, i)
+cdef inline float direct_packed_weight(const ModelC* m, uint64_t r) noexcept nogil:
+    """The packed direct weight of rank ``r`` (a float16 model's half, widened exactly)."""
+    if m.direct_packed_h != NULL:
+        return nlm_half_to_float(m.direct_packed_h + r)
+    return m.direct_packed[r]
+
+
+cdef inline const void* direct_packed_place(const ModelC* m, uint64_t r) noexcept nogil:
+    """Where the packed direct weight of rank ``r`` is (to prefetch it)."""
+    if m.direct_packed_h != NULL:
+        return m.direct_packed_h + r
+    return m.direct_packed + r
+
+
+cdef inline float direct_weight_at(const ModelC* m, uint64_t i) noexcept nogil:
+    """The (non-zero) direct weight at index ``i``: :c:func:`direct_rank_of`."""
+    return direct_packed_weight(m, direct_rank_of(m, i))
 
 
 cdef inline double direct_value(const ModelC* m, const uint64_t* states, int32_t target) noexcept nogil:
@@ -119,7 +133,7 @@ cdef inline double direct_value(const ModelC* m, const uint64_t* states, int32_t
     for k in range(m.direct_order):
         i = direct_index(m, splitmix64(states[k] ^ t))
         if direct_nonzero(m, i):
-            s += direct_weight_at(m, i)[0]
+            s += direct_weight_at(m, i)
     return s
 
 
@@ -138,7 +152,7 @@ cdef inline double direct_value_kind(const ModelC* m, int kind, const uint64_t* 
     for k in range(1, m.direct_order):
         i = direct_index(m, splitmix64(states[k] ^ t))
         if direct_nonzero(m, i):
-            s += direct_weight_at(m, i)[0]
+            s += direct_weight_at(m, i)
     return s
 
 
@@ -149,7 +163,7 @@ cdef void direct_first_fill(const ModelC* m, int kind, int32_t n, double* out) n
     cdef int32_t t
     for t in range(n):
         i = direct_index(m, splitmix64(s0 ^ ((<uint64_t>t) << 32)))
-        out[t] = direct_weight_at(m, i)[0] if direct_nonzero(m, i) else 0.0
+        out[t] = direct_weight_at(m, i) if direct_nonzero(m, i) else 0.0
 
 
 cdef inline void direct_prefetch(const ModelC* m, const uint64_t* states, int32_t target) noexcept nogil:
@@ -162,7 +176,7 @@ cdef inline void direct_prefetch(const ModelC* m, const uint64_t* states, int32_
     for k in range(1 if m.direct_first[0] != NULL else 0, m.direct_order):
         i = direct_index(m, splitmix64(states[k] ^ t))
         if direct_nonzero(m, i):
-            __builtin_prefetch(direct_weight_at(m, i))
+            __builtin_prefetch(direct_packed_place(m, direct_rank_of(m, i)))
 
 
 def direct_feature_indices(const int32_t[:, ::1] contexts not None, const int32_t[::1] targets not None, int kind,

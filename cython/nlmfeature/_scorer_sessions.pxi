@@ -373,7 +373,7 @@ cdef void direct_places(const ModelC* m, const uint64_t* states, int k0, int nk,
         j = out[q]
         if direct_nonzero(m, j):
             out[q] = direct_rank_of(m, j)
-            __builtin_prefetch(m.direct_packed + out[q])
+            __builtin_prefetch(direct_packed_place(m, out[q]))
         else:
             out[q] = <uint64_t>NO_WEIGHT
 
@@ -418,9 +418,9 @@ cdef int64_t direct_level(SessionC* s, int kind, const uint64_t* states, const i
             for k in range(0 if first == NULL else 1, level):
                 j = direct_index(m, splitmix64(states[k] ^ tt))
                 if direct_nonzero(m, j):
-                    x += direct_weight_at(m, j)[0]
+                    x += direct_weight_at(m, j)
         if own and s.hscratch[i] != <uint64_t>NO_WEIGHT:
-            x += m.direct_packed[s.hscratch[i]]
+            x += direct_packed_weight(m, s.hscratch[i])
         s.vec_arena[off + i] = <float>x if last else x
     return off
 
@@ -457,7 +457,7 @@ cdef const double* direct_vector(SessionC* s, int kind, const uint64_t* states, 
             for k in range(nk):
                 j = s.hscratch[(i - a) * nk + k]
                 if j != <uint64_t>NO_WEIGHT:
-                    x += m.direct_packed[j]
+                    x += direct_packed_weight(m, j)
             s.vscratch[i] = <float>x
         a = b
     return s.vscratch

@@ -140,7 +140,7 @@ cdef class NativeModel:
         # half kernel, else widened here (once; the mapped file's pages then released)
         halves = set()
         if header.get("storage") == "float16" and NLM_HAVE_HALF and half_rows:
-            halves.add("output.weight")
+            halves.update(("output.weight", "direct.weights"))
             if all(br["diagonal"] for br in header["branches"]):
                 halves.update(("embeddings", "source.embeddings"))
         arrays = widen_arrays(arrays, keep=halves)
@@ -234,7 +234,11 @@ cdef class NativeModel:
         if direct:
             m.direct_order = direct["order"]
             m.hash_space = direct["hash_space"]
-            fptr(arrays, "direct.weights")  # (checked; the scorer reads its packed non-zero copy)
+            weights = arrays.get("direct.weights")
+            if weights is None or weights.dtype != np.float16:
+                fptr(arrays, "direct.weights")  # (checked; the scorer reads its packed non-zero copy)
+            else:
+                _check(weights, "direct.weights", np.float16)
             if not 1 <= m.direct_order <= m.order:
                 raise ValueError("direct feature order must be between 1 and the model order")
             # which hashed weights are non-zero (few are: only trained n-grams get a weight),
@@ -251,7 +255,7 @@ cdef class NativeModel:
                 release_pages(weights[s:s + step])
             nblocks = (m.hash_space + 511) // 512
             nz = line_aligned_zeros(nblocks * 8, np.uint64)
-            packed = np.empty(total, dtype=np.float32)
+            packed = np.empty(total, dtype=weights.dtype)     # (a float16 model's: halves)
             rank = line_aligned_zeros(2 * nblocks, np.uint64).reshape(nblocks, 2)
             bitmap = nz.view(np.uint8)
             done = 0
@@ -275,7 +279,10 @@ cdef class NativeModel:
                 del block, nonzero, kept, per_word, within
             self._extra.extend((nz, packed, rank))
             m.direct_nonzero = <const uint64_t*>cnp.PyArray_DATA(nz)
-            m.direct_packed = <const float*>cnp.PyArray_DATA(packed)
+            if packed.dtype == np.float16:
+                m.direct_packed_h = <const uint16_t*>cnp.PyArray_DATA(packed)
+            else:
+                m.direct_packed = <const float*>cnp.PyArray_DATA(packed)
             m.direct_rank = <const uint64_t*>cnp.PyArray_DATA(rank)
             # the order-0 term of every word's (and class's) direct value, read from a small
             # array instead of a random place in the weights (direct_value_kind)

@@ -27,11 +27,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-tables", action="store_true",
                    help="do not store precomputed first-layer tables (smaller file, slower scoring)")
     p.add_argument("--float16", action="store_true",
-                   help="store embeddings, output weights and tables as float16: half the file, and "
-                        "half the memory of those rows in a decoder where the CPU has F16C (the "
-                        "scorer reads them as stored; tables, and all of them without F16C, are "
-                        "widened to float32 at load).  Scores within float16's rounding of the "
-                        "float32 model's")
+                   help="store embeddings, output weights, direct-feature weights and tables as "
+                        "float16: half the file, and half the memory of those arrays in a decoder "
+                        "where the CPU has F16C (the scorer reads them as stored; tables, and all of "
+                        "them without F16C, are widened to float32 at load).  Scores within "
+                        "float16's rounding of the float32 model's")
     p.add_argument("--normalise", action="store_true",
                    help="NPLM import: use an exact softmax output instead of NPLM's unnormalised scores")
     p.set_defaults(func=run)

@@ -40,8 +40,9 @@ ARCHS = ("lbl", "nplm", "lateral")
 OUTPUT_TYPES = ("unnormalised", "softmax", "class", "tree")
 ACTIVATION_NAMES = ("identity", "sigmoid", "relu", "tanh", "hardtanh")
 COMBINE_NAMES = ("none", "max", "add", "mul")
-#: arrays that may be stored as float16 (``storage: float16``) and are widened at load
-HALF_ELIGIBLE = ("embeddings", "source.embeddings", "output.weight", "tables")
+#: arrays that may be stored as float16 (``storage: float16``): read as stored by the scorer
+#: where it has a half path for them, widened to float32 at load otherwise
+HALF_ELIGIBLE = ("embeddings", "source.embeddings", "output.weight", "direct.weights", "tables")
 
 Header = Dict[str, Any]
 Arrays = Dict[str, np.ndarray]
