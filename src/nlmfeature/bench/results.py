@@ -186,8 +186,8 @@ def moses2_ratio(config: str = "") -> Callable[[Section], str]:
 def memory_headline(nlm: str, kenlm: str = "kenlm-probing", small: str = "kenlm-trie-q8") -> Callable[[Section], str]:
     """``bench memory --moses``'s row of the neural model ``nlm`` against the KenLM rows
     ``kenlm`` and ``small``: perplexity ratio, the decoder's peak memory and BLEU as the only
-    LM (``**0.944x** KenLM's perplexity; decoder peak **359 MB** against 1,794 (probing) and
-    586 (trie-q8); as the only LM of the 100-best lists 51.66 against 55.53 BLEU``)."""
+    LM (``**0.944x** KenLM's perplexity; decoder peak **316 MB** against 1,794 (probing) and
+    586 (trie-q8); as the only LM of the 100-best lists 51.23 against 55.53 BLEU``)."""
     def render(s: Section) -> str:
         n, k, q = s.row(nlm), s.row(kenlm), s.row(small)
         if len(n) < 11:
