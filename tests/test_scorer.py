@@ -638,6 +638,33 @@ def test_a_loaded_model_holds_its_arrays_once(tmp_path, monkeypatch, storage):
     assert model.float32_arrays()["embeddings"].dtype == np.float32
 
 
+def test_a_models_own_memory_is_reported(tmp_path, monkeypatch):
+    """``own_bytes`` (``nlmfeature info``'s memory_bytes): the rows' huge-page copies plus the
+    packed non-zero direct weights and their index; a float16 file's is half of that, and with
+    ``NLMFEATURE_HUGE_PAGES=0`` the rows are read from the page cache and not counted."""
+    monkeypatch.setenv("NLMFEATURE_HUGE_PAGES", "1")
+    path = make_model(tmp_path, tables=False, word_width=320, direct_order=3, hash_space=1 << 20)
+    header, arrays, _ = modelfile.read_model(path)
+    arrays = {k: np.array(v) for k, v in arrays.items()}
+    arrays["direct.weights"][::3] = 0.0
+    nlmfeature.save(path, header, arrays)
+    half = str(tmp_path / "half.nlm")
+    nlmfeature.save(half, header, arrays, half=True)
+    rows = arrays["embeddings"].nbytes + arrays["output.weight"].nbytes
+    nonzero = int(np.count_nonzero(arrays["direct.weights"]))
+    index = (1 << 20) // 8 + (1 << 20) // 512 * 16          # bitmap, ranks
+    full = nlmfeature.load(path).native
+    assert full.copied_bytes == rows
+    assert rows + 4 * nonzero + index <= full.own_bytes < rows + 4 * nonzero + index + (1 << 20)
+    from nlmfeature._scorer import HALF_ROWS
+
+    if HALF_ROWS:            # (a build without F16C widens the halves)
+        halves = nlmfeature.load(half).native
+        assert rows // 2 + 2 * nonzero + index <= halves.own_bytes < rows // 2 + 2 * nonzero + index + (1 << 20)
+    monkeypatch.setenv("NLMFEATURE_HUGE_PAGES", "0")
+    assert nlmfeature.load(path).native.own_bytes < 4 * nonzero + index + (1 << 20)
+
+
 def test_only_a_model_files_mapping_is_released(tmp_path):
     """Releasing pages (MADV_DONTNEED) zeroes anonymous memory: a model built over arrays of
     the process's own, on huge pages as a training run's parameters are, keeps every value

@@ -409,6 +409,30 @@ cdef class NativeModel:
         return out
 
     @property
+    def own_bytes(self) -> int:
+        """Bytes of this process's own memory the scorer holds for the model: its huge-page
+        copies, the packed direct weights and their index, float16 arrays widened at load and
+        the small tables built at load.  Not the mapped file's pages (shared, in the page
+        cache), not arrays it was given in memory (a training run's), not the sessions."""
+        from nlmfeature.core.modelfile import file_backed
+
+        given = {id(a) for a in self._arrays.values()}
+        seen = set()
+        total = self.copied_bytes
+        stack = list(self._extra)
+        while stack:
+            x = stack.pop()
+            if isinstance(x, dict):
+                stack.extend(x.values())
+            elif isinstance(x, (tuple, list)):
+                stack.extend(x)
+            elif isinstance(x, np.ndarray) and id(x) not in given and id(x) not in seen \
+                    and not file_backed(x):
+                seen.add(id(x))
+                total += x.nbytes
+        return total
+
+    @property
     def uses_tables(self) -> bool:
         return bool(self.m.use_tables and self.m.branches[0].tables != NULL)
 
