@@ -76,27 +76,25 @@ cdef class NativeModel:
         data fills the TLB); one process's copy costs the array's size in memory, once for
         all its threads.  ``NLMFEATURE_HUGE_PAGES=0`` in the environment reads the mapping
         itself (processes then share the page cache's one copy)."""
-        from nlmfeature.core.modelfile import in_huge_buffer, release_pages
-
-        cdef const float* p = fptr(arrays, name, required)
-        cdef const void* q
-        if p == NULL:
-            return p
-        a = arrays[name]
-        if in_huge_buffer(a):       # on huge pages of this process's own already (a float16
-            return p                # array widened at load, training parameters): read in place
-        return <const float*>self._hot_copy(a)
+        if fptr(arrays, name, required) == NULL:
+            return NULL
+        return <const float*>self._hot_copy(arrays[name])
 
     cdef const void* _hot_copy(self, a) except? NULL:
         """The data of the array ``a``, or this model's huge-page copy of it (:meth:`hot`),
         copied a piece at a time: the mapped file's pages of each piece leave the process as
-        it is copied (release_pages), so the file and the copy are never both resident."""
-        from nlmfeature.core.modelfile import release_pages
+        it is copied (release_pages), so the file and the copy are never both resident.  An
+        array on huge pages of this process's own already (a float16 array widened at load,
+        training parameters) is read in place."""
+        from nlmfeature.core.modelfile import in_huge_buffer, release_pages
 
         cdef const char* p = <const char*>cnp.PyArray_DATA(a)
         cdef size_t n = a.nbytes, s, k
         cdef size_t step = 1 << 22
-        cdef char* q = <char*>self._alloc_copy(n)
+        cdef char* q
+        if in_huge_buffer(a):
+            return <const void*>p
+        q = <char*>self._alloc_copy(n)
         if q == NULL:
             return <const void*>p
         flat = a.reshape(-1).view(np.uint8)
@@ -322,17 +320,11 @@ cdef class NativeModel:
         or from a huge-page copy), or the halves of a float32 array widened from them, kept by
         this model (:meth:`hot`'s huge-page copy from 2 MB up); NULL (read the float32 array)
         where its values are not all exactly halves (a model built in memory)."""
-        from nlmfeature.core.modelfile import in_huge_buffer
-
         cdef void* q
-        cdef const void* p
         cdef cnp.npy_intp n
         a = arrays.get(name)
         if a is not None and a.dtype == np.float16:
             _check(a, name, np.float16)
-            p = <const void*>cnp.PyArray_DATA(a)
-            if in_huge_buffer(a):
-                return <const uint16_t*>p
             return <const uint16_t*>self._hot_copy(a)
         if a is None or a.dtype != np.float32:
             return NULL

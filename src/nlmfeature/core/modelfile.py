@@ -674,7 +674,6 @@ def widen_arrays(arrays: Arrays, keep: Iterable[str] = ()) -> Arrays:
     out = dict(arrays)
     for name in names:
         out[name] = widened(arrays[name])
-        release_pages(arrays[name])
     return out
 
 
