@@ -208,6 +208,38 @@ def test_cache_hits_equal_misses(tmp_path, out):
         assert sess.stats()["context_misses"] > before
 
 
+@pytest.mark.parametrize("tables", [True, False])
+@pytest.mark.parametrize("out", ["unnormalised", "tree"])
+def test_context_memo_keeps_the_bits(tmp_path, out, tables):
+    """A diagonal network with unnormalised or tree outputs keeps its recent contexts' hidden
+    vectors in a direct-mapped memo (the context cache does not pay for a few vector
+    additions): the same bits as computing every one, across evictions (more contexts than
+    slots) and in any order; a session without caches has no memo."""
+    path = make_model(tmp_path, tables=tables, arch="lbl", order=5, word_width=12, min_count=4,
+                      **(DIRECT if out == "unnormalised" else {}), **OUTPUTS[out])
+    model = nlmfeature.load(path)
+    lines = [l.split() for l in read_lines(BROWN_VALID, 400)]
+    ctxs, words = zip(*(model.sentence_ngrams(l) for l in lines))
+    ctx, w = np.concatenate(ctxs), np.concatenate(words)
+    plain = model.session(0)
+    assert plain.stats()["context_memo_slots"] == 0
+    want = plain.score_padded(ctx, w)
+    memo = model.session(1 << 12, 0)          # (no n-gram cache: every lookup asks the memo)
+    st = memo.stats()
+    assert st["context_memo_slots"] >= 64 and not st["context_cache_enabled"]
+    assert np.array_equal(memo.score_padded(ctx, w), want)
+    assert np.array_equal(memo.score_padded(ctx[::-1].copy(), w[::-1].copy()), want[::-1])
+    st = memo.stats()
+    distinct = len({c.tobytes() for c in ctx})
+    assert distinct > st["context_memo_slots"]
+    assert st["context_hits"] > 0 and st["context_misses"] >= distinct
+    assert st["context_hits"] + st["context_misses"] == 2 * len(w)
+    # a decoder's pattern: many words after one context, each but the first from the memo
+    one = np.repeat(ctx[:1], 50, axis=0)
+    assert np.array_equal(memo.score_padded(one, w[:50]), plain.score_padded(one, w[:50]))
+    assert memo.stats()["context_hits"] - st["context_hits"] >= 49
+
+
 @pytest.mark.parametrize("out", ["unnormalised", "class"])
 def test_threads_give_the_same_scores(tmp_path, out):
     path = make_model(tmp_path, arch="lbl", word_width=16, min_count=4, **OUTPUTS[out])
@@ -613,8 +645,11 @@ def test_a_loaded_model_holds_its_arrays_once(tmp_path, monkeypatch, storage):
     emb, out = model.arrays["embeddings"], model.arrays["output.weight"]
     rows = emb.nbytes + out.nbytes
     assert modelfile.file_backed(emb) and emb.dtype == storage
+    # the packed non-zero direct weights too, from 2 MB up (a random model's 2^20 are all
+    # non-zero; counted from the header: reading them would map the file's pages again)
+    packed = (1 << 20) * emb.itemsize
     if storage == "float32" or model.native.half_rows:  # (else: a build without F16C widens)
-        assert model.native.copied_bytes == rows
+        assert model.native.copied_bytes == rows + (packed if packed >= 2 << 20 else 0)
     if storage == "float16" and model.native.half_rows:
         # the process's own memory of a load (models kept: nothing freed is reused): the
         # float16 file's costs half its rows' float32 bytes less than the float32 file's
@@ -654,7 +689,7 @@ def test_a_models_own_memory_is_reported(tmp_path, monkeypatch):
     nonzero = int(np.count_nonzero(arrays["direct.weights"]))
     index = (1 << 20) // 8 + (1 << 20) // 512 * 16          # bitmap, ranks
     full = nlmfeature.load(path).native
-    assert full.copied_bytes == rows
+    assert full.copied_bytes == rows + 4 * nonzero   # (the packed weights on huge pages too: 2.8 MB)
     assert rows + 4 * nonzero + index <= full.own_bytes < rows + 4 * nonzero + index + (1 << 20)
     from nlmfeature._scorer import HALF_ROWS
 

@@ -1779,8 +1779,8 @@ cdef void pc_stats(SessionC* s, int64_t* out, int n) noexcept nogil:
     memset(v, 0, sizeof(v))
     v[NLM_VT_STAT_LOOKUPS] = s.lookups
     v[NLM_VT_STAT_NGRAM_HITS] = s.ngram_cache.hits
-    v[NLM_VT_STAT_CONTEXT_HITS] = s.ctx_cache.hits
-    v[NLM_VT_STAT_CONTEXT_MISSES] = s.ctx_cache.misses
+    v[NLM_VT_STAT_CONTEXT_HITS] = s.ctx_cache.hits + s.ctx_memo.hits
+    v[NLM_VT_STAT_CONTEXT_MISSES] = s.ctx_cache.misses + s.ctx_memo.misses
     v[NLM_VT_STAT_CLASS_HITS] = s.class_cache.hits
     v[NLM_VT_STAT_CLASS_MISSES] = s.class_cache.misses
     v[NLM_VT_STAT_SENTENCES] = s.sentences

@@ -13,7 +13,8 @@ cdef enum:
     NLM_MAX_KEY = NLM_MAX_ORDER + NLM_MAX_WINDOW  # ids in a full context (window + n-1)
     NLM_SPAN_BATCH = 17       # words of one span call scored as a batch (n-1 <= 15, and </s>)
     NLM_PEND_HIST = 64        # longest history a prefetched span keeps (nlm_prefetch_span)
-    NLM_SOURCE_SLOTS = 256   # a session's source windows (SessionC.src_parts; a power of 2)
+    NLM_SOURCE_SLOTS = 256   # a session's source windows (SessionC.src_memo; a power of 2)
+    NLM_CONTEXT_MEMO_BYTES = 1 << 20  # bound of a session's context memo (SessionC.ctx_memo)
     NLM_MAX_COPIES = 4 + 2 * NLM_MAX_BRANCHES  # a model's arrays copied into huge pages (NativeModel.hot)
     NLM_HUGE_PAGE = 2 << 20  # bytes of a transparent huge page: alloc_huge's unit, and the least array NativeModel.hot copies
 
@@ -179,6 +180,20 @@ ctypedef struct TableC:
 # The persistent cache of one session (nlmfeature._pcache): read-only views of the current
 # sentence's files, probed where the in-memory tables miss, for each level: n-gram scores,
 # context normalisers ([logZ softmax, logZ class]) and within-class normalisers.
+ctypedef struct MemoC:
+    # A direct-mapped memo: each of ``slots`` slots holds the values of the last key that
+    # fell in it (memo_get).  Lossy and without probing: a small block that stays in the
+    # CPU's caches, for values that are functions of the model alone and that a decoder asks
+    # again soon after (the exact-key TableC grows with the sentence, so its probes miss).
+    int64_t slots             # a power of 2; 0: off
+    int key_len
+    int64_t val_len           # floats per slot
+    int32_t* keys             # slots x key_len ids (an empty slot: -1)
+    float* vals               # slots x val_len
+    int64_t hits
+    int64_t misses
+
+
 ctypedef struct StoreC:
     int nfiles
     int probe_context         # context-level entries are stored (normalised outputs)
@@ -258,10 +273,12 @@ ctypedef struct SessionC:
     int term_cols             # classes + 1 (the last: the class vector), 1 for softmax
     # joint models: each source window's first-layer start per branch (source_part: the bias
     # plus the w source positions, 7 of a 5-gram NNJM's 11 rows), which every target context
-    # with that window shares; direct-mapped by the window's ids, kept across sentences (a
-    # function of the model alone)
-    int32_t* src_keys         # NLM_SOURCE_SLOTS x src_window ids (an empty slot: -1)
-    float* src_parts          # NLM_SOURCE_SLOTS x n_branches x max_width
+    # with that window shares (key: the window; values: n_branches x max_width)
+    MemoC src_memo
+    # the hidden vectors of recent contexts where the context cache does not keep them
+    # (diagonal networks with unnormalised or tree outputs): a decoder scores many words
+    # after each context, most within a few hundred lookups of each other (context_memo_slots)
+    MemoC ctx_memo
     StoreC* store             # persistent cache attached by nlmfeature._pcache, or NULL
     void* query_log           # FILE* recording every C-API lookup (NLMFEATURE_QUERY_LOG), or NULL
     int64_t lookups
@@ -377,6 +394,10 @@ cdef int64_t table_insert(TableC* t, const int32_t* key, int* found) noexcept no
 cdef int64_t table_insert_h(TableC* t, const int32_t* key, uint64_t h, int* found) noexcept nogil
 cdef uint64_t table_prefetch(const TableC* t, const int32_t* key) noexcept nogil
 cdef int table_grow(TableC* t) noexcept nogil
+# its lossy, fixed-size companion
+cdef int memo_init(MemoC* t, int64_t slots, int key_len, int64_t val_len) noexcept nogil
+cdef void memo_free(MemoC* t) noexcept nogil
+cdef float* memo_get(MemoC* t, const int32_t* key, int* found) noexcept nogil
 
 cdef extern from *:
     """

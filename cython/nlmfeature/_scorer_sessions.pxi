@@ -17,6 +17,15 @@ cdef int context_cache_pays(const ModelC* m) noexcept nogil:
     return 0
 
 
+cdef int64_t context_memo_slots(const ModelC* m) noexcept nogil:
+    """Slots of a session's context memo (SessionC.ctx_memo): the largest power of 2 whose
+    hidden vectors fit NLM_CONTEXT_MEMO_BYTES (an L2 cache's size), from 64 to 1024."""
+    cdef int64_t n = 1024
+    while n > 64 and n * (m.max_width + m.key_len) * 4 > NLM_CONTEXT_MEMO_BYTES:
+        n //= 2
+    return n
+
+
 cdef void* nlm_alloc_lines(size_t n) noexcept nogil:
     """Zeroed memory in whole 64-byte cache lines: what one thread writes on every lookup
     (its session, work buffers, counters) never shares a line with another thread's."""
@@ -39,19 +48,17 @@ cdef int nlm_costly_lookup(const ModelC* m) noexcept nogil:
 
 
 cdef int nlm_ngram_cache_pays(const ModelC* m) noexcept nogil:
-    """Whether the exact per-sentence (context, word) -> score cache beats recomputing:
-    costly lookups (:c:func:`nlm_costly_lookup`), and unnormalised models with direct features
-    or at least 512 multiply-adds per lookup ((n-1) context rows and the output row; a joint
-    model's source rows are not counted: source_parts).  Decoders
-    repeat most n-grams (a Moses sentence: ~76% of lookups are exact repeats; 73% for the joint
-    feature, where the cache took Moses from 2.55x to 2.44x of KenLM alone's CPU time:
-    docs/joint.md); with the span's slots prefetched (vt_score_span) the cache took an
-    unnormalised LBL 200 with direct features from 1.95x to 1.86-1.90x in Moses
-    (docs/performance.md), identical translations.  A tiny model computes faster than it
-    probes."""
-    if nlm_costly_lookup(m):
-        return 1
-    return m.output_type == OUT_UNNORMALISED and (m.direct_order > 0 or m.ctx_len * m.embed_dim + m.out_dim >= 512)
+    """Whether the exact per-sentence (context, word) -> score cache beats recomputing: for
+    costly lookups (:c:func:`nlm_costly_lookup`).  Not for a diagonal network with
+    unnormalised outputs: its hidden vector comes from the session's context memo
+    (SessionC.ctx_memo), so a lookup costs its output row and direct weights, about what a
+    probe of the per-sentence table costs once that table outgrows the CPU caches.  Measured
+    in Moses2 with the memo, the order-8 LBL 200 with direct features: CPU time over KenLM
+    alone's without the n-gram cache against with it, Multi30k 2.43x against 2.88x (normal
+    search) and 1.62x against 1.73x (cube pruning), the Tatoeba system's float16 model beside
+    the 1.6 GB KenLM 11.6 against 13.1 s per 1,000 sentences (cube pruning); the same
+    translations (docs/performance.md).  ``ngram-cache-entries=N`` turns it on."""
+    return nlm_costly_lookup(m)
 
 
 cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t ngram_entries,
@@ -90,15 +97,16 @@ cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t n
             or (s.linear and (s.pos_q == NULL or s.pos_stamp == NULL)):
         nlm_session_free(s)
         return NULL
-    if m.src_window > 0:
-        s.src_keys = <int32_t*>nlm_alloc_lines(NLM_SOURCE_SLOTS * m.src_window * sizeof(int32_t))
-        s.src_parts = <float*>nlm_alloc_lines(NLM_SOURCE_SLOTS * m.n_branches * m.max_width * sizeof(float))
-        if s.src_keys == NULL or s.src_parts == NULL:
-            nlm_session_free(s)
-            return NULL
-        memset(s.src_keys, 0xff, NLM_SOURCE_SLOTS * m.src_window * sizeof(int32_t))
+    if m.src_window > 0 and memo_init(&s.src_memo, NLM_SOURCE_SLOTS, m.src_window,
+                                      m.n_branches * m.max_width) != 0:
+        nlm_session_free(s)
+        return NULL
     s.cache_enabled = cache_entries > 0
     s.ctx_cache_enabled = s.cache_enabled and context_cache_pays(m)
+    if s.cache_enabled and not s.ctx_cache_enabled and not s.linear and m.key_len > 0 and \
+            memo_init(&s.ctx_memo, context_memo_slots(m), m.key_len, m.max_width) != 0:
+        nlm_session_free(s)
+        return NULL
     s.sentence_id = -1
     # context key: the full padded context (one dummy id for unigram models)
     # (linear outputs keep the class logits of a context there, not its hidden vector)
@@ -152,8 +160,8 @@ cdef void nlm_session_free(SessionC* s) noexcept nogil:
     free(s.pos_q)
     free(s.pos_stamp)
     free(s.term_off)
-    free(s.src_keys)
-    free(s.src_parts)
+    memo_free(&s.src_memo)
+    memo_free(&s.ctx_memo)
     table_free(&s.vec_cache)
     table_free(&s.base_cache)
     table_free(&s.ctx_cache)
@@ -968,17 +976,6 @@ cdef double within_class_lz(SessionC* s, const float* h, int32_t c, const int32_
     return within_class_lognorm(m, h, c, states, dv, s.fscratch)
 
 
-cdef inline int64_t source_slot(const int32_t* window, int w) noexcept nogil:
-    """The slot of a source window among the session's NLM_SOURCE_SLOTS (256): a sum of its
-    ids times odd constants, mixed by one multiply (independent products: a few cycles per
-    lookup, where :c:func:`key_hash`'s chain of w steps showed in a Moses profile)."""
-    cdef uint64_t h = 0
-    cdef int j
-    for j in range(w):
-        h += <uint64_t><uint32_t>window[j] * (0x9E3779B97F4A7C15ULL + 2 * <uint64_t>j)
-    return <int64_t>(((h * 0xBF58476D1CE4E5B9ULL) >> 32) & (NLM_SOURCE_SLOTS - 1))
-
-
 cdef const float* source_parts(SessionC* s, const int32_t* window) noexcept nogil:
     """A joint model's :c:func:`source_part` of each branch for the source ``window`` (ids in
     their vocabulary), from the session's slot for it, else computed into that slot.  A Moses
@@ -986,18 +983,11 @@ cdef const float* source_parts(SessionC* s, const int32_t* window) noexcept nogi
     missed n-gram adds its n-1 target rows to a stored start instead of summing all w + n - 1
     rows; the same bits as computing it (:c:func:`branch_forward`)."""
     cdef const ModelC* m = s.model
-    cdef int w = m.src_window, j, k
-    cdef int64_t slot = source_slot(window, w)
-    cdef int32_t* keys = s.src_keys + slot * w
-    cdef float* parts = s.src_parts + slot * m.n_branches * m.max_width
-    for j in range(w):
-        if keys[j] != window[j]:
-            break
-    else:
-        return parts
-    for k in range(m.n_branches):
-        source_part(m, &m.branches[k], window, parts + <int64_t>k * m.max_width)
-    memcpy(keys, window, w * sizeof(int32_t))
+    cdef int k, found = 0
+    cdef float* parts = memo_get(&s.src_memo, window, &found)
+    if not found:
+        for k in range(m.n_branches):
+            source_part(m, &m.branches[k], window, parts + <int64_t>k * m.max_width)
     return parts
 
 
@@ -1052,6 +1042,10 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
             h = table_fvals(&s.ctx_cache, cp)
             if not found:
                 session_hidden(s, ctx, h)
+    if h == NULL and s.ctx_memo.slots:
+        h = memo_get(&s.ctx_memo, ckey, &found)
+        if not found:
+            session_hidden(s, ctx, h)
     if h == NULL:
         h = s.hidden
         session_hidden(s, ctx, h)

@@ -213,3 +213,57 @@ cdef int64_t table_insert_h(TableC* t, const int32_t* key, uint64_t h, int* foun
         p[1 + t.key_len + 2 * t.nd] = <int32_t>t.count
     t.count += 1
     return <int64_t>slot
+
+
+# ---------------------------------------------------------------------------------------
+# the direct-mapped memo (see MemoC in _scorer.pxd)
+# ---------------------------------------------------------------------------------------
+
+cdef int memo_init(MemoC* t, int64_t slots, int key_len, int64_t val_len) noexcept nogil:
+    """A memo of ``slots`` slots (a power of 2) for keys of ``key_len`` ids and ``val_len``
+    floats each, every slot empty; -1 (an empty memo that is off) when out of memory."""
+    memset(t, 0, sizeof(MemoC))
+    t.keys = <int32_t*>nlm_alloc_lines(slots * key_len * sizeof(int32_t))
+    t.vals = <float*>nlm_alloc_lines(slots * val_len * sizeof(float))
+    if t.keys == NULL or t.vals == NULL:
+        memo_free(t)
+        return -1
+    memset(t.keys, 0xff, slots * key_len * sizeof(int32_t))
+    t.slots = slots
+    t.key_len = key_len
+    t.val_len = val_len
+    return 0
+
+
+cdef void memo_free(MemoC* t) noexcept nogil:
+    free(t.keys)
+    free(t.vals)
+    t.keys = NULL
+    t.vals = NULL
+    t.slots = 0
+
+
+cdef float* memo_get(MemoC* t, const int32_t* key, int* found) noexcept nogil:
+    """The values of ``key`` (ids >= 0) in its slot (``found`` = 1), else that slot given to
+    ``key`` (``found`` = 0: the caller writes its values there before the next call).  The
+    slot: a sum of the ids times odd constants, mixed by one multiply (independent products,
+    a few cycles, where :c:func:`key_hash`'s chain of steps showed in a Moses profile)."""
+    cdef uint64_t h = 0
+    cdef int j, n = t.key_len
+    cdef int64_t slot
+    cdef int32_t* k
+    for j in range(n):
+        h += <uint64_t><uint32_t>key[j] * (0x9E3779B97F4A7C15ULL + 2 * <uint64_t>j)
+    slot = <int64_t>(((h * 0xBF58476D1CE4E5B9ULL) >> 32) & <uint64_t>(t.slots - 1))
+    k = t.keys + slot * n
+    found[0] = 1
+    for j in range(n):  # (a few ids: compared in place, no call)
+        if k[j] != key[j]:
+            found[0] = 0
+            break
+    if found[0]:
+        t.hits += 1
+    else:
+        t.misses += 1
+        memcpy(k, key, n * sizeof(int32_t))
+    return t.vals + slot * t.val_len

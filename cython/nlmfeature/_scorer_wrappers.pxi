@@ -104,6 +104,22 @@ cdef class NativeModel:
             release_pages(flat[s:s + k])
         return <const void*>q
 
+    cdef object _own_array(self, int64_t n, dtype, bint zero):
+        """A new array of ``n`` items of ``dtype`` (zeroed with ``zero``) for a table the
+        scorer reads at random places (the packed direct weights and their index): in this
+        model's huge-page memory from 2 MB up (:meth:`_alloc_copy`, freed with the model), so
+        that its reads do not also miss the TLB, else a line-aligned array kept in
+        ``_extra``."""
+        cdef size_t nbytes = <size_t>n * np.dtype(dtype).itemsize
+        cdef void* q = self._alloc_copy(nbytes)
+        if q == NULL:
+            a = line_aligned_zeros(n, dtype) if zero else np.empty(n, dtype=dtype)
+            self._extra.append(a)
+            return a
+        if zero:
+            memset(q, 0, nbytes)
+        return np.asarray(<unsigned char[:nbytes]><unsigned char*>q).view(dtype)
+
     cdef void* _alloc_copy(self, size_t n) noexcept:
         """Huge-page memory for a copy of ``n`` bytes, owned by this model; NULL where the
         array is read in place (small, no huge pages wanted, no memory)."""
@@ -252,9 +268,9 @@ cdef class NativeModel:
                 total += int(np.count_nonzero(weights[s:s + step]))
                 release_pages(weights[s:s + step])
             nblocks = (m.hash_space + 511) // 512
-            nz = line_aligned_zeros(nblocks * 8, np.uint64)
-            packed = np.empty(total, dtype=weights.dtype)     # (a float16 model's: halves)
-            rank = line_aligned_zeros(2 * nblocks, np.uint64).reshape(nblocks, 2)
+            nz = self._own_array(nblocks * 8, np.uint64, True)
+            packed = self._own_array(total, weights.dtype, False)   # (a float16 model's: halves)
+            rank = self._own_array(2 * nblocks, np.uint64, True).reshape(nblocks, 2)
             bitmap = nz.view(np.uint8)
             done = 0
             for s in range(0, weights.shape[0], step):
@@ -275,7 +291,6 @@ cdef class NativeModel:
                 done += kept.shape[0]
                 release_pages(block)
                 del block, nonzero, kept, per_word, within
-            self._extra.extend((nz, packed, rank))
             m.direct_nonzero = <const uint64_t*>cnp.PyArray_DATA(nz)
             if packed.dtype == np.float16:
                 m.direct_packed_h = <const uint16_t*>cnp.PyArray_DATA(packed)
@@ -593,8 +608,8 @@ cdef class Session:
         """Counters: lookups, and hits/misses/clears of the context and class caches."""
         return {
             "lookups": self.s.lookups,
-            "context_hits": self.s.ctx_cache.hits,
-            "context_misses": self.s.ctx_cache.misses,
+            "context_hits": self.s.ctx_cache.hits + self.s.ctx_memo.hits,
+            "context_misses": self.s.ctx_cache.misses + self.s.ctx_memo.misses,
             "class_hits": self.s.class_cache.hits,
             "class_misses": self.s.class_cache.misses,
             "ngram_hits": self.s.ngram_cache.hits,
@@ -603,4 +618,5 @@ cdef class Session:
             "cache_clears": self.s.ctx_cache.clears + self.s.class_cache.clears,
             "cache_enabled": bool(self.s.cache_enabled),
             "context_cache_enabled": bool(self.s.ctx_cache_enabled),
+            "context_memo_slots": int(self.s.ctx_memo.slots),
         }
