@@ -56,6 +56,7 @@ def models(tmp_path_factory):
         "unnormalised": make_model(d, "unnorm.nlm", order=5),
         "class": make_model(d, "class.nlm", order=4, output="class", classes=30, seed=3),
         "other": make_model(d, "other.nlm", order=5, seed=7),
+        "direct": make_model(d, "direct.nlm", order=5, direct_order=3, hash_space=997, seed=5),
     }
 
 
@@ -160,13 +161,15 @@ def test_partial_contexts_use_null_and_bos_padding(binary, models):
     assert got["sequence"] == pytest.approx(sum(seq), abs=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["unnormalised", "class"])
+@pytest.mark.parametrize("kind", ["unnormalised", "class", "direct"])
 def test_batched_spans_equal_single_spans(binary, models, kind):
     """nlm_score_spans (a batch of hypothesis expansions in one call) returns, for each span,
     the very double of the per-word calls: with the memo on (the batch's second copy of each
     span answered by the first's entries) and off; invalid spans among them come back NaN with
     NLM_ERR_ARGUMENT while the rest are scored; an empty batch is NLM_OK, a NULL session an
-    error."""
+    error.  The exact n-gram cache by default: a class model's always, an unnormalised model
+    with direct features' from its first batch (word by word it goes without), a tiny
+    unnormalised model's never."""
     words = "<s> the jury said it did find that the election".split()
     out = subprocess.run([binary, "spans", models[kind], *words], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr + out.stdout
@@ -175,6 +178,9 @@ def test_batched_spans_equal_single_spans(binary, models, kind):
     assert int(got["checked"]) > 600
     assert int(got["nan"]) == 2 * 3
     assert int(got["empty"]) == 0 and int(got["null"]) < 0
+    single, batched = int(got["ref_ngram_hits"]), int(got["batch_ngram_hits"])
+    assert (single > 0, batched > 0) == {"class": (True, True), "direct": (False, True),
+                                         "unnormalised": (False, False)}[kind], (single, batched)
 
 
 @pytest.mark.parametrize("kind", ["unnormalised", "class"])

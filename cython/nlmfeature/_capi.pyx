@@ -248,6 +248,9 @@ cdef void vt_score_spans(void* s, const nlm_vt_span* spans, int n, double* out) 
     cdef double total
     cdef const nlm_vt_span* sp
     c.pend_k = 0
+    if c.ngram_cache_batched:  # (the session's n-gram cache, kept for batches: on from now)
+        c.ngram_cache_enabled = 1
+        c.ngram_cache_batched = 0
     for i in range(n if n < SPANS_AHEAD else SPANS_AHEAD):
         sp = &spans[i]
         if sp.count + (1 if sp.final else 0) <= NLM_SPAN_BATCH:

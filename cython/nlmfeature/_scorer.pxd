@@ -177,9 +177,6 @@ ctypedef struct TableC:
     int64_t misses
     int64_t clears
 
-# The persistent cache of one session (nlmfeature._pcache): read-only views of the current
-# sentence's files, probed where the in-memory tables miss, for each level: n-gram scores,
-# context normalisers ([logZ softmax, logZ class]) and within-class normalisers.
 ctypedef struct MemoC:
     # A direct-mapped memo: each of ``slots`` slots holds the values of the last key that
     # fell in it (memo_get).  Lossy and without probing: a small block that stays in the
@@ -194,6 +191,9 @@ ctypedef struct MemoC:
     int64_t misses
 
 
+# The persistent cache of one session (nlmfeature._pcache): read-only views of the current
+# sentence's files, probed where the in-memory tables miss, for each level: n-gram scores,
+# context normalisers ([logZ softmax, logZ class]) and within-class normalisers.
 ctypedef struct StoreC:
     int nfiles
     int probe_context         # context-level entries are stored (normalised outputs)
@@ -221,6 +221,7 @@ ctypedef struct SessionC:
     TableC ctx_cache          # key: padded context; values [logZ softmax, logZ class]; fvals: hidden vector
     TableC class_cache        # key: padded context + class; value: logZ within the class
     int ngram_cache_enabled   # exact (context, word) -> score cache (when a lookup costs more than a probe)
+    int ngram_cache_batched   # the n-gram cache turns on at the first batch of spans (nlm_score_spans)
     TableC ngram_cache        # key: padded context + word; value: score
     # the sentence's vectors of a normaliser's logits (normalised outputs), in one arena: the
     # direct-feature values after the last direct_order-1 ids (of every member of a class,
@@ -307,7 +308,7 @@ cdef void nlm_compute_hidden(const ModelC* m, const int32_t* ctx, float* out,
                              float* b0, float* b1, float* b2, const float* parts=*) noexcept nogil
 cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t ngram_entries,
                                int terms) noexcept nogil
-cdef int nlm_ngram_cache_pays(const ModelC* m) noexcept nogil
+cdef int nlm_ngram_cache_pays(const ModelC* m, int batched) noexcept nogil
 cdef int nlm_costly_lookup(const ModelC* m) noexcept nogil
 cdef void* nlm_alloc_lines(size_t n) noexcept nogil
 cdef void nlm_session_free(SessionC* s) noexcept nogil

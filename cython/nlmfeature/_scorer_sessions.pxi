@@ -47,25 +47,29 @@ cdef int nlm_costly_lookup(const ModelC* m) noexcept nogil:
     return m.output_type == OUT_TREE or context_cache_pays(m)
 
 
-cdef int nlm_ngram_cache_pays(const ModelC* m) noexcept nogil:
+cdef int nlm_ngram_cache_pays(const ModelC* m, int batched) noexcept nogil:
     """Whether the exact per-sentence (context, word) -> score cache beats recomputing: for
-    costly lookups (:c:func:`nlm_costly_lookup`).  Not for a diagonal network with
-    unnormalised outputs: its hidden vector comes from the session's context memo
-    (SessionC.ctx_memo), so a lookup costs its output row and direct weights, about what a
-    probe of the per-sentence table costs once that table outgrows the CPU caches.  Measured
-    in Moses2 with the memo, the order-8 LBL 200 with direct features: CPU time over KenLM
-    alone's without the n-gram cache against with it, Multi30k 2.43x against 2.88x (normal
-    search) and 1.62x against 1.73x (cube pruning), the Tatoeba system's float16 model beside
-    the 1.6 GB KenLM 11.6 against 13.1 s per 1,000 sentences (cube pruning); the same
-    translations (docs/performance.md).  ``ngram-cache-entries=N`` turns it on."""
-    return nlm_costly_lookup(m)
+    costly lookups (:c:func:`nlm_costly_lookup`); with ``batched`` (a batch of spans,
+    nlm_score_spans, whose slots' loads start several spans ahead so that the probes
+    overlap), also for unnormalised models with direct features or at least 512
+    multiply-adds per lookup.  Span by span such a model goes without it: its hidden vectors
+    come from the session's context memo (SessionC.ctx_memo), so a lookup costs its output
+    row and direct weights, about what a probe of the per-sentence table costs once that
+    table outgrows the CPU caches (Moses2's normal search and cube pruning spent less CPU
+    without it, its batch search more: docs/performance.md).  A tiny model computes faster
+    than it probes."""
+    if nlm_costly_lookup(m):
+        return 1
+    return batched and m.output_type == OUT_UNNORMALISED and \
+        (m.direct_order > 0 or m.ctx_len * m.embed_dim + m.out_dim >= 512)
 
 
 cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t ngram_entries,
                                int terms) noexcept nogil:
     """A new per-thread session; ``cache_entries`` <= 0 disables the context/normaliser
     caches; ``ngram_entries`` bounds the exact n-gram cache (0 off, < 0: ``4 * cache_entries``
-    when :c:func:`nlm_ngram_cache_pays`).  NULL on OOM."""
+    when :c:func:`nlm_ngram_cache_pays`, for some models from the first batch of spans on).
+    NULL on OOM."""
     cdef SessionC* s = <SessionC*>nlm_alloc_lines(sizeof(SessionC))
     cdef int64_t nscratch = m.vocab_size, npos
     if s == NULL:
@@ -115,8 +119,10 @@ cdef SessionC* nlm_session_new(const ModelC* m, int64_t cache_entries, int64_t n
                cache_entries, 1)
     table_init(&s.class_cache, m.key_len + 1, 1, 0, cache_entries, 1)
     if ngram_entries < 0:
-        ngram_entries = 4 * cache_entries if (cache_entries > 0 and nlm_ngram_cache_pays(m)) else 0
-    s.ngram_cache_enabled = ngram_entries > 0
+        ngram_entries = 4 * cache_entries if cache_entries > 0 and nlm_ngram_cache_pays(m, 1) else 0
+        # a model whose table pays only in batches gets it at the first batch of spans
+        s.ngram_cache_batched = ngram_entries > 0 and not nlm_ngram_cache_pays(m, 0)
+    s.ngram_cache_enabled = ngram_entries > 0 and not s.ngram_cache_batched
     table_init(&s.ngram_cache, m.key_len + 1, 1, 0, ngram_entries, 0)
     # the normalisers' vectors (direct features; linear outputs' position terms)
     s.vec_cache_enabled = s.cache_enabled and (m.direct_order > 0 or s.linear) and \

@@ -449,6 +449,8 @@ static int cmd_spans(const char* path, int argc, char** argv) {
     double want[4096], got[4096];
     int32_t ids[16];
     static span_case cases[2040];
+    nlm_stats st;
+    long long ref_hits;
     int rc = nlm_model_load(path, &m), i, n = argc, c, ncases, k = 0, bad = 0, rep, nan_ok = 0;
     if (rc != NLM_OK) die("load", rc);
     nlm_session_options_init(&o);
@@ -491,8 +493,15 @@ static int cmd_spans(const char* path, int argc, char** argv) {
     for (i = 0; i < k; i++)
         if (!isnan(want[i]) && nlm_score_span(on, spans[i].hist, spans[i].nhist, spans[i].first,
                                               spans[i].count, spans[i].final) != want[i]) bad++;
-    printf("checked=%d bad=%d nan=%d empty=%d null=%d\n", k, bad, nan_ok, nlm_score_spans(on, spans, 0, got),
-           nlm_score_spans(NULL, spans, 1, got));
+    /* exact repeats answered by the n-gram cache: word by word (ref) and in batches (off) */
+    memset(&st, 0, sizeof st);
+    st.struct_size = sizeof st;
+    nlm_session_stats(ref, &st);
+    ref_hits = st.ngram_hits;
+    nlm_session_stats(off, &st);
+    printf("checked=%d bad=%d nan=%d empty=%d null=%d ref_ngram_hits=%lld batch_ngram_hits=%lld\n", k, bad,
+           nan_ok, nlm_score_spans(on, spans, 0, got), nlm_score_spans(NULL, spans, 1, got), ref_hits,
+           (long long)st.ngram_hits);
     nlm_session_free(on);
     nlm_session_free(off);
     nlm_session_free(ref);

@@ -270,8 +270,10 @@ class Model:
         """A new :class:`Session` (per-thread scorer with per-sentence caches).
         ``cache_entries`` bounds the context and class-normaliser caches (0 turns caching
         off); ``ngram_entries`` bounds the exact n-gram score cache (-1: ``4 * cache_entries``
-        when a lookup costs more than a probe, i.e. normalised outputs or dense layers;
-        0: off).  ``position_terms=True`` scores as the decoders' sessions do: a log-bilinear
+        when a lookup costs more than a probe, i.e. normalised or tree outputs, dense layers
+        or full context matrices; 0: off).  A diagonal network with unnormalised or tree
+        outputs keeps its recent contexts' hidden vectors in a small memo instead (``stats()``:
+        ``context_memo_slots``, its hits counted as context hits).  ``position_terms=True`` scores as the decoders' sessions do: a log-bilinear
         class or softmax model's normalisers are sums of per-sentence vectors, one per
         context position's word (2x faster than the hidden-vector path on a decoder's
         search, where each such vector serves dozens of normalisers; ~5x slower on a

@@ -109,10 +109,12 @@ typedef struct nlm_session_options {
                                        (default NLM_DEFAULT_CACHE_ENTRIES; tables grow with the sentence up to it; 0 turns them off) */
     int64_t ngram_cache_entries;  /**< bound of the per-sentence exact n-gram score cache.
                                        Default -1: on (4 * cache_entries) when a lookup costs
-                                       more than a probe (normalised outputs, dense layers, joint models,
-                                       unnormalised models with direct features or >= 512
-                                       multiply-adds per lookup), off for tiny models; 0 off.  With a persistent cache
-                                       it is always on (default bound 1048576) */
+                                       more than a probe (normalised or tree outputs, dense
+                                       layers, full context matrices without tables); off for
+                                       diagonal networks with unnormalised outputs, whose
+                                       hidden vectors come from the session's context memo;
+                                       0 off.  With a persistent cache it is always on
+                                       (default bound 1048576) */
     const char* persistent_cache; /**< directory of the persistent tuning cache, or NULL:
                                        sentence i's n-gram scores and context / class
                                        normalisers are kept in DIR/<checksum>/i.nlmc (and
