@@ -110,10 +110,11 @@ typedef struct nlm_session_options {
     int64_t ngram_cache_entries;  /**< bound of the per-sentence exact n-gram score cache.
                                        Default -1: on (4 * cache_entries) when a lookup costs
                                        more than a probe (normalised or tree outputs, dense
-                                       layers, full context matrices without tables); off for
-                                       diagonal networks with unnormalised outputs, whose
-                                       hidden vectors come from the session's context memo;
-                                       0 off.  With a persistent cache it is always on
+                                       layers, full context matrices without tables); for
+                                       diagonal networks with unnormalised outputs (their
+                                       hidden vectors come from the session's context memo)
+                                       only from the first nlm_score_spans batch on, and not
+                                       for tiny ones; 0 off.  With a persistent cache it is always on
                                        (default bound 1048576) */
     const char* persistent_cache; /**< directory of the persistent tuning cache, or NULL:
                                        sentence i's n-gram scores and context / class
@@ -152,7 +153,8 @@ typedef struct nlm_stats {
     size_t struct_size;          /**< sizeof(nlm_stats), set by the caller */
     int64_t lookups;             /**< n-gram scores asked for */
     int64_t ngram_hits;          /**< answered by the exact n-gram cache (incl. persistent) */
-    int64_t context_hits;        /**< hidden-layer / normaliser cache hits (per context) */
+    int64_t context_hits;        /**< hidden-layer / normaliser cache hits (per context; the
+                                      context memo's too: unnormalised diagonal models) */
     int64_t context_misses;      /**< contexts computed */
     int64_t class_hits;          /**< within-class normaliser cache hits (class models) */
     int64_t class_misses;
