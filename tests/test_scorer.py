@@ -646,7 +646,7 @@ def test_a_loaded_model_holds_its_arrays_once(tmp_path, monkeypatch, storage):
     rows = emb.nbytes + out.nbytes
     assert modelfile.file_backed(emb) and emb.dtype == storage
     # the packed non-zero direct weights too, from 2 MB up (a random model's 2^20 are all
-    # non-zero; counted from the header: reading them would map the file's pages again)
+    # non-zero: counted without reading them, which would map the file's pages again)
     packed = (1 << 20) * emb.itemsize
     if storage == "float32" or model.native.half_rows:  # (else: a build without F16C widens)
         assert model.native.copied_bytes == rows + (packed if packed >= 2 << 20 else 0)
