@@ -272,12 +272,13 @@ class Model:
         off); ``ngram_entries`` bounds the exact n-gram score cache (-1: ``4 * cache_entries``
         when a lookup costs more than a probe, i.e. normalised or tree outputs, dense layers
         or full context matrices; 0: off).  A diagonal network with unnormalised or tree
-        outputs keeps its recent contexts' hidden vectors in a small memo instead (``stats()``:
-        ``context_memo_slots``, its hits counted as context hits).  ``position_terms=True`` scores as the decoders' sessions do: a log-bilinear
-        class or softmax model's normalisers are sums of per-sentence vectors, one per
-        context position's word (2x faster than the hidden-vector path on a decoder's
-        search, where each such vector serves dozens of normalisers; ~5x slower on a
-        sentence scored once); the two paths agree within 1e-6."""
+        outputs keeps its recent contexts' hidden vectors in a small memo (``stats()``:
+        ``context_memo_slots``, its hits counted as context hits).  ``position_terms=True``
+        scores as the decoders' sessions do: a log-bilinear class or softmax model's
+        normalisers are sums of per-sentence vectors, one per context position's word (2x
+        faster than the hidden-vector path on a decoder's search, where each such vector
+        serves dozens of normalisers; ~5x slower on a sentence scored once); the two paths
+        agree within 1e-6."""
         if not isinstance(position_terms, bool):
             raise TypeError(f"position_terms must be a bool, not {type(position_terms).__name__}")
         return self.native.session(cache_entries, ngram_entries, position_terms)
