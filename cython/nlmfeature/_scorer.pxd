@@ -15,6 +15,7 @@ cdef enum:
     NLM_PEND_HIST = 64        # longest history a prefetched span keeps (nlm_prefetch_span)
     NLM_SOURCE_SLOTS = 256   # a session's source windows (SessionC.src_memo; a power of 2)
     NLM_CONTEXT_MEMO_BYTES = 1 << 20  # bound of a session's context memo (SessionC.ctx_memo)
+    NLM_MEMO_WINDOW = 1024   # a memo's asks per sample of its hit rate (memo_open)
     NLM_MAX_COPIES = 4 + 2 * NLM_MAX_BRANCHES  # a model's arrays copied into huge pages (NativeModel.hot)
     NLM_HUGE_PAGE = 2 << 20  # bytes of a transparent huge page: alloc_huge's unit, and the least array NativeModel.hot copies
 
@@ -189,6 +190,9 @@ ctypedef struct MemoC:
     float* vals               # slots x val_len
     int64_t hits
     int64_t misses
+    int window                # asks in the current window of NLM_MEMO_WINDOW, and hits among them
+    int window_hits
+    int closed                # asks still to skip (memo_open): the last window hit too rarely
 
 
 # The persistent cache of one session (nlmfeature._pcache): read-only views of the current
@@ -399,6 +403,7 @@ cdef int table_grow(TableC* t) noexcept nogil
 cdef int memo_init(MemoC* t, int64_t slots, int key_len, int64_t val_len) noexcept nogil
 cdef void memo_free(MemoC* t) noexcept nogil
 cdef float* memo_get(MemoC* t, const int32_t* key, int* found) noexcept nogil
+cdef int memo_open(MemoC* t) noexcept nogil
 
 cdef extern from *:
     """

@@ -1048,7 +1048,7 @@ cdef double score_uncached_ngram(SessionC* s, const int32_t* ctx, int32_t w) noe
             h = table_fvals(&s.ctx_cache, cp)
             if not found:
                 session_hidden(s, ctx, h)
-    if h == NULL and s.ctx_memo.slots:
+    if h == NULL and memo_open(&s.ctx_memo):
         h = memo_get(&s.ctx_memo, ckey, &found)
         if not found:
             session_hidden(s, ctx, h)

@@ -266,4 +266,23 @@ cdef float* memo_get(MemoC* t, const int32_t* key, int* found) noexcept nogil:
     else:
         t.misses += 1
         memcpy(k, key, n * sizeof(int32_t))
+    t.window_hits += found[0]
+    t.window += 1
+    if t.window == NLM_MEMO_WINDOW:
+        if t.window_hits * 16 < NLM_MEMO_WINDOW:
+            t.closed = 15 * NLM_MEMO_WINDOW
+        t.window = 0
+        t.window_hits = 0
     return t.vals + slot * t.val_len
+
+
+cdef int memo_open(MemoC* t) noexcept nogil:
+    """Whether to ask the memo (on) now: after a window of NLM_MEMO_WINDOW asks of which fewer
+    than 1 in 16 hit (text scored once, where a decoder's search repeats its contexts), it is
+    left alone for the next 15 windows' worth of lookups, then sampled again, so that a miss's
+    extra work (the key compared and copied, the vector written to the memo's block instead of
+    a work buffer in L1) is paid on a sixteenth of such a stream."""
+    if t.closed > 0:
+        t.closed -= 1
+        return 0
+    return t.slots > 0
