@@ -90,8 +90,8 @@ def test_scorer_equals_reference(tmp_path, arch, out):
 
 
 def test_a_large_direct_store_equals_reference(tmp_path):
-    """The scorer packs the non-zero direct weights a piece of 4M entries at a time: a store
-    of two pieces (not a whole number of 512-entry blocks), half its weights zero at random,
+    """The scorer lays the direct weights out by line a piece of 4M entries at a time: a store
+    of two pieces (not a whole number of lines), four in five of its weights zero at random,
     scores as the reference does."""
     path = make_model(tmp_path, min_count=6, order=4, **ARCHS["lbl-full"], direct_order=3,
                       hash_space=(2 << 22) - 4099)
@@ -99,9 +99,24 @@ def test_a_large_direct_store_equals_reference(tmp_path):
     arrays = {k: np.array(v) for k, v in arrays.items()}
     w = arrays["direct.weights"]
     rng = np.random.default_rng(3)
-    w[:] = rng.standard_normal(w.shape[0]).astype(np.float32) * (rng.random(w.shape[0]) < 0.5)
+    w[:] = rng.standard_normal(w.shape[0]).astype(np.float32) * (rng.random(w.shape[0]) < 0.2)
+    assert _direct_store_layout(w)[0] > 0          # (by lines, not dense)
     nlmfeature.save(path, header, arrays)
     _check_against_reference(path)
+
+
+def _direct_store_layout(weights: np.ndarray):
+    """``(gshift, spilled, bytes)`` of the scorer's store of these direct weights
+    (``direct_store_plan``; gshift 0: dense)."""
+    from nlmfeature._scorer import direct_store_plan
+
+    nonzero = np.zeros(-(-weights.shape[0] // 16) * 16, dtype=bool)
+    nonzero[:weights.shape[0]] = weights != 0
+    gshift, _, _, spilled, lines = direct_store_plan(nonzero.reshape(-1, 16).sum(axis=1, dtype=np.uint8),
+                                                     weights.dtype.itemsize)
+    if gshift == 0:
+        return 0, 0, weights.nbytes
+    return gshift, spilled, lines.shape[0] * 64 + spilled * weights.dtype.itemsize
 
 
 @pytest.mark.parametrize("out", ["unnormalised", "softmax", "class"])
@@ -586,7 +601,7 @@ def test_huge_page_copies_score_the_same_bits(tmp_path, monkeypatch, output):
     """The arrays a decoder reads at scattered rows (here the embeddings and output rows,
     2.2 MB each) are copied into huge pages at load, unless ``NLMFEATURE_HUGE_PAGES=0``: the
     same scores, bit for bit, in decoder sessions with their caches on and off.  (The 4 MB of
-    direct-feature weights are not: the scorer reads their packed non-zero copy.)"""
+    direct-feature weights are not: the scorer reads its own copy of them.)"""
     path = make_model(tmp_path, output=output, **(dict(classes=13) if output == "class" else {}),
                       word_width=160, direct_order=3, hash_space=1 << 20)
     lines = [l.split() for l in read_lines(BROWN_VALID, 6)]
@@ -645,8 +660,8 @@ def test_a_loaded_model_holds_its_arrays_once(tmp_path, monkeypatch, storage):
     emb, out = model.arrays["embeddings"], model.arrays["output.weight"]
     rows = emb.nbytes + out.nbytes
     assert modelfile.file_backed(emb) and emb.dtype == storage
-    # the packed non-zero direct weights too, from 2 MB up (a random model's 2^20 are all
-    # non-zero: counted without reading them, which would map the file's pages again)
+    # the direct weights' store too, from 2 MB up (a random model's 2^20 are all non-zero, so
+    # stored dense: counted without reading them, which would map the file's pages again)
     packed = (1 << 20) * emb.itemsize
     if storage == "float32" or model.native.half_rows:  # (else: a build without F16C widens)
         assert model.native.copied_bytes == rows + (packed if packed >= 2 << 20 else 0)
@@ -675,29 +690,32 @@ def test_a_loaded_model_holds_its_arrays_once(tmp_path, monkeypatch, storage):
 
 def test_a_models_own_memory_is_reported(tmp_path, monkeypatch):
     """``own_bytes`` (``nlmfeature info``'s memory_bytes): the rows' huge-page copies plus the
-    packed non-zero direct weights and their index; a float16 file's is half of that, and with
-    ``NLMFEATURE_HUGE_PAGES=0`` the rows are read from the page cache and not counted."""
+    direct weights' store (by lines: the non-zero weights beside their bits); a float16
+    file's rows and store take half the bytes or less, and with ``NLMFEATURE_HUGE_PAGES=0``
+    the rows are read from the page cache and not counted."""
     monkeypatch.setenv("NLMFEATURE_HUGE_PAGES", "1")
     path = make_model(tmp_path, tables=False, word_width=320, direct_order=3, hash_space=1 << 20)
     header, arrays, _ = modelfile.read_model(path)
     arrays = {k: np.array(v) for k, v in arrays.items()}
-    arrays["direct.weights"][::3] = 0.0
+    arrays["direct.weights"][np.arange(1 << 20) % 3 != 0] = 0.0     # (one in three kept)
     nlmfeature.save(path, header, arrays)
     half = str(tmp_path / "half.nlm")
     nlmfeature.save(half, header, arrays, half=True)
     rows = arrays["embeddings"].nbytes + arrays["output.weight"].nbytes
-    nonzero = int(np.count_nonzero(arrays["direct.weights"]))
-    index = (1 << 20) // 8 + (1 << 20) // 512 * 16          # bitmap, ranks
+    gshift, _, store = _direct_store_layout(arrays["direct.weights"])
+    assert gshift > 0 and 2 << 20 <= store < 4 << 20   # (by lines: less than the dense 4 MB)
     full = nlmfeature.load(path).native
-    assert full.copied_bytes == rows + 4 * nonzero   # (the packed weights on huge pages too: 2.8 MB)
-    assert rows + 4 * nonzero + index <= full.own_bytes < rows + 4 * nonzero + index + (1 << 20)
+    assert full.copied_bytes == rows + store   # (the store on huge pages too)
+    assert rows + store <= full.own_bytes < rows + store + (1 << 20)
     from nlmfeature._scorer import HALF_ROWS
 
     if HALF_ROWS:            # (a build without F16C widens the halves)
+        store_h = _direct_store_layout(arrays["direct.weights"].astype(np.float16))[2]
+        assert store_h <= store
         halves = nlmfeature.load(half).native
-        assert rows // 2 + 2 * nonzero + index <= halves.own_bytes < rows // 2 + 2 * nonzero + index + (1 << 20)
+        assert rows // 2 + store_h <= halves.own_bytes < rows // 2 + store_h + (1 << 20)
     monkeypatch.setenv("NLMFEATURE_HUGE_PAGES", "0")
-    assert nlmfeature.load(path).native.own_bytes < 4 * nonzero + index + (1 << 20)
+    assert nlmfeature.load(path).native.own_bytes < store + (1 << 20)
 
 
 def test_only_a_model_files_mapping_is_released(tmp_path):
@@ -749,23 +767,30 @@ def test_span_prefetch_is_compiled_in():
 
 
 @pytest.mark.parametrize("output", ["unnormalised", "class"])
-def test_sparse_direct_weights_read_packed(tmp_path, output):
-    """The scorer reads a direct feature's weight from the packed non-zero weights, at its
-    rank in the non-zero bitmap (a block count plus popcounts): with most weights zero, in
-    blocks and at block edges, of a hash space that is no multiple of the 512-bit block, every
-    score equals the reference over the whole table, in every session kind."""
+@pytest.mark.parametrize("kept", [0.02, 0.07, 0.3, 0.9])
+def test_direct_weights_read_from_their_store(tmp_path, output, kept):
+    """The scorer reads a direct feature's weight from its store: by lines of 16-256 indices
+    (each line's non-zero bits, its spill base and as many of its weights as fit, the rest
+    spilled after the lines) or, with few weights zero, dense.  With ``kept`` of the weights
+    non-zero at random, an empty stretch and a full one (whose lines spill), edges of lines,
+    in a hash space that is no multiple of a line, every score equals the reference over the
+    whole table, in every session kind."""
     from nlmfeature.core.modelfile import read_model
     extra = dict(classes=13) if output == "class" else {}
     path = make_model(tmp_path, name="dense.nlm", output=output, order=4, direct_order=3,
-                      hash_space=5003, **extra)
+                      hash_space=50021, **extra)
     header, arrays, _ = read_model(path)
     arrays = dict(arrays)
     rng = np.random.default_rng(7)
-    w = 4.0 * rng.standard_normal(5003).astype(np.float32)  # large: a wrong weight shows
-    keep = rng.random(5003) < 0.07
-    keep[1024:1536] = False                                      # an empty block
-    keep[[0, 63, 64, 511, 512, 513, 2047, 2048, 4607, 4608, 5002]] = True
+    w = 4.0 * rng.standard_normal(50021).astype(np.float32)  # large: a wrong weight shows
+    keep = rng.random(50021) < kept
+    keep[1024:1536] = False                                      # empty lines
+    keep[2304:2336] = True                                       # full lines
+    keep[[0, 15, 16, 63, 64, 127, 128, 255, 256, 511, 512, 513, 2047, 2048, 4607, 4608, 50020]] = True
     arrays["direct.weights"] = np.where(keep, w, 0).astype(np.float32)
+    gshift, spilled, _ = _direct_store_layout(arrays["direct.weights"])
+    assert (gshift == 0) == (kept == 0.9)
+    assert (spilled > 0) == (kept != 0.9), (gshift, spilled)
     sparse = str(tmp_path / "sparse.nlm")
     nlmfeature.save(sparse, header, arrays)
     model = _check_against_reference(sparse)
@@ -780,3 +805,13 @@ def test_sparse_direct_weights_read_packed(tmp_path, output):
             sess.begin_sentence(k)
             got = sess.score_padded(ctx, words)
             assert np.allclose(got, want, atol=1e-5, rtol=1e-5), (entries, terms, k)
+    # a float16 file's store (its own layout: halves, more to a line) holds the same halves
+    half = str(tmp_path / "half.nlm")
+    nlmfeature.save(half, header, arrays, half=True)
+    halves = nlmfeature.load(half)
+    widened = {k: np.asarray(v, dtype=np.float32) if v.dtype == np.float16 else v for k, v in halves.arrays.items()}
+    sess = halves.session()
+    for k, (ctx, words) in enumerate(grams):
+        sess.begin_sentence(k)
+        want = [logprob(h, widened, [int(i) for i in c], int(x)) for c, x in zip(ctx, words)]
+        assert np.allclose(sess.score_padded(ctx, words), want, atol=1e-3, rtol=0), k  # (a wrong weight: ~4)

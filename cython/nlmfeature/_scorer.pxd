@@ -94,16 +94,20 @@ ctypedef struct ModelC:
     const int8_t* path_sign       # (P,) +1 / -1
     int direct_order              # number of direct n-gram orders (0 = none)
     int64_t hash_space
-    const uint64_t* direct_nonzero  # (hash_space / 512 rounded up x 8,) bit i: weight i != 0
-                                    # (per process, 1/32 of the weights' size: a lookup whose
-                                    # feature was never trained skips the cache miss); NULL
-                                    # without direct features
-    const float* direct_packed    # the non-zero direct weights in index order (per process:
-                                  # a 4M-entry table of Multi30k holds 6% non-zero, 1 MB of 16 MB)
-    const uint16_t* direct_packed_h  # or their halves, a float16 model's as stored (direct_packed NULL)
-    const uint64_t* direct_rank   # (hash_space / 512 rounded up, 2): per 512-bit block of
-                                  # direct_nonzero, the non-zero weights before it and, in 9-bit
-                                  # fields, before each of its words 1..7 (rank9)
+    const uint64_t* direct_lines  # the direct weights by line (per process; NULL without direct
+                                  # features): 64-byte lines, each for 2^direct_gshift indices:
+                                  # their non-zero bits (direct_words uint64 words), the line's
+                                  # spill base (uint32), then its first direct_cap non-zero
+                                  # weights in index order; the rest of a line's weights
+                                  # (rare) spilled after the lines, from item direct_spill
+    int direct_gshift             # log2 of the indices per line (4 .. 8), chosen from the data
+    int direct_words              # bitmap words per line
+    int direct_cap                # weights a line holds
+    int direct_line_items         # items (weights' size) per line: 32 halves or 16 floats
+    int direct_head_items         # items of a line's header (bitmap and spill base)
+    int64_t direct_spill          # item place of the first spilled weight
+    const float* direct_packed    # the store as items: a weight at its place (direct_rank_of)
+    const uint16_t* direct_packed_h  # or its halves, a float16 model's as stored (direct_packed NULL)
     const double* direct_first[2]   # the order-0 term of every target's direct value, words (kind 0,
                                     # V) and classes (kind 1, C; class outputs only), per process:
                                     # the same double direct_value's sum starts from, read from a

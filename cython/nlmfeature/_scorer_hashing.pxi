@@ -87,34 +87,62 @@ cdef extern from *:
     int __builtin_popcountll(unsigned long long x) nogil
 
 
-cdef inline int direct_nonzero(const ModelC* m, uint64_t i) noexcept nogil:
-    return m.direct_nonzero == NULL or <int>((m.direct_nonzero[i >> 6] >> (i & 63)) & 1)
-
-
-cdef inline uint64_t direct_rank_of(const ModelC* m, uint64_t i) noexcept nogil:
-    """The place in ``direct_packed`` of the direct weight at index ``i``, for an ``i`` whose
-    bit in ``direct_nonzero`` is set: its rank among the non-zero weights (the count before
-    its 512-bit block, the count before its word within the block -- 9-bit fields of one
-    word, as Vigna's rank9 -- and the bits before it in its word: one popcount), so that the
-    scorer's reads stay in a megabyte instead of the whole table (most of it zeros)."""
-    cdef uint64_t b = i >> 9, kw = (i >> 6) & 7
-    cdef uint64_t sub = m.direct_rank[2 * b + 1]
-    cdef uint64_t r = m.direct_rank[2 * b] + (((sub >> ((9 * kw - 9) & 63)) & 0x1FF) & (<uint64_t>0 - (kw != 0)))
-    return r + <uint64_t>__builtin_popcountll(m.direct_nonzero[i >> 6] & ((<uint64_t>1 << (i & 63)) - 1))
-
-
 cdef inline float direct_packed_weight(const ModelC* m, uint64_t r) noexcept nogil:
-    """The packed direct weight of rank ``r`` (a float16 model's half, widened exactly)."""
+    """The direct weight at place ``r`` of the store (:c:func:`direct_rank_of`; a float16
+    model's half, widened exactly)."""
     if m.direct_packed_h != NULL:
         return nlm_half_to_float(m.direct_packed_h + r)
     return m.direct_packed[r]
 
 
 cdef inline const void* direct_packed_place(const ModelC* m, uint64_t r) noexcept nogil:
-    """Where the packed direct weight of rank ``r`` is (to prefetch it)."""
+    """Where the direct weight at place ``r`` of the store is (to prefetch it)."""
     if m.direct_packed_h != NULL:
         return m.direct_packed_h + r
     return m.direct_packed + r
+
+
+cdef inline const uint64_t* direct_line(const ModelC* m, uint64_t i) noexcept nogil:
+    """The 64-byte line of the direct-feature store that holds index ``i``'s bit (and,
+    unless it spilled, its weight): :attr:`ModelC.direct_lines` (a store by lines)."""
+    return m.direct_lines + ((i >> m.direct_gshift) << 3)
+
+
+cdef inline const void* direct_lookup_place(const ModelC* m, uint64_t i) noexcept nogil:
+    """What a lookup of the direct weight at index ``i`` reads first (to prefetch it): its
+    line, or in a dense store the weight."""
+    if m.direct_lines == NULL:
+        return direct_packed_place(m, i)
+    return direct_line(m, i)
+
+
+cdef inline int direct_nonzero(const ModelC* m, uint64_t i) noexcept nogil:
+    """Whether the direct weight at index ``i`` is non-zero (its bit in its line; a dense
+    store's zeros are +0.0 and read like the others)."""
+    cdef uint64_t b = i & ((<uint64_t>1 << m.direct_gshift) - 1)
+    if m.direct_lines == NULL:
+        return 1
+    return <int>((direct_line(m, i)[b >> 6] >> (b & 63)) & 1)
+
+
+cdef inline uint64_t direct_rank_of(const ModelC* m, uint64_t i) noexcept nogil:
+    """The place (in items of the store, :c:func:`direct_packed_weight`) of the direct
+    weight at index ``i``, for an ``i`` whose bit is set (a dense store: ``i``): its rank among its line's non-zero
+    weights (popcounts of the line's bitmap words before it) after the line's header, or,
+    past the line's room, its place among the spilled weights (the line's spill base).
+    The bit and the weight share one cache line: a lookup waits for one miss, not two."""
+    cdef const uint64_t* line = direct_line(m, i)
+    cdef uint64_t b = i & ((<uint64_t>1 << m.direct_gshift) - 1), r
+    cdef int w = <int>(b >> 6), k
+    if m.direct_lines == NULL:  # (a dense store)
+        return i
+    r = <uint64_t>__builtin_popcountll(line[w] & ((<uint64_t>1 << (b & 63)) - 1))
+    for k in range(w):
+        r += <uint64_t>__builtin_popcountll(line[k])
+    if r < <uint64_t>m.direct_cap:
+        return (i >> m.direct_gshift) * <uint64_t>m.direct_line_items + <uint64_t>m.direct_head_items + r
+    return (<uint64_t>m.direct_spill + (<const uint32_t*>(line + m.direct_words))[0]
+            + r - <uint64_t>m.direct_cap)
 
 
 cdef inline float direct_weight_at(const ModelC* m, uint64_t i) noexcept nogil:
@@ -125,7 +153,7 @@ cdef inline float direct_weight_at(const ModelC* m, uint64_t i) noexcept nogil:
 cdef inline double direct_value(const ModelC* m, const uint64_t* states, int32_t target) noexcept nogil:
     """Sum of the hashed direct-feature weights of ``target`` after the context whose hash
     states are ``states``.  Zero weights (untrained n-grams, most of the table) are skipped
-    through the bitmap without touching the table: adding +-0.0 to a sum that is never
+    by their line's bits (a dense store adds its +0.0): adding +-0.0 to a sum that is never
     -0.0 leaves it unchanged, so the value is bit-identical."""
     cdef double s = 0
     cdef int k
@@ -168,15 +196,15 @@ cdef void direct_first_fill(const ModelC* m, int kind, int32_t n, double* out) n
 
 cdef inline void direct_prefetch(const ModelC* m, const uint64_t* states, int32_t target) noexcept nogil:
     """Start loading the direct-feature weights of ``target`` (a word: kind-0 ``states``;
-    random places in a table of megabytes) so that the forward pass overlaps their cache
-    misses (the order-0 weight comes from ``direct_first`` when there is one)."""
+    random lines of a store of megabytes, each bit beside its weight) so that the forward
+    pass overlaps their cache misses (the order-0 weight comes from ``direct_first`` when
+    there is one)."""
     cdef int k
     cdef uint64_t t = (<uint64_t>target) << 32
     cdef uint64_t i
     for k in range(1 if m.direct_first[0] != NULL else 0, m.direct_order):
         i = direct_index(m, splitmix64(states[k] ^ t))
-        if direct_nonzero(m, i):
-            __builtin_prefetch(direct_packed_place(m, direct_rank_of(m, i)))
+        __builtin_prefetch(direct_lookup_place(m, i))
 
 
 def direct_feature_indices(const int32_t[:, ::1] contexts not None, const int32_t[::1] targets not None, int kind,

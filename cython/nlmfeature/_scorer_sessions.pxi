@@ -369,7 +369,7 @@ cdef void direct_places(const ModelC* m, const uint64_t* states, int k0, int nk,
     """``out[(i - a) * nk + k]``: where in ``direct_packed`` the weight of target ``i``'s
     order-``k0 + k`` feature is (``NO_WEIGHT``: none), for targets ``a <= i < b``
     (``targets[i]``, or ``i`` when NULL) after the context whose hash states are ``states``.
-    Every index first, their loads started together (the bitmap's words, then the non-zero
+    Every index first, their loads started together (the store's lines, then any spilled
     weights), so that the caller's sum waits for one round of cache misses instead of one
     per feature."""
     cdef int32_t i
@@ -381,8 +381,7 @@ cdef void direct_places(const ModelC* m, const uint64_t* states, int k0, int nk,
         for k in range(nk):
             j = direct_index(m, splitmix64(states[k0 + k] ^ tt))
             out[(i - a) * nk + k] = j
-            if m.direct_nonzero != NULL:
-                __builtin_prefetch(&m.direct_nonzero[j >> 6])
+            __builtin_prefetch(direct_lookup_place(m, j))
     for q in range((b - a) * nk):  # each index becomes its packed weight's place (or none)
         j = out[q]
         if direct_nonzero(m, j):

@@ -35,6 +35,35 @@ def line_aligned_zeros(n, dtype):
     return raw[start:start + n * itemsize].view(dtype)
 
 
+def direct_store_plan(counts, int itemsize):
+    """The lines of a direct-feature store (:attr:`ModelC.direct_lines`) for weights whose
+    non-zero counts per 16 indices are ``counts``, each weight ``itemsize`` bytes: ``(gshift,
+    words, cap, spilled, line_counts)``, 2^gshift indices per 64-byte line (16 .. 256),
+    ``words`` bitmap words and room for ``cap`` weights in each, ``spilled`` weights past a
+    line's room, and each line's non-zero count.  The fewest bytes among the layouts that
+    spill at most 1 in 50 weights (a spilled weight costs a second cache miss), else 16
+    indices a line: a sparse store (few trained n-grams) takes wide lines, a denser one
+    narrow; ``gshift`` 0 (and ``line_counts`` None): no lines, the weights as they are (a
+    dense store, where the bits would cost more than the zeros they leave out)."""
+    total = int(counts.sum(dtype=np.int64))
+    c = counts.astype(np.int32)
+    best = None
+    for gshift in range(4, 9):
+        if gshift > 4:
+            if c.shape[0] % 2:
+                c = np.append(c, np.int32(0))
+            c = c[0::2] + c[1::2]
+        words = max(1, (1 << gshift) // 64)
+        cap = (64 - 8 * words - 4) // itemsize
+        spilled = int(np.maximum(c - cap, 0).sum(dtype=np.int64))
+        nbytes = c.shape[0] * 64 + spilled * itemsize
+        if (gshift == 4 or spilled * 50 <= total) and (best is None or nbytes < best[0]):
+            best = (nbytes, gshift, words, cap, spilled, c)
+    if counts.shape[0] * 16 * itemsize <= best[0]:   # (a bit per weight saves nothing)
+        return 0, 0, 0, 0, None
+    return best[1:]
+
+
 cdef class NativeModel:
     """The C view of a model's arrays.  Keeps the arrays (and so the mmap) alive.
 
@@ -119,6 +148,43 @@ cdef class NativeModel:
         if zero:
             memset(q, 0, nbytes)
         return np.asarray(<unsigned char[:nbytes]><unsigned char*>q).view(dtype)
+
+    def _direct_lines(self, weights, int64_t step, int gshift, int words, int cap, int64_t spilled,
+                      line_counts):
+        """The direct-feature store by lines (:attr:`ModelC.direct_lines`, laid out as
+        :func:`direct_store_plan` says) of ``weights``, read ``step`` items at a time."""
+        from nlmfeature.core.modelfile import release_pages
+        cdef int64_t n = weights.shape[0], s
+        cdef int group = 1 << gshift, item = weights.dtype.itemsize
+        cdef int line_items = 64 // item, head = (8 * words + 4) // item
+        cdef int64_t nlines = line_counts.shape[0]
+        store = self._own_array(nlines * line_items + spilled, weights.dtype, True)
+        lines = store[:nlines * line_items]
+        by_item = lines.reshape(nlines, line_items)
+        by_byte = lines.view(np.uint8).reshape(nlines, 64)
+        spill = store[nlines * line_items:]
+        excess = np.maximum(line_counts - cap, 0).astype(np.int64)
+        base = np.cumsum(excess) - excess   # each line's first spilled weight
+        lines.view(np.uint32).reshape(nlines, 16)[:, 2 * words] = base
+        del excess
+        for s in range(0, n, step):
+            block = weights[s:s + step]
+            first = s >> gshift
+            nonzero = np.zeros(-(-block.shape[0] // group) * group, dtype=bool)
+            np.not_equal(block, 0, out=nonzero[:block.shape[0]])
+            nl = nonzero.shape[0] // group
+            by_byte[first:first + nl, :group // 8] = np.packbits(nonzero, bitorder="little").reshape(nl, group // 8)
+            rank = np.cumsum(nonzero.reshape(nl, group), axis=1, dtype=np.int32).reshape(-1)
+            at = np.flatnonzero(nonzero)
+            r = rank[at] - 1
+            line = first + (at >> gshift)
+            held = r < cap
+            by_item[line[held], head + r[held]] = block[at[held]]
+            held = ~held
+            spill[base[line[held]] + r[held] - cap] = block[at[held]]
+            release_pages(block)
+            del block, nonzero, rank, at, r, line, held
+        return store
 
     cdef void* _alloc_copy(self, size_t n) noexcept:
         """Huge-page memory for a copy of ``n`` bytes, owned by this model; NULL where the
@@ -250,53 +316,52 @@ cdef class NativeModel:
             m.hash_space = direct["hash_space"]
             weights = arrays.get("direct.weights")
             if weights is None or weights.dtype != np.float16:
-                fptr(arrays, "direct.weights")  # (checked; the scorer reads its packed non-zero copy)
+                fptr(arrays, "direct.weights")  # (checked; the scorer reads its copy by line)
             else:
                 _check(weights, "direct.weights", np.float16)
             if not 1 <= m.direct_order <= m.order:
                 raise ValueError("direct feature order must be between 1 and the model order")
-            # which hashed weights are non-zero (few are: only trained n-grams get a weight),
-            # each 512-bit block of the bitmap on one cache line; the non-zero weights packed
-            # in index order, and their counts before each block and each word
-            # (direct_weight_at): a lookup's weights come from a megabyte, not 16.  Built a
-            # piece at a time (a mapped file's pieces leave this process's memory as they
-            # are read: release_pages), with no temporary the size of the whole store
+            # the store by line (ModelC.direct_lines, direct_store_plan): each 64-byte line
+            # the non-zero bits of 2^gshift indices and, beside them, their weights, so that a
+            # lookup's feature waits for one cache miss (a bit then a packed weight elsewhere
+            # cost two), zero weights (most of the table) taking no room; or, where few are
+            # zero, the weights as they are.  Built a piece at a
+            # time (a mapped file's pieces leave this process's memory as they are read:
+            # release_pages), with no temporary the size of the whole store
             weights = np.asarray(arrays["direct.weights"])
-            step = 1 << 22                      # (a multiple of the 512-entry block)
-            total = 0
-            for s in range(0, weights.shape[0], step):
-                total += int(np.count_nonzero(weights[s:s + step]))
-                release_pages(weights[s:s + step])
-            nblocks = (m.hash_space + 511) // 512
-            nz = self._own_array(nblocks * 8, np.uint64, True)
-            packed = self._own_array(total, weights.dtype, False)   # (a float16 model's: halves)
-            rank = self._own_array(2 * nblocks, np.uint64, True).reshape(nblocks, 2)
-            bitmap = nz.view(np.uint8)
-            done = 0
-            for s in range(0, weights.shape[0], step):
+            n = weights.shape[0]
+            step = 1 << 22                      # (a multiple of the largest line's indices)
+            counts = np.zeros(-(-n // 16), dtype=np.uint8)
+            for s in range(0, n, step):
                 block = weights[s:s + step]
-                nonzero = np.zeros(-(-block.shape[0] // 512) * 512, dtype=bool)
+                nonzero = np.zeros(-(-block.shape[0] // 16) * 16, dtype=bool)
                 np.not_equal(block, 0, out=nonzero[:block.shape[0]])
-                kept = block[nonzero[:block.shape[0]]]
-                packed[done:done + kept.shape[0]] = kept
-                bitmap[s // 8:s // 8 + nonzero.shape[0] // 8] = np.packbits(nonzero, bitorder="little")
-                per_word = nonzero.reshape(-1, 8, 64).sum(axis=2, dtype=np.uint64)
-                within = np.cumsum(per_word, axis=1, dtype=np.uint64)  # through word k of the block
-                b = s // 512
-                nb = within.shape[0]
-                rank[b + 1:b + nb, 0] = np.cumsum(within[:-1, 7], dtype=np.uint64)
-                rank[b:b + nb, 0] += np.uint64(done)
-                for k in range(1, 8):  # words before word k, at bits 9 (k - 1)
-                    rank[b:b + nb, 1] |= within[:, k - 1] << np.uint64(9 * (k - 1))
-                done += kept.shape[0]
+                counts[s // 16:s // 16 + nonzero.shape[0] // 16] = nonzero.reshape(-1, 16).sum(axis=1, dtype=np.uint8)
                 release_pages(block)
-                del block, nonzero, kept, per_word, within
-            m.direct_nonzero = <const uint64_t*>cnp.PyArray_DATA(nz)
-            if packed.dtype == np.float16:
-                m.direct_packed_h = <const uint16_t*>cnp.PyArray_DATA(packed)
+            item = weights.dtype.itemsize
+            gshift, words, cap, spilled, line_counts = direct_store_plan(counts, item)
+            del counts
+            if gshift == 0:  # dense: the weights as they are, a -0.0 as +0.0
+                store = self._own_array(n, weights.dtype, True)
+                for s in range(0, n, step):
+                    block = weights[s:s + step]
+                    np.copyto(store[s:s + step], block, where=block != 0)
+                    release_pages(block)
+                    del block
             else:
-                m.direct_packed = <const float*>cnp.PyArray_DATA(packed)
-            m.direct_rank = <const uint64_t*>cnp.PyArray_DATA(rank)
+                store = self._direct_lines(weights, step, gshift, words, cap, spilled, line_counts)
+                m.direct_lines = <const uint64_t*>cnp.PyArray_DATA(store)
+                m.direct_gshift = gshift
+                m.direct_words = words
+                m.direct_cap = cap
+                m.direct_line_items = 64 // item
+                m.direct_head_items = (8 * words + 4) // item
+                m.direct_spill = line_counts.shape[0] * m.direct_line_items
+            del line_counts
+            if store.dtype == np.float16:
+                m.direct_packed_h = <const uint16_t*>cnp.PyArray_DATA(store)
+            else:
+                m.direct_packed = <const float*>cnp.PyArray_DATA(store)
             # the order-0 term of every word's (and class's) direct value, read from a small
             # array instead of a random place in the weights (direct_value_kind)
             for kind, n in ((0, m.vocab_size), (1, m.n_classes if m.output_type == OUT_CLASS else 0)):
