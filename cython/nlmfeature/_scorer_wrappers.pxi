@@ -149,12 +149,12 @@ cdef class NativeModel:
             memset(q, 0, nbytes)
         return np.asarray(<unsigned char[:nbytes]><unsigned char*>q).view(dtype)
 
-    def _direct_lines(self, weights, int64_t step, int gshift, int words, int cap, int64_t spilled,
-                      line_counts):
+    def _direct_lines(self, weights, int gshift, int words, int cap, int64_t spilled, line_counts):
         """The direct-feature store by lines (:attr:`ModelC.direct_lines`, laid out as
-        :func:`direct_store_plan` says) of ``weights``, read ``step`` items at a time."""
+        :func:`direct_store_plan` says) of ``weights``, read 1M items at a time (so that the
+        temporaries of a piece stay a few megabytes beside the store: a decoder's peak memory)."""
         from nlmfeature.core.modelfile import release_pages
-        cdef int64_t n = weights.shape[0], s
+        cdef int64_t n = weights.shape[0], s, step = 1 << 20
         cdef int group = 1 << gshift, item = weights.dtype.itemsize
         cdef int line_items = 64 // item, head = (8 * words + 4) // item
         cdef int64_t nlines = line_counts.shape[0]
@@ -174,7 +174,7 @@ cdef class NativeModel:
             np.not_equal(block, 0, out=nonzero[:block.shape[0]])
             nl = nonzero.shape[0] // group
             by_byte[first:first + nl, :group // 8] = np.packbits(nonzero, bitorder="little").reshape(nl, group // 8)
-            rank = np.cumsum(nonzero.reshape(nl, group), axis=1, dtype=np.int32).reshape(-1)
+            rank = np.cumsum(nonzero.reshape(nl, group), axis=1, dtype=np.int16).reshape(-1)
             at = np.flatnonzero(nonzero)
             r = rank[at] - 1
             line = first + (at >> gshift)
@@ -349,7 +349,7 @@ cdef class NativeModel:
                     release_pages(block)
                     del block
             else:
-                store = self._direct_lines(weights, step, gshift, words, cap, spilled, line_counts)
+                store = self._direct_lines(weights, gshift, words, cap, spilled, line_counts)
                 m.direct_lines = <const uint64_t*>cnp.PyArray_DATA(store)
                 m.direct_gshift = gshift
                 m.direct_words = words
