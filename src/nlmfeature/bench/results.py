@@ -167,12 +167,16 @@ def moses2_ratio(config: str = "") -> Callable[[Section], str]:
     """Moses2's decode CPU time with the NLM against KenLM alone from ``bench_decoder.py
     --markdown``'s table (configuration | search | threads | CPU ms | ratio (paired) | ...):
     ``**1.84x** KenLM alone with cube pruning on 1 thread, 1.84x on 2; normal search 2.86x``.
-    The rows of ``config``, or (without it) of every configuration but ``kenlm``."""
+    The rows of ``config``, or (without it) of every configuration but ``kenlm``; a later table's
+    row of the same search and threads (a run of one search with more repeats) replaces an
+    earlier one's."""
     def render(s: Section) -> str:
-        rows = [r for t in s.tables for r in t if len(r) == 7 and r[2].isdigit()
-                and (r[0] == config if config else r[0] != "kenlm")]
-        cube = [(r[2], r[4].split()[0]) for r in rows if r[1] == "cube"]
-        normal = [r[4].split()[0] for r in rows if r[1] == "normal" and r[2] == "1"]
+        ratio: Dict[Tuple[str, str], str] = {}
+        for r in (r for t in s.tables for r in t if len(r) == 7 and r[2].isdigit()
+                  and (r[0] == config if config else r[0] != "kenlm")):
+            ratio[(r[1], r[2])] = r[4].split()[0]
+        cube = [(t, x) for (search, t), x in ratio.items() if search == "cube"]
+        normal = [x for (search, t), x in ratio.items() if search == "normal" and t == "1"]
         if not cube:
             raise NLMFeatureError(f"docs/results.md, section {s.title!r}: no cube pruning row"
                                   + (f" of {config}" if config else ""))
