@@ -106,8 +106,6 @@ abc1234, 2026-11-30.
         moses2_ratio("nlm-alone")(s)
     # a later run of cube pruning alone (more repeats) gives the cube figure; normal stays
     more = text + """
-    python3 benchmarks/bench_decoder.py --decoder moses2 --moses2-search cube --repeats 5
-
 | configuration | search | threads | CPU ms per sentence | x kenlm-big (paired) | wall ms per sentence | BLEU |
 |---|---|---|---|---|---|---|
 | kenlm-big | cube | 1 | 4.3 | 1.00 (1.00) | 4.3 | 54.58 |
