@@ -310,6 +310,14 @@ cdef inline uint64_t splitmix64(uint64_t x) noexcept nogil:
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL
     x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL
     return x ^ (x >> 31)
+
+cdef inline uint64_t hash_bucket(uint64_t h, uint64_t hash_space) noexcept nogil:
+    # h mod hash_space, the bucket of a direct feature's hash (scorer and trainer alike): a
+    # mask when hash_space is a power of two (the usual case: the same bucket without a 64-bit
+    # division, ~25 cycles per feature)
+    if (hash_space & (hash_space - 1)) == 0:
+        return h & (hash_space - 1)
+    return h % hash_space
 cdef int64_t nlm_vocab_find(const int64_t* offsets, const unsigned char* data, const int32_t* table,
                             int64_t table_size, const char* word, int64_t length) noexcept nogil
 cdef void nlm_compute_hidden(const ModelC* m, const int32_t* ctx, float* out,

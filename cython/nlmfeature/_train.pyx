@@ -14,7 +14,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, uint32_t
 from libc.math cimport sqrt, exp, log, log1p, fabs
 from libc.stdlib cimport malloc, calloc, free
 
-from nlmfeature._scorer cimport splitmix64
+from nlmfeature._scorer cimport hash_bucket, splitmix64
 
 cnp.import_array()
 
@@ -342,7 +342,7 @@ def direct_add(const real[::1] w, const int32_t[:, ::1] ctx, const int32_t[:, :]
                 t = (<uint64_t>cand[n, j]) << 32
                 s = 0
                 for k in range(order):
-                    s = s + w[splitmix64(states[k] ^ t) % <uint64_t>hash_space]
+                    s = s + w[hash_bucket(splitmix64(states[k] ^ t), <uint64_t>hash_space)]
                 out[n, j] += s
         free(states)
 
@@ -370,7 +370,7 @@ def direct_scatter(real[::1] grad, uint8_t[::1] mark, int32_t[::1] touched, int6
                     continue
                 t = (<uint64_t>cand[n, j]) << 32
                 for k in range(order):
-                    b = <int64_t>(splitmix64(states[k] ^ t) % <uint64_t>hash_space)
+                    b = <int64_t>hash_bucket(splitmix64(states[k] ^ t), <uint64_t>hash_space)
                     if filt and not allowed[b]:
                         continue
                     grad[b] += <real>g
@@ -552,7 +552,7 @@ def direct_count(const int32_t[:, ::1] ctx, const int32_t[::1] targets, int kind
                 if m + 1 == min_freq:
                     fresh += 1
                     if mark:
-                        allowed[key % modulus] = 1
+                        allowed[hash_bucket(key, modulus)] = 1
     return fresh
 
 
@@ -1092,7 +1092,7 @@ cdef int nce_lbl_core(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:
                 for j in range(K):
                     tk = (<uint64_t>cand[n * K + j]) << 32
                     for o in range(DO):
-                        buckets[(n * K + j) * DO + o] = <int64_t>(splitmix64(st[o] ^ tk) % <uint64_t>hash_space)
+                        buckets[(n * K + j) * DO + o] = <int64_t>hash_bucket(splitmix64(st[o] ^ tk), <uint64_t>hash_space)
                 if filt:   # features the filter does not train: -1, neither read nor updated
                     for o in range(n * K * DO, (n + 1) * K * DO):
                         b = buckets[o]
