@@ -115,23 +115,28 @@ cdef inline const void* direct_lookup_place(const ModelC* m, uint64_t i) noexcep
 cdef inline int direct_nonzero(const ModelC* m, uint64_t i) noexcept nogil:
     """Whether the direct weight at index ``i`` is non-zero (its bit in its line; a dense
     store's zeros are +0.0 and read like the others)."""
-    cdef uint64_t b = i & ((<uint64_t>1 << m.direct_gshift) - 1)
+    cdef uint64_t b
     if m.direct_lines == NULL:
         return 1
+    b = i & ((<uint64_t>1 << m.direct_gshift) - 1)
     return <int>((direct_line(m, i)[b >> 6] >> (b & 63)) & 1)
 
 
 cdef inline uint64_t direct_rank_of(const ModelC* m, uint64_t i) noexcept nogil:
     """The place (in items of the store, :c:func:`direct_packed_weight`) of the direct
-    weight at index ``i``, for an ``i`` whose bit is set (a dense store: ``i``): its rank among its line's non-zero
-    weights (popcounts of the line's bitmap words before it) after the line's header, or,
-    past the line's room, its place among the spilled weights (the line's spill base).
-    The bit and the weight share one cache line: a lookup waits for one miss, not two."""
-    cdef const uint64_t* line = direct_line(m, i)
-    cdef uint64_t b = i & ((<uint64_t>1 << m.direct_gshift) - 1), r
-    cdef int w = <int>(b >> 6), k
+    weight at index ``i``, for an ``i`` whose bit is set (a dense store: ``i``): its rank
+    among its line's non-zero weights (popcounts of the line's bitmap words before it) after
+    the line's header, or, past the line's room, its place among the spilled weights (the
+    line's spill base).  The bit and the weight share one cache line: a lookup waits for one
+    miss, not two."""
+    cdef const uint64_t* line
+    cdef uint64_t b, r
+    cdef int w, k
     if m.direct_lines == NULL:  # (a dense store)
         return i
+    line = direct_line(m, i)
+    b = i & ((<uint64_t>1 << m.direct_gshift) - 1)
+    w = <int>(b >> 6)
     r = <uint64_t>__builtin_popcountll(line[w] & ((<uint64_t>1 << (b & 63)) - 1))
     for k in range(w):
         r += <uint64_t>__builtin_popcountll(line[k])

@@ -325,9 +325,9 @@ cdef class NativeModel:
             # the non-zero bits of 2^gshift indices and, beside them, their weights, so that a
             # lookup's feature waits for one cache miss (a bit then a packed weight elsewhere
             # cost two), zero weights (most of the table) taking no room; or, where few are
-            # zero, the weights as they are.  Built a piece at a
-            # time (a mapped file's pieces leave this process's memory as they are read:
-            # release_pages), with no temporary the size of the whole store
+            # zero, the weights as they are.  Built a piece at a time (a mapped file's pieces
+            # leave this process's memory as they are read: release_pages), with no
+            # temporary the size of the whole store
             weights = np.asarray(arrays["direct.weights"])
             n = weights.shape[0]
             step = 1 << 22                      # (a multiple of the largest line's indices)
