@@ -394,6 +394,15 @@ def bench_cdec(args, models: Dict[str, str], extras: Dict[str, str], shared: str
 MOSES2_SEARCHES = {"normal": "0", "batch": "4", "cube": "1"}
 
 
+def moses2_binary(args, nlm: bool) -> str:
+    """The moses2 executable of ``--moses2`` (else MOSES_ROOT's), checked to register
+    NLMFeature where the run decodes with a neural model (``nlm``)."""
+    moses2 = args.moses2 or mo.find_program("moses2")
+    if not moses2:
+        sys.exit("no moses2: give --moses2 or MOSES_ROOT (a tree with moses2 built, moses_ff/README.md)")
+    return mo.find_moses(moses2, features=("NLMFeature",) if nlm else ())
+
+
 def bench_moses2(args, models: Dict[str, str], extras: Dict[str, str], base: str, weights: Weights, work: str,
                  src: str, refs: List[str], moses_res: Optional[Dict]) -> Dict:
     """Moses2 with KenLM alone and KenLM + each NLM, each with the searches of
@@ -403,10 +412,7 @@ def bench_moses2(args, models: Dict[str, str], extras: Dict[str, str], base: str
     minus loading, ratios to KenLM alone on the same search, BLEU, whether the thread counts
     (and the batch and normal searches) give the same translations, and (with the Moses part
     run too) the CPU time against Moses' with the same model."""
-    moses2 = args.moses2 or mo.find_program("moses2")
-    if not moses2:
-        sys.exit("no moses2: give --moses2 or MOSES_ROOT (a tree with moses2 built, moses_ff/README.md)")
-    moses2 = mo.find_moses(moses2, features=("NLMFeature",) if models or args.config else ())
+    moses2 = moses2_binary(args, bool(models or args.config))
     d = os.path.join(work, "moses2")
     os.makedirs(d, exist_ok=True)
     configs: Dict[str, str] = {}
@@ -613,6 +619,8 @@ def run(args: argparse.Namespace) -> int:
     for name, path in list(models.items()) + [(n, p) for n, (p, _) in joints.items()]:
         if not os.path.exists(path):
             sys.exit(f"model {name}: {path} not found")
+    if "moses2" in decoders:   # (checked now, not after the Moses half of the run)
+        args.moses2 = moses2_binary(args, bool(models or args.config))
     work = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="bench_decoder."))
     os.makedirs(work, exist_ok=True)
     src = write_lines(os.path.join(work, "test.src"), read_lines(args.test_src, args.sentences))
