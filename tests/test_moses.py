@@ -207,6 +207,10 @@ def test_find_moses_checks_the_features_compiled_in(tmp_path, monkeypatch):
     with pytest.raises(InputError, match="no NLMJointFeature compiled in") as e:
         moses.find_moses(shim, features=("NLMFeature", "NLMJointFeature"))
     assert shim in str(e.value) and "moses-joint.patch" in str(e.value)
+    plain2 = fake_moses(tmp_path / "moses2")     # (a Moses2 executable: its own build)
+    with pytest.raises(InputError, match="no NLMFeature compiled in") as e:
+        moses.find_moses(plain2)
+    assert "moses2.patch" in str(e.value) and "moses2//moses2" in str(e.value)
     root = tmp_path / "tree"
     (root / "bin").mkdir(parents=True)
     fake_moses(root / "bin" / "moses")

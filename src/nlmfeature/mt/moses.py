@@ -75,6 +75,12 @@ _FEATURE_BUILD = {
     "NLMFeature": "build it with moses_ff/moses.patch and bjam --with-nlmfeature",
     "NLMJointFeature": "rebuild it with moses_ff/moses-joint.patch applied after moses.patch",
 }
+#: the same for a Moses2 executable (both features come with moses2.patch)
+_FEATURE_BUILD_MOSES2 = {
+    "NLMFeature": "build it with moses_ff/moses2/NLMFeature.{h,cpp} copied into moses2/LM, "
+                  "moses_ff/moses2.patch and bjam --with-nlmfeature moses2//moses2",
+    "NLMJointFeature": "rebuild it with this package's moses_ff/moses2 files and moses2.patch",
+}
 
 
 def missing_features(exe: str, names: Sequence[str]) -> List[str]:
@@ -134,9 +140,10 @@ def find_moses(moses: Optional[str] = None, root: Optional[str] = None,
 
 def _with_features(exe: str, features: Sequence[str]) -> str:
     missing = missing_features(exe, features)
+    hints = _FEATURE_BUILD_MOSES2 if os.path.basename(exe).startswith("moses2") else _FEATURE_BUILD
     if missing:
         raise InputError(exe, 0, "this Moses has no " + " and no ".join(missing) + " compiled in: "
-                         + "; ".join(_FEATURE_BUILD.get(m, "") for m in missing)
+                         + "; ".join(hints.get(m, "") for m in missing)
                          + " (moses_ff/README.md)")
     return exe
 
