@@ -412,7 +412,7 @@ def bench_moses2(args, models: Dict[str, str], extras: Dict[str, str], base: str
     minus loading, ratios to KenLM alone on the same search, BLEU, whether the thread counts
     (and the batch and normal searches) give the same translations, and (with the Moses part
     run too) the CPU time against Moses' with the same model."""
-    moses2 = moses2_binary(args, bool(models or args.config))
+    moses2 = args.moses2   # (found and checked by run, before the Moses half: moses2_binary)
     d = os.path.join(work, "moses2")
     os.makedirs(d, exist_ok=True)
     configs: Dict[str, str] = {}
