@@ -662,100 +662,75 @@ cdef int group_rows(const int32_t* rows, int64_t M, Groups* g) noexcept nogil:
     return 0
 
 
-cdef int direct_step(float[::1] D, float[::1] aD, float* gD, uint8_t* mD, const int64_t* buckets,
-                     const float* G, int64_t rows, int DO, double lr, double eps, int T) noexcept nogil:
+cdef int direct_owner_step(float* D, float* aD, const int64_t* buckets, const float* G, int64_t rows,
+                           int DO, double lr, double eps, int t, int T) noexcept nogil:
+    """:func:`direct_step` for the buckets b with b % T == t: their gradients summed in row
+    order in an open-addressing table of at least twice the entries (in the CPU caches, whatever
+    the hash space), then one AdaGrad step each, in order of first appearance.  Returns -1 when
+    out of memory."""
+    cdef int64_t cap = 16, mask, n, b, h, nu = 0, i
+    cdef int o, bits = 4
+    cdef int64_t* key
+    cdef float* sums
+    cdef int64_t* order
+    cdef float gf
+    while cap < 2 * rows * DO:
+        cap = cap * 2
+        bits = bits + 1
+    mask = cap - 1
+    key = <int64_t*>malloc(cap * sizeof(int64_t))
+    sums = <float*>malloc(cap * sizeof(float))
+    order = <int64_t*>malloc(cap * sizeof(int64_t))
+    if key == NULL or sums == NULL or order == NULL:
+        free(key); free(sums); free(order)
+        return -1
+    for h in range(cap):
+        key[h] = -1
+    for n in range(rows):
+        gf = G[n]
+        for o in range(DO):
+            b = buckets[n * DO + o]
+            if b < 0 or (T > 1 and b % T != t):
+                continue
+            h = <int64_t>((<uint64_t>b * <uint64_t>0x9E3779B97F4A7C15ULL) >> (64 - bits))
+            while key[h] != b and key[h] >= 0:
+                h = (h + 1) & mask
+            if key[h] < 0:
+                key[h] = b
+                sums[h] = 0
+                order[nu] = h
+                nu = nu + 1
+            sums[h] = sums[h] + gf
+    for i in range(nu):
+        if i + 8 < nu:
+            b = key[order[i + 8]]
+            nlt_prefetch_row_w(&D[b], 1)
+            nlt_prefetch_row_w(&aD[b], 1)
+        h = order[i]
+        adagrad_scalar(&D[key[h]], &aD[key[h]], &sums[h], lr, 0.0, eps)
+    free(key); free(sums); free(order)
+    return 0
+
+
+cdef int direct_step(float[::1] D, float[::1] aD, const int64_t* buckets, const float* G, int64_t rows,
+                     int DO, double lr, double eps, int T) noexcept nogil:
     """AdaGrad on the direct-feature weights ``D`` (sums ``aD``): row r (0..rows-1) adds its
     gradient ``G[r]`` to the buckets ``buckets[r*DO .. r*DO+DO-1]`` that are not negative (a
-    negative bucket is a feature the frequency filter does not train); ``gD`` and the marks
-    ``mD`` are zero on entry and on exit.
+    negative bucket is a feature the frequency filter does not train).
 
-    With T > 1 threads, thread t owns the buckets b with b % T == t.  Each thread first sorts
-    the entries of its slice of rows by owner (a counting sort, in row order), then every owner
-    sums its buckets' entries slice by slice, so that each bucket's gradient is summed in row
-    order whatever T (results do not depend on the thread count), and no thread reads the
-    entries of the others' buckets.  Returns 0, or -1 when memory runs out."""
-    cdef int64_t M = rows * DO, n, b, i, lo, hi, nt, end
-    cdef int p, t, o, T2 = T * T
-    cdef int64_t* eb = <int64_t*>malloc(max(1, M) * sizeof(int64_t))
-    cdef float* eg = <float*>malloc(max(1, M) * sizeof(float))
-    cdef int32_t* owner = <int32_t*>malloc(max(1, M) * sizeof(int32_t)) if T > 1 else NULL
-    cdef int64_t* start = <int64_t*>calloc(T2, sizeof(int64_t))
-    cdef int64_t* fill = <int64_t*>calloc(T2, sizeof(int64_t))
-    cdef int64_t* tstart = <int64_t*>calloc(T, sizeof(int64_t))
-    cdef int32_t* touched = <int32_t*>malloc(max(1, M) * sizeof(int32_t))
-    cdef float gf
-    if eb == NULL or eg == NULL or (T > 1 and owner == NULL) or start == NULL or fill == NULL \
-            or tstart == NULL or touched == NULL:
-        free(eb); free(eg); free(owner); free(start); free(fill); free(tstart); free(touched)
-        return -1
-    if T == 1:   # one owner: the entries in row order, as they are
-        i = 0
-        for n in range(rows):
-            gf = G[n]
-            for o in range(DO):
-                b = buckets[n * DO + o]
-                if b >= 0:
-                    eb[i] = b
-                    eg[i] = gf
-                    i = i + 1
-        fill[0] = i
-    else:
-        with parallel(num_threads=T):
-            for p in prange(T, schedule="static"):
-                lo = rows * p // T
-                hi = rows * (p + 1) // T
-                for i in range(lo * DO, hi * DO):    # each entry's owner (-1: not trained)
-                    b = buckets[i]
-                    if b >= 0:
-                        t = <int>(b % T)
-                        owner[i] = t
-                        fill[p * T + t] += 1
-                    else:
-                        owner[i] = -1
-                i = lo * DO
-                for t in range(T):                   # where each owner's entries start here
-                    start[p * T + t] = i
-                    i = i + fill[p * T + t]
-                    fill[p * T + t] = start[p * T + t]
-                for n in range(lo, hi):
-                    gf = G[n]
-                    for o in range(DO):
-                        if owner[n * DO + o] >= 0:
-                            t = owner[n * DO + o]
-                            i = fill[p * T + t]
-                            eb[i] = buckets[n * DO + o]
-                            eg[i] = gf
-                            fill[p * T + t] = i + 1
-    i = 0
-    for t in range(T):                   # each owner's touched list: as long as its entries
-        tstart[t] = i
-        for p in range(T):
-            i = i + fill[p * T + t] - start[p * T + t]
+    The gradients are summed in a table of the minibatch's buckets, not in a buffer the size
+    of the hash space (whose scattered writes and marks missed the CPU caches).  With T > 1
+    threads, thread t owns the buckets b with b % T == t; each bucket's gradient is summed in
+    row order whatever T (results do not depend on the thread count).  Returns 0, or -1 when
+    memory runs out."""
+    cdef int t, bad = 0
+    if T == 1:
+        return direct_owner_step(&D[0], &aD[0], buckets, G, rows, DO, lr, eps, 0, 1)
     with parallel(num_threads=T):
         for t in prange(T, schedule="static"):
-            nt = tstart[t]
-            lo = nt
-            for p in range(T):
-                end = fill[p * T + t]
-                for i in range(start[p * T + t], end):
-                    if i + 8 < end:
-                        nlt_prefetch_row_w(&gD[eb[i + 8]], 1)
-                    b = eb[i]
-                    gD[b] += eg[i]
-                    if not mD[b]:
-                        mD[b] = 1
-                        touched[nt] = <int32_t>b
-                        nt = nt + 1
-            for i in range(lo, nt):
-                if i + 8 < nt:
-                    b = touched[i + 8]
-                    nlt_prefetch_row_w(&D[b], 1)
-                    nlt_prefetch_row_w(&aD[b], 1)
-                b = touched[i]
-                adagrad_scalar(&D[b], &aD[b], &gD[b], lr, 0.0, eps)
-                mD[b] = 0
-    free(eb); free(eg); free(owner); free(start); free(fill); free(tstart); free(touched)
-    return 0
+            if direct_owner_step(&D[0], &aD[0], buckets, G, rows, DO, lr, eps, t, T) != 0:
+                bad += 1
+    return -1 if bad else 0
 
 
 cdef int sparse_rows_step(float[:, ::1] P, float[:, ::1] A, float* pb, float* ab,
@@ -1040,7 +1015,7 @@ def nce_lbl_shared_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float
 
 cdef int nce_lbl_core(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1] Q, float[::1] qb,
                       float[::1] D, float[:, ::1] aR, float[:, ::1] aW, float[::1] abias, float[:, ::1] aQ,
-                      float[::1] aqb, float[::1] aD, float* gD, uint8_t* mD,
+                      float[::1] aqb, float[::1] aD,
                       const int32_t[:, ::1] ctx, const int32_t[::1] target, const int32_t* noise, int k,
                       int64_t n0, int64_t N, const double[::1] logq, int DO, int64_t hash_space,
                       const uint8_t[::1] allowed, double lr, double l2, double eps, int T,
@@ -1132,7 +1107,7 @@ cdef int nce_lbl_core(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:
         loss += lossv[n]
     i = 0
     if DO:  # 2. direct features
-        i = direct_step(D, aD, gD, mD, buckets, G, N * K, DO, lr, eps, T)
+        i = direct_step(D, aD, buckets, G, N * K, DO, lr, eps, T)
     if i == 0:
         # 3. the output rows and biases, 4. the context side: embeddings, W and the bias
         i = sparse_rows_step(Q, aQ, &qb[0], &aqb[0], cand, N * K, xs, NULL, G, G, lr, l2, eps, T)
@@ -1166,7 +1141,7 @@ cdef check_lbl_step(float[:, ::1] R, float[:, ::1] W, float[:, ::1] Q, float[::1
 def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1] Q, float[::1] qb,
                  float[::1] D,
                  float[:, ::1] aR, float[:, ::1] aW, float[::1] abias, float[:, ::1] aQ, float[::1] aqb,
-                 float[::1] aD, float[::1] gD, uint8_t[::1] mD,
+                 float[::1] aD,
                  const int32_t[:, ::1] ctx, const int32_t[::1] target, const int32_t[:, ::1] noise,
                  const double[::1] logq, int direct_order, int64_t hash_space, const uint8_t[::1] allowed,
                  double lr, double l2, double eps, int threads=1):
@@ -1188,8 +1163,7 @@ def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1
 
     Threads split the examples for the forward and backward passes, then the rows for the
     updates, and every row's gradient is summed in example order whatever the thread count:
-    results do not depend on ``threads``.  ``gD`` and the marks ``mD`` are zero on entry and
-    on exit.  Returns the summed loss."""
+    results do not depend on ``threads``.  Returns the summed loss."""
     cdef double loss = 0
     cdef int rc
     cdef const int32_t* nz = &noise[0, 0] if noise.shape[0] and noise.shape[1] else NULL
@@ -1197,11 +1171,8 @@ def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1
         raise ValueError("inconsistent shapes")
     check_lbl_step(R, W, Q, D, aR, aQ, ctx, target, nz, noise.shape[0] * noise.shape[1], direct_order,
                    hash_space, allowed)
-    if direct_order and (gD.shape[0] < hash_space or mD.shape[0] < hash_space):
-        raise ValueError("direct gradient buffers shorter than the hash space")
     with nogil:
         rc = nce_lbl_core(R, W, bias, Q, qb, D, aR, aW, abias, aQ, aqb, aD,
-                          &gD[0] if direct_order else NULL, &mD[0] if direct_order else NULL,
                           ctx, target, nz, noise.shape[1], 0, ctx.shape[0], logq, direct_order, max(1, hash_space), allowed,
                           lr, l2, eps, max(1, threads), &loss)
     if rc != 0:
@@ -1212,7 +1183,7 @@ def nce_lbl_step(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1
 def nce_lbl_rounds(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, ::1] Q, float[::1] qb,
                    float[::1] D,
                    float[:, ::1] aR, float[:, ::1] aW, float[::1] abias, float[:, ::1] aQ, float[::1] aqb,
-                   float[::1] aD, float[:, ::1] gD, uint8_t[:, ::1] mD,
+                   float[::1] aD,
                    const int32_t[:, ::1] ctx, const int32_t[::1] target, const int64_t[::1] bounds,
                    const double[::1] accept, const int32_t[::1] alias, const int32_t[::1] values, int k,
                    uint64_t seed, const uint64_t[::1] steps,
@@ -1224,9 +1195,7 @@ def nce_lbl_rounds(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, :
     shared parameters and AdaGrad sums without locks.  Each thread first draws its minibatch's
     k noise words per n-gram from one alias table (``accept``, ``alias``, ``values``: one block
     of :func:`alias_blocks`) as :func:`sample_blocks` would with ``seed`` and ``steps[m]``, so
-    that nothing of a round but fetching its n-grams is serial.  Minibatch m uses row m of the
-    direct gradient buffers ``gD`` and marks ``mD`` (zero on entry and on exit; at least M
-    rows).  An update may overwrite another thread's concurrent update of the same weight, so
+    that nothing of a round but fetching its n-grams is serial.  An update may overwrite another thread's concurrent update of the same weight, so
     the result depends on the threads' timing.  Returns the M summed losses (float64)."""
     cdef int64_t M = bounds.shape[0] - 1, m, i, size = values.shape[0], V = Q.shape[0]
     cdef int rc = 0, bad = 0, ok
@@ -1244,8 +1213,6 @@ def nce_lbl_rounds(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, :
     if k < 1 or size < 1 or accept.shape[0] < size or alias.shape[0] < size:
         raise ValueError("no noise table, or no noise words")
     check_lbl_step(R, W, Q, D, aR, aQ, ctx, target, NULL, 0, direct_order, hash_space, allowed)
-    if direct_order and (gD.shape[0] < M or gD.shape[1] < hash_space or mD.shape[0] < M or mD.shape[1] < hash_space):
-        raise ValueError("direct gradient buffers: fewer rows than minibatches, or shorter than the hash space")
     out = np.zeros(M, dtype=np.float64)
     cdef double[::1] losses = out
     for m in prange(M, nogil=True, num_threads=M, schedule="static", chunksize=1):
@@ -1265,7 +1232,6 @@ def nce_lbl_rounds(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, :
             bad += 1
         else:
             rc += nce_lbl_core(R, W, bias, Q, qb, D, aR, aW, abias, aQ, aqb, aD,
-                               &gD[m, 0] if direct_order else NULL, &mD[m, 0] if direct_order else NULL,
                                ctx, target, noise, k, bounds[m], bounds[m + 1] - bounds[m], logq, direct_order,
                                max(1, hash_space), allowed, lr, l2, eps, 1, &losses[m])
         free(noise)

@@ -542,15 +542,12 @@ class Trainer:
         live.update(self.params)  # the same arrays the optimiser updates
         live.pop("source.embeddings", None)
         self.objective = Objective(train_header, live, ospec, threads=kt)
-        self.grads = Gradients(self.params, names, threads=kt)
         self._fused = self.fused()
+        # the fused kernels sum their gradients themselves
+        self.grads = None if self._fused else Gradients(self.params, names, threads=kt)
         # the direct-feature filter as the fused kernels read it: a bit per bucket
         self._allowed_bits = (np.packbits(ospec.allowed, bitorder="little") if ospec.allowed is not None
                               else np.zeros(0, dtype=np.uint8))
-        # Hogwild threads: a direct-feature gradient buffer and its marks each
-        hw, hs = self.hogwild_threads, len(self.params["direct.weights"]) if "direct.weights" in self.params else 0
-        self._direct_buffers = (arrays.zeros((hw, hs) if hw > 1 else (0, 0), np.float32),
-                                np.zeros((hw, hs) if hw > 1 else (0, 0), np.uint8))
         if cfg.row_adagrad and not self._fused:
             raise NLMFeatureError("--row-adagrad applies to the fused step of the diagonal log-bilinear model "
                              "trained by NCE (the default recipe) without dropout or hidden layers")
@@ -841,10 +838,7 @@ class Trainer:
         lr, eps, kt = self.opt.lr, self.opt.eps, self.kernel_threads
         if self.cfg.shared_noise:
             return _train.nce_lbl_shared_step(*ps, *sums, ctx32, t32, noise.words, spec.logq, lr, l2, eps, kt)
-        has_d = "direct.weights" in self.params
-        e32, e8 = np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.uint8)
-        g, m = (self.grads.g["direct.weights"], self.grads.mark["direct.weights"]) if has_d else (e32, e8)
-        return _train.nce_lbl_step(*ps, *sums, g, m, ctx32, t32, noise.words, spec.logq, *self._direct_args(),
+        return _train.nce_lbl_step(*ps, *sums, ctx32, t32, noise.words, spec.logq, *self._direct_args(),
                                    lr, l2, eps, kt)
 
     def train_step(self, ctx: np.ndarray, targets: np.ndarray, l2: float) -> float:
@@ -869,11 +863,10 @@ class Trainer:
 
         ps, sums = self._fused_args()
         bounds = np.cumsum([0] + [len(t) for _, t in batches]).astype(np.int64)
-        gD, mD = self._direct_buffers
         # each thread draws its minibatch's noise, as noise_and_mask would
         noise = self.noise.kernel_args(self.cfg.seed, [self.step + i for i in range(len(batches))])
         losses = _train.nce_lbl_rounds(
-            *ps, *sums, gD, mD, np.ascontiguousarray(np.concatenate([c for c, _ in batches]), dtype=np.int32),
+            *ps, *sums, np.ascontiguousarray(np.concatenate([c for c, _ in batches]), dtype=np.int32),
             np.ascontiguousarray(np.concatenate([t for _, t in batches]), dtype=np.int32), bounds, *noise,
             self.objective.out.s.logq, *self._direct_args(), self.opt.lr, l2, self.opt.eps)
         return [float(x) for x in losses]
