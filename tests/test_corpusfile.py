@@ -42,6 +42,40 @@ def test_stream_ngrams_equal_the_in_memory_reader(compiled, reverse):
     assert compiled.tokens == sum(len(s) for s in sents) and compiled.sentences == len(sents)
 
 
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("order", [1, 2, 5, 9])
+def test_a_window_builds_the_contexts_of_any_of_its_ngrams(compiled, reverse, order):
+    """A shuffle window holds words and sentence positions only; the contexts gathered from
+    them for any n-grams, in any order, are the reader's, at every order (sentences shorter
+    and longer than the context)."""
+    sents = read_corpus(BROWN_TRAIN)
+    vocab, _ = build_vocabulary(sents, 2)
+    _, _, remap = compiled.vocabulary(2)
+    ref = ngrams([s[::-1] for s in sents] if reverse else sents, vocab, order)
+    stream = cf.NgramStream(compiled, remap, vocab.bos, order, reverse)
+    blocks = np.arange(len(stream.sizes))
+    words, depth = stream.block_words(blocks)
+    assert depth.dtype == np.uint8 and words.dtype == np.int32
+    assert np.array_equal(words, ref.words)
+    assert depth.max() == min(order - 1, max(len(s) for s in sents))
+    idx = np.random.default_rng(3).permutation(len(words))[:5000]
+    idx[:3] = [0, len(words) - 1, 1]
+    ctx, got = stream.gather(words, depth, idx)
+    assert ctx.shape == (len(idx), order - 1)
+    assert np.array_equal(ctx, ref.contexts[idx]) and np.array_equal(got, ref.words[idx])
+    from nlmfeature import _train
+    with pytest.raises(ValueError, match="outside the stream"):
+        stream.gather(words, depth, np.array([len(words)]))
+    if order > 1:
+        bad = depth.copy()
+        bad[0] = 1                         # a depth reaching before the stream's start
+        with pytest.raises(ValueError, match="beyond its start"):
+            stream.gather(words, bad, np.array([0]))
+    with pytest.raises(ValueError, match="no contexts and no depths"):
+        _train.stream_ngrams(compiled.ids, np.array([0], np.int64), np.array([10], np.int64), remap,
+                             vocab.bos, False, np.empty((0, order - 1), np.int32), np.empty(10, np.int32))
+
+
 @pytest.mark.parametrize("min_count,max_vocab", [(1, None), (2, None), (1, 500), (3, 1000), (1, 6)])
 def test_vocabulary_of_a_compiled_corpus_equals_the_reader_rules(tmp_path, min_count, max_vocab):
     """The vocabulary chosen from a compiled corpus (looking only at the words that can be

@@ -465,16 +465,26 @@ def stream_stats(const uint32_t[::1] ids):
 
 def stream_ngrams(const uint32_t[::1] ids, const int64_t[::1] starts, const int64_t[::1] ends,
                   const int32_t[::1] remap, int32_t bos, bint reverse,
-                  int32_t[:, ::1] ctx, int32_t[::1] words):
+                  int32_t[:, ::1] ctx, int32_t[::1] words, uint8_t[::1] depth=None):
     """The n-grams of the sentence-aligned spans ``ids[starts[b]:ends[b]]``, written one after
     another into ``ctx`` (N, n-1) and ``words`` (N,): every word and every sentence end (id 0)
     of the span, each after the n-1 previous ids of its sentence, left-padded with ``bos``; ids
     go through ``remap``.  With ``reverse`` each sentence's words are read backwards (its end
-    stays last).  Returns the number of n-grams written."""
+    stays last).  With ``depth`` (N,), each n-gram's position in its sentence, capped at n-1,
+    is written there, and ``ctx`` may have no rows (shape (0, n-1)): then the contexts are
+    not written, and :func:`gather_contexts` builds any of them from ``words`` and ``depth``.
+    Returns the number of n-grams written."""
     cdef int64_t B = starts.shape[0], b, p, s, e, L, k, q, out = 0, pos
     cdef int c = ctx.shape[1], j
     cdef int64_t nmax = words.shape[0]
     cdef uint32_t nids = <uint32_t>remap.shape[0]
+    cdef bint has_depth = depth is not None, has_ctx = ctx.shape[0] > 0
+    if has_depth and depth.shape[0] < nmax:
+        raise ValueError("output arrays too small")
+    if not has_depth and not has_ctx and nmax > 0:
+        raise ValueError("no contexts and no depths to write")
+    if has_ctx and ctx.shape[0] < nmax:
+        raise ValueError("output arrays too small")
     for b in range(B):
         if starts[b] < 0 or ends[b] > ids.shape[0] or starts[b] > ends[b]:
             raise ValueError("span outside the id stream")
@@ -496,16 +506,45 @@ def stream_ngrams(const uint32_t[::1] ids, const int64_t[::1] starts, const int6
                         words[out] = remap[ids[pos]] if ids[pos] < nids else remap[0]
                     else:
                         words[out] = remap[0]
-                    for j in range(c):
-                        q = k - c + j
-                        if q < 0:
-                            ctx[out, j] = bos
-                        else:
-                            pos = s + (L - 1 - q if reverse else q)
-                            ctx[out, j] = remap[ids[pos]]
+                    if has_depth:
+                        depth[out] = <uint8_t>(k if k < c else c)
+                    if has_ctx:
+                        for j in range(c):
+                            q = k - c + j
+                            if q < 0:
+                                ctx[out, j] = bos
+                            else:
+                                pos = s + (L - 1 - q if reverse else q)
+                                ctx[out, j] = remap[ids[pos]]
                     out += 1
                 s = p + 1
     return out
+
+
+def gather_contexts(const int32_t[::1] words, const uint8_t[::1] depth, const int64_t[::1] idx,
+                    int32_t bos, int32_t[:, ::1] ctx, int32_t[::1] targets):
+    """The n-grams ``idx`` of a stream written by :func:`stream_ngrams` as ``words`` and
+    ``depth``: row r of ``ctx`` (len(idx), n-1) and ``targets`` gets n-gram ``idx[r]``, its
+    context the n-1 words before it in ``words`` that belong to its sentence (its depth),
+    left-padded with ``bos``: what ``stream_ngrams`` would have written as its context row."""
+    cdef int64_t R = idx.shape[0], r, i, N = words.shape[0]
+    cdef int c = ctx.shape[1], j, d
+    if ctx.shape[0] != R or targets.shape[0] != R or depth.shape[0] != N:
+        raise ValueError("inconsistent shapes")
+    for r in range(R):
+        i = idx[r]
+        if i < 0 or i >= N or depth[i] > c or depth[i] > i:
+            raise ValueError("n-gram index outside the stream, or a depth beyond its start")
+    with nogil:
+        for r in range(R):
+            i = idx[r]
+            d = depth[i]
+            targets[r] = words[i]
+            for j in range(c - d):
+                ctx[r, j] = bos
+            for j in range(c - d, c):
+                ctx[r, j] = words[i - c + j]
+    return None
 
 
 def direct_count(const int32_t[:, ::1] ctx, const int32_t[::1] targets, int kind, int order,

@@ -18,10 +18,13 @@ all of it when it opens a file (magic, version, sizes, checksums, every id below
 words) and refuses a truncated or corrupt file with a message naming it; a second
 :func:`compile_corpus` of the same text (same path, size and modification time) reuses the file.
 
-Training reads n-grams from it through :class:`NgramStream`: contexts are built on the fly for
-one shuffle window at a time (a seeded permutation of the blocks, cut into windows of
-:data:`WINDOW_TOKENS` tokens, each window's n-grams permuted), so the memory of training does not
-grow with the corpus, and the order depends on the seed and the epoch only.
+Training reads n-grams from it through :class:`NgramStream`, one shuffle window at a time (a
+seeded permutation of the blocks, cut into windows of :data:`WINDOW_TOKENS` tokens, each
+window's n-grams permuted): a window holds its words and each one's position in its sentence
+(5 bytes a token), and a minibatch's contexts are built from them when it is served, so the
+memory of training does not grow with the corpus or with the order, and the order of the
+n-grams depends on the seed and the epoch only.  Passes that count every n-gram (the direct
+features' filter) read whole contexts in chunks of :data:`CHUNK_NGRAMS`.
 """
 from __future__ import annotations
 
@@ -48,6 +51,8 @@ BLOCK_TOKENS = 1 << 15
 WINDOW_TOKENS = 1 << 22
 #: minibatches gathered from a window at a time
 GATHER_BATCHES = 64
+#: n-grams (with their contexts) of one chunk of :meth:`NgramStream.chunks`
+CHUNK_NGRAMS = 1 << 20
 #: tokens (with sentence ends) buffered by the compiler before they are written
 _FLUSH = 1 << 20
 RESERVED = ("<s>", "</s>", "<null>")
@@ -416,19 +421,44 @@ class NgramStream:
 
     def block_ngrams(self, blocks: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         """(contexts (N, order-1) int32, words (N,) int32) of the given blocks, in order."""
+        ctx, words, _ = self._stream(blocks, True)
+        return ctx, words
+
+    def block_words(self, blocks: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """(words (N,) int32, depths (N,) uint8) of the n-grams of the given blocks, in order:
+        each n-gram's word and its position in its sentence, capped at order-1, from which
+        :meth:`gather` builds the contexts that :meth:`block_ngrams` would give."""
+        _, words, depth = self._stream(blocks, False)
+        return words, depth
+
+    def _stream(self, blocks: np.ndarray, contexts: bool
+                ) -> Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
+        """(contexts or an empty array, words, depths or None) of the given blocks
+        (:func:`nlmfeature._train.stream_ngrams`); their pages of the id stream are released."""
         from nlmfeature import _train
 
         starts = np.ascontiguousarray(self.corpus.blocks[blocks], dtype=np.int64)
         ends = np.ascontiguousarray(self.corpus.blocks[np.asarray(blocks) + 1], dtype=np.int64)
         n = int((ends - starts).sum())
-        ctx = np.empty((n, self.order - 1), dtype=np.int32)
+        ctx = np.empty((n if contexts else 0, self.order - 1), dtype=np.int32)
         words = np.empty(n, dtype=np.int32)
-        _train.stream_ngrams(self.corpus.ids, starts, ends, self.remap, self.bos, self.reverse, ctx, words)
+        depth = None if contexts else np.empty(n, dtype=np.uint8)
+        _train.stream_ngrams(self.corpus.ids, starts, ends, self.remap, self.bos, self.reverse, ctx, words, depth)
         for a, b in zip(starts.tolist(), ends.tolist()):
             self.corpus.release_ids(a, b)
-        return ctx, words
+        return ctx, words, depth
 
-    def chunks(self, size: int = 1 << 22) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
+    def gather(self, words: np.ndarray, depth: np.ndarray, idx: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """(contexts, words) of the n-grams ``idx`` of a :meth:`block_words` stream."""
+        from nlmfeature import _train
+
+        idx = np.ascontiguousarray(idx, dtype=np.int64)
+        ctx = np.empty((len(idx), self.order - 1), dtype=np.int32)
+        out = np.empty(len(idx), dtype=np.int32)
+        _train.gather_contexts(words, depth, idx, self.bos, ctx, out)
+        return ctx, out
+
+    def chunks(self, size: int = CHUNK_NGRAMS) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
         """All n-grams in text order, in chunks of whole blocks (about ``size`` n-grams each)."""
         nb = len(self.sizes)
         b = 0
@@ -477,7 +507,7 @@ class NgramStream:
             if pos + w.ngrams <= first:
                 pos += w.ngrams
                 continue
-            ctx, words = self.block_ngrams(w.blocks)
+            words, depth = self.block_words(w.blocks)
             perm = np.random.default_rng([int(seed) & 0xFFFFFFFF, int(epoch), wi + 1]).permutation(len(words))
             skip = max(0, first - pos)
             pos += w.ngrams
@@ -485,8 +515,9 @@ class NgramStream:
             if carry_c is not None:
                 need = batch - len(carry_w)
                 idx = np.sort(perm[:need])
-                carry_c = np.concatenate([carry_c, ctx[idx]])
-                carry_w = np.concatenate([carry_w, words[idx]])
+                more_c, more_w = self.gather(words, depth, idx)
+                carry_c = np.concatenate([carry_c, more_c])
+                carry_w = np.concatenate([carry_w, more_w])
                 j = len(idx)
                 if len(carry_w) < batch:   # a window shorter than what the minibatch lacks
                     continue
@@ -498,14 +529,14 @@ class NgramStream:
                 # the minibatches are then slices of it
                 k1 = min(full, k0 + GATHER_BATCHES)
                 idx = np.sort(perm[j + k0 * batch:j + k1 * batch].reshape(k1 - k0, batch), axis=1).ravel()
-                gc, gw = ctx[idx], words[idx]
+                gc, gw = self.gather(words, depth, idx)
                 for k in range(k1 - k0):
                     yield gc[k * batch:(k + 1) * batch], gw[k * batch:(k + 1) * batch]
             j += full * batch
             if j < len(perm):
                 idx = np.sort(perm[j:])
-                carry_c, carry_w = ctx[idx], words[idx]
-            del ctx, words, perm
+                carry_c, carry_w = self.gather(words, depth, idx)
+            del words, depth, perm
         if carry_c is not None:
             yield carry_c, carry_w
 
