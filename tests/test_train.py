@@ -231,6 +231,28 @@ def test_resume_mid_epoch_equals_uninterrupted_run(tmp_path):
         train(other, quiet)
 
 
+def test_evaluations_and_writes_use_the_parameters_without_copying_or_changing_them(tmp_path):
+    """The arrays a held-out evaluation scores and a write stores are the trained embeddings
+    themselves, their <null> row the unigram-weighted average inside the block only: the
+    parameters after it are what they were, and the written model is the copied export's."""
+    tr = Trainer(config(tmp_path, "x.nlm", output="unnormalised", noise_samples=10, iterations=1, classes=0), quiet)
+    tr.run()
+    before = tr.params["embeddings"].copy()
+    h1, a1 = tr.model_arrays()
+    assert not np.shares_memory(a1["embeddings"], tr.params["embeddings"])
+    with tr.exported() as (h, a):
+        assert a["embeddings"] is tr.params["embeddings"]
+        np.testing.assert_array_equal(a["embeddings"], a1["embeddings"])
+        assert not np.array_equal(a["embeddings"][tr.vocab.null], before[tr.vocab.null])
+    np.testing.assert_array_equal(tr.params["embeddings"], before)
+    tr.write_model()
+    np.testing.assert_array_equal(tr.params["embeddings"], before)
+    written = nlmfeature.load(tr.cfg.model_out)
+    np.testing.assert_array_equal(written.arrays["embeddings"], a1["embeddings"])
+    assert tr.perplexity() == pytest.approx(math.exp(-heldout_logprob(h1, a1, tr.heldout).mean()))
+    np.testing.assert_array_equal(tr.params["embeddings"], before)
+
+
 def test_nce_unnormalised_is_approximately_self_normalised(tmp_path):
     cfg = config(tmp_path, output="unnormalised", noise_samples=10, iterations=3, classes=0)
     tr = Trainer(cfg, quiet)

@@ -190,9 +190,11 @@ def random_model(spec: ModelSpec, vocab: Vocabulary, counts: Optional[Sequence[f
     return header, arrays
 
 
-def set_null_embedding(arrays: Arrays, vocab: Vocabulary) -> None:
+def set_null_embedding(arrays: Arrays, vocab: Vocabulary, own: bool = False) -> None:
     """Make ``<null>``'s input embedding the unigram-weighted average of the others
-    (Vaswani et al. 2013), in place."""
+    (Vaswani et al. 2013): ``arrays`` gets a copy of the embeddings with that row set, or, with
+    ``own``, the row is set in the embeddings themselves where they are a writable float32
+    array (no copy)."""
     tables = [("", vocab)]
     if "source.embeddings" in arrays:  # joint models: the source <null> likewise
         tables.append(("source.", Vocabulary.from_arrays(arrays["source.vocab.offsets"],
@@ -202,7 +204,9 @@ def set_null_embedding(arrays: Arrays, vocab: Vocabulary) -> None:
         p[[v.null, v.bos]] = 0.0
         if p.sum() <= 0:
             p[:] = 1.0
-        emb = np.array(arrays[prefix + "embeddings"], dtype=np.float32)
+        emb = arrays[prefix + "embeddings"]
+        if not (own and isinstance(emb, np.ndarray) and emb.dtype == np.float32 and emb.flags.writeable):
+            emb = np.array(emb, dtype=np.float32)
         p /= p.sum()
         mean = np.zeros(emb.shape[1], dtype=np.float64)
         for s in range(0, len(emb), 8192):  # in float64, a block of rows at a time

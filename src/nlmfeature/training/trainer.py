@@ -31,6 +31,7 @@ The model is initialised by :func:`nlmfeature.core.architecture.random_model` an
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -39,7 +40,7 @@ import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -360,14 +361,16 @@ def direct_filter(data, header: Dict[str, Any], min_freq: int, kind_classes: Opt
 
 
 def export_arrays(header: Dict[str, Any], template: Dict[str, np.ndarray], params: Dict[str, np.ndarray],
-                  vocab: Vocabulary, tables: bool) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
+                  vocab: Vocabulary, tables: bool, own: bool = False) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
     """(header, arrays) of a model file holding the current parameters, with the ``<null>``
     embedding set to the unigram-weighted average and, if ``tables``, precomputed tables.
     A joint model's combined training table ``embeddings`` (target rows, then source rows)
     is split into ``embeddings`` and ``source.embeddings``.
 
-    The arrays are the parameters themselves where they can be (the embeddings are always a
-    copy): use them before the next update.  A copy of every parameter at each held-out
+    The arrays are the parameters themselves where they can be: use them before the next
+    update.  The embeddings are a copy, or with ``own`` the trained ones themselves, their
+    ``<null>`` row overwritten (the caller puts it back: :meth:`Trainer.exported`; a joint
+    model's split tables are copies either way).  A copy of every parameter at each held-out
     evaluation and each write was most of a large run's peak memory."""
     h = json.loads(json.dumps(header))
     arrays = {n: a for n, a in template.items() if not n.endswith(".tables")}
@@ -376,7 +379,7 @@ def export_arrays(header: Dict[str, Any], template: Dict[str, np.ndarray], param
     if h.get("source") and arrays["embeddings"].shape[0] > len(vocab):
         arrays["source.embeddings"] = np.ascontiguousarray(arrays["embeddings"][len(vocab):])
         arrays["embeddings"] = np.ascontiguousarray(arrays["embeddings"][:len(vocab)])
-    set_null_embedding(arrays, vocab)
+    set_null_embedding(arrays, vocab, own=own)
     h["precomputed"] = False
     if tables:
         precompute_tables(h, arrays)
@@ -627,34 +630,52 @@ class Trainer:
 
     # -- evaluation and writing ---------------------------------------------------------
     def model_arrays(self, tables: bool = False) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
-        """(header, arrays) of the current parameters."""
+        """(header, arrays) of the current parameters (the embeddings a copy)."""
         return export_arrays(self.header, self.template, self.params, self.vocab, tables)
+
+    @contextlib.contextmanager
+    def exported(self, tables: bool = False) -> Iterator[Tuple[Dict[str, Any], Dict[str, np.ndarray]]]:
+        """(header, arrays) of the current parameters for the ``with`` block, copying nothing
+        of the embeddings: their ``<null>`` row holds the model file's value inside the block
+        and its trained value again after it."""
+        emb = self.params.get("embeddings")
+        keep = emb[self.vocab.null].copy() if emb is not None else None
+        try:
+            yield export_arrays(self.header, self.template, self.params, self.vocab, tables, own=True)
+        finally:
+            if keep is not None:
+                emb[self.vocab.null] = keep
 
     def perplexity(self, data: Optional[NgramData] = None) -> float:
         """Held-out perplexity of the current parameters (scored by the scorer)."""
         data = data or self.heldout
-        h, a = self.model_arrays(tables=False)
-        s = heldout_logprob(h, a, data)
+        with self.exported() as (h, a):
+            s = heldout_logprob(h, a, data)
         return float(math.exp(-s.sum() / len(s)))
 
     def write_model(self) -> str:
         """Write the current parameters to ``model_out`` (atomically); returns the checksum."""
-        h, a = self.model_arrays(tables=self.cfg.tables)
-        h["metadata"] = {"trained_by": "nlmfeature train", "estimator": self.estimator,
-                         "epochs": round(self.epoch + self.batch / max(1, self.batches_per_epoch), 4),
-                         "heldout_perplexity": None if math.isinf(self.best) else self.best,
-                         "train": os.path.basename(self.cfg.train), "seed": self.cfg.seed,
-                         "noise_samples": self.cfg.noise_samples, "shared_noise": bool(self.cfg.shared_noise),
-                         "self_normalise": self.cfg.self_normalise,
-                         "reverse": bool(self.cfg.reverse)}
+        with self.exported(tables=self.cfg.tables) as (h, a):
+            h["metadata"] = self._metadata()
+            return modelfile.write_model(self.cfg.model_out, h, a)
+
+    def _metadata(self) -> Dict[str, Any]:
+        """What a written model records of its training."""
+        m = {"trained_by": "nlmfeature train", "estimator": self.estimator,
+             "epochs": round(self.epoch + self.batch / max(1, self.batches_per_epoch), 4),
+             "heldout_perplexity": None if math.isinf(self.best) else self.best,
+             "train": os.path.basename(self.cfg.train), "seed": self.cfg.seed,
+             "noise_samples": self.cfg.noise_samples, "shared_noise": bool(self.cfg.shared_noise),
+             "self_normalise": self.cfg.self_normalise,
+             "reverse": bool(self.cfg.reverse)}
         if self.cfg.init_model:
-            h["metadata"]["init_model"] = os.path.basename(self.cfg.init_model)
+            m["init_model"] = os.path.basename(self.cfg.init_model)
         if self.cfg.source:
-            h["metadata"].update({"source": os.path.basename(self.cfg.source),
-                                  "alignment": os.path.basename(self.cfg.alignment or ""),
-                                  "affiliation": "devlin2014",
-                                  "target_to_source": bool(self.cfg.target_to_source)})
-        return modelfile.write_model(self.cfg.model_out, h, a)
+            m.update({"source": os.path.basename(self.cfg.source),
+                      "alignment": os.path.basename(self.cfg.alignment or ""),
+                      "affiliation": "devlin2014",
+                      "target_to_source": bool(self.cfg.target_to_source)})
+        return m
 
     # -- checkpoints --------------------------------------------------------------------
     def save_checkpoint(self) -> None:
