@@ -704,22 +704,26 @@ cdef int group_rows(const int32_t* rows, int64_t M, Groups* g) noexcept nogil:
 cdef int direct_owner_step(float* D, float* aD, const int64_t* buckets, const float* G, int64_t rows,
                            int DO, double lr, double eps, int t, int T) noexcept nogil:
     """:func:`direct_step` for the buckets b with b % T == t: their gradients summed in row
-    order in an open-addressing table of at least twice the entries (in the CPU caches, whatever
-    the hash space), then one AdaGrad step each, in order of first appearance.  Returns -1 when
-    out of memory."""
-    cdef int64_t cap = 16, mask, n, b, h, nu = 0, i
+    order in an open-addressing table of at least twice their entries (in the CPU caches,
+    whatever the hash space), then one AdaGrad step each, in order of first appearance.
+    Returns -1 when out of memory."""
+    cdef int64_t cap = 16, mask, n, b, h, nu = 0, i, mine = 0
     cdef int o, bits = 4
     cdef int64_t* key
     cdef float* sums
-    cdef int64_t* order
+    cdef int32_t* order
     cdef float gf
-    while cap < 2 * rows * DO:
+    for i in range(rows * DO):
+        b = buckets[i]
+        if b >= 0 and (T == 1 or b % T == t):
+            mine = mine + 1
+    while cap < 2 * mine:
         cap = cap * 2
         bits = bits + 1
     mask = cap - 1
     key = <int64_t*>malloc(cap * sizeof(int64_t))
     sums = <float*>malloc(cap * sizeof(float))
-    order = <int64_t*>malloc(cap * sizeof(int64_t))
+    order = <int32_t*>malloc(cap * sizeof(int32_t))
     if key == NULL or sums == NULL or order == NULL:
         free(key); free(sums); free(order)
         return -1
@@ -737,7 +741,7 @@ cdef int direct_owner_step(float* D, float* aD, const int64_t* buckets, const fl
             if key[h] < 0:
                 key[h] = b
                 sums[h] = 0
-                order[nu] = h
+                order[nu] = <int32_t>h
                 nu = nu + 1
             sums[h] = sums[h] + gf
     for i in range(nu):
