@@ -703,55 +703,38 @@ cdef int group_rows(const int32_t* rows, int64_t M, Groups* g) noexcept nogil:
 
 cdef int direct_owner_step(float* D, float* aD, const int64_t* buckets, const float* G, int64_t rows,
                            int DO, double lr, double eps, int t, int T) noexcept nogil:
-    """:func:`direct_step` for the buckets b with b % T == t: their gradients summed in row
-    order in an open-addressing table of at least twice their entries (in the CPU caches,
-    whatever the hash space), then one AdaGrad step each, in order of first appearance.
-    Returns -1 when out of memory."""
-    cdef int64_t cap = 16, mask, n, b, h, nu = 0, i, mine = 0
-    cdef int o, bits = 4
-    cdef int64_t* key
-    cdef float* sums
-    cdef int32_t* order
-    cdef float gf
-    for i in range(rows * DO):
-        b = buckets[i]
-        if b >= 0 and (T == 1 or b % T == t):
-            mine = mine + 1
-    while cap < 2 * mine:
-        cap = cap * 2
-        bits = bits + 1
-    mask = cap - 1
-    key = <int64_t*>malloc(cap * sizeof(int64_t))
-    sums = <float*>malloc(cap * sizeof(float))
-    order = <int32_t*>malloc(cap * sizeof(int32_t))
-    if key == NULL or sums == NULL or order == NULL:
-        free(key); free(sums); free(order)
+    """:func:`direct_step` for the buckets b with b % T == t: their entries grouped by bucket
+    (:func:`group_rows`, a table in the CPU caches whatever the hash space), each bucket's
+    gradient summed in row order, then one AdaGrad step per bucket in order of first
+    appearance.  Returns -1 when out of memory."""
+    cdef int64_t n, b, M = 0, u, p
+    cdef int o
+    cdef Groups g
+    cdef float s
+    cdef int32_t* eb = <int32_t*>malloc(max(1, rows * DO) * sizeof(int32_t))
+    cdef float* eg = <float*>malloc(max(1, rows * DO) * sizeof(float))
+    if eb == NULL or eg == NULL:
+        free(eb); free(eg)
         return -1
-    for h in range(cap):
-        key[h] = -1
     for n in range(rows):
-        gf = G[n]
         for o in range(DO):
             b = buckets[n * DO + o]
-            if b < 0 or (T > 1 and b % T != t):
-                continue
-            h = <int64_t>((<uint64_t>b * <uint64_t>0x9E3779B97F4A7C15ULL) >> (64 - bits))
-            while key[h] != b and key[h] >= 0:
-                h = (h + 1) & mask
-            if key[h] < 0:
-                key[h] = b
-                sums[h] = 0
-                order[nu] = <int32_t>h
-                nu = nu + 1
-            sums[h] = sums[h] + gf
-    for i in range(nu):
-        if i + 8 < nu:
-            b = key[order[i + 8]]
-            nlt_prefetch_row_w(&D[b], 1)
-            nlt_prefetch_row_w(&aD[b], 1)
-        h = order[i]
-        adagrad_scalar(&D[key[h]], &aD[key[h]], &sums[h], lr, 0.0, eps)
-    free(key); free(sums); free(order)
+            if b >= 0 and (T == 1 or b % T == t):
+                eb[M] = <int32_t>b
+                eg[M] = G[n]
+                M = M + 1
+    if group_rows(eb, M, &g) != 0:
+        free(eb); free(eg)
+        return -1
+    for u in range(g.n):
+        if u + 8 < g.n:
+            nlt_prefetch_row_w(&D[g.rows[u + 8]], 1)
+            nlt_prefetch_row_w(&aD[g.rows[u + 8]], 1)
+        s = 0
+        for p in range(g.start[u], g.start[u + 1]):
+            s = s + eg[g.order[p]]
+        adagrad_scalar(&D[g.rows[u]], &aD[g.rows[u]], &s, lr, 0.0, eps)
+    free_groups(&g); free(eb); free(eg)
     return 0
 
 
@@ -1176,6 +1159,8 @@ cdef check_lbl_step(float[:, ::1] R, float[:, ::1] W, float[:, ::1] Q, float[::1
     check_sums(R, aR, Q, aQ)
     if direct_order and D.shape[0] < hash_space:
         raise ValueError("direct weights shorter than the hash space")
+    if direct_order and hash_space > 0x7FFFFFFF:
+        raise ValueError("hash space above 2^31 - 1 (buckets are grouped as int32)")
     if direct_order and allowed.shape[0] > 0 and allowed.shape[0] * 8 < hash_space:
         raise ValueError("the feature filter is shorter than the hash space")
     check_ngrams(ctx, target, noise, n_noise, Q.shape[0], R.shape[0])
@@ -1238,8 +1223,9 @@ def nce_lbl_rounds(float[:, ::1] R, float[:, ::1] W, float[::1] bias, float[:, :
     shared parameters and AdaGrad sums without locks.  Each thread first draws its minibatch's
     k noise words per n-gram from one alias table (``accept``, ``alias``, ``values``: one block
     of :func:`alias_blocks`) as :func:`sample_blocks` would with ``seed`` and ``steps[m]``, so
-    that nothing of a round but fetching its n-grams is serial.  An update may overwrite another thread's concurrent update of the same weight, so
-    the result depends on the threads' timing.  Returns the M summed losses (float64)."""
+    that nothing of a round but fetching its n-grams is serial.  An update may overwrite
+    another thread's concurrent update of the same weight, so the result depends on the
+    threads' timing.  Returns the M summed losses (float64)."""
     cdef int64_t M = bounds.shape[0] - 1, m, i, size = values.shape[0], V = Q.shape[0]
     cdef int rc = 0, bad = 0, ok
     cdef int32_t* noise
